@@ -1,0 +1,259 @@
+"""Latency of one decode step and one speculative round at Llama-3.1-8B shapes, against the bytes floor.
+
+    PYTHONPATH=. python benchmarks/round_latency.py [--contexts 8192 32768] [--iters 20]   # CUDA, bf16
+    PYTHONPATH=. python benchmarks/round_latency.py --tiny                                 # CPU smoke test
+
+Builds an 8B-shaped Llama with random weights (meta-device build, then random init on the GPU: nothing is
+downloaded), fills the target KV cache with random K/V of `context` tokens (prefill is not what is measured),
+and times, per context (CUDA events, median of --iters after --warmup):
+- AR step, HF: one token through the HF model (sdpa) on a DynamicCache holding the context;
+- AR step, ours: one token through our engine (static cache, our attention backends), eager;
+- AR step, ours + CUDA graph: the same step replayed from a captured graph;
+- speculative round: draft (dynamic beam tree, default widths -> 69 nodes, random drafter, window 512), verify
+  (one target forward over the tree, eager and graph-captured), accept (greedy) -- the round = draft + verify
+  (graph) + accept;
+- bytes floor: weights (all but the embedding table, of which a step reads one row per token) + the context's
+  K/V, read once at 4.3 TB/s (../shared DEVICE.md).
+Goals (issue 4): round <= 1.5x the same engine's AR step; graph AR step within 1.5x of the floor.
+Prints a markdown table last; writes JSON to $OUT/round_latency.json when OUT is set, else to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from longspec.drafter import Drafter, DrafterConfig
+from longspec.infer.accept import greedy_accept
+from longspec.infer.baselines import _cache_kwarg
+from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.infer.tree import TreeLayout, chain_tree
+from longspec.target import TargetModel
+
+HBM_BYTES_PER_S = 4.3e12
+
+# Llama-3.1-8B (meta-llama/Llama-3.1-8B config.json), random weights.
+LLAMA31_8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    rope_parameters={
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+)
+
+
+def build_target(tiny: bool, device: torch.device, dtype: torch.dtype) -> TargetModel:
+    """8B-shaped random Llama built on the meta device and initialised in place on `device` (tiny: the test
+    config on CPU)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    if tiny:
+        from longspec.testing import make_tiny_hf_model
+
+        return TargetModel(make_tiny_hf_model("llama").to(device=device, dtype=dtype)).to(device)
+    config = LlamaConfig(**LLAMA31_8B)
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 1:  # RMSNorm weights
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
+        # to_empty left buffers uninitialised: rebuild the HF rotary embedding (only the HF baseline uses it).
+        rotary = model.model.rotary_emb
+        model.model.rotary_emb = type(rotary)(config=config).to(device)
+    # .to(device) also moves the adapter's own rotary buffers (built on the CPU), which graph capture needs.
+    return TargetModel(model.eval()).to(device)
+
+
+def fill_random_cache(engine: SpeculativeEngine, context: int, generator: torch.Generator) -> None:
+    """The engine's target cache holds `context` committed tokens of random (not zero) K/V."""
+    cache = engine.cache
+    for tensor in (cache.keys, cache.values):
+        tensor[:, :, :, :context].normal_(0.0, 1.0, generator=generator)
+    cache.length = context
+
+
+def hf_cache(target: TargetModel, engine: SpeculativeEngine, context: int):
+    """An HF DynamicCache holding the same random K/V (the HF baseline's own cache)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=target.config)
+    for layer in range(target.num_layers):
+        cache.update(
+            engine.cache.keys[layer, :, :, :context].clone(), engine.cache.values[layer, :, :, :context].clone(), layer
+        )
+    return cache
+
+
+class Timer:
+    """Median milliseconds of fn() over `iters` runs after `warmup` runs (CUDA events on GPU)."""
+
+    def __init__(self, device: torch.device, warmup: int, iters: int):
+        self.device, self.warmup, self.iters = device, warmup, iters
+
+    def __call__(self, fn) -> float:
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        for _ in range(self.iters):
+            if self.device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+
+def bench_context(target, drafter, engine, context: int, timer: Timer, capture: bool) -> dict:
+    device = engine.device
+    generator = torch.Generator(device=device).manual_seed(context)
+    layout = TreeLayout(GenerationConfig().tree_widths)
+    engine._ensure_cache(context + layout.num_nodes + 8)
+    fill_random_cache(engine, context, generator)
+    root = torch.tensor(1234 % target.vocab_size, device=device)
+    one = chain_tree(root, root.new_empty(0), 0, 1)
+    row: dict = {"context": context}
+
+    with torch.no_grad():
+        # Correctness first: our eager step == our static step (the graph's path) on this very cache.
+        eager = engine._verify(one)
+        static = engine._verify(one, static=True, capture=False).clone()
+        row["ar_static_vs_eager_max_abs_diff"] = float((eager.float() - static.float()).abs().max())
+
+        hf_model, cache = target.model, hf_cache(target, engine, context)
+        cache_arg = _cache_kwarg(hf_model)
+        token = root.reshape(1, 1)
+        row["ar_hf_ms"] = timer(lambda: hf_model(token, use_cache=True, **{cache_arg: cache}).logits)
+        del cache
+        row["ar_ours_ms"] = timer(lambda: engine._verify(one))
+        row["ar_ours_static_ms"] = timer(lambda: engine._verify(one, static=True, capture=False))
+        if capture:
+            row["ar_ours_graph_ms"] = timer(lambda: engine._verify(one, static=True, capture=True))
+
+        engine.drafter_cache = engine._drafter_prefill(
+            torch.randint(0, target.vocab_size, (context,), device=device, generator=generator)
+        )
+        tree = engine._draft_tree(root, layout)
+        row["tree_nodes"] = tree.num_nodes
+        row["draft_ms"] = timer(lambda: engine._draft_tree(root, layout))
+        row["verify_ms"] = timer(lambda: engine._verify(tree))
+        if capture:
+            row["verify_graph_ms"] = timer(lambda: engine._verify(tree, static=True, capture=True))
+        logits = engine._verify(tree)
+        row["accept_ms"] = timer(
+            lambda: greedy_accept(
+                tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, logits.argmax(-1), tree.valid
+            )[0].tolist()  # the host needs the path: include that sync
+        )
+        verify = row.get("verify_graph_ms", row["verify_ms"])
+        row["round_ms"] = row["draft_ms"] + verify + row["accept_ms"]
+
+    weight_bytes = sum(
+        p.numel() * p.element_size() for n, p in target.model.named_parameters() if "embed_tokens" not in n
+    )
+    kv_bytes = 2 * target.num_layers * target.num_kv_heads * context * target.head_dim * engine.cache.keys.element_size()
+    row["floor_ms"] = (weight_bytes + kv_bytes) / HBM_BYTES_PER_S * 1e3
+    ar_same_engine = row.get("ar_ours_graph_ms", row["ar_ours_ms"])
+    row["round_over_ar"] = row["round_ms"] / ar_same_engine
+    row["graph_ar_over_floor"] = row["ar_ours_graph_ms"] / row["floor_ms"] if capture else None
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    cols = [
+        ("context", "context", "d"), ("ar_hf_ms", "AR HF ms", ".2f"), ("ar_ours_ms", "AR ours ms", ".2f"),
+        ("ar_ours_graph_ms", "AR ours+graph ms", ".2f"), ("draft_ms", "draft ms", ".2f"),
+        ("verify_ms", "verify ms", ".2f"), ("verify_graph_ms", "verify+graph ms", ".2f"),
+        ("round_ms", "round ms", ".2f"), ("floor_ms", "floor ms", ".2f"),
+        ("round_over_ar", "round/AR", ".2f"), ("graph_ar_over_floor", "graph AR/floor", ".2f"),
+    ]
+    lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join("–" if r.get(k) is None else format(r[k], f) for k, _, f in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--contexts", type=int, nargs="+", default=None, help="context lengths (default 8192 32768)")
+    parser.add_argument("--iters", type=int, default=None, help="timed runs per measurement (median)")
+    parser.add_argument("--warmup", type=int, default=None)
+    parser.add_argument("--tiny", action="store_true", help="tiny random Llama on CPU: a smoke test of this script")
+    parser.add_argument("--json", default="round_latency.json", help="output path when $OUT is not set")
+    args = parser.parse_args(argv)
+
+    if args.tiny:
+        device, dtype = torch.device("cpu"), torch.float32
+        contexts, iters, warmup = args.contexts or [64, 128], args.iters or 2, args.warmup or 1
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("round_latency needs a CUDA GPU (or --tiny for the CPU smoke test)")
+        device, dtype = torch.device("cuda"), torch.bfloat16
+        contexts, iters, warmup = args.contexts or [8192, 32768], args.iters or 20, args.warmup or 3
+    capture = device.type == "cuda"
+
+    target = build_target(args.tiny, device, dtype)
+    window = 16 if args.tiny else 512
+    drafter_config = DrafterConfig.from_target_config(target.config, window=window)
+    drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head).to(device=device, dtype=dtype).eval()
+    engine = SpeculativeEngine(target, drafter)
+    timer = Timer(device, warmup, iters)
+    rows = [bench_context(target, drafter, engine, context, timer, capture) for context in contexts]
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])),
+        "device": torch.cuda.get_device_name(device) if capture else "cpu",
+        "torch": torch.__version__,
+        "commit": commit,
+        "dtype": str(dtype).removeprefix("torch."),
+        "iters": iters,
+        "rows": rows,
+    }
+    out_dir = os.environ.get("OUT")
+    path = os.path.join(out_dir, "round_latency.json") if out_dir else args.json
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(table(rows))
+    print(f"wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

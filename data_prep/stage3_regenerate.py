@@ -1,0 +1,192 @@
+"""Stage-3 responses written by the target itself, so the drafter learns the target's own distribution.
+
+    python -m data_prep.stage3_regenerate --target TARGET_DIR_OR_ID --source prompts.jsonl \
+        --out regenerated.jsonl [--max-new-tokens 1024] [--batch-size 8] [--temperature 0]
+    python -m data_prep.stage3_sft --tokenizer TARGET_DIR_OR_ID --source regenerated.jsonl --out data/stage3
+
+Input rows are prompts: {"id"?, "context"?, "prompt"?, "system"?} (context and/or prompt, as in stage3_sft). Each is
+rendered with the target's chat template and answered by the target (greedy at --temperature 0, else sampled with
+--top-p), in length-sorted batches. Output rows are the input row plus "response" and "finished" (False when
+--max-new-tokens cut the answer; stage3_sft rejects those). The output file is its own record of done ids
+(the row's "id", else its line number): rerunning the same command skips finished prompts and continues, and a
+half-written last line from a killed run is dropped first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import zlib
+
+import torch
+from tqdm import tqdm
+
+from data_prep.common import batched, iter_source, limit, load_tokenizer
+from data_prep.stage3_sft import TEMPLATES, check_template, render_prompt, user_content
+from longspec.data.manifest import RowStats
+
+log = logging.getLogger("data_prep")
+
+
+def read_done_ids(path: str) -> set[str]:
+    """Ids already answered in `path`; truncates a trailing partial line left by a killed run."""
+    if not os.path.exists(path):
+        return set()
+    with open(path, "rb+") as f:
+        data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end != len(data):
+            f.truncate(end)  # the last row was cut mid-write: drop it, it is regenerated
+    done = set()
+    for line in data[:end].splitlines():
+        if line.strip():
+            done.add(str(json.loads(line)["id"]))
+    return done
+
+
+def regenerate(
+    *,
+    source: str,
+    target: str,
+    out: str,
+    max_new_tokens: int = 1024,
+    batch_size: int = 8,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    template: str = "chat",
+    max_prompt_tokens: int | None = None,
+    max_rows: int | None = None,
+    max_chars: int = 4_000_000,
+    seed: int = 0,
+    device: str | None = None,
+    dtype: str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> RowStats:
+    from transformers import AutoModelForCausalLM
+
+    if max_new_tokens < 1 or batch_size < 1 or temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError("need max_new_tokens >= 1, batch_size >= 1, temperature >= 0 and 0 < top_p <= 1")
+    tokenizer = load_tokenizer(target, trust_remote_code=trust_remote_code)
+    check_template(tokenizer, template)
+    done = read_done_ids(out)
+    stats = RowStats()
+    pending = []  # (id, row, prompt ids)
+    for index, row in enumerate(limit(iter_source(source), max_rows)):
+        if row.record is None:
+            stats.reject(row.reason)
+            continue
+        content, reason = user_content(row.record, max_chars=max_chars)
+        if reason is not None:
+            stats.reject(reason)
+            continue
+        row_id = str(row.record.get("id", index))
+        if row_id in done:
+            stats.reject("already_done")
+            continue
+        prompt = render_prompt(tokenizer, content, system=row.record.get("system"), template=template)
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            stats.reject("too_long")
+            continue
+        stats.keep()
+        pending.append((row_id, row.record, ids))
+    if stats.kept == 0 and not done:
+        raise ValueError(f"source {source!r} has no valid prompt rows: {stats.summary()}")
+    log.info("regenerate: %s; %d already done", stats.summary(), len(done))
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch_dtype = (
+        getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        target, dtype=torch_dtype, trust_remote_code=trust_remote_code
+    )
+    model.to(device).eval()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    # Length-sorted batches waste little on padding; left padding keeps every prompt's end aligned.
+    pending.sort(key=lambda item: len(item[2]))
+    bar = tqdm(total=len(pending), desc="regenerate", unit=" prompts", disable=not progress)
+    with open(out, "a", encoding="utf-8") as f:
+        for batch in batched(pending, batch_size):
+            width = max(len(ids) for _, _, ids in batch)
+            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+            attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for b, (_, _, ids) in enumerate(batch):
+                input_ids[b, width - len(ids) :] = torch.tensor(ids)
+                attention_mask[b, width - len(ids) :] = 1
+            # Seeded by the batch's first id (not its index, which shifts on resume): reruns are reproducible.
+            torch.manual_seed(seed + zlib.crc32(batch[0][0].encode()))
+            with torch.no_grad():
+                generated = model.generate(
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention_mask.to(device),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=temperature > 0,
+                    temperature=temperature if temperature > 0 else None,
+                    top_p=top_p if temperature > 0 else None,
+                    pad_token_id=pad_id,
+                    eos_token_id=tokenizer.eos_token_id,
+                )[:, width:].cpu()
+            for (row_id, record, _), new_ids in zip(batch, generated, strict=True):
+                new_ids = new_ids.tolist()
+                finished = tokenizer.eos_token_id in new_ids
+                if finished:
+                    new_ids = new_ids[: new_ids.index(tokenizer.eos_token_id)]
+                response = tokenizer.decode(new_ids, skip_special_tokens=True)
+                f.write(
+                    json.dumps(
+                        {**record, "id": row_id, "response": response, "finished": finished},
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                )
+            f.flush()  # a batch is done once its rows are on disk
+            os.fsync(f.fileno())
+            bar.update(len(batch))
+    bar.close()
+    print(f"{stats.summary()}; answered {len(pending)} prompts -> {out}")
+    return stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--source", required=True, help="prompt rows: .jsonl/.parquet file or HF dataset id")
+    parser.add_argument("--target", required=True, help="the target model (local dir or hub id)")
+    parser.add_argument("--out", required=True, help="output .jsonl (appended to; rerun to resume)")
+    parser.add_argument("--max-new-tokens", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--template", choices=TEMPLATES, default="chat")
+    parser.add_argument("--max-prompt-tokens", type=int, default=None, help="reject longer prompts")
+    parser.add_argument("--max-rows", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default=None, help="e.g. bfloat16 (default: bf16 on CUDA, fp32 on CPU)")
+    parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    regenerate(
+        source=args.source,
+        target=args.target,
+        out=args.out,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        template=args.template,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_rows=args.max_rows,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
+        progress=not args.no_progress,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""`python -m longspec.eval`: every method on every sample in one run, then results.json, report.md and plots.
+
+    python -m longspec.eval target=llama31_8b drafter.path=DIR data.name=[gov_report,lcc] \
+        method=[longspec,vanilla_fa,pld] max_samples=20 output_dir=outputs/eval/llama31_8b
+
+Speedups are ratios of decode throughput measured in this same run (REFERENCE §5). At temperature 0 every
+method's output is compared with the target's greedy output (a target-only method of the run: ar, vanilla_fa or
+vanilla_hf), which is the lossless check at evaluation scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+
+import torch
+
+from longspec.eval.config import EvalConfig, load_eval_config
+from longspec.eval.datasets import load_samples
+from longspec.eval.report import summarise, write_report
+from longspec.infer.baselines import run_method
+from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+
+__all__ = ["main", "run_eval"]
+
+logger = logging.getLogger("longspec.eval")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _device_and_dtype(cfg: EvalConfig) -> tuple[torch.device, torch.dtype]:
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
+    if cfg.dtype != "auto":
+        return device, _DTYPES[cfg.dtype]
+    return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _build_drafter(cfg: EvalConfig, target, tokenizer):
+    """The drafter `longspec` decodes with: loaded (fingerprint-checked against the target) or random."""
+    from longspec.drafter import Drafter, DrafterConfig
+
+    weight = target.embed_tokens.weight
+    if cfg.drafter.init == "random":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.drafter.seed)
+            config = DrafterConfig.from_target_config(target.config, window=cfg.drafter.window, tokenizer=tokenizer)
+            drafter = Drafter(config, target.embed_tokens, target.lm_head)
+        return drafter.to(device=weight.device, dtype=weight.dtype).eval()
+    # Raises ValueError naming the mismatching fields when the drafter was trained for another target.
+    return Drafter.from_pretrained(cfg.drafter.path, target, tokenizer, dtype=weight.dtype, device=weight.device).eval()
+
+
+def _eos_ids(tokenizer, target) -> tuple[int, ...]:
+    ids = set()
+    for value in (getattr(target.config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return tuple(sorted(ids))
+
+
+def run_eval(cfg: EvalConfig) -> dict:
+    """Run the evaluation described by `cfg`; returns the results dict also written to results.json."""
+    from tqdm.auto import tqdm
+    from transformers import AutoTokenizer
+
+    from longspec.target import TargetModel
+
+    device, dtype = _device_and_dtype(cfg)
+    methods = cfg.methods
+    target = TargetModel.from_pretrained(
+        cfg.target.path, dtype=dtype, device=device, trust_remote_code=cfg.target.trust_remote_code
+    ).to(device)  # the adapter's rotary buffers too (a per-step host copy otherwise; graphs cannot capture it)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
+    drafter = _build_drafter(cfg, target, tokenizer) if "longspec" in methods else None
+    engine = SpeculativeEngine(target, drafter)
+    gen_config = GenerationConfig(
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        eos_token_ids=_eos_ids(tokenizer, target),
+        tree_widths=tuple(cfg.tree_widths),
+        prefill_chunk=cfg.prefill_chunk,
+        seed=cfg.seed,
+        cuda_graphs=cfg.cuda_graphs,
+    )
+    context_len = cfg.data.context_len or target.config.max_position_embeddings
+
+    results: dict = {
+        "config": _config_dict(cfg),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).removeprefix("torch."),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "data": [],
+        "methods": {m: {} for m in methods},
+    }
+    if cfg.warmup:
+        warm = dataclasses.replace(gen_config, max_new_tokens=min(8, cfg.max_new_tokens))
+        for method in methods:
+            run_method(method, list(range(16)), warm, target=target, engine=engine)
+
+    for source in cfg.data.sources:
+        samples, report = load_samples(
+            source,
+            tokenizer,
+            context_len=context_len,
+            min_prompt_tokens=cfg.data.min_prompt_tokens,
+            context_margin=cfg.data.context_margin,
+            template=cfg.data.template,
+        )
+        samples = samples[: cfg.max_samples] if cfg.max_samples else samples
+        results["data"].append(report.to_dict())
+        dataset = samples[0].dataset if samples else source
+        bar = tqdm(samples, desc=dataset, unit="sample", dynamic_ncols=True)
+        for sample in bar:
+            for method in methods:
+                result = run_method(method, sample.prompt_ids, gen_config, target=target, engine=engine)
+                stats = result.stats
+                record = {
+                    "id": sample.id,
+                    "prompt_len": sample.prompt_len,
+                    "output_ids": result.tokens,
+                    "num_new_tokens": stats.num_new_tokens,
+                    "rounds": stats.rounds,
+                    "accepted": stats.accepted,
+                    "mean_accept_length": stats.mean_accept_length,
+                    "tokens_per_s": stats.tokens_per_s,
+                    "prefill_s": stats.prefill_s,
+                    "decode_s": stats.decode_s,
+                    "draft_s": stats.draft_s,
+                    "verify_s": stats.verify_s,
+                    "overhead_s": stats.overhead_s,
+                }
+                results["methods"][method].setdefault(dataset, []).append(record)
+                bar.set_postfix_str(f"{method}: τ {stats.mean_accept_length:.2f}, {stats.tokens_per_s:.1f} tok/s")
+
+    results["summary"] = summarise(results["methods"], greedy=cfg.temperature == 0)
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    with open(os.path.join(cfg.output_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, allow_nan=True)
+    write_report(results, cfg.output_dir)
+    return results
+
+
+def _config_dict(cfg: EvalConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_eval_config(sys.argv[1:] if argv is None else argv)
+        results = run_eval(cfg)
+    except (ValueError, FileNotFoundError) as e:  # user mistakes: one clear line, no traceback
+        logger.error("%s", e)
+        return 2
+    logger.info("wrote %s", os.path.join(cfg.output_dir, "results.json"))
+    for dataset, per_method in results["summary"].items():
+        for method, summary in per_method.items():
+            logger.info(
+                "%s %s: τ %.2f, %.1f tok/s", dataset, method, summary["mean_accept_length"], summary["tokens_per_s"]
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

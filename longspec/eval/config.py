@@ -1,0 +1,156 @@
+"""Typed schema of `python -m longspec.eval` (composed by Hydra from configs/eval.yaml, converted once in main).
+
+    python -m longspec.eval target=llama31_8b drafter.path=runs/llama31_8b/export data.name=gov_report \
+        method=[longspec,vanilla_fa,pld] output_dir=outputs/eval/llama31_8b
+
+The `target` group is the training configs' (configs/target/*.yaml, schema longspec.train.config.TargetConfig).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from longspec.eval.datasets import KNOWN_DATASETS, LONGBENCH_TASKS
+from longspec.infer.baselines import ALL_METHODS
+from longspec.train.config import TargetConfig
+
+__all__ = ["EvalConfig", "DrafterEvalConfig", "DataEvalConfig", "load_eval_config"]
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _is_template(obj) -> bool:
+    """Hydra's ConfigStore builds each schema once with required fields still '???': skip validation then."""
+    return any(value == MISSING for value in vars(obj).values())
+
+
+@dataclass(kw_only=True)
+class DrafterEvalConfig:
+    """Which drafter the `longspec` method uses."""
+
+    path: str | None = None  # directory written by Drafter.save_pretrained / longspec.export
+    init: str = "pretrained"  # pretrained (load `path`) | random (no training: lossless still, τ ~ 1)
+    window: int = 512  # ring-buffer window of a random drafter (a loaded one keeps its own)
+    seed: int = 0  # random init seed
+
+    def __post_init__(self):
+        _check(self.init in ("pretrained", "random"), f"drafter.init must be pretrained or random, got {self.init!r}")
+        _check(self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
+
+
+@dataclass(kw_only=True)
+class DataEvalConfig:
+    """What to evaluate on. `path` wins over `name`; `path` may also be a dataset name."""
+
+    name: Any = "gov_report"  # a LongBench task / math set, or a list of them: KNOWN_DATASETS
+    path: str | None = None  # a local JSONL in LongBench's row schema (_id, context, input, answers, dataset)
+    template: str | None = None  # LongBench task whose prompt template formats JSONL rows (default: row's dataset)
+    min_prompt_tokens: int | None = None  # keep prompts longer than this (None: 1200 LongBench/JSONL, 0 math)
+    context_margin: int = 2000  # and at most context_len - this many tokens (room to generate)
+    context_len: int | None = None  # the target's context length (None: its max_position_embeddings)
+
+    def __post_init__(self):
+        if _is_template(self):
+            return
+        _check(self.context_margin >= 0, f"data.context_margin must be >= 0, got {self.context_margin}")
+        for source in self.sources:
+            if source not in KNOWN_DATASETS and not os.path.isfile(source):
+                raise (FileNotFoundError if self.path else ValueError)(
+                    f"data source {source!r} is neither a file nor a known dataset ({', '.join(KNOWN_DATASETS)})"
+                )
+
+    @property
+    def sources(self) -> list[str]:
+        if self.path:
+            return [self.path]
+        names = [self.name] if isinstance(self.name, str) else list(self.name)
+        _check(bool(names), "data.name must name at least one dataset")
+        return [str(n) for n in names]
+
+    @property
+    def is_longbench(self) -> bool:
+        return all(s in LONGBENCH_TASKS for s in self.sources)
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    """One evaluation run: every method on every sample, measured side by side."""
+
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterEvalConfig = field(default_factory=DrafterEvalConfig)
+    data: DataEvalConfig = field(default_factory=DataEvalConfig)
+    method: Any = field(default_factory=lambda: ["longspec", "vanilla_fa"])  # one of ALL_METHODS or a list
+    temperature: float = 0.0  # 0 = greedy (outputs are then checked against the target's greedy output)
+    top_p: float | None = None  # nucleus truncation of the target distribution (T > 0)
+    top_k: int | None = None  # top-k truncation of the target distribution (T > 0)
+    max_new_tokens: int = 1024  # the paper's LongBench setting (math: 32K)
+    max_samples: int | None = None  # per data source, after the length filter
+    tree_widths: list[int] = field(default_factory=lambda: [4, 16, 16, 16, 16])  # dynamic beam level widths
+    prefill_chunk: int = 4096  # target prefill tokens per forward
+    cuda_graphs: bool = False  # capture each round's target forward in a CUDA graph (CUDA only)
+    warmup: bool = True  # one short untimed generation per method first (lazy init, kernel autotuning)
+    device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16
+    seed: int = 0  # sampling seed (T > 0)
+    output_dir: str = "outputs/eval"  # results.json, report.md, *.png
+
+    def __post_init__(self):
+        if _is_template(self):
+            return
+        methods = self.methods
+        unknown = [m for m in methods if m not in ALL_METHODS]
+        _check(not unknown, f"unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}")
+        _check(len(set(methods)) == len(methods), f"method lists a method twice: {methods}")
+        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        _check(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        _check(self.max_samples is None or self.max_samples >= 1, f"max_samples must be >= 1, got {self.max_samples}")
+        _check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
+        if "longspec" in methods and self.drafter.init == "pretrained":
+            _check(
+                bool(self.drafter.path),
+                "method longspec needs a drafter: pass drafter.path=DIR, or drafter.init=random for an untrained one",
+            )
+            if not os.path.isdir(self.drafter.path):
+                raise FileNotFoundError(f"drafter.path={self.drafter.path!r} is not a directory")
+
+    @property
+    def methods(self) -> list[str]:
+        return [self.method] if isinstance(self.method, str) else [str(m) for m in self.method]
+
+
+def _register_schemas() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
+
+
+def load_eval_config(overrides: list[str] | None = None, *, config_dir: str | None = None) -> EvalConfig:
+    """Compose configs/eval.yaml with Hydra overrides and validate it into an EvalConfig."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from longspec.train.config import CONFIG_DIR
+
+    _register_schemas()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base=None):
+            cfg = compose(config_name="eval", overrides=list(overrides or []))
+        cfg = OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        detail = str(e) if e.__cause__ is None else f"{e}: {e.__cause__}"
+        raise ValueError(f"invalid eval config: {detail}") from e
+    finally:
+        GlobalHydra.instance().clear()
+    assert isinstance(cfg, EvalConfig), type(cfg)
+    return cfg

@@ -1,0 +1,185 @@
+"""Evaluation data: LongBench long-output tasks, math sets, or a local JSONL in LongBench's row schema.
+
+Every source becomes a list of `Sample`s (an id and the tokenised prompt) after the paper's length filter
+(REFERENCE §5): LongBench prompts with min_prompt_tokens < length <= context_len - context_margin (1200 and 2000 in
+the paper). Malformed JSONL rows are counted and skipped, never fatal, and listed in the run's report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+
+from longspec.eval.prompts import LONGBENCH_TEMPLATES, longbench_prompt, math_messages
+
+__all__ = ["Sample", "DataReport", "LONGBENCH_TASKS", "MATH_SETS", "KNOWN_DATASETS", "load_samples", "read_jsonl"]
+
+logger = logging.getLogger(__name__)
+
+LONGBENCH_TASKS: tuple[str, ...] = tuple(LONGBENCH_TEMPLATES)
+LONGBENCH_HUB_ID = "THUDM/LongBench"
+
+
+@dataclass(frozen=True)
+class MathSource:
+    hub_id: str
+    split: str
+    id_range: tuple[int, int] | None = None  # inclusive range of the `id` column to keep
+
+
+MATH_SETS: dict[str, MathSource] = {
+    "aime24": MathSource("AI-MO/aimo-validation-aime", "train", id_range=(60, 89)),  # the 30 AIME 2024 problems
+    "amc": MathSource("AI-MO/aimo-validation-amc", "train"),
+    "math500": MathSource("HuggingFaceH4/MATH-500", "test"),
+    "minerva_math": MathSource("math-ai/minervamath", "test"),
+}
+KNOWN_DATASETS: tuple[str, ...] = LONGBENCH_TASKS + tuple(MATH_SETS)
+
+
+@dataclass
+class Sample:
+    id: str
+    dataset: str
+    prompt_ids: list[int]
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+
+@dataclass
+class DataReport:
+    """What happened to the rows of one source: kept, filtered by length, malformed (line, reason)."""
+
+    source: str
+    num_rows: int = 0
+    num_kept: int = 0
+    num_filtered: int = 0
+    malformed: list[tuple[int, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "num_rows": self.num_rows,
+            "num_kept": self.num_kept,
+            "num_filtered_by_length": self.num_filtered,
+            "num_malformed": len(self.malformed),
+            "malformed": [{"line": line, "reason": reason} for line, reason in self.malformed],
+        }
+
+
+def read_jsonl(path: str) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
+    """Rows of a LongBench-schema JSONL: ([(line, row)], [(line, why malformed)]). A row needs string `context`
+    and `input` fields (`input` may be empty); `_id`, `answers`, `dataset`, `length` are optional."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"data.path={path!r} is not a file (expected a JSONL in LongBench's row schema)")
+    rows, malformed = [], []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                malformed.append((line_no, f"invalid JSON: {e.msg}"))
+                continue
+            if not isinstance(row, dict):
+                malformed.append((line_no, f"expected a JSON object, got {type(row).__name__}"))
+                continue
+            missing = [k for k in ("context", "input") if not isinstance(row.get(k), str)]
+            if missing:
+                malformed.append((line_no, f"missing or non-string field(s): {', '.join(missing)}"))
+                continue
+            rows.append((line_no, row))
+    return rows, malformed
+
+
+def _encode_text(tokenizer, text: str) -> list[int]:
+    # LongBench tokenises the prompt as plain text with the tokenizer's special tokens (BOS) added.
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def _encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("math evaluation uses the target's chat template, but its tokenizer has none")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def _load_hub(hub_id: str, name: str | None, split: str):
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(hub_id, name, split=split) if name else load_dataset(hub_id, split=split)
+    except Exception as e:  # offline, missing script support, gated: say what to do instead
+        raise ValueError(
+            f"could not load {hub_id}{'/' + name if name else ''} ({type(e).__name__}: {e}); download the data and "
+            "pass it as a local JSONL in LongBench's row schema with data.path=FILE.jsonl"
+        ) from e
+
+
+def load_samples(
+    source: str,
+    tokenizer,
+    *,
+    context_len: int,
+    min_prompt_tokens: int | None,
+    context_margin: int,
+    template: str | None = None,
+) -> tuple[list[Sample], DataReport]:
+    """source: a LongBench task, a math set name (KNOWN_DATASETS) or a JSONL path.
+
+    min_prompt_tokens None = the source's default (1200 for LongBench and JSONL, 0 for math). template: the
+    LongBench task whose template formats JSONL rows (default: each row's `dataset` field, else generic)."""
+    report = DataReport(source=source)
+    candidates: list[Sample] = []
+    if source in MATH_SETS:
+        spec = MATH_SETS[source]
+        minimum = 0 if min_prompt_tokens is None else min_prompt_tokens
+        for index, row in enumerate(_load_hub(spec.hub_id, None, spec.split)):
+            report.num_rows += 1
+            row_id = row.get("id", index)
+            if spec.id_range is not None and not spec.id_range[0] <= int(row_id) <= spec.id_range[1]:
+                report.num_rows -= 1  # outside the subset: not a row of this source at all
+                continue
+            problem = row.get("problem") or row.get("question")
+            if not isinstance(problem, str):
+                report.malformed.append((index, "no string `problem` / `question` field"))
+                continue
+            candidates.append(Sample(str(row_id), source, _encode_chat(tokenizer, math_messages(problem))))
+    else:
+        minimum = 1200 if min_prompt_tokens is None else min_prompt_tokens
+        if source in LONGBENCH_TASKS:
+            rows = [(i, dict(row)) for i, row in enumerate(_load_hub(LONGBENCH_HUB_ID, source, "test"))]
+            default_task = source
+        else:
+            rows, report.malformed = read_jsonl(source)
+            default_task = None
+            report.num_rows += len(report.malformed)
+        if template is not None and template not in LONGBENCH_TASKS:
+            raise ValueError(f"data.template={template!r} is not one of LongBench's tasks {LONGBENCH_TASKS}")
+        dataset_name = source if default_task else os.path.splitext(os.path.basename(source))[0]
+        for line, row in rows:
+            report.num_rows += 1
+            task = template or default_task or row.get("dataset")
+            prompt = longbench_prompt(task, row["context"], row["input"])
+            candidates.append(Sample(str(row.get("_id", line)), dataset_name, _encode_text(tokenizer, prompt)))
+    maximum = context_len - context_margin
+    samples = [s for s in candidates if minimum < s.prompt_len <= maximum]
+    report.num_filtered = len(candidates) - len(samples)
+    report.num_kept = len(samples)
+    if report.malformed:
+        logger.warning(
+            "%s: skipped %d malformed row(s), first: line %d: %s",
+            source, len(report.malformed), *report.malformed[0],
+        )
+    if not samples:
+        logger.warning(
+            "%s: no prompt passed the length filter %d < tokens <= %d (%d rows)", source, minimum, maximum,
+            report.num_rows,
+        )
+    return samples, report

@@ -1,0 +1,129 @@
+"""Per-dataset summaries and report.md in the paper's Table 1 layout (τ / tokens/s / speedup per dataset and
+method), plus the plots. Speedups are ratios of throughputs measured in the same run."""
+
+from __future__ import annotations
+
+import math
+import os
+
+__all__ = ["BASELINES", "GREEDY_REFERENCES", "summarise", "write_report", "report_markdown"]
+
+# Methods a speedup can be quoted against, the paper's baseline (vanilla FlashAttention) first.
+BASELINES = ("vanilla_fa", "vanilla_hf", "ar", "pld")
+# Target-only methods whose output IS the target's greedy output (the lossless reference at T = 0).
+GREEDY_REFERENCES = ("ar", "vanilla_fa", "vanilla_hf")
+
+
+def _aggregate(records: list[dict]) -> dict:
+    rounds = sum(r["rounds"] for r in records)
+    accepted = sum(sum(r["accepted"]) for r in records)
+    decode_s = sum(r["decode_s"] for r in records)
+    tokens = sum(max(r["num_new_tokens"] - 1, 0) for r in records)
+    split = {k: sum(r[k] for r in records) for k in ("draft_s", "verify_s", "overhead_s")}
+    return {
+        "num_samples": len(records),
+        "mean_prompt_len": sum(r["prompt_len"] for r in records) / max(len(records), 1),
+        "rounds": rounds,
+        # τ over the whole dataset: tokens emitted per target forward (REFERENCE §5).
+        "mean_accept_length": (accepted + rounds) / rounds if rounds else math.nan,
+        # Decode throughput, prefill excluded, pooled over samples (long outputs weigh more, as in wall time).
+        "tokens_per_s": tokens / decode_s if decode_s > 0 else math.nan,
+        "decode_s": decode_s,
+        "time_split": {k: (v / decode_s if decode_s > 0 else math.nan) for k, v in split.items()},
+    }
+
+
+def summarise(methods: dict[str, dict[str, list[dict]]], *, greedy: bool) -> dict[str, dict[str, dict]]:
+    """methods[method][dataset] = per-sample records -> summary[dataset][method]."""
+    datasets = sorted({d for per_dataset in methods.values() for d in per_dataset})
+    summary: dict[str, dict[str, dict]] = {}
+    for dataset in datasets:
+        per_method = {m: _aggregate(recs[dataset]) for m, recs in methods.items() if dataset in recs}
+        for method, agg in per_method.items():
+            agg["speedup"] = {
+                base: agg["tokens_per_s"] / per_method[base]["tokens_per_s"]
+                for base in BASELINES
+                if base in per_method and base != method and per_method[base]["tokens_per_s"] > 0
+            }
+        reference = next((m for m in GREEDY_REFERENCES if m in per_method), None)
+        for method, agg in per_method.items():
+            agg["greedy_reference"] = reference if greedy else None
+            if not greedy or reference is None:
+                agg["identical_to_greedy"] = None  # sampling, or no target-only method in the run
+                continue
+            ref_outputs = {r["id"]: r["output_ids"] for r in methods[reference][dataset]}
+            same = sum(r["output_ids"] == ref_outputs.get(r["id"]) for r in methods[method][dataset])
+            agg["identical_to_greedy"] = same / max(len(methods[method][dataset]), 1)
+        summary[dataset] = per_method
+    return summary
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def report_markdown(results: dict) -> str:
+    summary = results["summary"]
+    datasets = list(summary)
+    methods = list(results["methods"])
+    main_base = next((b for b in BASELINES if any(b in summary[d] for d in datasets)), None)
+    cfg = results["config"]
+    lines = [
+        "# LongSpec evaluation",
+        "",
+        f"target `{cfg['target']['path']}` · device {results['device']} · {results['dtype']} · "
+        f"temperature {cfg['temperature']} · max_new_tokens {cfg['max_new_tokens']} · started {results['started']}",
+        "",
+        f"τ = mean acceptance length (tokens per target forward); tokens/s exclude the prefill; speedup is vs "
+        f"`{main_base}` measured in this run." if main_base else "τ = mean acceptance length; tokens/s exclude prefill.",
+        "",
+    ]
+    header = "| method | " + " | ".join(f"{d} τ | {d} tok/s | {d} speedup" for d in datasets) + " |"
+    lines += [header, "|" + "---|" * (1 + 3 * len(datasets))]
+    for method in methods:
+        cells = []
+        for d in datasets:
+            agg = summary[d].get(method)
+            if agg is None:
+                cells += ["–"] * 3
+                continue
+            speedup = 1.0 if method == main_base else agg["speedup"].get(main_base, math.nan)
+            cells += [_fmt(agg["mean_accept_length"], ".2f"), _fmt(agg["tokens_per_s"], ".1f"), _fmt(speedup, ".2f") + "x"]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+
+    lines += ["", "## Details per dataset", ""]
+    lines += ["| dataset | method | samples | mean prompt | rounds | draft / verify / overhead | speedups | identical to greedy |"]
+    lines += ["|---|---|---|---|---|---|---|---|"]
+    for d in datasets:
+        for method, agg in summary[d].items():
+            split = agg["time_split"]
+            split_txt = " / ".join(_fmt(split[k] * 100, ".0f") + "%" for k in ("draft_s", "verify_s", "overhead_s"))
+            speedups = ", ".join(f"{_fmt(v, '.2f')}x vs {b}" for b, v in agg["speedup"].items()) or "–"
+            ident = agg["identical_to_greedy"]
+            ident_txt = "n/a" if ident is None else f"{ident * 100:.0f}% (vs {agg['greedy_reference']})"
+            lines.append(
+                f"| {d} | {method} | {agg['num_samples']} | {agg['mean_prompt_len']:.0f} | {agg['rounds']} | "
+                f"{split_txt} | {speedups} | {ident_txt} |"
+            )
+    skipped = [r for r in results["data"] if r["num_malformed"] or r["num_filtered_by_length"]]
+    if skipped:
+        lines += ["", "## Data", ""]
+        for r in skipped:
+            lines.append(
+                f"- `{r['source']}`: {r['num_rows']} rows, {r['num_kept']} kept, "
+                f"{r['num_filtered_by_length']} outside the length filter, {r['num_malformed']} malformed"
+                + (f" (first: line {r['malformed'][0]['line']}: {r['malformed'][0]['reason']})" if r["malformed"] else "")
+            )
+    plots = results.get("plots", [])
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{os.path.splitext(p)[0]}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: dict, output_dir: str) -> None:
+    """report.md + PNG plots in output_dir."""
+    from longspec.eval.plots import plot_by_context_length
+
+    results["plots"] = plot_by_context_length(results["methods"], output_dir)
+    with open(os.path.join(output_dir, "report.md"), "w") as f:
+        f.write(report_markdown(results))

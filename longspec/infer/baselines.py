@@ -1,0 +1,104 @@
+"""Every decoding method behind one call, so the harness measures them side by side in the same run.
+
+- "longspec":   tree speculative decoding with the drafter (longspec.infer.engine)
+- "ar":         our own autoregressive decoding on the same engine (static cache, our attention backends)
+- "pld":        prompt-lookup n-gram drafts verified on the same engine (lossless at any temperature)
+- "vanilla_hf": plain HF decoding, eager attention, HF DynamicCache (the unoptimised reference)
+- "vanilla_fa": plain HF decoding with FlashAttention (flash-attn when installed, else PyTorch SDPA) — the paper's
+                baseline: its speedups are reported against this one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+
+import torch
+
+from longspec.infer.accept import sample_token, target_distribution
+from longspec.infer.engine import GenerationConfig, GenerationResult, SpeculativeEngine
+from longspec.infer.stats import GenerationStats
+from longspec.modules.attention import HAS_FLASH_ATTN
+
+__all__ = ["ALL_METHODS", "HF_METHODS", "hf_attn_implementation", "hf_generate", "run_method"]
+
+logger = logging.getLogger(__name__)
+
+HF_METHODS = ("vanilla_hf", "vanilla_fa")
+ALL_METHODS = ("longspec", "vanilla_hf", "vanilla_fa", "ar", "pld")
+
+
+def hf_attn_implementation(method: str, model) -> str:
+    """The HF attn_implementation a vanilla method runs with on this model."""
+    if method == "vanilla_hf":
+        return "eager"
+    if method != "vanilla_fa":
+        raise ValueError(f"{method!r} is not an HF baseline; choose one of {HF_METHODS}")
+    param = next(model.parameters())
+    if HAS_FLASH_ATTN and param.is_cuda and param.dtype in (torch.float16, torch.bfloat16):
+        return "flash_attention_2"
+    return "sdpa"  # PyTorch's flash / memory-efficient kernels on GPU, its math path on CPU
+
+
+def _cache_kwarg(model) -> str:
+    """transformers >= 5.2x names the forward's cache argument `cache`; older 5.x call it `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+@torch.no_grad()
+def hf_generate(hf_model, prompt_ids, config: GenerationConfig, *, attn_implementation: str) -> GenerationResult:
+    """Vanilla HF decoding (batch 1): one prefill forward, then one forward per token on a DynamicCache. The
+    sampling rule is the engine's (same target_distribution and sampler), so outputs are comparable."""
+    from transformers import DynamicCache
+
+    device = next(hf_model.parameters()).device
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).flatten()
+    previous = hf_model.config._attn_implementation
+    hf_model.set_attn_implementation(attn_implementation)
+    stats = GenerationStats(method=f"hf[{attn_implementation}]", prompt_len=prompt.numel())
+    generator = torch.Generator().manual_seed(config.seed)
+    cache_arg = _cache_kwarg(hf_model)
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        if config.temperature == 0:
+            return torch.argmax(logits, dim=-1)
+        probs = target_distribution(logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
+        return sample_token(probs, generator)
+
+    try:
+        cache = DynamicCache(config=hf_model.config)
+        start = _now(device)
+        logits = hf_model(prompt[None], use_cache=True, logits_to_keep=1, **{cache_arg: cache}).logits[0, -1]
+        token = pick(logits)
+        emitted = [int(token)]  # host sync
+        stats.prefill_s = _now(device) - start
+        start = _now(device)
+        while len(emitted) < config.max_new_tokens and emitted[-1] not in config.eos_token_ids:
+            logits = hf_model(token.reshape(1, 1), use_cache=True, **{cache_arg: cache}).logits[0, -1]
+            token = pick(logits)
+            emitted.append(int(token))  # host sync: the stopping test needs the token
+            stats.record_round(0)
+        stats.decode_s = _now(device) - start
+        stats.verify_s = stats.decode_s
+    finally:
+        hf_model.set_attn_implementation(previous)
+    stats.num_new_tokens = len(emitted)
+    return GenerationResult(tokens=emitted, stats=stats)
+
+
+def run_method(method: str, prompt_ids, config: GenerationConfig, *, target, engine: SpeculativeEngine | None = None):
+    """Generate with any method in ALL_METHODS."""
+    if method in HF_METHODS:
+        return hf_generate(target.model, prompt_ids, config, attn_implementation=hf_attn_implementation(method, target.model))
+    if method not in ALL_METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALL_METHODS)}")
+    if engine is None:
+        engine = SpeculativeEngine(target)
+    return engine.generate(prompt_ids, config, method=method)
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # host sync: timing needs the GPU to have finished
+    return time.perf_counter()

@@ -1,0 +1,343 @@
+"""Speculative generation on a static target KV cache: LongSpec tree drafting, hybrid verification, lossless
+acceptance; the same engine also runs plain autoregressive decoding ("ar") and prompt-lookup drafting ("pld").
+
+Shape legend: B batch (= 1), T new tokens in one target forward, N tree nodes, n committed tokens (cache length),
+W drafter window, V vocabulary, Dm model width, H / Hkv query / key-value heads, D head dim.
+
+One round (REFERENCE §4), starting from the root = the last token emitted, at position n, not yet in any cache:
+  1. draft:  a dynamic-beam tree of N nodes (root + sum(widths)); every node cross-attends to the target's
+             last-layer K/V < n and self-attends to the drafter's ring buffer (committed tokens in its window)
+             plus its tree ancestors;
+  2. verify: ONE target forward over the N nodes at positions n + depth; per layer the new K/V go to the cache's
+             pending slots and attention = merge(cache part unmasked, tree part under the ancestor mask);
+  3. accept: greedy or lossless sampling (longspec.infer.accept) -> accepted path + bonus token;
+  4. commit: the path's K/V move into place for every layer (no re-feeding); the drafter's ring buffer takes
+             the path's self-attention K/V; the bonus becomes the next root.
+Every round has the same shapes (N fixed, padded), which is what CUDA-graph capture needs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from longspec.infer.accept import greedy_accept, sample_accept, sample_token, target_distribution
+from longspec.infer.cache import StaticKVCache
+from longspec.infer.graphs import StaticStep
+from longspec.infer.pld import prompt_lookup
+from longspec.infer.stats import GenerationStats
+from longspec.infer.tree import DraftTree, TreeLayout, beam_step, chain_tree
+from longspec.modules import attention as attn_ops
+
+__all__ = ["GenerationConfig", "GenerationResult", "SpeculativeEngine", "METHODS"]
+
+METHODS = ("longspec", "ar", "pld")
+
+
+@dataclass(kw_only=True)
+class GenerationConfig:
+    """How to decode. Sampling settings shape the TARGET distribution only; output stays lossless."""
+
+    max_new_tokens: int = 256  # tokens to generate, the prefill's first token included
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int | None = None  # keep the k most likely target tokens (T > 0)
+    top_p: float | None = None  # nucleus truncation of the target distribution (T > 0)
+    eos_token_ids: tuple[int, ...] = ()  # stop after emitting any of these
+    tree_widths: tuple[int, ...] = (4, 16, 16, 16, 16)  # dynamic beam level widths (longspec)
+    pld_num_draft: int = 10  # PLD: tokens proposed per round
+    pld_max_ngram: int = 3  # PLD: longest n-gram matched against the context
+    prefill_chunk: int = 4096  # target prefill tokens per forward
+    seed: int = 0  # sampling RNG seed (T > 0)
+    static_shapes: bool = False  # round forwards read the cache length from the device (what a graph replays)
+    cuda_graphs: bool = False  # capture each round's target forward in a CUDA graph (implies static_shapes)
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.prefill_chunk < 1 or self.pld_num_draft < 1 or self.pld_max_ngram < 1:
+            raise ValueError("prefill_chunk, pld_num_draft and pld_max_ngram must be >= 1")
+        self.tree_widths = tuple(int(w) for w in self.tree_widths)
+        self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
+        TreeLayout(self.tree_widths)  # validates the widths
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # generated tokens (prompt excluded), truncated at EOS / max_new_tokens
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+class SpeculativeEngine:
+    """Batch-1 generation for one target (+ optional drafter). Caches are allocated per `generate` call, once,
+    at the size the call needs (prompt + max_new_tokens + one round of tree slack)."""
+
+    def __init__(self, target, drafter=None):
+        self.target = target
+        self.drafter = drafter
+        self.device = target.embed_tokens.weight.device
+        self.scales = [layer.self_attn.scaling for layer in target.layers]
+        self.cache: StaticKVCache | None = None
+        self._steps: dict[tuple[int, bool], StaticStep] = {}
+        if drafter is not None and hasattr(drafter, "shared_storage_ok") and not drafter.shared_storage_ok(target):
+            raise ValueError("the drafter's embedding / LM head are not the target's (load it with this target)")
+
+    # ------------------------------------------------------------------ public API
+    @torch.no_grad()
+    def generate(self, prompt_ids, config: GenerationConfig, *, method: str = "longspec") -> GenerationResult:
+        """prompt_ids: [T] / [1, T] tensor or list of ints -> GenerationResult (tokens + stats)."""
+        if method not in METHODS:
+            raise ValueError(f"unknown engine method {method!r}; choose one of {', '.join(METHODS)}")
+        if method == "longspec" and self.drafter is None:
+            raise ValueError("method 'longspec' needs a drafter (pass one, or use drafter.init=random)")
+        static = config.static_shapes or config.cuda_graphs
+        if config.cuda_graphs and self.device.type != "cuda":
+            raise ValueError("cuda_graphs=True needs the target on a CUDA device")
+        if static and any(w is not None for w in self.target.layer_windows):
+            # TODO(issue 4): static-shape sliding-window attention (a device-side window mask over the cache).
+            raise NotImplementedError("static_shapes / cuda_graphs do not support sliding-window layers yet")
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).flatten()
+        if prompt.numel() == 0:
+            raise ValueError("empty prompt")
+        layout = TreeLayout(config.tree_widths)
+        round_nodes = {"longspec": layout.num_nodes, "ar": 1, "pld": 1 + config.pld_num_draft}[method]
+        self._ensure_cache(prompt.numel() + config.max_new_tokens + round_nodes + 1)
+        generator = torch.Generator().manual_seed(config.seed)
+        stats = GenerationStats(method=method, prompt_len=prompt.numel())
+
+        with _timer(stats, "prefill_s", self.device):
+            root = self._prefill(prompt, config, generator)
+            if method == "longspec":
+                self.drafter_cache = self._drafter_prefill(prompt)
+        emitted = [int(root)]  # host sync: the first token
+        context = torch.cat([prompt, root.reshape(1)]) if method == "pld" else None
+
+        decode_start = _now(self.device)
+        while not self._done(emitted, config):
+            if method == "longspec":
+                with _timer(stats, "draft_s", self.device):
+                    tree = self._draft_tree(root, layout)
+            elif method == "pld":
+                with _timer(stats, "draft_s", self.device):
+                    draft = prompt_lookup(context, config.pld_num_draft, config.pld_max_ngram)
+                    tree = chain_tree(root, draft, draft.numel(), 1 + config.pld_num_draft)
+            else:
+                tree = chain_tree(root, root.new_empty(0), 0, 1)
+            with _timer(stats, "verify_s", self.device):
+                logits = self._verify(tree, static=static, capture=config.cuda_graphs)  # [N, V]
+            overhead_start = _now(self.device)
+            path, bonus = self._accept(tree, logits, config, generator)
+            self.cache.commit_path(path)
+            if method == "longspec":
+                self._drafter_commit(tree.tokens[path.to(self.device)], self.cache.length - path.numel())
+            new_tokens = tree.tokens[path[1:].to(self.device)].tolist() + [int(bonus)]  # host sync
+            stats.record_round(path.numel() - 1)
+            emitted.extend(new_tokens)
+            if context is not None:
+                context = torch.cat([context, torch.tensor(new_tokens, device=self.device)])
+            root = bonus.to(self.device)
+            stats.overhead_s += _now(self.device) - overhead_start
+        stats.decode_s = _now(self.device) - decode_start
+        tokens = _truncate(emitted, config)
+        stats.num_new_tokens = len(tokens)
+        return GenerationResult(tokens=tokens, stats=stats)
+
+    # ------------------------------------------------------------------ target side
+    def _target_forward(self, tokens: torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
+        """Target forward over T new tokens at positions cache.length + offsets [T]; new_mask [T, T] says which
+        new tokens see which (causal for prefill, ancestors for a tree). K/V land in the cache's pending slots
+        (the caller commits). Returns hidden [T, Dm]."""
+        cache, n = self.cache, self.cache.length
+        positions = (n + offsets)[None]  # [1, T]
+        windowed_masks: dict[int, tuple[int, torch.Tensor]] = {}
+
+        def attn_fn(layer_idx, q, k, v):
+            keys, values = cache.update(layer_idx, k, v)  # [B, Hkv, Tmax, D]
+            window = self.target.layer_windows[layer_idx]
+            scale = self.scales[layer_idx]
+            if window is None:
+                out, _ = attn_ops.hybrid_attention(
+                    q, k, v, keys, values, n, new_mask, scale=scale
+                )
+                return out
+            # Sliding-window layer: only keys within `window` of the queries matter; one explicit mask.
+            if window not in windowed_masks:
+                windowed_masks[window] = _window_mask(n, offsets, new_mask, window)
+            lo, mask = windowed_masks[window]
+            stop = n + k.shape[2]
+            out, _ = attn_ops.tree_attention(q, keys[:, :, lo:stop], values[:, :, lo:stop], mask, scale=scale)
+            return out
+
+        return self.target(tokens[None], positions, attn_fn=attn_fn).hidden[0]
+
+    def _prefill(self, prompt: torch.Tensor, config: GenerationConfig, generator) -> torch.Tensor:
+        """Chunked prefill of the whole prompt; returns the first generated token (0-d, on device)."""
+        hidden = None
+        for start in range(0, prompt.numel(), config.prefill_chunk):
+            chunk = prompt[start : start + config.prefill_chunk]
+            T = chunk.numel()
+            offsets = torch.arange(T, device=self.device)
+            causal = offsets[None, :] <= offsets[:, None]
+            hidden = self._target_forward(chunk, offsets, causal)
+            self.cache.commit(T)
+        logits = self.target.logits(hidden[-1:])  # [1, V]
+        return self._pick(logits[0], config, generator)
+
+    def _verify(self, tree: DraftTree, *, static: bool = False, capture: bool = False) -> torch.Tensor:
+        """ONE target forward over all tree nodes -> logits [N, V] (node i predicts its children)."""
+        if not static:
+            return self.target.logits(self._target_forward(tree.tokens, tree.depths, tree.ancestor_mask))
+        key = (tree.num_nodes, capture)
+        if key not in self._steps:
+            self.cache.sync_length()  # warm-up / capture calls write only pending slots: harmless
+            self._steps[key] = StaticStep(self._static_logits, tree.num_nodes, self.device, capture=capture)
+        self.cache.sync_length()
+        return self._steps[key](tree.tokens, tree.depths, tree.ancestor_mask)
+
+    def _static_logits(self, tokens: torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
+        """The round forward with no host values: the cache length is `cache.length_t` on the device, new K/V
+        go to slots length_t + i by index_copy_, the hybrid attention reads the length as a tensor."""
+        cache = self.cache
+        n = cache.length_t
+        slots = n + torch.arange(tokens.shape[0], device=tokens.device)
+
+        def attn_fn(layer_idx, q, k, v):
+            keys, values = cache.update_static(layer_idx, k, v, slots)
+            out, _ = attn_ops.hybrid_attention(q, k, v, keys, values, n, new_mask, scale=self.scales[layer_idx])
+            return out
+
+        hidden = self.target(tokens[None], (n + offsets)[None], attn_fn=attn_fn).hidden[0]
+        return self.target.logits(hidden)
+
+    def _ensure_cache(self, needed: int) -> None:
+        """Allocate the target cache once and reuse it across calls; grow (and drop captured graphs, which hold
+        its addresses) only when a call needs more slots."""
+        if getattr(self, "cache", None) is not None and self.cache.max_len >= needed:
+            self.cache.reset()
+            return
+        self.cache = None  # free the old one first
+        self._steps = {}
+        self.cache = StaticKVCache.for_target(self.target, max_len=needed)
+
+    def _pick(self, logits: torch.Tensor, config: GenerationConfig, generator) -> torch.Tensor:
+        if config.temperature == 0:
+            return torch.argmax(logits, dim=-1)
+        target_probs = target_distribution(
+            logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
+        )
+        return sample_token(target_probs, generator)
+
+    def _accept(self, tree: DraftTree, logits: torch.Tensor, config: GenerationConfig, generator):
+        if config.temperature == 0:
+            path, bonus = greedy_accept(
+                tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, torch.argmax(logits, dim=-1), tree.valid
+            )
+            return path, bonus
+        target_probs = target_distribution(
+            logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
+        )
+        return sample_accept(tree.tokens, tree.parents, target_probs, tree.valid, generator=generator)
+
+    # ------------------------------------------------------------------ drafter side
+    def _drafter_prefill(self, prompt: torch.Tensor):
+        """Fill the ring buffer with the self-attention K/V of the last `window` prompt tokens only: the
+        drafter never runs cross-attention over the prompt (the first round's root does that, once)."""
+        from longspec.drafter import DrafterCache
+
+        drafter = self.drafter
+        start = max(0, prompt.numel() - drafter.config.window)
+        positions = torch.arange(start, prompt.numel(), device=self.device)[None]  # [1, <= W]
+        k, v = drafter.self_kv(prompt[start:][None], positions)
+        dcache = DrafterCache(drafter.config, 1, dtype=k.dtype, device=self.device)
+        dcache.append(k, v, positions)
+        return dcache
+
+    def _draft_tree(self, root: torch.Tensor, layout: TreeLayout) -> DraftTree:
+        """Dynamic beam search over `layout` (REFERENCE §4): one drafter step per level, all of a level's nodes
+        at once; a node self-attends to the ring buffer (within its window) and to its tree ancestors, and
+        cross-attends to the committed target prefix (< the root's position)."""
+        drafter, dcache, n = self.drafter, self.drafter_cache, self.cache.length
+        tree = DraftTree.empty(layout, root)
+        # Self-attention K/V of every tree node, filled level by level: [1, Hkv, N, D].
+        node_k = dcache.keys.new_zeros(1, dcache.keys.shape[1], layout.num_nodes, dcache.keys.shape[3])
+        node_v = torch.zeros_like(node_k)
+        target_k, target_v = self.cache.keys[-1], self.cache.values[-1]  # last layer [1, Hkv, Tmax, D]
+        scores = torch.zeros(1, device=self.device)  # cumulative draft log-prob of each current-level path
+        for level in range(layout.depth):
+            sl = layout.level_slice(level)
+            ids = tree.tokens[sl][None]  # [1, P]
+            positions = torch.full_like(ids, n + level)
+            node_k[:, :, sl], node_v[:, :, sl] = drafter.self_kv(ids, positions)
+            in_window = (level - tree.depths[: sl.stop]) <= drafter.config.window  # ancestors are shallower
+            self_mask = torch.cat(
+                [dcache.visible_mask(positions)[0], tree.ancestor_mask[sl, : sl.stop] & in_window], dim=1
+            )  # [P, W + nodes so far]
+            hidden = drafter.block(
+                drafter.embed(ids),
+                positions,
+                torch.cat([dcache.keys, node_k[:, :, : sl.stop]], dim=2),
+                torch.cat([dcache.values, node_v[:, :, : sl.stop]], dim=2),
+                self_mask,
+                target_k,
+                target_v,
+                n,
+            )  # [1, P, Dm]
+            logprobs = torch.log_softmax(drafter.logits(hidden[0]).float(), dim=-1)  # [P, V]
+            parent_local, tokens, scores = beam_step(scores, logprobs, layout.widths[level])
+            tree.set_level(layout.level_slice(level + 1), parent_local + sl.start, tokens)
+        return tree
+
+    def _drafter_commit(self, path_tokens: torch.Tensor, first_position: int) -> None:
+        """The accepted path (root first) enters the drafter's ring buffer. Its self K/V depend only on token and
+        position, so recomputing them for k+1 tokens is cheaper than keeping them for every tree node."""
+        positions = torch.arange(first_position, first_position + path_tokens.numel(), device=self.device)[None]
+        k, v = self.drafter.self_kv(path_tokens[None], positions)
+        self.drafter_cache.append(k, v, positions)
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _done(emitted: list[int], config: GenerationConfig) -> bool:
+        if len(emitted) >= config.max_new_tokens:
+            return True
+        return any(t in config.eos_token_ids for t in emitted)
+
+
+def _window_mask(n: int, offsets: torch.Tensor, new_mask: torch.Tensor, window: int) -> tuple[int, torch.Tensor]:
+    """(lo, mask [T, n - lo + T]) for a sliding-window layer: cached key j (lo <= j < n) is visible to a new
+    token at position n + offset iff n + offset - j <= window; new tokens follow new_mask within the window."""
+    lo = max(0, n - window)
+    cached = torch.arange(lo, n, device=offsets.device)
+    q_pos = n + offsets
+    cache_part = (q_pos[:, None] - cached[None, :]) <= window
+    new_part = new_mask & ((offsets[:, None] - offsets[None, :]) <= window)
+    return lo, torch.cat([cache_part, new_part], dim=1)
+
+
+def _truncate(emitted: list[int], config: GenerationConfig) -> list[int]:
+    tokens = emitted[: config.max_new_tokens]
+    for i, token in enumerate(tokens):
+        if token in config.eos_token_ids:
+            return tokens[: i + 1]
+    return tokens
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # host sync: phase timing needs the GPU to have finished
+    return time.perf_counter()
+
+
+@contextmanager
+def _timer(stats: GenerationStats, name: str, device: torch.device) -> Iterator[None]:
+    start = _now(device)
+    yield
+    setattr(stats, name, getattr(stats, name) + _now(device) - start)

@@ -1,0 +1,61 @@
+"""Per-generation statistics: the product metrics (acceptance histogram, mean acceptance length τ) and where the
+decode time went (draft / verify / overhead)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["GenerationStats"]
+
+
+@dataclass
+class GenerationStats:
+    method: str = ""
+    prompt_len: int = 0
+    num_new_tokens: int = 0  # emitted tokens after truncation (the prefill's first token included)
+    accepted: list[int] = field(default_factory=list)  # per round: draft tokens accepted (bonus excluded)
+    prefill_s: float = 0.0  # prompt forward(s) + drafter prefill; excluded from tokens/s
+    decode_s: float = 0.0  # everything after the prefill
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    overhead_s: float = 0.0  # acceptance, commits, bookkeeping
+
+    def record_round(self, num_accepted: int) -> None:
+        self.accepted.append(int(num_accepted))
+
+    @property
+    def rounds(self) -> int:
+        """Target forwards after the prefill (one per round; one per token for AR decoding)."""
+        return len(self.accepted)
+
+    @property
+    def accept_histogram(self) -> list[int]:
+        """histogram[k] = rounds that accepted exactly k draft tokens."""
+        hist = [0] * (max(self.accepted, default=0) + 1)
+        for k in self.accepted:
+            hist[k] += 1
+        return hist
+
+    @property
+    def mean_accept_length(self) -> float:
+        """τ = tokens emitted per target forward = (accepted + rounds) / rounds (REFERENCE §5)."""
+        if not self.accepted:
+            return float("nan")
+        return (sum(self.accepted) + self.rounds) / self.rounds
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput, prefill excluded: the tokens after the prefill's first one over decode time."""
+        if self.decode_s <= 0 or self.num_new_tokens <= 1:
+            return float("nan")
+        return (self.num_new_tokens - 1) / self.decode_s
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(
+            rounds=self.rounds,
+            accept_histogram=self.accept_histogram,
+            mean_accept_length=self.mean_accept_length,
+            tokens_per_s=self.tokens_per_s,
+        )
+        return out

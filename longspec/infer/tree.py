@@ -1,0 +1,124 @@
+"""Draft trees: dynamic beam search levels and the ancestor mask, with a fixed node count per round.
+
+Shape legend: N tree nodes (root + sum(widths)), V vocabulary, P nodes in the current level, W next level width.
+
+A tree is stored level by level (root, then level 1, level 2, ...), so parents always precede children and the
+node count, the depth of every slot and the level offsets are the same every round: only tokens, parents and the
+ancestor mask change. That is what keeps a round's shapes static (CUDA-graph friendly).
+
+Dynamic beam search (REFERENCE §4): the root's children are its top-widths[0] tokens; each next level is the global
+top-widths[d] over (current level nodes x vocab) scored by the path's cumulative draft log-prob. Nodes that get no
+children stay in the tree and are verified too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DraftTree", "TreeLayout", "beam_step", "chain_tree"]
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """The static part of a tree: level widths, their offsets into the node axis, every slot's depth."""
+
+    widths: tuple[int, ...]
+
+    def __post_init__(self):
+        if not self.widths or any(w < 1 for w in self.widths):
+            raise ValueError(f"tree widths must be positive integers, got {list(self.widths)}")
+
+    @property
+    def num_nodes(self) -> int:
+        return 1 + sum(self.widths)
+
+    @property
+    def depth(self) -> int:
+        return len(self.widths)
+
+    def level_slice(self, level: int) -> slice:
+        """Node slots of level `level` (0 = root)."""
+        start = 1 + sum(self.widths[: level - 1]) if level > 0 else 0
+        size = 1 if level == 0 else self.widths[level - 1]
+        return slice(start, start + size)
+
+    def depths(self, device: torch.device | None = None) -> torch.Tensor:
+        sizes = torch.tensor((1, *self.widths), device=device)
+        return torch.repeat_interleave(torch.arange(len(sizes), device=device), sizes)
+
+
+@dataclass
+class DraftTree:
+    """One round's candidate tree (fields described in longspec.infer.accept)."""
+
+    tokens: torch.Tensor  # [N] long
+    parents: torch.Tensor  # [N] long, root -1
+    depths: torch.Tensor  # [N] long
+    ancestor_mask: torch.Tensor  # [N, N] bool, row i: i and its ancestors
+    valid: torch.Tensor  # [N] bool
+
+    @classmethod
+    def empty(cls, layout: TreeLayout, root_token: torch.Tensor) -> DraftTree:
+        """A tree with only the root filled in; levels are written by `set_level`."""
+        device = root_token.device
+        n = layout.num_nodes
+        tree = cls(
+            tokens=torch.zeros(n, dtype=torch.long, device=device),
+            parents=torch.full((n,), -1, dtype=torch.long, device=device),
+            depths=layout.depths(device),
+            ancestor_mask=torch.zeros(n, n, dtype=torch.bool, device=device),
+            valid=torch.ones(n, dtype=torch.bool, device=device),
+        )
+        tree.tokens[0] = root_token
+        tree.ancestor_mask[0, 0] = True
+        return tree
+
+    def set_level(self, level_slice: slice, parents: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Write one level: parents are absolute node indices of an earlier level."""
+        idx = torch.arange(level_slice.start, level_slice.stop, device=self.tokens.device)
+        self.tokens[idx] = tokens
+        self.parents[idx] = parents
+        # A node sees what its parent sees, plus itself.
+        self.ancestor_mask[idx] = self.ancestor_mask[parents]
+        self.ancestor_mask[idx, idx] = True
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[0]
+
+
+def beam_step(
+    parent_scores: torch.Tensor, draft_logprobs: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One level of dynamic beam search.
+
+    parent_scores [P] cumulative log-probs of the current level's paths; draft_logprobs [P, V] the drafter's
+    next-token log-probs at those nodes. Returns (parent_local [W] index into the P nodes, tokens [W], scores [W]),
+    the global top-W of parent_scores[:, None] + draft_logprobs, best first. (parent, token) pairs are distinct,
+    so siblings never repeat a token (acceptance relies on that).
+    """
+    num_parents, vocab = draft_logprobs.shape
+    if width > num_parents * vocab:
+        raise ValueError(f"tree level width {width} exceeds {num_parents} nodes x vocab {vocab}")
+    scores = (parent_scores[:, None] + draft_logprobs.float()).flatten()
+    top_scores, flat = torch.topk(scores, width)
+    return flat // vocab, flat % vocab, top_scores
+
+
+def chain_tree(root_token: torch.Tensor, draft_tokens: torch.Tensor, num_valid: int, num_nodes: int) -> DraftTree:
+    """A chain root -> d1 -> d2 ... padded to `num_nodes` (PLD): padding nodes are invalid and never accepted."""
+    device = root_token.device
+    n = num_nodes
+    tokens = torch.zeros(n, dtype=torch.long, device=device)
+    tokens[0] = root_token
+    tokens[1 : 1 + draft_tokens.shape[0]] = draft_tokens[: n - 1]
+    idx = torch.arange(n, device=device)
+    return DraftTree(
+        tokens=tokens,
+        parents=idx - 1,
+        depths=idx,
+        ancestor_mask=idx[None, :] <= idx[:, None],
+        valid=idx <= num_valid,
+    )

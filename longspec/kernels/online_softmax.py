@@ -1,0 +1,79 @@
+"""The FlashAttention-2 forward inner loop shared by our attention kernels (Triton device functions).
+
+Shape legend: M query rows of one program (BLOCK_M), N keys per tile (BLOCK_N), D head dim (BLOCK_D >= HEAD_DIM).
+
+Online softmax in base 2, with the softmax scale folded into qk_scale = scale * log2(e) (Dao 2023, Alg. 1):
+
+    s_j = qk_scale * q . k_j,   m' = max(m, max_j s_j),
+    l' = l 2^(m - m') + sum_j 2^(s_j - m'),   acc' = acc 2^(m - m') + sum_j 2^(s_j - m') v_j,
+    finally  out = acc / l,  lse (natural log) = ln 2 * (m + log2 l).
+
+A row that has seen no visible key keeps m = -inf, l = 0, acc = 0; while m is -inf it is replaced by 0 in the
+exponents so that 2^(-inf - -inf) never appears. Full tiles run without any mask (the hot loop); only the
+last, ragged tile and masked (tree) tiles pay for bounds and visibility checks.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attend_range(
+    acc, m_i, l_i, q, k_base, v_base, stride_kt, stride_vt, mask_base, stride_mk,
+    start, end, qk_scale, d,
+    HAS_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Fold keys [start, end) of one kv head into (acc [M, D], m_i [M], l_i [M]) for the rows of q [M, D].
+
+    k_base/v_base point at key 0 of the head; mask_base is a [M, 1] pointer tile to each row's mask row
+    (used when HAS_MASK: key j visible iff mask_base[j * stride_mk] != 0)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = d < HEAD_DIM
+    end = tl.maximum(end, start)  # an empty range must not turn into a negative tile count
+    if HAS_MASK:
+        end_full = start  # every tile needs the visibility mask
+    else:
+        end_full = start + (end - start) // BLOCK_N * BLOCK_N
+
+    for start_n in range(start, end_full, BLOCK_N):
+        # 64-bit scalar offset (a 128K cache with wide strides overflows int32); small int32 per-element ones.
+        k_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kt + offs_n[:, None] * stride_kt + d[None, :]
+        v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vt + offs_n[:, None] * stride_vt + d[None, :]
+        if BLOCK_D == HEAD_DIM:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [M, N]
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every key of a full tile is visible
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    for start_n in range(end_full, end, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < end
+        k_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kt + offs_n[:, None] * stride_kt + d[None, :]
+        v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vt + offs_n[:, None] * stride_vt + d[None, :]
+        kv_ok = col_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        visible = col_ok[None, :]
+        if HAS_MASK:
+            m_ptrs = mask_base + tl.cast(start_n, tl.int64) * stride_mk + offs_n[None, :] * stride_mk
+            visible = visible & (tl.load(m_ptrs, mask=visible, other=0) != 0)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, m_i, l_i

@@ -1,0 +1,34 @@
+"""Plain-PyTorch float32 reference for `split_kv_attn`: few queries against the filled prefix of a static cache.
+
+Shape legend: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Tq queries, Tmax cache slots,
+D head dim. Every query sees exactly the first `cache_len` slots (no causal mask: the cache precedes all queries).
+An empty cache (cache_len = 0) gives out = 0 and lse = -inf.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def split_kv_attn_naive(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_len: int | torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B,H,Tq,D], k_cache/v_cache [B,Hkv,Tmax,D], cache_len int, 0-d or [B] integer tensor.
+    Returns (out [B,H,Tq,D] float32, lse [B,H,Tq] float32)."""
+    B, H, Tq, D = q.shape
+    lengths = torch.as_tensor(cache_len).expand(B).tolist()
+    group = H // k_cache.shape[1]
+    outs, lses = [], []
+    for b, n in enumerate(lengths):
+        k = k_cache[b, :, :n].float().repeat_interleave(group, dim=0)  # [H, n, D]
+        v = v_cache[b, :, :n].float().repeat_interleave(group, dim=0)
+        scores = torch.einsum("hqd,hkd->hqk", q[b].float(), k) * scale  # [H, Tq, n]
+        lse = torch.logsumexp(scores, dim=-1)  # -inf when n == 0
+        probs = torch.exp(scores - lse[..., None])
+        outs.append(probs @ v)  # zeros when n == 0
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)

@@ -1,0 +1,298 @@
+"""Split-KV ("flash-decoding") attention of few queries against a long static KV cache, returning LSE.
+
+Shape legend: B batch, H query heads, Hkv key/value heads, G = H / Hkv (GQA group), Tq queries (<= ~128),
+Tmax cache slots, D head dim, R = G * Tq rows per kv head, S splits of the cache axis.
+
+Why: with ~70 tree tokens against a 32K-128K cache, parallelising over (heads x query blocks) alone gives a few
+dozen programs for 132 SMs. Here the GQA group is folded into the query rows (row r -> head kvh*G + r // Tq,
+query r % Tq), so all query heads of one kv head share each K/V tile, and the cache axis is cut into S splits
+that run as separate programs. Each writes a partial (o_s, lse_s) normalised over its own keys; the reduce
+merges them exactly (REFERENCE §4, generalised to S parts):
+
+    lse = log sum_s e^{lse_s},   out = sum_s e^{lse_s - lse} o_s.
+
+Hybrid verify attention (REFERENCE §4) rides along: with `tree=(k_new, v_new, mask)` one more part computes
+the new tokens among themselves under the tree mask (the loop of fused_mask_attn) in the same launch, so the
+whole verify attention is two kernels with nothing to merge afterwards. (`merge_with` folds an already
+computed part into the reduce instead.) Softmax runs in base 2 (exp2) with the scale folded into
+log2(e); accumulation is float32. `cache_len` may live on the device (0-d or [B]): the split bounds are
+computed in the kernel, so the launch has fixed shapes and can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from longspec.kernels.online_softmax import attend_range
+
+_LOG2E = 1.4426950408889634
+
+
+# Sizes that change between calls are not specialised on (divisibility by 16), so one compiled kernel serves
+# every cache length / tree size instead of recompiling when, say, num_splits happens to be 16.
+@triton.jit(do_not_specialize=["cache_len", "num_queries", "num_rows", "num_splits", "num_parts", "num_new"])
+def _split_kv_partial_kernel(
+    Q, K, V, LENS, KN, VN, MASK, O_PART, L_PART, cache_len,
+    stride_qb, stride_qh, stride_qt,
+    stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt,
+    stride_lens,
+    stride_knb, stride_knh, stride_knt,
+    stride_vnb, stride_vnh, stride_vnt,
+    stride_mb, stride_mq, stride_mk,
+    num_kv_heads, num_queries, group, num_rows, num_splits, num_parts, num_new,
+    qk_scale,
+    LEN_ON_DEVICE: tl.constexpr, HAS_TREE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # Row blocks vary fastest so the programs sharing one split's K/V tiles run together (L2 reuse).
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)  # split index; with HAS_TREE the last one (== num_splits) is the tree part
+    pid_bh = tl.program_id(2).to(tl.int64)
+    b = pid_bh // num_kv_heads
+    kvh = pid_bh % num_kv_heads
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] folded (head, query) rows
+    heads = (kvh * group + rows // num_queries).to(tl.int64)
+    tq = (rows % num_queries).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    row_ok = rows < num_rows
+    d_ok = d < HEAD_DIM
+    q = tl.load(
+        Q + b * stride_qb + heads[:, None] * stride_qh + tq[:, None] * stride_qt + d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max, log2 units
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of 2^(s - m_i)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    is_tree = False
+    if HAS_TREE:
+        is_tree = pid_s == num_splits
+    if is_tree:
+        # The new tokens among themselves under the tree mask (what fused_mask_attn computes), run beside
+        # the cache splits instead of as a separate launch.
+        acc, m_i, l_i = attend_range(
+            acc, m_i, l_i, q,
+            KN + b * stride_knb + kvh * stride_knh, VN + b * stride_vnb + kvh * stride_vnh, stride_knt, stride_vnt,
+            MASK + b * stride_mb + tq[:, None] * stride_mq, stride_mk,
+            0, num_new, qk_scale, d,
+            HAS_MASK=True, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+        )  # fmt: skip
+    else:
+        # This program's slice of the filled cache, in whole BLOCK_N tiles (the last may be short or empty).
+        if LEN_ON_DEVICE:
+            n = tl.load(LENS + b * stride_lens).to(tl.int32)
+        else:
+            n = cache_len
+        split_len = tl.cdiv(tl.cdiv(n, num_splits), BLOCK_N) * BLOCK_N
+        start = pid_s * split_len
+        acc, m_i, l_i = attend_range(
+            acc, m_i, l_i, q,
+            K + b * stride_kb + kvh * stride_kh, V + b * stride_vb + kvh * stride_vh, stride_kt, stride_vt,
+            K, 0,
+            start, tl.minimum(start + split_len, n), qk_scale, d,
+            HAS_MASK=False, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+        )  # fmt: skip
+
+    # An empty part leaves m_i = -inf, l_i = 0: it writes o = 0, lse = -inf and gets zero weight in the reduce.
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    lse2 = m_i + tl.log2(l_i)
+    part = (pid_bh * num_parts + pid_s) * num_rows  # O_PART [B*Hkv, P, R, D], L_PART [B*Hkv, P, R]
+    rows64 = rows.to(tl.int64)
+    tl.store(
+        O_PART + (part + rows64)[:, None] * HEAD_DIM + d[None, :], o, mask=row_ok[:, None] & d_ok[None, :]
+    )
+    tl.store(L_PART + part + rows64, lse2, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["num_queries", "num_rows", "num_parts"])
+def _split_kv_reduce_kernel(
+    O_PART, L_PART, EXTRA_O, EXTRA_L, OUT, LSE,
+    stride_eb, stride_eh, stride_et,
+    stride_elb, stride_elh, stride_elt,
+    stride_ob, stride_oh, stride_ot,
+    stride_lb, stride_lh, stride_lt,
+    num_kv_heads, num_queries, group, num_rows, num_parts,
+    HAS_EXTRA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    pid_r = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    b = pid_bh // num_kv_heads
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R] folded rows
+    row_ok = rows < num_rows
+    heads = (pid_bh % num_kv_heads * group + rows // num_queries).to(tl.int64)
+    tq = (rows % num_queries).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    tile_ok = row_ok[:, None] & d_ok[None, :]
+    rows64 = rows.to(tl.int64)
+
+    # Pass 1: the largest part LSE per row (log2 units), so every weight 2^(lse_s - m) is <= 1.
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    for s in range(0, num_parts):
+        lse_s = tl.load(
+            L_PART + (pid_bh * num_parts + s) * num_rows + rows64, mask=row_ok, other=float("-inf")
+        )
+        m = tl.maximum(m, lse_s)
+    if HAS_EXTRA:
+        lse_e = tl.load(
+            EXTRA_L + b * stride_elb + heads * stride_elh + tq * stride_elt, mask=row_ok, other=0.0
+        )
+        lse_e = lse_e * 1.4426950408889634
+        m = tl.maximum(m, lse_e)
+    m = tl.where(m == float("-inf"), 0.0, m)  # all parts empty: keep every weight at exactly 0
+
+    # Pass 2: weighted sum of the parts' normalised outputs.
+    o = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s in range(0, num_parts):
+        part = (pid_bh * num_parts + s) * num_rows + rows64
+        w = tl.exp2(tl.load(L_PART + part, mask=row_ok, other=float("-inf")) - m)
+        o_s = tl.load(O_PART + part[:, None] * HEAD_DIM + d[None, :], mask=tile_ok, other=0.0)
+        o += w[:, None] * o_s
+        denom += w
+    if HAS_EXTRA:
+        w_e = tl.exp2(lse_e - m)
+        o_e = tl.load(
+            EXTRA_O + b * stride_eb + heads[:, None] * stride_eh + tq[:, None] * stride_et + d[None, :],
+            mask=tile_ok,
+            other=0.0,
+        )
+        o += w_e[:, None] * o_e.to(tl.float32)
+        denom += w_e
+    o = o / tl.where(denom == 0.0, 1.0, denom)[:, None]
+    lse = tl.where(denom == 0.0, float("-inf"), (m + tl.log2(denom)) * 0.6931471805599453)
+    tl.store(
+        OUT + b * stride_ob + heads[:, None] * stride_oh + tq[:, None] * stride_ot + d[None, :],
+        o.to(OUT.dtype.element_ty),
+        mask=tile_ok,
+    )
+    tl.store(LSE + b * stride_lb + heads * stride_lh + tq * stride_lt, lse, mask=row_ok)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a few splits, enough to exercise the reduce
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_config(
+    num_rows: int, num_kv_programs: int, cache_len_hint: int, head_dim: int, device: torch.device
+) -> dict[str, int]:
+    """Launch parameters. BLOCK_M 64 wastes little on R = G*Tq rows (296 for 74 queries x 4); the split count
+    gives ~`waves` full waves of programs over the SMs but keeps >= 2 K/V tiles per split.
+    Tuned on an H200 with benchmarks/verify_attention.py --sweep."""
+    block_m, block_n, num_warps, num_stages, waves = 64, 64, 4, 3, 4
+    if head_dim > 128:
+        block_n, num_stages = 32, 2  # shared memory
+    programs_per_split = num_kv_programs * triton.cdiv(num_rows, block_m)
+    num_splits = max(1, round(waves * _num_sms(device) / programs_per_split))
+    num_splits = min(num_splits, max(1, cache_len_hint // (2 * block_n)))
+    return dict(
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages, num_splits=num_splits
+    )
+
+
+def split_kv_attn(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_len: int | torch.Tensor,
+    scale: float | None = None,
+    *,
+    tree: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    merge_with: tuple[torch.Tensor, torch.Tensor] | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    config: dict[str, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q [B,H,Tq,D] over slots [0, cache_len) of k_cache/v_cache [B,Hkv,Tmax,D] (no mask).
+
+    cache_len: int, or a 0-d / [B] integer tensor read on the device.
+    tree: optional (k_new [B,Hkv,Tn,D], v_new [B,Hkv,Tn,D], mask bool [Tq,Tn] or [B,Tq,Tn]): keys of the new
+      tokens under a mask, computed as one more part of the same launch (hybrid verify attention in 2 kernels).
+    merge_with: optional (out [B,H,Tq,D], lse [B,H,Tq]) of attention over other keys, merged in the reduce.
+    out/lse: optional output buffers. config: overrides of `default_config` (BLOCK_M, BLOCK_N, num_warps,
+      num_stages, num_splits).
+    Returns (out [B,H,Tq,D] in q.dtype, lse [B,H,Tq] float32) over the union of all key sets."""
+    B, H, Tq, D = q.shape
+    Hkv, Tmax = k_cache.shape[1], k_cache.shape[2]
+    assert k_cache.shape == v_cache.shape and k_cache.shape[0] == B and k_cache.shape[3] == D and H % Hkv == 0
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, (
+        "head dim must be contiguous"
+    )
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    group = H // Hkv
+    num_rows = group * Tq
+
+    len_on_device = isinstance(cache_len, torch.Tensor)
+    if len_on_device:
+        assert not cache_len.dtype.is_floating_point
+        lens = cache_len.reshape(-1).to(q.device)  # any integer dtype: the kernel casts what it loads
+        assert lens.numel() in (1, B)
+        stride_lens, hint, cache_len = (0 if lens.numel() == 1 else 1), Tmax, 0  # plan for a full cache
+    else:
+        lens, stride_lens, hint, cache_len = q, 0, int(cache_len), int(cache_len)  # LENS unused: any pointer
+
+    if tree is not None:
+        k_new, v_new, mask = tree
+        assert k_new.shape == v_new.shape and k_new.shape[:2] == (B, Hkv) and k_new.shape[3] == D
+        assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1 and mask.dtype == torch.bool
+        assert tuple(mask.shape[-2:]) == (Tq, k_new.shape[2])
+        mask = mask.view(torch.uint8)  # same bytes; Triton loads them as integers
+        mask_strides = (0, *mask.stride()[-2:]) if mask.dim() == 2 or mask.shape[0] == 1 else mask.stride()
+    else:
+        k_new, v_new, mask, mask_strides = k_cache, v_cache, k_cache, (0, 0, 0)  # unused (HAS_TREE=False)
+
+    cfg = default_config(num_rows, B * Hkv, hint, D, q.device)
+    cfg.update(config or {})
+    num_splits = cfg.pop("num_splits")
+    block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
+    block_d = max(16, triton.next_power_of_2(D))
+    num_parts = num_splits + (tree is not None)
+
+    o_part = torch.empty((B * Hkv, num_parts, num_rows, D), dtype=torch.float32, device=q.device)
+    l_part = torch.empty((B * Hkv, num_parts, num_rows), dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(num_rows, block_m), num_parts, B * Hkv)
+    _split_kv_partial_kernel[grid](
+        q, k_cache, v_cache, lens, k_new, v_new, mask, o_part, l_part, cache_len,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        stride_lens,
+        k_new.stride(0), k_new.stride(1), k_new.stride(2),
+        v_new.stride(0), v_new.stride(1), v_new.stride(2),
+        *mask_strides,
+        Hkv, Tq, group, num_rows, num_splits, num_parts, k_new.shape[2],
+        scale * _LOG2E,
+        LEN_ON_DEVICE=len_on_device, HAS_TREE=tree is not None,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, **cfg,
+    )  # fmt: skip
+
+    out = torch.empty_like(q) if out is None else out
+    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device) if lse is None else lse
+    assert out.shape == q.shape and out.stride(-1) == 1 and lse.shape == (B, H, Tq)
+    if merge_with is not None:
+        extra_o, extra_l = merge_with
+        assert extra_o.shape == q.shape and extra_l.shape == (B, H, Tq) and extra_o.stride(-1) == 1
+    else:
+        extra_o, extra_l = out, lse  # unused (HAS_EXTRA=False); any valid pointers
+    block_r = 16
+    _split_kv_reduce_kernel[(triton.cdiv(num_rows, block_r), B * Hkv)](
+        o_part, l_part, extra_o, extra_l, out, lse,
+        extra_o.stride(0), extra_o.stride(1), extra_o.stride(2),
+        extra_l.stride(0), extra_l.stride(1), extra_l.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        Hkv, Tq, group, num_rows, num_parts,
+        HAS_EXTRA=merge_with is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4,
+    )  # fmt: skip
+    return out, lse

@@ -1,0 +1,192 @@
+"""The frozen target: a thin adapter over a loaded HF causal LM.
+
+Shape legend: B batch, T tokens, Dm model width, H query heads, Hkv key/value heads, D head dim, V vocab.
+
+We run our own layer loop over the HF submodules (norms, projections, MLP) instead of calling the HF model,
+for three reasons: position ids may be arbitrary (anchor offsets) without HF's packed-sequence mask heuristics;
+the last layer's post-RoPE K/V come out directly (the drafter's cross-attention memory); and the engine can
+substitute its own attention per layer (`attn_fn`) to own the KV cache and the hybrid tree attention. Only
+submodules are called (never `.weight` reads), so DeepSpeed ZeRO-3 parameter hooks gather shards as usual.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from longspec.modules.attention import attention
+from longspec.modules.rope import RotaryEmbedding, apply_rotary
+
+__all__ = ["TargetModel", "TargetOutput", "SUPPORTED_MODEL_TYPES", "AttnFn"]
+
+# HF model_type -> family name used across longspec. Each family's decoder layer has the Llama layout
+# (input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp); differences are data-driven:
+# q/k/v bias (Qwen2; `attention_bias`), q/k norm (Qwen3), sliding windows (Mistral; Qwen2/3 `layer_types`).
+SUPPORTED_MODEL_TYPES: dict[str, str] = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "mistral": "mistral",
+    "qwen3": "qwen3",
+}
+
+# attn_fn(layer_idx, q [B,H,T,D] post-RoPE, k [B,Hkv,T,D] post-RoPE, v [B,Hkv,T,D]) -> out [B,H,T,D]
+AttnFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class TargetOutput:
+    hidden: torch.Tensor  # [B,T,Dm] after the final norm (feed to `logits` or a fused loss)
+    last_k: torch.Tensor  # [B,Hkv,T,D] last layer's keys, after k-norm and RoPE (what its KV cache holds)
+    last_v: torch.Tensor  # [B,Hkv,T,D] last layer's values
+
+
+def _check_model_type(config) -> str:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"unsupported target model_type {model_type!r}; longspec supports: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return SUPPORTED_MODEL_TYPES[model_type]
+
+
+def _layer_windows(config) -> list[int | None]:
+    """Per-layer sliding window in `modules.attention` semantics (key j visible iff t - j <= window).
+
+    HF's window W lets a query see the token and W-1 before it (mask kv > q - W), hence W - 1."""
+    num_layers = config.num_hidden_layers
+    sliding = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if sliding is None:
+        return [None] * num_layers
+    if layer_types is None:  # Mistral: one window for every layer
+        return [sliding - 1] * num_layers
+    return [sliding - 1 if kind == "sliding_attention" else None for kind in layer_types]
+
+
+class TargetModel(nn.Module):
+    """Frozen, eval-mode wrapper exposing what the drafter and the engine need (docs/ARCHITECTURE.md)."""
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        config = hf_model.config
+        self.family = _check_model_type(config)
+        self.model = hf_model
+        self.model.eval()
+        self.model.requires_grad_(False)
+        self.config = config
+        self.num_layers = config.num_hidden_layers
+        self.hidden_size = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.vocab_size = config.vocab_size
+        self.rotary = RotaryEmbedding.from_config(config)
+        weight_device = self.embed_tokens.weight.device
+        if weight_device.type != "meta":  # follow a model loaded straight onto a GPU (device_map)
+            self.rotary.to(weight_device)
+        self.layer_windows = _layer_windows(config)
+        self.sliding_window = getattr(config, "sliding_window", None)
+
+    # The HF modules the drafter shares (not copies): see Drafter.shared_storage_ok.
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.model.get_output_embeddings()
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.model.model.layers
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_id: str | os.PathLike,
+        *,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+        trust_remote_code: bool = False,
+    ) -> TargetModel:
+        """Load a supported HF causal LM (local directory or hub id) frozen and in eval mode.
+
+        dtype: e.g. torch.bfloat16 or "bfloat16" (default: the checkpoint's dtype); device: where to put it."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        path = os.fspath(path_or_id)
+        looks_local = path.startswith(("/", "./", "../", "~")) or os.path.isabs(path)
+        if looks_local and not os.path.isdir(os.path.expanduser(path)):
+            raise FileNotFoundError(f"target model directory {path!r} does not exist")
+        path = os.path.expanduser(path) if looks_local else path
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        _check_model_type(config)  # fail before loading gigabytes of weights
+        if isinstance(dtype, str) and dtype != "auto":
+            resolved = getattr(torch, dtype, None)
+            if not isinstance(resolved, torch.dtype):
+                raise ValueError(
+                    f"unknown dtype {dtype!r}; use e.g. 'bfloat16', 'float16', 'float32' or 'auto'"
+                )
+            dtype = resolved
+        # device_map puts the weights straight onto `device` (no full copy staged in host memory first).
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            path,
+            config=config,
+            dtype=dtype if dtype is not None else "auto",
+            device_map=str(torch.device(device)) if device is not None else None,
+            trust_remote_code=trust_remote_code,
+        )
+        return cls(hf_model)
+
+    def train(self, mode: bool = True) -> TargetModel:
+        # Frozen: stays in eval mode whatever the enclosing module asks (no dropout, deterministic).
+        return super().train(False)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        *,
+        attn_fn: AttnFn | None = None,
+    ) -> TargetOutput:
+        """input_ids [B,T], position_ids [B,T] (default 0..T-1) -> TargetOutput.
+
+        Default attention: causal over the given tokens (+ the layer's sliding window), no cache. With
+        `attn_fn`, each layer's attention is delegated (the engine's cache / hybrid tree attention)."""
+        B, T = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        elif position_ids.dim() == 1:
+            position_ids = position_ids.expand(B, T)
+        hidden = self.embed_tokens(input_ids)  # [B,T,Dm]
+        cos, sin = self.rotary.cos_sin(position_ids, dtype=hidden.dtype)  # [B,T,D]
+        last_k = last_v = None
+        for idx, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            q = attn.q_proj(x).view(B, T, -1, self.head_dim)  # [B,T,H,D]
+            k = attn.k_proj(x).view(B, T, -1, self.head_dim)  # [B,T,Hkv,D]
+            v = attn.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # [B,Hkv,T,D]
+            if self.family == "qwen3":  # RMSNorm over the head dim, before RoPE
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q = apply_rotary(q.transpose(1, 2), cos, sin)  # [B,H,T,D]
+            k = apply_rotary(k.transpose(1, 2), cos, sin)  # [B,Hkv,T,D]
+            if attn_fn is None:
+                out, _ = attention(q, k, v, causal=True, window=self.layer_windows[idx], scale=attn.scaling)
+            else:
+                out = attn_fn(idx, q, k, v)
+            out = out.transpose(1, 2).reshape(B, T, -1)  # [B,T,H*D]
+            hidden = hidden + attn.o_proj(out)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            last_k, last_v = k, v
+        hidden = self.model.model.norm(hidden)
+        return TargetOutput(hidden=hidden, last_k=last_k, last_v=last_v)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., Dm] -> [..., V]. Never on long training sequences: use longspec.losses' fused loss."""
+        return self.lm_head(hidden)

@@ -1,0 +1,165 @@
+"""Tiny random targets and a byte-level tokenizer, built in code, for everyone's CPU tests.
+
+Nothing here downloads anything: configs are tiny HF configs of each supported family, weights are random
+(seeded), and the tokenizer is a fixed byte-level vocabulary (256 bytes + 3 specials) assembled with HF `tokenizers`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+__all__ = [
+    "TINY_VARIANTS",
+    "TINY_VOCAB_SIZE",
+    "BOS_TOKEN",
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "tiny_hf_config",
+    "make_tiny_hf_model",
+    "make_tiny_target",
+    "save_tiny_target",
+    "build_byte_tokenizer",
+]
+
+TINY_VOCAB_SIZE = 300  # > 256 bytes + 3 specials; not a power of two, so chunked losses see ragged edges
+BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<|bos|>", "<|eos|>", "<|pad|>"
+BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
+
+_COMMON = dict(
+    vocab_size=TINY_VOCAB_SIZE,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    bos_token_id=BOS_ID,
+    eos_token_id=EOS_ID,
+    pad_token_id=PAD_ID,
+)
+
+# variant name -> (HF model_type, config kwargs). Each variant exercises one thing the adapter must get right.
+_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("llama", dict(tie_word_embeddings=False)),
+    # Vicuna / LongChat style linear position interpolation.
+    "llama-linear": (
+        "llama",
+        dict(rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}),
+    ),
+    # Llama-3.x frequency-dependent scaling; original length small so every band is exercised at tiny positions.
+    "llama3": (
+        "llama",
+        dict(
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "rope_theta": 500000.0,
+            }
+        ),
+    ),
+    # Qwen2 always has q/k/v bias.
+    "qwen2": (
+        "qwen2",
+        dict(tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    ),
+    "qwen2-tied": ("qwen2", dict(tie_word_embeddings=True)),
+    # Small window so tests with a few dozen tokens exceed it.
+    "mistral": ("mistral", dict(sliding_window=16, tie_word_embeddings=False)),
+    # q/k RMSNorm over the head dim.
+    "qwen3": ("qwen3", dict(tie_word_embeddings=False)),
+}
+TINY_VARIANTS: tuple[str, ...] = tuple(_VARIANTS)
+
+
+def tiny_hf_config(family: str, **overrides):
+    """A tiny HF config (hidden 64, 4 q heads / 2 kv heads, head_dim 16, 2 layers, vocab 300) of one variant:
+    llama | llama-linear | llama3 | qwen2 | qwen2-tied | mistral | qwen3."""
+    from transformers import AutoConfig
+
+    if family not in _VARIANTS:
+        raise ValueError(f"unknown tiny variant {family!r}; choose one of {', '.join(TINY_VARIANTS)}")
+    model_type, kwargs = _VARIANTS[family]
+    kwargs = {**_COMMON, **kwargs, **overrides}
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def make_tiny_hf_model(family: str, *, seed: int = 0, **overrides):
+    """A random-init fp32 HF causal LM of the variant, in eval mode. Seeded: same seed, same weights."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_hf_config(family, **overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
+def make_tiny_target(family: str, *, seed: int = 0, **overrides):
+    """A `TargetModel` around a tiny random HF model of the variant."""
+    from longspec.target import TargetModel
+
+    return TargetModel(make_tiny_hf_model(family, seed=seed, **overrides))
+
+
+def save_tiny_target(family: str, out_dir: str | os.PathLike, *, seed: int = 0, **overrides) -> str:
+    """Save a tiny HF model + the byte tokenizer to `out_dir` (loadable by `TargetModel.from_pretrained`)."""
+    out_dir = os.fspath(out_dir)
+    model = make_tiny_hf_model(family, seed=seed, **overrides)
+    model.save_pretrained(out_dir)
+    build_byte_tokenizer().save_pretrained(out_dir)
+    return out_dir
+
+
+_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '### ' + message['role'] + ':\n' + message['content'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '### assistant:\n' }}{% endif %}"
+)
+
+
+def build_byte_tokenizer():
+    """Deterministic byte-level `PreTrainedTokenizerFast`: id b (0..255) is byte b, then <|bos|>=256,
+    <|eos|>=257, <|pad|>=258. Encoding prepends <|bos|>; decoding is lossless for any UTF-8 text.
+    Has a simple chat template ("### role:\\ncontent\\n", eos after assistant turns)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    # GPT-2's byte -> printable-unicode map, which the ByteLevel pre-tokenizer/decoder use.
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    byte_to_char, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            byte_to_char[b] = chr(b)
+        else:
+            byte_to_char[b] = chr(256 + extra)
+            extra += 1
+    vocab = {byte_to_char[b]: b for b in range(256)}
+    vocab.update({BOS_TOKEN: BOS_ID, EOS_TOKEN: EOS_ID, PAD_TOKEN: PAD_ID})
+
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([BOS_TOKEN, EOS_TOKEN, PAD_TOKEN])
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B", special_tokens=[(BOS_TOKEN, BOS_ID)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        chat_template=_CHAT_TEMPLATE,
+        model_max_length=1 << 20,
+    )

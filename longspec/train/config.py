@@ -1,0 +1,315 @@
+"""Typed schemas of the training config (composed by Hydra from configs/, converted once in `main`).
+
+    python -m longspec.train target=llama31_8b stage=stage1_slimpajama data.path=data/stage1 output_dir=runs/s1
+
+Groups: `target` (which frozen model), `stage` (the recipe: data shape, positions, batch, optimizer -- stage files
+also set `deepspeed.zero_stage`), `deepspeed` (typed fields turned into the DeepSpeed JSON by
+`deepspeed_config.build_deepspeed_config`), `loss`, `checkpoint`, `logging`. Below `main()` only these
+dataclasses exist; `__post_init__` rejects nonsense with a ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+
+from omegaconf import MISSING
+
+__all__ = [
+    "TargetConfig",
+    "DrafterSettings",
+    "DataConfig",
+    "StageConfig",
+    "OptimConfig",
+    "LossConfig",
+    "DeepSpeedSettings",
+    "CheckpointConfig",
+    "LoggingConfig",
+    "TrainConfig",
+    "CONFIG_DIR",
+    "load_config",
+]
+
+# configs/ at the repository root (the package is installed editable); LONGSPEC_CONFIG_DIR points elsewhere.
+CONFIG_DIR = os.environ.get(
+    "LONGSPEC_CONFIG_DIR",
+    os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs"),
+)
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+class _Schema:
+    """Runs `validate()` after construction, except for the template instance Hydra's ConfigStore builds
+    (required fields still "???"); `OmegaConf.to_object` refuses missing values before building the real one."""
+
+    def __post_init__(self) -> None:
+        if not any(getattr(self, f.name) == MISSING for f in fields(self)):
+            self.validate()
+
+    def validate(self) -> None:
+        raise NotImplementedError
+
+
+@dataclass(kw_only=True)
+class TargetConfig(_Schema):
+    """The frozen target model."""
+
+    name: str = MISSING  # short name used in run names (llama31_8b, qwq_32b, tiny_llama, ...)
+    path: str = MISSING  # local HF model directory or hub id
+    anchor_max_len: int = MISSING  # MAX_LEN of anchor-offset positions: 15K for 16K-context targets, else 30K
+    trust_remote_code: bool = False  # passed to transformers; off unless you trust the repository
+
+    def validate(self) -> None:
+        _check(bool(self.path), "target.path must be a local model directory or a hub id")
+        _check(self.anchor_max_len > 0, f"target.anchor_max_len must be > 0, got {self.anchor_max_len}")
+
+
+@dataclass(kw_only=True)
+class DrafterSettings(_Schema):
+    """Drafter shape choices that are not copied from the target."""
+
+    window: int = 512  # sliding self-attention: the token + `window` previous tokens (REFERENCE §2)
+
+    def validate(self) -> None:
+        _check(self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
+
+
+@dataclass(kw_only=True)
+class DataConfig(_Schema):
+    """Prepared data (a directory written by data_prep.stage1|stage2|stage3_sft)."""
+
+    path: str = MISSING  # directory with manifest.json + shards
+    num_epochs: int = 1  # passes over the data when max_steps < 0 (the paper trains 1 epoch per stage)
+    shuffle: bool = True  # permute rows each epoch (seeded by seed + epoch)
+    pad_to_multiple: int = 64  # pad ragged SFT rows to a multiple of this (fewer distinct shapes)
+    check_tokenizer: bool = True  # refuse data tokenized by a tokenizer other than the target's
+
+    def validate(self) -> None:
+        _check(bool(self.path), "data.path must point to a prepared data directory")
+        _check(self.num_epochs >= 1, f"data.num_epochs must be >= 1, got {self.num_epochs}")
+        _check(self.pad_to_multiple >= 1, f"data.pad_to_multiple must be >= 1, got {self.pad_to_multiple}")
+
+
+@dataclass(kw_only=True)
+class StageConfig(_Schema):
+    """One training stage (REFERENCE §3 / paper App. D)."""
+
+    name: str = MISSING  # stage1_slimpajama | stage2_prolong | stage3_sft | a tiny variant
+    position_ids: str = "plain"  # "anchor_offset" (stage 1) or "plain" (0..T-1, long stages)
+    num_anchors: int = 4  # anchor-offset: the first positions kept as attention sinks
+    num_draft_levels: int = 5  # gamma: flash-noisy lag j ~ U{1..gamma-1}, one draw per micro-batch
+    flash_noisy: bool = True  # the lag above (all paper stages); False trains with lag 0
+    seq_len: int = MISSING  # row length the data must have (packed) or not exceed (SFT)
+    global_batch_size: int = MISSING  # sequences per optimizer step over all ranks
+    micro_batch_size: int = 1  # sequences per rank per forward
+
+    def validate(self) -> None:
+        _check(
+            self.position_ids in ("anchor_offset", "plain"),
+            f"stage.position_ids must be 'anchor_offset' or 'plain', got {self.position_ids!r}",
+        )
+        _check(self.num_anchors >= 0, f"stage.num_anchors must be >= 0, got {self.num_anchors}")
+        _check(
+            self.num_draft_levels >= 2,
+            f"stage.num_draft_levels (gamma) must be >= 2, got {self.num_draft_levels}",
+        )
+        _check(self.seq_len >= 2, f"stage.seq_len must be >= 2, got {self.seq_len}")
+        _check(
+            self.micro_batch_size >= 1, f"stage.micro_batch_size must be >= 1, got {self.micro_batch_size}"
+        )
+        _check(
+            self.global_batch_size >= self.micro_batch_size,
+            f"stage.global_batch_size ({self.global_batch_size}) < stage.micro_batch_size ({self.micro_batch_size})",
+        )
+
+
+@dataclass(kw_only=True)
+class OptimConfig(_Schema):
+    """AdamW + cosine schedule with linear warmup + gradient clipping."""
+
+    lr: float = MISSING  # peak learning rate
+    min_lr_ratio: float = 0.0  # the cosine decays to lr * min_lr_ratio
+    warmup_ratio: float = 0.1  # fraction of the steps spent in linear warmup
+    weight_decay: float = 0.1  # decoupled; not applied to norms and biases
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm (0 disables)
+
+    def validate(self) -> None:
+        _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _check(0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _check(0 <= self.warmup_ratio < 1, f"optim.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        _check(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        _check(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            f"optim.betas must be two values in [0, 1), got {list(self.betas)}",
+        )
+        _check(self.eps > 0, f"optim.eps must be > 0, got {self.eps}")
+        _check(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
+
+
+@dataclass(kw_only=True)
+class LossConfig(_Schema):
+    """Next-token CE on the data labels (+ optional KL to the target), both fused: no [tokens x vocab] logits."""
+
+    distill_weight: float = 0.0  # weight of KL(target || drafter) per token; 0 = hard labels only (the paper)
+    distill_temperature: float = 1.0  # softmax temperature of both distributions in the KL
+    backend: str = "auto"  # fused CE backend: auto (Liger on CUDA, else chunked) | liger | chunked | torch
+    chunk_size: int | None = None  # rows per chunk of the chunked losses (default: ~8M logits per chunk)
+
+    def validate(self) -> None:
+        _check(self.distill_weight >= 0, f"loss.distill_weight must be >= 0, got {self.distill_weight}")
+        _check(
+            self.distill_temperature > 0,
+            f"loss.distill_temperature must be > 0, got {self.distill_temperature}",
+        )
+        _check(
+            self.backend in ("auto", "liger", "chunked", "torch"),
+            f"loss.backend must be auto, liger, chunked or torch, got {self.backend!r}",
+        )
+        _check(
+            self.chunk_size is None or self.chunk_size >= 1,
+            f"loss.chunk_size must be >= 1, got {self.chunk_size}",
+        )
+
+
+@dataclass(kw_only=True)
+class DeepSpeedSettings(_Schema):
+    """Typed DeepSpeed choices; the JSON is built from them in one function."""
+
+    zero_stage: int = 1  # 1: shard optimizer states; 3: also gradients and parameters, the frozen target too
+    offload_optimizer: bool = False  # optimizer states in CPU memory (DeepSpeedCPUAdam)
+    offload_params: bool = False  # ZeRO-3 only: parameters in CPU memory
+    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+    backend: str = "auto"  # torch.distributed backend: auto (nccl on GPU, gloo on CPU) | nccl | gloo
+
+    def validate(self) -> None:
+        _check(
+            self.zero_stage in (0, 1, 2, 3),
+            f"deepspeed.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}",
+        )
+        _check(
+            self.precision in ("auto", "bf16", "fp32"),
+            f"deepspeed.precision must be auto, bf16 or fp32, got {self.precision!r}",
+        )
+        _check(
+            self.backend in ("auto", "nccl", "gloo"),
+            f"deepspeed.backend must be auto, nccl or gloo, got {self.backend!r}",
+        )
+        _check(
+            not self.offload_params or self.zero_stage == 3,
+            "deepspeed.offload_params needs deepspeed.zero_stage=3",
+        )
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig(_Schema):
+    """Periodic atomic checkpoints under <output_dir>/checkpoints."""
+
+    save_every: int = 500  # optimizer steps between checkpoints (the last step is always saved)
+    keep_last: int = 2  # checkpoints kept (older ones are deleted after a new one is complete)
+    resume: str = "auto"  # auto: continue from the latest checkpoint in output_dir if any | never
+
+    def validate(self) -> None:
+        _check(self.save_every >= 1, f"checkpoint.save_every must be >= 1, got {self.save_every}")
+        _check(self.keep_last >= 1, f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
+        _check(
+            self.resume in ("auto", "never"), f"checkpoint.resume must be auto or never, got {self.resume!r}"
+        )
+
+
+@dataclass(kw_only=True)
+class LoggingConfig(_Schema):
+    """Console line + metrics.jsonl every step; optional Weights & Biases."""
+
+    log_every: int = 1  # console line every N optimizer steps (metrics.jsonl gets every step)
+    wandb: str = "disabled"  # disabled | offline | online
+    wandb_project: str = "longspec"
+    run_name: str | None = None  # default: the output directory's name
+
+    def validate(self) -> None:
+        _check(self.log_every >= 1, f"logging.log_every must be >= 1, got {self.log_every}")
+        _check(
+            self.wandb in ("disabled", "offline", "online"),
+            f"logging.wandb must be disabled, offline or online, got {self.wandb!r}",
+        )
+
+
+@dataclass(kw_only=True)
+class TrainConfig(_Schema):
+    """Everything one training run needs."""
+
+    target: TargetConfig = field(default_factory=TargetConfig)
+    stage: StageConfig = field(default_factory=StageConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    drafter: DrafterSettings = field(default_factory=DrafterSettings)
+    loss: LossConfig = field(default_factory=LossConfig)
+    deepspeed: DeepSpeedSettings = field(default_factory=DeepSpeedSettings)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    output_dir: str = MISSING  # run directory: checkpoints, metrics.jsonl, train.log, config.yaml
+    init_from: str | None = (
+        None  # an exported drafter (python -m longspec.export) to start from: stage chaining
+    )
+    max_steps: int = -1  # optimizer steps (the LR schedule's length); -1 = data.num_epochs epochs
+    stop_at_step: int = (
+        -1
+    )  # end this launch after this step (checkpointed), schedule unchanged: time-limited jobs
+    seed: int = 0  # data order, anchor offsets, noisy lags and drafter init
+
+    def validate(self) -> None:
+        _check(
+            self.max_steps == -1 or self.max_steps >= 1, f"max_steps must be -1 or >= 1, got {self.max_steps}"
+        )
+        _check(
+            self.stop_at_step == -1 or self.stop_at_step >= 1,
+            f"stop_at_step must be -1 or >= 1, got {self.stop_at_step}",
+        )
+        _check(bool(self.output_dir), "output_dir must be set")
+        if self.init_from is not None and not os.path.isdir(self.init_from):
+            raise FileNotFoundError(
+                f"init_from={self.init_from!r} is not a directory; pass a drafter exported with "
+                "`python -m longspec.export RUN_DIR OUT_DIR`"
+            )
+        if self.stage.position_ids == "anchor_offset":
+            _check(
+                self.target.anchor_max_len >= self.stage.seq_len,
+                f"target.anchor_max_len ({self.target.anchor_max_len}) must be >= stage.seq_len ({self.stage.seq_len})",
+            )
+
+
+def _register_schemas() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+def load_config(overrides: list[str] | None = None, *, config_name: str = "train") -> TrainConfig:
+    """Compose configs/<config_name>.yaml with Hydra overrides and validate it into a TrainConfig.
+
+    Uses Hydra's compose API rather than @hydra.main so launchers' extra arguments, cwd and logging stay ours."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    _register_schemas()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=os.path.abspath(CONFIG_DIR), version_base=None):
+            cfg = compose(config_name=config_name, overrides=list(overrides or []))
+        cfg = OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        # Hydra's message names the override; the cause names the field and the expected type.
+        detail = str(e) if e.__cause__ is None else f"{e}: {e.__cause__}"
+        raise ValueError(f"invalid training config: {detail}") from e
+    finally:
+        GlobalHydra.instance().clear()
+    assert isinstance(cfg, TrainConfig), type(cfg)
+    return cfg

@@ -1,0 +1,124 @@
+"""Run logging: one console line per step on rank 0, metrics.jsonl, and optional Weights & Biases.
+
+Everything goes through `MetricsLogger.log(step, record)`; sinks are tiny classes so W&B stays optional and off
+unless `logging.wandb` is offline/online.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Protocol
+
+__all__ = ["MetricsSink", "JsonlSink", "WandbSink", "MetricsLogger", "setup_logging", "truncate_metrics"]
+
+log = logging.getLogger("longspec.train")
+METRICS_NAME = "metrics.jsonl"
+
+
+def setup_logging(run_dir: str | None, rank: int) -> None:
+    """stdlib logging once: rank 0 logs INFO to stderr and <run_dir>/train.log; other ranks only warnings."""
+    root = logging.getLogger("longspec")
+    root.handlers.clear()
+    root.propagate = False
+    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if rank == 0 and run_dir is not None:
+        handlers.append(logging.FileHandler(os.path.join(run_dir, "train.log")))
+    for handler in handlers:
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+
+
+class MetricsSink(Protocol):
+    def write(self, step: int, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """One JSON object per optimizer step, flushed each line (a killed run loses at most the line in flight)."""
+
+    def __init__(self, path: str):
+        self._file = open(path, "a", encoding="utf-8")
+
+    def write(self, step: int, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps({"step": step, **record}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class WandbSink:
+    def __init__(self, *, mode: str, project: str, name: str, run_dir: str, config: dict[str, Any]):
+        try:
+            import wandb
+        except ImportError as e:
+            raise ValueError("logging.wandb needs the wandb package: `pip install wandb`") from e
+        self._run = wandb.init(
+            mode=mode, project=project, name=name, dir=run_dir, config=config, resume="allow"
+        )
+
+    def write(self, step: int, record: dict[str, Any]) -> None:
+        self._run.log(record, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class MetricsLogger:
+    """Fans a step's record out to the sinks and prints the console line (rank 0 only; other ranks no-op)."""
+
+    def __init__(self, sinks: list[MetricsSink], *, log_every: int):
+        self.sinks = sinks
+        self.log_every = log_every
+
+    def log(self, step: int, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.write(step, record)
+        if step % self.log_every == 0:
+            log.info(format_line(step, record))
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def format_line(step: int, r: dict[str, Any]) -> str:
+    parts = [f"step {step}/{r.get('total_steps', '?')}", f"loss {r['loss']:.4f}"]
+    if r.get("kl") is not None:
+        parts.append(f"kl {r['kl']:.4f}")
+    if r.get("acc") is not None:
+        parts.append(f"acc {r['acc']:.3f}")
+    parts += [
+        f"gnorm {r['grad_norm']:.3f}",
+        f"lr {r['lr']:.2e}",
+        f"tok/s {r['tokens_per_s']:,.0f}",
+        f"mem {r['mem_gb']:.1f}GB",
+        f"{r['step_time_s'] * 1000:.0f}ms",
+    ]
+    return " | ".join(parts)
+
+
+def truncate_metrics(run_dir: str, last_step: int) -> None:
+    """Drop records after `last_step` (steps redone after a resume) and a half-written last line."""
+    path = os.path.join(run_dir, METRICS_NAME)
+    if not os.path.exists(path):
+        return
+    kept = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                break  # the line a killed run was writing
+            if record["step"] > last_step:
+                break
+            kept.append(line if line.endswith("\n") else line + "\n")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)

@@ -1,0 +1,112 @@
+"""The module DeepSpeed trains: the frozen target and the drafter, and one micro-batch's summed losses.
+
+Shape legend: B batch, T tokens, N valid (trained) tokens, Dm model width, Hkv kv heads, D head dim, V vocab.
+
+Per micro-batch (REFERENCE §3): the frozen target runs without grad at the batch's position ids and hands over its
+last layer's K/V (and final hidden state, for distillation); the drafter runs at the same positions with the
+flash-noisy lag; the loss is the fused cross-entropy of the drafter's hidden states through the shared LM head,
+summed over valid tokens -- the trainer divides by the GLOBAL number of valid tokens. Only rows with a label are
+sent through the LM head: for SFT data (long prompt, short response) that skips most of the vocab projection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from longspec.drafter import Drafter
+from longspec.losses import fused_linear_cross_entropy, fused_linear_kl, linear_top1_correct
+from longspec.target import TargetModel
+
+__all__ = ["MicroBatchLosses", "DraftingModel"]
+
+
+@dataclass
+class MicroBatchLosses:
+    loss: torch.Tensor  # fp32 scalar with grad: ce_sum + distill_weight * kl_sum (not yet normalised)
+    ce_sum: torch.Tensor  # detached fp32 scalar
+    kl_sum: torch.Tensor  # detached fp32 scalar (0 without distillation)
+    num_correct: (
+        torch.Tensor
+    )  # long scalar: valid tokens whose drafter argmax is the label (-1 if not counted)
+
+
+class DraftingModel(nn.Module):
+    """target (frozen) + drafter (trainable). Only the drafter's parameters require grad."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        drafter: Drafter,
+        *,
+        distill_weight: float = 0.0,
+        distill_temperature: float = 1.0,
+        loss_backend: str = "auto",
+        chunk_size: int | None = None,
+    ):
+        super().__init__()
+        self.target = target
+        self.drafter = drafter
+        self.distill_weight = distill_weight
+        self.distill_temperature = distill_temperature
+        self.loss_backend = loss_backend
+        self.chunk_size = chunk_size
+        # Under ZeRO-3 the LM head weight is a shard; the fused losses read the raw weight (no module call to
+        # trigger a gather) in forward AND backward, so `replicate_head` keeps one full frozen copy per rank.
+        object.__setattr__(self, "_head_weight", None)
+
+    def replicate_head(self) -> None:
+        """ZeRO-3: gather the LM head once and keep a full copy (frozen, outside state_dict and the optimizer).
+
+        It is the one target weight every trained token touches, forward and backward; re-gathering it per
+        micro-batch would move V x Dm (1 GB for Llama-3-8B) per step and break the saved tensor in backward."""
+        import deepspeed
+
+        weight = self.target.lm_head.weight
+        with deepspeed.zero.GatheredParameters([weight]):
+            object.__setattr__(self, "_head_weight", weight.detach().clone())
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self._head_weight if self._head_weight is not None else self.target.lm_head.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        labels: torch.Tensor,
+        valid_rows: torch.Tensor,
+        *,
+        lag: int,
+        count_correct: bool = True,
+    ) -> MicroBatchLosses:
+        """input_ids/position_ids/labels [B,T]; valid_rows [N]: flat indices of labels != IGNORE_INDEX (computed
+        on the host with the batch, so selecting them costs no device->host sync); lag: flash-noisy lag (0 = none)."""
+        with torch.no_grad():
+            target_out = self.target(input_ids, position_ids)  # last_k/last_v [B,Hkv,T,D], hidden [B,T,Dm]
+        hidden = self.drafter(
+            input_ids, position_ids, target_out.last_k, target_out.last_v, lag=lag
+        )  # [B,T,Dm]
+        width = hidden.shape[-1]
+        weight = self.head_weight
+        hidden_n = hidden.reshape(-1, width).index_select(0, valid_rows).to(weight.dtype)  # [N,Dm]
+        labels_n = labels.reshape(-1).index_select(0, valid_rows)  # [N]
+        ce_sum = fused_linear_cross_entropy(
+            hidden_n, weight, labels_n, backend=self.loss_backend, chunk_size=self.chunk_size
+        )
+        loss, kl_sum = ce_sum, torch.zeros_like(ce_sum)
+        if self.distill_weight > 0:
+            teacher_n = target_out.hidden.reshape(-1, width).index_select(0, valid_rows).to(weight.dtype)
+            kl_sum = fused_linear_kl(
+                hidden_n, teacher_n, weight, None, self.distill_temperature, chunk_size=self.chunk_size
+            )
+            loss = ce_sum + self.distill_weight * kl_sum
+        if count_correct:
+            correct = linear_top1_correct(hidden_n.detach(), weight, labels_n, chunk_size=self.chunk_size)
+        else:
+            correct = torch.full((), -1, dtype=torch.long, device=hidden.device)
+        return MicroBatchLosses(
+            loss=loss, ce_sum=ce_sum.detach(), kl_sum=kl_sum.detach(), num_correct=correct
+        )

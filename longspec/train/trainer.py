@@ -1,0 +1,448 @@
+"""The training loop: build (target, drafter, data, DeepSpeed engine), then `Trainer.train()`.
+
+`train_step` reads top to bottom: fetch this rank's micro-batches -> all-reduce the number of valid tokens ->
+forward/backward per micro-batch (loss sum x world / global count, so gradients are the mean over ALL valid tokens
+of the step, whatever their split across ranks and micro-batches) -> DeepSpeed clips and steps at the boundary ->
+log -> periodic atomic checkpoint. Randomness that shapes a step (anchor offsets, the noisy lag) is drawn from
+generators seeded by (seed, step, micro-step[, rank]), and the data position is the step itself, so a resumed run
+repeats an uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import resource
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.optim.lr_scheduler import LambdaLR
+
+from longspec.data.loader import IGNORE_INDEX, StepSampler
+from longspec.data.manifest import Manifest, tokenizer_fingerprint
+from longspec.data.shards import ShardReader
+from longspec.drafter import Drafter, DrafterConfig
+from longspec.positions import anchor_offset_position_ids
+from longspec.target import TargetModel
+from longspec.train.checkpoint import CheckpointManager
+from longspec.train.config import TrainConfig
+from longspec.train.deepspeed_config import build_deepspeed_config, resolve_precision
+from longspec.train.distributed import DistInfo, init_distributed
+from longspec.train.metrics import (
+    METRICS_NAME,
+    JsonlSink,
+    MetricsLogger,
+    WandbSink,
+    setup_logging,
+    truncate_metrics,
+)
+from longspec.train.model import DraftingModel
+
+__all__ = ["Trainer", "cosine_with_warmup", "check_data"]
+
+log = logging.getLogger("longspec.train")
+
+
+def cosine_with_warmup(total_steps: int, warmup_ratio: float, min_lr_ratio: float):
+    """LR multiplier for optimizer step s (0-based): linear warmup to 1, then cosine down to min_lr_ratio."""
+    warmup = math.ceil(warmup_ratio * total_steps)
+
+    def multiplier(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return multiplier
+
+
+def check_data(manifest: Manifest, cfg: TrainConfig, tokenizer) -> None:
+    """The prepared data must fit the stage and come from the target's tokenizer."""
+    stage = cfg.stage
+    if manifest.packed and manifest.seq_len != stage.seq_len:
+        raise ValueError(
+            f"{cfg.data.path} holds packed rows of {manifest.seq_len} tokens but stage.seq_len is {stage.seq_len}; "
+            "re-run the prep with --seq-len or override stage.seq_len"
+        )
+    if not manifest.packed and manifest.seq_len > stage.seq_len:
+        raise ValueError(
+            f"{cfg.data.path} allows rows of up to {manifest.seq_len} tokens, more than stage.seq_len "
+            f"({stage.seq_len}); re-run the prep with --max-len {stage.seq_len} or raise stage.seq_len"
+        )
+    if cfg.data.check_tokenizer and tokenizer is not None:
+        expected = tokenizer_fingerprint(tokenizer)["sha256"]
+        if manifest.tokenizer.get("sha256") != expected:
+            raise ValueError(
+                f"{cfg.data.path} was tokenized with another tokenizer than the target's ({cfg.target.path}); "
+                "re-run the prep with --tokenizer pointing at the target (or set data.check_tokenizer=false)"
+            )
+
+
+def _load_tokenizer(path: str, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None  # a target directory without a tokenizer (e.g. random-weight benchmarks)
+
+
+def _decay_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: decay on matrices, none on norm weights and biases (1-D tensors)."""
+    decay, no_decay = [], []
+    for param in module.parameters():
+        if param.requires_grad:
+            (decay if param.dim() >= 2 else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, dist_info: DistInfo | None = None):
+        self.cfg = cfg
+        self.dist = dist_info or init_distributed(cfg.deepspeed.backend)
+        self.rank, self.world_size, self.device = self.dist.rank, self.dist.world_size, self.dist.device
+        self.run_dir = os.path.abspath(cfg.output_dir)
+        if self.rank == 0:
+            os.makedirs(self.run_dir, exist_ok=True)
+        dist.barrier()
+        setup_logging(self.run_dir, self.rank)
+        self.zero3 = cfg.deepspeed.zero_stage == 3
+        self.precision = resolve_precision(cfg.deepspeed.precision)
+        self.dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+
+        self.tokenizer = _load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
+        self.reader = ShardReader(cfg.data.path)
+        check_data(self.reader.manifest, cfg, self.tokenizer)
+        self.pad_id = self._pad_id()
+        self.sampler = StepSampler(
+            self.reader,
+            global_batch_size=cfg.stage.global_batch_size,
+            micro_batch_size=cfg.stage.micro_batch_size,
+            world_size=self.world_size,
+            seed=cfg.seed,
+            shuffle=cfg.data.shuffle,
+        )
+        self.total_steps = (
+            cfg.max_steps if cfg.max_steps > 0 else cfg.data.num_epochs * self.sampler.steps_per_epoch
+        )
+        self.ds_config = build_deepspeed_config(cfg, world_size=self.world_size)
+        self.model = self._build_model()
+        self.engine = self._build_engine()
+        if self.zero3:
+            self.model.replicate_head()
+
+        self.step = 0
+        self.tokens_seen = 0
+        self.checkpoints = CheckpointManager(self.run_dir, keep_last=cfg.checkpoint.keep_last, rank=self.rank)
+        self.checkpoints.remove_partial()
+        if cfg.checkpoint.resume == "auto" and (latest := self.checkpoints.latest()) is not None:
+            self._resume(latest)
+        self.metrics = self._build_metrics()
+        target_params = list(self.model.target.parameters())
+        full = sum(getattr(p, "ds_numel", p.numel()) for p in target_params)
+        local = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in target_params)
+        log.info("frozen target: %d parameters, %d held by this rank", full, local)
+        num_params = sum(
+            p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in self.model.drafter.parameters()
+        )
+        log.info(
+            "target %s (%s), drafter %.2fM params, data %s: %d rows; %d steps of %d sequences (grad accum %d x "
+            "%d ranks), ZeRO-%d, %s",
+            cfg.target.name,
+            cfg.target.path,
+            num_params / 1e6,
+            cfg.data.path,
+            len(self.reader),
+            self.total_steps,
+            cfg.stage.global_batch_size,
+            self.sampler.grad_accum,
+            self.world_size,
+            cfg.deepspeed.zero_stage,
+            self.precision,
+        )
+
+    # ---- build ----------------------------------------------------------------------------------------------
+    def _pad_id(self) -> int:
+        tok = self.tokenizer
+        if tok is not None:
+            return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        pad = self.reader.manifest.tokenizer.get("pad_token_id")
+        return pad if pad is not None else self.reader.manifest.tokenizer["eos_token_id"]
+
+    def _build_model(self) -> DraftingModel:
+        import deepspeed
+
+        cfg = self.cfg
+        hf_ds_config = None
+        if self.zero3:
+            from transformers import AutoConfig
+            from transformers.integrations import HfDeepSpeedConfig
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+            # Import the modeling code BEFORE zero.Init: it patches torch.Tensor construction, which breaks the
+            # import of transformers' generation utilities ("Signature mismatch ... tensor_pynew").
+            hf_config = AutoConfig.from_pretrained(
+                cfg.target.path, trust_remote_code=cfg.target.trust_remote_code
+            )
+            if type(hf_config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+                MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
+
+            # Makes transformers load the checkpoint shard by shard into ZeRO-3 partitions (never a full copy
+            # per rank); must stay referenced until the model is built.
+            hf_ds_config = HfDeepSpeedConfig(self.ds_config)
+        # Under ZeRO-3 the WHOLE wrapper (frozen target included) is built inside zero.Init, so every rank holds
+        # 1/world of the target and the parameter dtypes agree (CPU.md).
+        init_ctx = (
+            deepspeed.zero.Init(config_dict_or_path=self.ds_config, dtype=self.dtype)
+            if self.zero3
+            else nullcontext()
+        )
+        with init_ctx:
+            target = TargetModel.from_pretrained(
+                cfg.target.path,
+                dtype=self.dtype,
+                device=None if self.zero3 else self.device,
+                trust_remote_code=cfg.target.trust_remote_code,
+            )
+        max_pos = getattr(target.config, "max_position_embeddings", None)
+        if (
+            cfg.stage.position_ids == "anchor_offset"
+            and max_pos is not None
+            and cfg.target.anchor_max_len > max_pos
+        ):
+            raise ValueError(
+                f"target.anchor_max_len ({cfg.target.anchor_max_len}) exceeds the target's context "
+                f"({max_pos} positions)"
+            )
+        source = None
+        if cfg.init_from is not None:
+            # Validates the target fingerprint (shapes, rope, tokenizer) before anything is trained.
+            source = Drafter.from_pretrained(cfg.init_from, target, self.tokenizer)
+            drafter_config = source.config
+            if drafter_config.window != cfg.drafter.window:
+                log.warning(
+                    "init_from drafter has window %d; using it (drafter.window=%d ignored)",
+                    drafter_config.window,
+                    cfg.drafter.window,
+                )
+        else:
+            drafter_config = DrafterConfig.from_target_config(
+                target.config, window=cfg.drafter.window, tokenizer=self.tokenizer
+            )
+        with init_ctx:
+            drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head)
+            model = DraftingModel(
+                target,
+                drafter,
+                distill_weight=cfg.loss.distill_weight,
+                distill_temperature=cfg.loss.distill_temperature,
+                loss_backend=cfg.loss.backend,
+                chunk_size=cfg.loss.chunk_size,
+            )
+        del hf_ds_config
+        self._init_drafter_weights(drafter, source)
+        if not self.zero3:
+            model.to(self.device)
+            drafter.to(self.dtype)
+        return model
+
+    def _init_drafter_weights(self, drafter: Drafter, source: Drafter | None) -> None:
+        """Seeded init (or the init_from weights), identical on every rank. Under ZeRO-3 the shards are gathered,
+        rank 0 writes, and DeepSpeed re-partitions its values on exit."""
+        import deepspeed
+
+        params = list(drafter.parameters())
+        ctx = deepspeed.zero.GatheredParameters(params, modifier_rank=0) if self.zero3 else nullcontext()
+        with ctx, torch.no_grad():
+            if self.rank == 0 or not self.zero3:
+                if source is not None:
+                    drafter.load_state_dict(source.state_dict())
+                else:
+                    with torch.random.fork_rng(devices=[]):
+                        torch.manual_seed(self.cfg.seed)
+                        drafter.reset_parameters()
+
+    def _build_engine(self):
+        import deepspeed
+
+        optim = self.cfg.optim
+        schedule = cosine_with_warmup(self.total_steps, optim.warmup_ratio, optim.min_lr_ratio)
+        engine, _, _, _ = deepspeed.initialize(
+            model=self.model,
+            model_parameters=_decay_groups(self.model.drafter, optim.weight_decay),
+            config=self.ds_config,
+            lr_scheduler=lambda optimizer: LambdaLR(optimizer, schedule),
+        )
+        return engine
+
+    def _build_metrics(self) -> MetricsLogger:
+        if self.rank != 0:
+            return MetricsLogger([], log_every=self.cfg.logging.log_every)
+        truncate_metrics(self.run_dir, self.step)  # records past the resumed step are redone
+        sinks = [JsonlSink(os.path.join(self.run_dir, METRICS_NAME))]
+        if self.cfg.logging.wandb != "disabled":
+            sinks.append(
+                WandbSink(
+                    mode=self.cfg.logging.wandb,
+                    project=self.cfg.logging.wandb_project,
+                    name=self.cfg.logging.run_name or os.path.basename(self.run_dir),
+                    run_dir=self.run_dir,
+                    config=asdict(self.cfg),
+                )
+            )
+        return MetricsLogger(sinks, log_every=self.cfg.logging.log_every)
+
+    # ---- per-step randomness --------------------------------------------------------------------------------
+    def _seed(self, *key: int) -> int:
+        return int(np.random.SeedSequence([self.cfg.seed, *key]).generate_state(1)[0])
+
+    def _lag(self, step: int, micro: int) -> int:
+        """Flash-noisy lag j ~ U{1..gamma-1}: one draw per micro-batch, the same on every rank."""
+        if not self.cfg.stage.flash_noisy:
+            return 0
+        return int(
+            np.random.default_rng(self._seed(step, micro, 1)).integers(1, self.cfg.stage.num_draft_levels)
+        )
+
+    def _position_ids(self, step: int, micro: int, batch_size: int, seq_len: int) -> torch.Tensor:
+        stage = self.cfg.stage
+        if stage.position_ids == "plain":
+            return torch.arange(seq_len).expand(batch_size, seq_len)
+        generator = torch.Generator().manual_seed(self._seed(step, micro, 2, self.rank))
+        return anchor_offset_position_ids(
+            batch_size,
+            seq_len,
+            max_len=self.cfg.target.anchor_max_len,
+            num_anchors=stage.num_anchors,
+            generator=generator,
+        )
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+    def train(self) -> None:
+        last = self.total_steps if self.cfg.stop_at_step < 0 else min(self.cfg.stop_at_step, self.total_steps)
+        if self.step >= last:
+            log.info("nothing to do: step %d of %d already done", self.step, last)
+        while self.step < last:
+            self.train_step()
+            if self.step % self.cfg.checkpoint.save_every == 0 or self.step == last:
+                self.save()
+
+    def close(self) -> None:
+        """Release the engine's hooks and buffers (several runs in one process: tests)."""
+        self.metrics.close()
+        self.engine.destroy()
+
+    def train_step(self) -> dict[str, Any]:
+        start = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        step, cfg = self.step, self.cfg
+        batches = self.sampler.micro_batches(
+            step, self.rank, pad_id=self.pad_id, pad_to_multiple=cfg.data.pad_to_multiple
+        )
+        # Normalise by the valid tokens of the whole step on all ranks (one all-reduce, no host sync).
+        local_valid = sum(int((b.labels != IGNORE_INDEX).sum()) for b in batches)
+        local_tokens = sum(b.num_tokens for b in batches)
+        counts = torch.tensor([local_valid, local_tokens], dtype=torch.float64, device=self.device)
+        dist.all_reduce(counts)
+        # DeepSpeed averages gradients over ranks, hence x world size; accumulation scaling is ours (scale_wrt_gas).
+        loss_scale = self.world_size / counts[0].clamp(min=1)
+        count_correct = (step + 1) % cfg.logging.log_every == 0
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # ce, kl, correct
+        for micro, batch in enumerate(batches):
+            valid_rows = (batch.labels.view(-1) != IGNORE_INDEX).nonzero().squeeze(-1)
+            position_ids = self._position_ids(step, micro, *batch.input_ids.shape)
+            batch = batch.to(self.device)
+            out = self.engine(
+                batch.input_ids,
+                position_ids.to(self.device),
+                batch.labels,
+                valid_rows.to(self.device),
+                lag=self._lag(step, micro),
+                count_correct=count_correct,
+            )
+            self.engine.backward(out.loss * loss_scale.to(out.loss.dtype), scale_wrt_gas=False)
+            self.engine.step()  # DeepSpeed clips and updates only at the accumulation boundary
+            sums += torch.stack([out.ce_sum.double(), out.kl_sum.double(), out.num_correct.double()])
+        self.step += 1
+        dist.all_reduce(sums)
+        ce, kl, correct = sums.tolist()  # the step's one host sync (metrics.jsonl has every step)
+        num_valid, num_tokens = counts.tolist()
+        self.tokens_seen += int(num_tokens)
+        elapsed = time.perf_counter() - start
+        num_valid = max(num_valid, 1.0)
+        record = {
+            "loss": (ce + cfg.loss.distill_weight * kl) / num_valid,
+            "ce": ce / num_valid,
+            "kl": kl / num_valid if cfg.loss.distill_weight > 0 else None,
+            "acc": correct / num_valid if count_correct else None,
+            "grad_norm": _as_float(self.engine.get_global_grad_norm()),
+            "lr": self.engine.get_lr()[0],
+            "tokens": int(num_tokens),
+            "valid_tokens": int(num_valid),
+            "tokens_seen": self.tokens_seen,
+            "tokens_per_s": num_tokens / elapsed,
+            "step_time_s": elapsed,
+            "mem_gb": self._memory_gb(),
+            "epoch": step // self.sampler.steps_per_epoch,
+            "total_steps": self.total_steps,
+        }
+        if self.rank == 0:
+            self.metrics.log(self.step, {k: v for k, v in record.items() if v is not None})
+        return record
+
+    def _memory_gb(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**30
+        return (
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        )  # KiB on Linux: the process's peak RSS
+
+    # ---- checkpoints ----------------------------------------------------------------------------------------
+    def _save_drafter(self, out_dir: str) -> None:
+        import deepspeed
+
+        params = list(self.model.drafter.parameters())
+        ctx = deepspeed.zero.GatheredParameters(params) if self.zero3 else nullcontext()
+        with ctx:
+            if self.rank == 0:
+                self.model.drafter.save_pretrained(out_dir)
+
+    def save(self) -> str:
+        state = {
+            "tokens_seen": self.tokens_seen,
+            "total_steps": self.total_steps,
+            "world_size": self.world_size,
+            "stage": self.cfg.stage.name,
+            "target": {"name": self.cfg.target.name, "path": self.cfg.target.path},
+            "data": {
+                "path": os.path.abspath(self.cfg.data.path),
+                "rows": len(self.reader),
+                "seq_len": self.reader.seq_len,
+            },
+            "init_from": self.cfg.init_from,
+            "seed": self.cfg.seed,
+        }
+        return self.checkpoints.save(self.step, self.engine, self._save_drafter, state)
+
+    def _resume(self, path: str) -> None:
+        state = self.checkpoints.load(path, self.engine)
+        if state["world_size"] != self.world_size:
+            raise ValueError(
+                f"{path} was written by {state['world_size']} processes, this run has {self.world_size}: resume "
+                "with the same world size (or start a new output_dir with init_from= an exported drafter)"
+            )
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        log.info("resumed from %s at step %d", path, self.step)
+
+
+def _as_float(value) -> float:
+    if value is None:
+        return float("nan")
+    return float(value.item() if torch.is_tensor(value) else value)

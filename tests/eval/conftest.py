@@ -1,0 +1,42 @@
+"""Fixtures of the evaluation tests: a saved tiny target (+ byte tokenizer) and a LongBench-schema JSONL."""
+
+import json
+
+import pytest
+import torch
+
+from longspec.testing import save_tiny_target
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """Tiny shapes: intra-op threads only add contention on the shared 2-core machines."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory):
+    return save_tiny_target("llama", tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture
+def longbench_jsonl(tmp_path):
+    """Two good rows (code with braces, a qmsum-style query) and three malformed ones."""
+    path = tmp_path / "rows.jsonl"
+    rows = [
+        {"_id": "code-0", "context": "def f(x):\n    return {x: 1}\n" * 3, "input": "", "answers": ["f"],
+         "dataset": "lcc"},
+        {"_id": "meet-1", "context": "A: hello. B: we ship on Monday. " * 3, "input": "When do we ship?",
+         "answers": ["Monday"], "dataset": "qmsum"},
+    ]
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+        f.write("{not json\n")
+        f.write(json.dumps({"_id": "no-context", "input": "q"}) + "\n")
+        f.write("\n")  # blank lines are not rows
+        f.write(json.dumps(["a", "list"]) + "\n")
+    return str(path)

@@ -1,0 +1,37 @@
+import pytest
+
+from longspec.eval.datasets import load_samples, read_jsonl
+from longspec.eval.prompts import LONGBENCH_TEMPLATES, longbench_prompt, math_messages
+from longspec.testing import build_byte_tokenizer
+
+
+def test_longbench_templates_are_the_five_long_output_tasks():
+    assert set(LONGBENCH_TEMPLATES) == {"gov_report", "qmsum", "multi_news", "lcc", "repobench-p"}
+    prompt = longbench_prompt("repobench-p", "x = {'a': 1}\n", "y = ")
+    assert prompt == "Please complete the code given below. \nx = {'a': 1}\ny = Next line of code:\n"
+    assert longbench_prompt("narrativeqa", "C", "Q") == "C\n\nQ"  # not a long-output task: generic
+    assert "\\boxed{}" in math_messages("1+1?")[0]["content"]
+
+
+def test_read_jsonl_counts_malformed_rows(longbench_jsonl):
+    rows, malformed = read_jsonl(longbench_jsonl)
+    assert [line for line, _ in rows] == [1, 2]
+    assert [line for line, _ in malformed] == [3, 4, 6]
+    assert "context" in malformed[1][1] and "list" in malformed[2][1]
+    with pytest.raises(FileNotFoundError):
+        read_jsonl(longbench_jsonl + ".missing")
+
+
+def test_length_filter_is_the_papers(longbench_jsonl):
+    tokenizer = build_byte_tokenizer()
+    everything, _ = load_samples(longbench_jsonl, tokenizer, context_len=4096, min_prompt_tokens=0, context_margin=0)
+    lengths = sorted(s.prompt_len for s in everything)
+    # keep min < len <= context_len - margin: set the bounds exactly at the two prompt lengths
+    kept, report = load_samples(
+        longbench_jsonl, tokenizer, context_len=lengths[1] + 10, min_prompt_tokens=lengths[0], context_margin=10
+    )
+    assert [s.prompt_len for s in kept] == [lengths[1]]
+    assert report.num_filtered == 1 and report.num_kept == 1 and len(report.malformed) == 3
+    # byte tokenizer: BOS + the bytes of the template-formatted prompt
+    code = next(s for s in everything if s.id == "code-0")
+    assert code.prompt_ids[0] == 256 and bytes(code.prompt_ids[1:]).decode().startswith("Please complete the code")

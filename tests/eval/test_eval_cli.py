@@ -1,0 +1,98 @@
+import json
+import os
+
+import pytest
+
+from longspec.drafter import Drafter, DrafterConfig
+from longspec.eval.__main__ import main, run_eval
+from longspec.eval.config import load_eval_config
+from longspec.testing import make_tiny_target
+
+
+def _overrides(target_dir, data, out, *extra):
+    return [
+        "target=tiny_llama",
+        f"target.path={target_dir}",
+        f"data.path={data}",
+        "data.min_prompt_tokens=0",
+        "drafter.init=random",
+        "drafter.window=8",
+        "max_new_tokens=10",
+        f"output_dir={out}",
+        *extra,
+    ]
+
+
+def test_eval_cli_end_to_end(tiny_target_dir, longbench_jsonl, tmp_path):
+    out = tmp_path / "out"
+    code = main(_overrides(tiny_target_dir, longbench_jsonl, out, "method=[longspec,vanilla_fa,ar,pld]"))
+    assert code == 0
+    for name in ("results.json", "report.md", "accept_length_by_context.png", "tokens_per_s_by_context.png"):
+        assert (out / name).stat().st_size > 0, name
+    results = json.loads((out / "results.json").read_text())
+
+    (data_report,) = results["data"]
+    assert data_report["num_kept"] == 2 and data_report["num_malformed"] == 3
+    assert [m["line"] for m in data_report["malformed"]] == [3, 4, 6]
+
+    summary = results["summary"]["rows"]
+    assert set(summary) == {"longspec", "vanilla_fa", "ar", "pld"}
+    for method, agg in summary.items():
+        assert agg["identical_to_greedy"] == 1.0, method  # lossless, random drafter included
+        assert agg["tokens_per_s"] > 0
+        assert set(agg["speedup"]) == {"vanilla_fa", "ar", "pld"} - {method}
+    assert summary["ar"]["mean_accept_length"] == 1.0
+    assert summary["longspec"]["mean_accept_length"] >= 1.0
+
+    samples = results["methods"]["longspec"]["rows"]
+    assert [s["id"] for s in samples] == ["code-0", "meet-1"]
+    for s in samples:
+        assert len(s["output_ids"]) == 10 or s["output_ids"][-1] == 257  # max_new_tokens or EOS
+        assert s["rounds"] == len(s["accepted"]) >= 1 and s["prompt_len"] > 0
+
+    report = (out / "report.md").read_text()
+    assert "| longspec |" in report and "rows τ" in report and "3 malformed" in report
+
+
+def test_single_method_and_sampling(tiny_target_dir, longbench_jsonl, tmp_path):
+    cfg = load_eval_config(
+        _overrides(tiny_target_dir, longbench_jsonl, tmp_path, "method=longspec", "temperature=0.8", "top_p=0.9",
+                   "max_samples=1", "warmup=false")
+    )
+    results = run_eval(cfg)
+    agg = results["summary"]["rows"]["longspec"]
+    assert agg["num_samples"] == 1 and agg["identical_to_greedy"] is None  # no greedy check when sampling
+
+
+def test_mismatched_drafter_is_one_clear_error(tiny_target_dir, longbench_jsonl, tmp_path, caplog):
+    other = make_tiny_target("qwen2")
+    drafter = Drafter(DrafterConfig.from_target_config(other.config, window=8), other.embed_tokens, other.lm_head)
+    drafter.save_pretrained(tmp_path / "drafter")
+    overrides = _overrides(tiny_target_dir, longbench_jsonl, tmp_path / "out", "method=longspec")
+    overrides = [o for o in overrides if not o.startswith("drafter.")] + [f"drafter.path={tmp_path / 'drafter'}"]
+    with pytest.raises(ValueError, match="does not match this target"):
+        run_eval(load_eval_config(overrides))
+    assert main(overrides) == 2  # the CLI: one logged error line, exit code 2, no results
+    assert not os.path.exists(tmp_path / "out" / "results.json")
+
+
+@pytest.mark.parametrize(
+    "extra, error",
+    [
+        (["method=medusa"], ValueError),
+        (["method=longspec", "drafter.init=pretrained"], ValueError),  # no drafter.path
+        (["drafter.path=/nonexistent", "drafter.init=pretrained", "method=longspec"], FileNotFoundError),
+        (["data.path=/nonexistent.jsonl"], FileNotFoundError),
+        (["temperature=-1"], ValueError),
+    ],
+)
+def test_config_errors(tiny_target_dir, longbench_jsonl, tmp_path, extra, error):
+    with pytest.raises(error):
+        load_eval_config(_overrides(tiny_target_dir, longbench_jsonl, tmp_path) + extra)
+
+
+def test_data_path_may_name_a_dataset(tiny_target_dir, tmp_path):
+    cfg = load_eval_config(_overrides(tiny_target_dir, "lcc", tmp_path))
+    assert cfg.data.sources == ["lcc"]
+    cfg = load_eval_config(["target=tiny_llama", "target.path=x", "data.name=[gov_report,aime24]", "method=ar"])
+    assert cfg.data.sources == ["gov_report", "aime24"] and cfg.methods == ["ar"]

@@ -1,0 +1,185 @@
+"""The engine against a target-only reference: lossless greedy on every family, forced acceptance patterns,
+hybrid verification logits, drafter state size, and the T=1 sampler's distribution."""
+
+import pytest
+import torch
+from infer_helpers import WINDOW, random_drafter, reference_greedy
+
+from longspec.drafter import DrafterConfig
+from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.infer.tree import TreeLayout
+from longspec.testing import make_tiny_target
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return make_tiny_target("llama")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+def test_greedy_speculative_equals_target_greedy(family):
+    """Prompt 45 tokens > drafter window 8 and > Mistral's sliding window 16; prefill in chunks of 16."""
+    target = make_tiny_target(family)
+    prompt = torch.randint(0, 256, (45,))
+    ref = reference_greedy(target, prompt, 24)
+    engine = SpeculativeEngine(target, random_drafter(target))
+    config = GenerationConfig(max_new_tokens=24, prefill_chunk=16)
+    for method in ("longspec", "ar", "pld"):
+        result = engine.generate(prompt, config, method=method)
+        assert result.tokens == ref, method
+        assert result.stats.rounds >= 3
+        assert result.stats.num_new_tokens == 24
+
+
+class OracleDrafter:
+    """Stub drafter whose next-token logits at position p come from `oracle(p)` (litgpt-style forcing).
+
+    `block` returns the query positions as the "hidden state"; `logits` turns each position into a one-hot
+    preference (favour=True) or a ban (favour=False) of the reference token at p + 1."""
+
+    def __init__(self, config: DrafterConfig, sequence: list[int], favour):
+        self.config, self.sequence, self.favour = config, sequence, favour
+        self.vocab = config.vocab_size
+
+    def self_kv(self, input_ids, position_ids):
+        shape = (1, self.config.num_kv_heads, input_ids.shape[1], self.config.head_dim)
+        return torch.zeros(shape), torch.zeros(shape)
+
+    def embed(self, input_ids):
+        return torch.zeros(*input_ids.shape, 1)
+
+    def block(self, h_in, position_ids, *args):
+        return position_ids[..., None].float()
+
+    def logits(self, hidden):
+        positions = hidden[..., 0].long().flatten().tolist()
+        out = torch.zeros(len(positions), self.vocab)
+        for row, pos in enumerate(positions):
+            token = self.sequence[pos + 1]
+            out[row, token] = 10.0 if self.favour(pos + 1) else float("-inf")
+        return out
+
+
+@pytest.mark.parametrize(
+    "name, favour",
+    [("all", lambda p: True), ("none", lambda p: False), ("some", lambda p: p % 3 != 0)],
+)
+def test_forced_acceptance(llama, name, favour):
+    prompt = torch.randint(0, 256, (20,))
+    ref = reference_greedy(llama, prompt, 30)
+    sequence = prompt.tolist() + ref + [0] * 16
+    config = DrafterConfig.from_target_config(llama.config, window=WINDOW)
+    engine = SpeculativeEngine(llama, OracleDrafter(config, sequence, favour))
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=30), method="longspec")
+    assert result.tokens == ref
+    accepted = result.stats.accepted
+    depth = TreeLayout(GenerationConfig().tree_widths).depth
+    if name == "all":
+        assert accepted == [depth] * len(accepted)
+        assert result.stats.mean_accept_length == depth + 1
+    elif name == "none":
+        assert accepted == [0] * 29 and result.stats.mean_accept_length == 1.0
+    else:  # a token at a position divisible by 3 is never drafted: at most 2 accepted per round
+        assert max(accepted) == 2 and min(accepted) == 0 and 0 < sum(accepted)
+    hist = result.stats.accept_histogram
+    assert sum(hist) == result.stats.rounds and sum(k * c for k, c in enumerate(hist)) == sum(accepted)
+
+
+def test_hybrid_verification_equals_full_forward(llama):
+    """Every tree node's verify logits == the full causal forward over prompt + that node's path."""
+    prompt = torch.randint(0, 256, (30,))
+    engine = SpeculativeEngine(llama, random_drafter(llama))
+    config = GenerationConfig(max_new_tokens=8, tree_widths=(2, 3, 3), prefill_chunk=7)
+    layout = TreeLayout(config.tree_widths)
+    engine._ensure_cache(64)
+    root = engine._prefill(prompt, config, None)
+    engine.drafter_cache = engine._drafter_prefill(prompt)
+    tree = engine._draft_tree(root, layout)
+    logits = engine._verify(tree)  # [N, V]
+    for node in range(tree.num_nodes):
+        path = tree.tokens[tree.ancestor_mask[node]]
+        full = llama.model(torch.cat([prompt, path])[None]).logits[0, -1]
+        torch.testing.assert_close(logits[node], full, rtol=1e-4, atol=1e-4)
+    assert engine.cache.length == prompt.numel()  # verification alone commits nothing
+
+
+def test_drafter_state_is_independent_of_context_length(llama):
+    engine = SpeculativeEngine(llama, random_drafter(llama))
+    config = GenerationConfig(max_new_tokens=6)
+    sizes = []
+    for length in (12, 200):
+        engine.generate(torch.randint(0, 256, (length,)), config)
+        sizes.append(engine.drafter_cache.nbytes)
+    assert sizes[0] == sizes[1]
+    assert engine.cache.max_len >= 200  # the target cache, by contrast, grows with the context
+
+
+def test_eos_and_max_new_tokens_truncate(llama):
+    prompt = torch.randint(0, 256, (16,))
+    ref = reference_greedy(llama, prompt, 12)
+    eos = ref[5]
+    engine = SpeculativeEngine(llama, random_drafter(llama))
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=12, eos_token_ids=(eos,)))
+    assert result.tokens == ref[: ref.index(eos) + 1]
+    assert engine.generate(prompt, GenerationConfig(max_new_tokens=1)).tokens == ref[:1]
+
+
+@pytest.mark.slow
+def test_sampling_generate_reproduces_target_distribution(chi_square):
+    """T=1 (top-k 10) through the whole engine: the 2nd and 3rd generated tokens, over many seeds, follow the
+    target's exact marginals (enumerated with full forwards on a 16-token vocabulary)."""
+    vocab, top_k, draws = 16, 10, 400
+    target = make_tiny_target("llama", vocab_size=vocab, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    prompt = torch.randint(0, vocab, (10,))
+
+    def next_probs(prefixes: torch.Tensor) -> torch.Tensor:  # [M, L] -> [M, V], top-k then softmax
+        logits = target.model(prefixes).logits[:, -1]
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        return torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+
+    p1 = next_probs(prompt[None])[0]  # [V]
+    all_t1 = torch.arange(vocab)
+    p2_given_1 = next_probs(torch.cat([prompt.expand(vocab, -1), all_t1[:, None]], 1))  # [V(t1), V]
+    pairs = torch.cartesian_prod(all_t1, all_t1)  # [V*V, 2] (t1, t2)
+    p3_given_12 = next_probs(torch.cat([prompt.expand(vocab * vocab, -1), pairs], 1))  # [V*V, V]
+    joint_12 = (p1[:, None] * p2_given_1).flatten()  # [V*V]
+    marginal_2 = joint_12.view(vocab, vocab).sum(0)
+    marginal_3 = (joint_12[:, None] * p3_given_12).sum(0)
+
+    engine = SpeculativeEngine(target, random_drafter(target, window=4))
+    counts_2, counts_3 = torch.zeros(vocab), torch.zeros(vocab)
+    accepted = 0
+    for seed in range(draws):
+        config = GenerationConfig(max_new_tokens=3, temperature=1.0, top_k=top_k, seed=seed, tree_widths=(4, 8, 8))
+        result = engine.generate(prompt, config)
+        counts_2[result.tokens[1]] += 1
+        counts_3[result.tokens[2]] += 1
+        accepted += sum(result.stats.accepted)
+    assert accepted > 50  # the accept branch ran, not only the residual one
+    assert chi_square(counts_2, marginal_2) > 1e-3
+    assert chi_square(counts_3, marginal_3) > 1e-3
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_static_shape_rounds_equal_eager(family):
+    """The path CUDA graphs capture (device-side cache length, index_copy_ writes), run uncaptured on CPU."""
+    target = make_tiny_target(family)
+    prompt = torch.randint(0, 256, (30,))
+    ref = reference_greedy(target, prompt, 16)
+    engine = SpeculativeEngine(target, random_drafter(target))
+    for method in ("longspec", "ar", "pld"):
+        result = engine.generate(prompt, GenerationConfig(max_new_tokens=16, static_shapes=True), method=method)
+        assert result.tokens == ref, method
+    # a second, longer call grows the cache once and still matches
+    longer = torch.randint(0, 256, (70,))
+    result = engine.generate(longer, GenerationConfig(max_new_tokens=8, static_shapes=True))
+    assert result.tokens == reference_greedy(target, longer, 8)
+
+
+def test_static_shape_option_errors(llama):
+    engine = SpeculativeEngine(llama, random_drafter(llama))
+    with pytest.raises(ValueError, match="CUDA"):
+        engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=4, cuda_graphs=True))
+    mistral = make_tiny_target("mistral")
+    with pytest.raises(NotImplementedError, match="sliding-window"):
+        SpeculativeEngine(mistral).generate([1, 2], GenerationConfig(max_new_tokens=4, static_shapes=True), method="ar")

@@ -1,0 +1,28 @@
+import importlib.util
+import json
+import os
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "round_latency.py")
+
+
+@pytest.fixture(scope="module")
+def round_latency():
+    spec = importlib.util.spec_from_file_location("round_latency", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_mode_writes_a_complete_table(round_latency, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    round_latency.main(["--tiny", "--contexts", "40", "--iters", "1", "--warmup", "1"])
+    result = json.loads((tmp_path / "round_latency.json").read_text())
+    (row,) = result["rows"]
+    assert row["context"] == 40 and row["tree_nodes"] == 69
+    for key in ("ar_hf_ms", "ar_ours_ms", "ar_ours_static_ms", "draft_ms", "verify_ms", "accept_ms", "floor_ms"):
+        assert row[key] > 0, key
+    assert row["round_ms"] == pytest.approx(row["draft_ms"] + row["verify_ms"] + row["accept_ms"])
+    assert row["ar_static_vs_eager_max_abs_diff"] < 1e-4  # the graph's path computes the same logits
+    assert "| context |" in capsys.readouterr().out

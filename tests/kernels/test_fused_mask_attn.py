@@ -1,0 +1,81 @@
+"""fused_mask_attn (Triton; the CPU interpreter in CI) vs its float32 naive reference."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+# The interpreter evaluates log2(0) for fully masked rows with numpy, which warns; the result (-inf) is intended.
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
+
+from _kernel_helpers import assert_attn_close, beam_tree, random_tree, tree_mask  # noqa: E402
+
+from longspec.kernels.fused_mask_attn import fused_mask_attn, fused_mask_attn_naive  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _qkv(B, H, Hkv, Tq, Tk, D, dtype=torch.float32, device=DEVICE):
+    q = torch.randn(B, H, Tq, D, device=device, dtype=dtype)
+    k = torch.randn(B, Hkv, Tk, D, device=device, dtype=dtype)
+    v = torch.randn(B, Hkv, Tk, D, device=device, dtype=dtype)
+    return q, k, v
+
+
+def _poisoned(q):
+    B, H, Tq, _ = q.shape
+    return torch.full_like(q, float("nan")), torch.full((B, H, Tq), float("nan"), device=q.device)
+
+
+@pytest.mark.parametrize(
+    "B, H, Hkv, D, parents",
+    [
+        (1, 8, 2, 32, beam_tree()),  # the drafter's 69-node tree, GQA 4
+        (2, 4, 4, 16, random_tree(63, torch.Generator().manual_seed(1))),  # T = 63, GQA 1
+        (1, 8, 1, 24, random_tree(17, torch.Generator().manual_seed(2))),  # GQA 8, head dim not a power of 2
+    ],
+)
+def test_tree_mask_matches_naive(B, H, Hkv, D, parents):
+    T = len(parents)
+    q, k, v = _qkv(B, H, Hkv, T, T, D)
+    mask = tree_mask(parents, DEVICE)
+    out, lse = fused_mask_attn(q, k, v, mask, 0.3, out=_poisoned(q)[0], lse=_poisoned(q)[1])
+    ref_out, ref_lse = fused_mask_attn_naive(q, k, v, mask, 0.3)
+    assert_attn_close(out, lse, ref_out, ref_lse, torch.float32)
+
+
+def test_per_batch_mask_and_fully_masked_rows():
+    B, H, Hkv, Tq, Tk, D = 2, 4, 2, 20, 37, 16  # non-square, ragged against the 64-wide tiles
+    q, k, v = _qkv(B, H, Hkv, Tq, Tk, D)
+    mask = torch.rand(B, Tq, Tk, device=DEVICE) < 0.4
+    mask[0, 3] = False  # rows that see nothing: out 0, lse -inf
+    mask[1, :5] = False
+    out_buf, lse_buf = _poisoned(q)
+    out, lse = fused_mask_attn(q, k, v, mask, 0.25, out=out_buf, lse=lse_buf)
+    assert out.data_ptr() == out_buf.data_ptr() and lse.data_ptr() == lse_buf.data_ptr()
+    ref_out, ref_lse = fused_mask_attn_naive(q, k, v, mask, 0.25)
+    assert torch.isneginf(lse[0, :, 3]).all() and torch.isneginf(lse[1, :, :5]).all()
+    assert_attn_close(out, lse, ref_out, ref_lse, torch.float32)
+
+
+def test_strided_inputs():
+    # [B, T, H, D] storage viewed as [B, H, T, D] (what a model's projections give before .transpose).
+    B, H, Hkv, T, D = 1, 4, 2, 33, 16
+    q = torch.randn(B, T, H, D, device=DEVICE).transpose(1, 2)
+    k = torch.randn(B, T, Hkv, D, device=DEVICE).transpose(1, 2)
+    v = torch.randn(B, T, Hkv, D, device=DEVICE).transpose(1, 2)
+    mask = tree_mask(random_tree(T, torch.Generator().manual_seed(3)), DEVICE)
+    out, lse = fused_mask_attn(q, k, v, mask, 0.25)
+    assert_attn_close(out, lse, *fused_mask_attn_naive(q, k, v, mask, 0.25), torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_nodes", [69, 74])
+def test_gpu_real_shapes(dtype, num_nodes):
+    q, k, v = _qkv(1, 32, 8, num_nodes, num_nodes, 128, dtype, "cuda")
+    # The 69-node beam tree plus, for 74, five re-fed tokens hanging off random nodes.
+    parents = beam_tree() + [int(torch.randint(0, i, (1,))) for i in range(69, num_nodes)]
+    mask = tree_mask(parents, "cuda")
+    out_buf, lse_buf = _poisoned(q)
+    out, lse = fused_mask_attn(q, k, v, mask, 128**-0.5, out=out_buf, lse=lse_buf)
+    assert_attn_close(out, lse, *fused_mask_attn_naive(q, k, v, mask, 128**-0.5), dtype)

@@ -1,0 +1,125 @@
+"""split_kv_attn (Triton; the CPU interpreter in CI) vs its float32 naive reference."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+# The interpreter evaluates log2(0) for empty splits with numpy, which warns; the result (-inf) is intended.
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
+
+from _kernel_helpers import assert_attn_close, beam_tree, tree_mask  # noqa: E402
+
+from longspec.kernels.fused_mask_attn import fused_mask_attn_naive  # noqa: E402
+from longspec.kernels.split_kv_attn import split_kv_attn, split_kv_attn_naive  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _inputs(B, H, Hkv, Tq, Tmax, D, cache_len, dtype=torch.float32, device=DEVICE):
+    q = torch.randn(B, H, Tq, D, device=device, dtype=dtype)
+    k_cache = torch.randn(B, Hkv, Tmax, D, device=device, dtype=dtype)
+    v_cache = torch.randn(B, Hkv, Tmax, D, device=device, dtype=dtype)
+    # Slots past the filled prefix hold garbage in a real cache: NaN there must never leak into the result.
+    for b, n in enumerate(torch.as_tensor(cache_len).expand(B).tolist()):
+        k_cache[b, :, n:] = float("nan")
+        v_cache[b, :, n:] = float("nan")
+    return q, k_cache, v_cache
+
+
+def _poisoned(q):
+    B, H, Tq, _ = q.shape
+    return dict(
+        out=torch.full_like(q, float("nan")), lse=torch.full((B, H, Tq), float("nan"), device=q.device)
+    )
+
+
+@pytest.mark.parametrize(
+    "B, H, Hkv, Tq, Tmax, D, cache_len, num_splits",
+    [
+        (1, 4, 4, 7, 200, 32, 137, None),  # GQA 1, cache_len not a multiple of the tile
+        (2, 8, 2, 69, 300, 32, 237, 3),  # a 69-node tree, GQA 4, several splits
+        (1, 8, 1, 16, 150, 24, 129, 5),  # GQA 8, head dim not a power of 2
+        (1, 4, 2, 5, 200, 16, 70, 6),  # more splits than tiles: empty splits must get zero weight
+    ],
+)
+def test_matches_naive(B, H, Hkv, Tq, Tmax, D, cache_len, num_splits):
+    q, k_cache, v_cache = _inputs(B, H, Hkv, Tq, Tmax, D, cache_len)
+    config = None if num_splits is None else {"num_splits": num_splits}
+    out, lse = split_kv_attn(q, k_cache, v_cache, cache_len, 0.3, config=config, **_poisoned(q))
+    assert_attn_close(out, lse, *split_kv_attn_naive(q, k_cache, v_cache, cache_len, 0.3), torch.float32)
+
+
+@pytest.mark.parametrize("cache_len", [torch.tensor(101), torch.tensor([101, 37]), 0, torch.tensor([0, 64])])
+def test_device_lengths_and_empty_cache(cache_len):
+    q, k_cache, v_cache = _inputs(2, 4, 2, 9, 160, 16, cache_len)
+    out, lse = split_kv_attn(q, k_cache, v_cache, cache_len, 0.25, config={"num_splits": 2}, **_poisoned(q))
+    assert_attn_close(out, lse, *split_kv_attn_naive(q, k_cache, v_cache, cache_len, 0.25), torch.float32)
+
+
+def _union_reference(q, k_cache, v_cache, n, k_new, v_new, mask, scale):
+    """One masked attention over [cache[:n] ++ new]: the cache fully visible, the new keys by `mask`."""
+    keys = torch.cat([k_cache[:, :, :n], k_new], dim=2)
+    values = torch.cat([v_cache[:, :, :n], v_new], dim=2)
+    full_mask = torch.cat(
+        [torch.ones(*mask.shape[:-1], n, dtype=torch.bool, device=mask.device), mask], dim=-1
+    )
+    return fused_mask_attn_naive(q, keys, values, full_mask, scale)
+
+
+@pytest.mark.parametrize("cache_len, num_splits", [(77, None), (0, 2), (torch.tensor([50, 3]), 4)])
+def test_tree_part_equals_attention_over_union(cache_len, num_splits):
+    # Hybrid verify attention in one launch: cache splits + a masked tree part, merged in the reduce.
+    B, H, Hkv, Tq, Tmax, D = 2, 8, 2, 13, 128, 16
+    q, k_cache, v_cache = _inputs(B, H, Hkv, Tq, Tmax, D, cache_len)
+    k_new, v_new = torch.randn(2, B, Hkv, Tq, D, device=DEVICE)
+    mask = torch.rand(B, Tq, Tq, device=DEVICE) < 0.5
+    mask[0, 4] = False  # this row sees only the cache (or nothing at all when the cache is empty)
+    config = None if num_splits is None else {"num_splits": num_splits}
+    tree = (k_new, v_new, mask)
+    out, lse = split_kv_attn(q, k_cache, v_cache, cache_len, 0.25, tree=tree, config=config, **_poisoned(q))
+    for b, n in enumerate(torch.as_tensor(cache_len).expand(B).tolist()):
+        ref = _union_reference(q[b : b + 1], k_cache[b : b + 1], v_cache[b : b + 1], n, k_new[b : b + 1],
+                               v_new[b : b + 1], mask[b : b + 1], 0.25)  # fmt: skip
+        assert_attn_close(out[b : b + 1], lse[b : b + 1], *ref, torch.float32)
+
+
+def test_merge_with_equals_attention_over_both_key_sets():
+    # A part computed elsewhere (here the naive masked attention) folded into the reduce.
+    B, H, Hkv, Tq, Tmax, D, n = 1, 8, 2, 11, 128, 16, 77
+    q, k_cache, v_cache = _inputs(B, H, Hkv, Tq, Tmax, D, n)
+    k_new, v_new = torch.randn(2, B, Hkv, Tq, D, device=DEVICE)
+    mask = torch.rand(Tq, Tq, device=DEVICE) < 0.5
+    mask[4] = False  # this row sees only the cache
+    new_out, new_lse = fused_mask_attn_naive(q, k_new, v_new, mask, 0.25)
+    out, lse = split_kv_attn(q, k_cache, v_cache, n, 0.25, merge_with=(new_out, new_lse), **_poisoned(q))
+    ref = _union_reference(q, k_cache, v_cache, n, k_new, v_new, mask, 0.25)
+    assert_attn_close(out, lse, *ref, torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("context, num_queries", [(8192, 69), (32768 + 17, 74), (131072 - 5, 74)])
+def test_gpu_real_shapes(dtype, context, num_queries):
+    Tmax = 131072
+    q, k_cache, v_cache = _inputs(1, 32, 8, num_queries, Tmax, 128, context, dtype, "cuda")
+    out, lse = split_kv_attn(q, k_cache, v_cache, context, 128**-0.5, **_poisoned(q))
+    ref = split_kv_attn_naive(q, k_cache, v_cache, context, 128**-0.5)
+    assert_attn_close(out, lse, *ref, dtype)
+    # The length on the device (the CUDA-graph path: splits planned for the full Tmax, bounds read in-kernel).
+    out_dev, lse_dev = split_kv_attn(q, k_cache, v_cache, torch.tensor(context, device="cuda"), 128**-0.5)
+    assert_attn_close(out_dev, lse_dev, *ref, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("context", [8192, 131072 - 74])
+def test_gpu_hybrid_tree_part(context):
+    # Verify attention at Llama-3.1-8B shapes: 74 tree tokens (a 69-node tree + 5 more) vs a long cache.
+    T, dtype = 74, torch.bfloat16
+    q, k_cache, v_cache = _inputs(1, 32, 8, T, context, 128, context, dtype, "cuda")
+    k_new, v_new = torch.randn(2, 1, 8, T, 128, device="cuda", dtype=dtype)
+    mask = tree_mask(beam_tree() + [int(torch.randint(0, i, (1,))) for i in range(69, T)], "cuda")
+    out, lse = split_kv_attn(
+        q, k_cache, v_cache, context, 128**-0.5, tree=(k_new, v_new, mask), **_poisoned(q)
+    )
+    ref = _union_reference(q, k_cache, v_cache, context, k_new, v_new, mask, 128**-0.5)
+    assert_attn_close(out, lse, *ref, dtype)

@@ -1,0 +1,284 @@
+"""Attention backends vs the math reference; hybrid/merge identities; errors; GPU backends at real shapes."""
+
+import os
+
+import torch
+
+# Triton picks interpreter vs compiled when a kernel is defined; longspec defines them lazily, on first use.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from longspec.kernels import HAS_TRITON  # noqa: E402
+from longspec.modules.attention import (  # noqa: E402
+    HAS_FLASH_ATTN,
+    attention,
+    cache_attention,
+    hybrid_attention,
+    math_attention,
+    merge_attention,
+    tree_attention,
+)
+
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+needs_flash_attn = pytest.mark.skipif(not HAS_FLASH_ATTN, reason="flash-attn not installed")
+log2_warning_ok = pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
+
+
+def _qkv(B=2, H=4, Hkv=2, Tq=6, Tk=9, D=16, dtype=torch.float32, device="cpu"):
+    q = torch.randn(B, H, Tq, D, dtype=dtype, device=device)
+    k = torch.randn(B, Hkv, Tk, D, dtype=dtype, device=device)
+    v = torch.randn(B, Hkv, Tk, D, dtype=dtype, device=device)
+    return q, k, v
+
+
+def _loop_reference(q, k, v, visible, scale):
+    """Attention one (batch, head, query) at a time from a visibility predicate: the definition, no tricks."""
+    B, H, Tq, D = q.shape
+    group = H // k.shape[1]
+    out = torch.zeros(B, H, Tq, D, dtype=torch.float64)
+    lse = torch.full((B, H, Tq), float("-inf"), dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for i in range(Tq):
+                keys = [j for j in range(k.shape[2]) if visible(i, j)]
+                if not keys:
+                    continue
+                s = torch.stack([q[b, h, i].double() @ k[b, h // group, j].double() * scale for j in keys])
+                lse[b, h, i] = torch.logsumexp(s, 0)
+                out[b, h, i] = torch.softmax(s, 0) @ v[b, h // group, keys].double()
+    return out, lse
+
+
+def _tree(T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
+    mask = torch.zeros(T, T, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] = mask[p]
+        mask[i, i] = True
+    return mask
+
+
+# ------------------------------------------------------------------------------------------- semantics
+
+
+@pytest.mark.parametrize("causal, window", [(True, None), (True, 3), (False, None), (False, 2)])
+@pytest.mark.parametrize("Tq, Tk", [(6, 9), (9, 9), (9, 6)])
+def test_math_attention_matches_definition(causal, window, Tq, Tk):
+    q, k, v = _qkv(B=1, H=4, Hkv=2, Tq=Tq, Tk=Tk)
+
+    def visible(i, j):  # bottom-right alignment: query i sits at key position Tk - Tq + i
+        t = Tk - Tq + i
+        return (not causal or j <= t) and (window is None or t - j <= window)
+
+    out, lse = attention(q, k, v, causal=causal, window=window, scale=0.3, backend="math")
+    ref_out, ref_lse = _loop_reference(q, k, v, visible, 0.3)
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+    if causal and Tq > Tk:  # the first Tq - Tk queries precede every key
+        assert torch.isneginf(lse[..., : Tq - Tk]).all() and (out[..., : Tq - Tk, :] == 0).all()
+
+
+def test_auto_on_cpu_is_math_and_differentiable():
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    out, lse = attention(q, k, v, window=4)
+    ref_out, ref_lse = attention(q, k, v, window=4, backend="math")
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    out.square().sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_cache_attention_lengths():
+    q, k, v = _qkv(Tk=20)
+    n = 13
+    ref_out, ref_lse = attention(q, k[:, :, :n], v[:, :, :n], causal=False)
+    for cache_len in (n, torch.tensor(n), torch.tensor([n, n])):
+        out, lse = cache_attention(q, k, v, cache_len)
+        torch.testing.assert_close(out, ref_out)
+        torch.testing.assert_close(lse, ref_lse)
+    out, lse = cache_attention(q, k, v, torch.tensor([n, 4]))  # per-batch lengths
+    torch.testing.assert_close(out[1], attention(q[1:], k[1:, :, :4], v[1:, :, :4], causal=False)[0][0])
+    out, lse = cache_attention(q, k, v, 0)  # empty cache
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+def test_tree_attention_matches_definition():
+    T = 11
+    q, k, v = _qkv(B=1, Tq=T, Tk=T)
+    mask = _tree(T)
+    out, lse = tree_attention(q, k, v, mask, scale=0.25, backend="math")
+    ref_out, ref_lse = _loop_reference(q, k, v, lambda i, j: bool(mask[i, j]), 0.25)
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_merge_equals_attention_over_concatenation():
+    q, k, v = _qkv(Tk=15)
+    out_a, lse_a = attention(q, k[:, :, :6], v[:, :, :6], causal=False)
+    out_b, lse_b = attention(q, k[:, :, 6:], v[:, :, 6:], causal=False)
+    out, lse = merge_attention(out_a, lse_a, out_b, lse_b)
+    ref_out, ref_lse = attention(q, k, v, causal=False)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(lse, ref_lse)
+    # An empty side (lse = -inf) leaves the other unchanged, and two empty sides stay empty (0, -inf).
+    empty_out, empty_lse = torch.zeros_like(out_a), torch.full_like(lse_a, float("-inf"))
+    out, lse = merge_attention(empty_out, empty_lse, out_a, lse_a)
+    torch.testing.assert_close(out, out_a)
+    torch.testing.assert_close(lse, lse_a)
+    out, lse = merge_attention(empty_out, empty_lse, empty_out, empty_lse)
+    assert (out == 0).all() and torch.isneginf(lse).all() and not out.isnan().any()
+
+
+def _hybrid_reference(q, k_new, v_new, k_cache, v_cache, n, mask):
+    """One masked attention over [cache[:n] ++ new]: the cache fully visible, the new tokens by `mask`."""
+    keys = torch.cat([k_cache[:, :, :n], k_new], dim=2)
+    values = torch.cat([v_cache[:, :, :n], v_new], dim=2)
+    full = torch.cat([torch.ones(mask.shape[0], n, dtype=torch.bool), mask], dim=1)
+    return math_attention(q, keys, values, full)
+
+
+@pytest.mark.parametrize("n", [0, 1, 23])
+def test_hybrid_equals_one_masked_attention(n):
+    T = 9
+    q, k_new, v_new = _qkv(Tq=T, Tk=T)
+    _, k_cache, v_cache = _qkv(Tk=30)
+    mask = _tree(T, seed=n)
+    out, lse = hybrid_attention(q, k_new, v_new, k_cache, v_cache, n, mask)
+    ref_out, ref_lse = _hybrid_reference(q, k_new, v_new, k_cache, v_cache, n, mask)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(lse, ref_lse)
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+
+def test_bad_arguments_raise_value_error():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        attention(q, k, v, backend="fast")
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        attention(q, k[:, :1].expand(-1, 3, -1, -1), v[:, :1].expand(-1, 3, -1, -1))
+    with pytest.raises(ValueError, match="torch_flash"):
+        attention(q, k, v, backend="torch_flash")  # CPU tensors
+    with pytest.raises(ValueError, match="no arbitrary-mask"):
+        tree_attention(q, k, v, torch.ones(6, 9, dtype=torch.bool), backend="torch_flash")
+    with pytest.raises(ValueError, match="mask must be bool"):
+        tree_attention(q, k, v, torch.ones(6, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="cache_len"):
+        cache_attention(q, k, v, 10)
+    with pytest.raises(ValueError, match="window"):
+        attention(q, k, v, window=-1)
+
+
+@pytest.mark.skipif(HAS_FLASH_ATTN, reason="flash-attn installed")
+def test_missing_flash_attn_names_the_install():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"pip install 'longspec\[flash\]'"):
+        attention(q, k, v, backend="flash_attn")
+
+
+# ------------------------------------------------------------------------- Triton backend (interpreter)
+
+
+@needs_triton
+@log2_warning_ok
+def test_triton_backends_match_math():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    T, n = 13, 70
+    q, k_new, v_new = _qkv(B=1, H=8, Hkv=2, Tq=T, Tk=T, device=device)
+    _, k_cache, v_cache = _qkv(B=1, H=8, Hkv=2, Tk=96, device=device)
+    mask = _tree(T, seed=5).to(device)
+    cache_len = torch.tensor(n, device=device)
+    pairs = [
+        (attention(q, k_new, v_new, backend="triton"), attention(q, k_new, v_new, backend="math")),
+        (tree_attention(q, k_new, v_new, mask, backend="triton"), tree_attention(q, k_new, v_new, mask, backend="math")),
+        (cache_attention(q, k_cache, v_cache, cache_len, backend="triton"),
+         cache_attention(q, k_cache, v_cache, cache_len, backend="math")),
+        (hybrid_attention(q, k_new, v_new, k_cache, v_cache, cache_len, mask, backend="triton"),
+         hybrid_attention(q, k_new, v_new, k_cache, v_cache, cache_len, mask, backend="math")),
+    ]  # fmt: skip
+    for (out, lse), (ref_out, ref_lse) in pairs:
+        torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+def test_triton_refuses_gradients():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (t.requires_grad_() for t in _qkv(device=device))
+    with pytest.raises(ValueError, match="forward only"):
+        attention(q, k, v, backend="triton")
+
+
+# ------------------------------------------------------------------------------------ GPU, real shapes
+
+BF16 = dict(atol=2e-2, rtol=2e-2)
+
+
+def _real(Tq, Tk, dtype=torch.bfloat16):
+    return _qkv(B=1, H=32, Hkv=8, Tq=Tq, Tk=Tk, D=128, dtype=dtype, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 4])
+def test_gpu_torch_flash_matches_math(causal, group):
+    q, k, v = _qkv(B=2, H=8, Hkv=8 // group, Tq=256, Tk=256, D=128, dtype=torch.bfloat16, device="cuda")
+    out, lse = attention(q, k, v, causal=causal, backend="torch_flash")
+    ref_out, ref_lse = attention(q, k, v, causal=causal, backend="math")
+    torch.testing.assert_close(out, ref_out, **BF16)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_flash_grads_match_math():
+    q, k, v = (t.requires_grad_() for t in _real(128, 128))
+    grads = []
+    for backend in ("torch_flash", "math"):
+        out, _ = attention(q, k, v, causal=True, backend=backend)
+        grads.append(torch.autograd.grad(out.float().square().sum(), (q, k, v)))
+    for g, ref in zip(*grads, strict=True):
+        torch.testing.assert_close(g.float(), ref.float(), atol=5e-2 * ref.abs().max().item(), rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("context", [8192, 32768])
+def test_gpu_cache_backends_agree(context):
+    q, k_cache, v_cache = _real(74, context + 100)
+    ref_out, ref_lse = cache_attention(q, k_cache, v_cache, context, backend="math")
+    for backend in ("torch_flash", "triton", "auto") + (("flash_attn",) if HAS_FLASH_ATTN else ()):
+        out, lse = cache_attention(q, k_cache, v_cache, context, backend=backend)
+        torch.testing.assert_close(out, ref_out, **BF16)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("context", [8192, 131072])
+def test_gpu_hybrid_auto_matches_math(context):
+    T = 74
+    q, k_new, v_new = _real(T, T)
+    _, k_cache, v_cache = _real(1, context)
+    mask = _tree(T).cuda()
+    cache_len = torch.tensor(context - 3, device="cuda")
+    out, lse = hybrid_attention(q, k_new, v_new, k_cache, v_cache, cache_len, mask)
+    ref_out, ref_lse = hybrid_attention(q, k_new, v_new, k_cache, v_cache, cache_len, mask, backend="math")
+    torch.testing.assert_close(out, ref_out, **BF16)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+@needs_flash_attn
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal, window", [(True, None), (True, 64), (False, None)])
+def test_gpu_flash_attn_matches_torch_flash_and_math(causal, window):
+    q, k, v = _real(256, 256)
+    out, lse = attention(q, k, v, causal=causal, window=window, backend="flash_attn")
+    ref_out, ref_lse = attention(q, k, v, causal=causal, window=window, backend="math")
+    torch.testing.assert_close(out, ref_out, **BF16)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+    if window is None:
+        tf_out, tf_lse = attention(q, k, v, causal=causal, backend="torch_flash")
+        torch.testing.assert_close(out, tf_out, **BF16)
+        torch.testing.assert_close(lse, tf_lse, atol=1e-3, rtol=1e-3)

@@ -1,0 +1,113 @@
+"""Drafter save/load: block-only safetensors + config.json with a target fingerprint; mismatches refused."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from longspec.drafter import Drafter, DrafterConfig
+from longspec.fingerprint import fingerprint_mismatches, target_fingerprint, tokenizer_hash
+from longspec.testing import build_byte_tokenizer, make_tiny_target
+
+
+def _drafter(target, tokenizer=None, window=8):
+    config = DrafterConfig.from_target_config(target.config, window=window, tokenizer=tokenizer)
+    return Drafter(config, target.embed_tokens, target.lm_head)
+
+
+def test_round_trip(tmp_path):
+    target = make_tiny_target("qwen2")
+    drafter = _drafter(target)
+    drafter.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    saved = load_file(tmp_path / "model.safetensors")
+    assert set(saved) == set(drafter.state_dict())  # the block only: no embedding / LM head
+    loaded = Drafter.from_pretrained(tmp_path, target)
+    assert loaded.config == drafter.config
+    assert loaded.shared_storage_ok(target)
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    ids = torch.randint(0, 300, (1, 12))
+    pos = torch.arange(12)[None]
+    out = target(ids, pos)
+    with torch.no_grad():
+        assert torch.equal(
+            loaded(ids, pos, out.last_k, out.last_v, lag=1), drafter(ids, pos, out.last_k, out.last_v, lag=1)
+        )
+
+
+def test_config_json_holds_the_fingerprint(tmp_path):
+    target = make_tiny_target("llama3")
+    _drafter(target, tokenizer=build_byte_tokenizer()).save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    fp = data["target_fingerprint"]
+    assert fp["model_type"] == "llama" and fp["vocab_size"] == 300 and fp["head_dim"] == 16
+    assert (fp["hidden_size"], fp["num_attention_heads"], fp["num_key_value_heads"]) == (64, 4, 2)
+    assert fp["rope_parameters"]["rope_type"] == "llama3" and fp["rope_parameters"]["factor"] == 8.0
+    assert fp["tokenizer_sha256"] == tokenizer_hash(build_byte_tokenizer())
+    assert data["window"] == 8
+
+
+def test_mismatched_target_is_refused_naming_each_field(tmp_path):
+    _drafter(make_tiny_target("llama")).save_pretrained(tmp_path)
+    other = make_tiny_target(
+        "llama", vocab_size=320, rope_parameters={"rope_type": "default", "rope_theta": 5e5}
+    )
+    with pytest.raises(ValueError) as err:
+        Drafter.from_pretrained(tmp_path, other)
+    message = str(err.value)
+    assert "vocab_size: drafter was trained for 300, target has 320" in message
+    assert "rope_parameters" in message
+    assert "hidden_size" not in message  # only the differing fields are named
+
+
+def test_other_family_is_refused(tmp_path):
+    _drafter(make_tiny_target("llama")).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="model_type: drafter was trained for 'llama', target has 'mistral'"):
+        Drafter.from_pretrained(tmp_path, make_tiny_target("mistral"))
+
+
+def test_tokenizer_hash_is_checked(tmp_path):
+    target = make_tiny_target("llama")
+    tokenizer = build_byte_tokenizer()
+    _drafter(target, tokenizer=tokenizer).save_pretrained(tmp_path)
+    Drafter.from_pretrained(tmp_path, target, tokenizer=build_byte_tokenizer())  # same vocab: accepted
+    Drafter.from_pretrained(tmp_path, target)  # no tokenizer given: not compared
+    changed = build_byte_tokenizer()
+    changed.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
+    with pytest.raises(ValueError, match="tokenizer_sha256"):
+        Drafter.from_pretrained(tmp_path, target, tokenizer=changed)
+
+
+def test_tokenizer_hash_survives_save_and_load(tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = build_byte_tokenizer()
+    tokenizer.save_pretrained(tmp_path)
+    assert tokenizer_hash(AutoTokenizer.from_pretrained(tmp_path)) == tokenizer_hash(tokenizer)
+
+
+def test_fingerprint_mismatches_ignores_fields_missing_on_one_side():
+    cfg = make_tiny_target("llama").config
+    with_tok = target_fingerprint(cfg, build_byte_tokenizer())
+    assert fingerprint_mismatches(with_tok, target_fingerprint(cfg)) == []
+    assert fingerprint_mismatches(target_fingerprint(cfg), target_fingerprint(cfg)) == []
+
+
+def test_missing_files(tmp_path):
+    target = make_tiny_target("llama")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        Drafter.from_pretrained(tmp_path, target)
+    _drafter(target).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        Drafter.from_pretrained(tmp_path, target)
+
+
+def test_load_with_dtype(tmp_path):
+    target = make_tiny_target("llama")
+    _drafter(target).save_pretrained(tmp_path)
+    loaded = Drafter.from_pretrained(tmp_path, target, dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in loaded.parameters())
+    assert loaded.embed_tokens.weight.dtype == torch.float32  # the target's modules are left alone

@@ -1,0 +1,339 @@
+"""Drafter block: structure, sharing, masking semantics, ring-buffer decoding == full-sequence forward."""
+
+import pytest
+import torch
+
+from longspec.drafter import Drafter, DrafterCache, DrafterConfig
+from longspec.testing import make_tiny_target
+
+B, T, WINDOW = 2, 30, 8  # T > WINDOW so the ring buffer wraps and the self-attention window binds
+
+
+def _setup(variant="llama", window=WINDOW, seed=0):
+    target = make_tiny_target(variant)
+    config = DrafterConfig.from_target_config(target.config, window=window)
+    torch.manual_seed(seed)
+    drafter = Drafter(config, target.embed_tokens, target.lm_head).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, 300, (B, T), generator=gen)
+    # Different offsets per row: ring positions and RoPE must follow each row's own ids.
+    pos = torch.arange(T).expand(B, T) + torch.tensor([[0], [517]])
+    out = target(ids, pos)
+    return target, drafter, ids, pos, out.last_k, out.last_v
+
+
+def test_config_mirrors_target():
+    for variant, bias, qk_norm in [("llama", False, False), ("qwen2", True, False), ("qwen3", False, True)]:
+        target = make_tiny_target(variant)
+        cfg = DrafterConfig.from_target_config(target.config)
+        assert cfg.window == 512
+        assert (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (64, 4, 2, 16)
+        assert cfg.intermediate_size == target.config.intermediate_size
+        assert cfg.rope_parameters == target.config.rope_parameters
+        assert (cfg.attention_bias, cfg.qk_norm) == (bias, qk_norm)
+        assert cfg.target_fingerprint["model_type"] == target.config.model_type
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(window=0), "window"),
+        (dict(num_kv_heads=3), "multiple"),
+        (dict(hidden_act="gelu"), "silu"),
+        (dict(head_dim=15), "even"),
+        (dict(rope_parameters={"rope_type": "default"}), "rope_theta"),
+    ],
+)
+def test_config_validation(bad, match):
+    good = DrafterConfig.from_target_config(make_tiny_target("llama").config).to_dict()
+    with pytest.raises(ValueError, match=match):
+        DrafterConfig(**{**good, **bad})
+
+
+def test_config_from_dict_rejects_unknown_fields():
+    data = DrafterConfig.from_target_config(make_tiny_target("llama").config).to_dict()
+    assert DrafterConfig.from_dict(data) == DrafterConfig(**data)
+    with pytest.raises(ValueError, match="unknown DrafterConfig fields"):
+        DrafterConfig.from_dict({**data, "num_layers": 2})
+
+
+def test_only_the_block_is_registered():
+    target, drafter, *_ = _setup("qwen2")
+    names = set(drafter.state_dict())
+    assert not any("embed" in n or "lm_head" in n for n in names)
+    assert {n for n in names if n.startswith("cross_attn.")} == {
+        "cross_attn.q_proj.weight",
+        "cross_attn.q_proj.bias",
+        "cross_attn.o_proj.weight",
+    }  # no unused k/v projections
+    assert "self_attn.k_proj.bias" in names  # bias follows the target (Qwen2)
+    cfg = drafter.config
+    Dm, F, HD, KD = (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+    )
+    expected = (
+        3 * Dm  # three RMSNorms
+        + (Dm * HD + HD)
+        + 2 * (Dm * KD + KD)
+        + HD * Dm  # self q,k,v (+bias), o
+        + (Dm * HD + HD)
+        + HD * Dm  # cross q (+bias), o
+        + 3 * Dm * F  # SwiGLU
+    )
+    assert sum(p.numel() for p in drafter.parameters()) == expected
+
+
+def test_shared_modules_are_the_targets_storage():
+    target, drafter, ids, pos, tk, tv = _setup("qwen2-tied")
+    assert drafter.shared_storage_ok(target)
+    assert drafter.embed_tokens is target.embed_tokens and drafter.lm_head is target.lm_head
+    params = {p.data_ptr() for p in drafter.parameters()}
+    assert target.embed_tokens.weight.data_ptr() not in params
+    drafter.to(torch.float32)  # .to() on the drafter must not touch (or copy) the shared modules
+    assert drafter.shared_storage_ok(target)
+    with torch.no_grad():  # an in-place change to the target is seen by the drafter: no copy exists
+        before = drafter(ids, pos, tk, tv)
+        target.embed_tokens.weight[ids[0, 0]] += 1.0
+        after = drafter(ids, pos, tk, tv)
+    assert not torch.allclose(before[0, 0], after[0, 0])
+
+
+def test_qk_norm_follows_target():
+    _, drafter, *_ = _setup("qwen3")
+    assert drafter.self_attn.q_norm is not None and drafter.cross_attn.q_norm is not None
+    _, plain, *_ = _setup("llama")
+    assert plain.self_attn.q_norm is None
+
+
+def test_forward_shapes_and_grads_only_on_block():
+    target, drafter, ids, pos, tk, tv = _setup("llama")
+    drafter.train()
+    h = drafter(ids, pos, tk, tv, lag=2)
+    assert h.shape == (B, T, 64)
+    logits = drafter.logits(h)
+    assert logits.shape == (B, T, 300)
+    logits.logsumexp(-1).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in drafter.parameters())
+    assert target.embed_tokens.weight.grad is None and target.lm_head.weight.grad is None
+
+
+def test_init_statistics():
+    _, drafter, *_ = _setup("llama")
+    w = drafter.mlp.gate_proj.weight
+    assert abs(w.std().item() - 0.02) < 0.002 and abs(w.mean().item()) < 0.002
+    assert torch.equal(drafter.mlp_norm.weight, torch.ones(64))
+
+
+@pytest.mark.parametrize("lag", [0, 1, 3])
+def test_cross_attention_sees_target_kv_only_up_to_t_minus_lag(lag):
+    _, drafter, ids, pos, tk, tv = _setup("llama")
+    s = 10  # perturb the target KV at index s: only queries t >= s + lag may change
+    tk2, tv2 = tk.clone(), tv.clone()
+    tk2[:, :, s] += 1.0
+    tv2[:, :, s] -= 1.0
+    with torch.no_grad():
+        changed = (
+            (drafter(ids, pos, tk, tv, lag=lag) - drafter(ids, pos, tk2, tv2, lag=lag)).abs().amax(dim=(0, 2))
+        )
+    assert (changed[: s + lag] == 0).all()
+    assert (changed[s + lag :] > 0).all()
+
+
+def test_cross_attention_output_is_zero_before_lag():
+    _, drafter, ids, pos, tk, tv = _setup("llama")
+    with torch.no_grad():
+        lag = 4
+        a = drafter(ids, pos, tk, tv, lag=lag)
+        b = drafter(ids, pos, torch.randn_like(tk), torch.randn_like(tv), lag=lag)
+    assert torch.equal(a[:, :lag], b[:, :lag])
+
+
+def test_self_attention_window():
+    _, drafter, ids, pos, tk, tv = _setup("llama")
+    s = 5  # changing token s changes h at t in [s, s + window] only (target KV held fixed)
+    ids2 = ids.clone()
+    ids2[:, s] = (ids2[:, s] + 1) % 300
+    with torch.no_grad():
+        changed = (
+            (drafter(ids, pos, tk, tv, lag=1) - drafter(ids2, pos, tk, tv, lag=1)).abs().amax(dim=(0, 2))
+        )
+    assert (changed[:s] == 0).all()
+    assert (changed[s : s + WINDOW + 1] > 0).all()
+    assert (changed[s + WINDOW + 1 :] == 0).all()
+
+
+@pytest.mark.parametrize("variant", ["llama3", "qwen2", "qwen3"])
+@pytest.mark.parametrize("lag", [0, 1, 3])
+def test_token_by_token_ring_decoding_equals_forward(variant, lag):
+    _, drafter, ids, pos, tk, tv = _setup(variant)
+    with torch.no_grad():
+        full = drafter(ids, pos, tk, tv, lag=lag)
+        cache = DrafterCache(drafter.config, B)
+        steps = []
+        for t in range(T):
+            # Query t sees target KV at indices <= t - lag, i.e. a prefix of t + 1 - lag entries.
+            h, k, v = drafter.step(ids[:, t : t + 1], pos[:, t : t + 1], cache, tk, tv, max(t + 1 - lag, 0))
+            cache.append(k, v, pos[:, t : t + 1])
+            steps.append(h)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_ring_decoding_with_per_query_cross_len_equals_forward():
+    _, drafter, ids, pos, tk, tv = _setup("llama")
+    lag, chunk = 2, 3
+    with torch.no_grad():
+        full = drafter(ids, pos, tk, tv, lag=lag)
+        cache = DrafterCache(drafter.config, B)
+        steps = []
+        for start in range(0, T, chunk):
+            sl = slice(start, min(start + chunk, T))
+            idx = torch.arange(sl.start, sl.stop)
+            cross_len = (idx + 1 - lag).clamp(min=0).expand(B, -1)  # [B,Tq] per-query target prefix
+            h, k, v = drafter.step(ids[:, sl], pos[:, sl], cache, tk, tv, cross_len)
+            cache.append(k, v, pos[:, sl])
+            steps.append(h)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_tree_step_equals_each_path_decoded_alone():
+    # A root r with two children a, b at the same position: with the ancestor mask, each child's output must
+    # equal decoding [r, child] as a plain sequence.
+    _, drafter, ids, pos, tk, tv = _setup("llama")
+    with torch.no_grad():
+        cache = DrafterCache(drafter.config, B)
+        k, v = drafter.self_kv(ids[:, :20], pos[:, :20])
+        cache.append(k, v, pos[:, :20])
+        r, a, b = ids[:, 20], ids[:, 21], (ids[:, 21] + 7) % 300
+        p = pos[:, 20]
+        tree_ids = torch.stack([r, a, b], dim=1)
+        tree_pos = torch.stack([p, p + 1, p + 1], dim=1)
+        ancestors = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+        h_tree, _, _ = drafter.step(tree_ids, tree_pos, cache, tk, tv, 20, new_mask=ancestors)
+        for col, child in ((1, a), (2, b)):
+            path_ids = torch.stack([r, child], dim=1)
+            h_path, _, _ = drafter.step(path_ids, tree_pos[:, :2], cache, tk, tv, 20)
+            torch.testing.assert_close(h_tree[:, [0, col]], h_path, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_fills_only_the_window_and_matches_forward():
+    _, drafter, ids, pos, tk, tv = _setup("llama3")
+    lag, n = 1, 25  # prompt = tokens 0..24, then decode token 25
+    with torch.no_grad():
+        full = drafter(ids, pos, tk, tv, lag=lag)
+        cache = DrafterCache(drafter.config, B)
+        drafter.fill_cache(cache, ids[:, :n], pos[:, :n])
+        assert cache.num_appended.tolist() == [WINDOW, WINDOW]
+        h, _, _ = drafter.step(ids[:, n : n + 1], pos[:, n : n + 1], cache, tk, tv, n + 1 - lag)
+    torch.testing.assert_close(h[:, 0], full[:, n], atol=1e-5, rtol=1e-5)
+
+
+def test_cross_len_zero_means_no_cross_attention():
+    _, drafter, ids, pos, tk, tv = _setup("llama")
+    with torch.no_grad():
+        cache = DrafterCache(drafter.config, B)
+        h0, _, _ = drafter.step(ids[:, :1], pos[:, :1], cache, tk, tv, 0)
+        h_other, _, _ = drafter.step(ids[:, :1], pos[:, :1], cache, torch.randn_like(tk), tv, 0)
+    assert torch.equal(h0, h_other)
+
+
+# ---- DrafterCache ------------------------------------------------------------------------------------------
+
+
+def _cfg(window=WINDOW):
+    return DrafterConfig.from_target_config(make_tiny_target("llama").config, window=window)
+
+
+def test_cache_memory_is_independent_of_context_length():
+    cfg = _cfg(window=16)
+    sizes = []
+    for n in (100, 10_000):
+        cache = DrafterCache(cfg, 1)
+        k = torch.randn(1, cfg.num_kv_heads, n, cfg.head_dim)
+        for start in range(0, n, 1000):  # appended in chunks, as decoding would
+            cache.append(
+                k[:, :, start : start + 1000],
+                k[:, :, start : start + 1000],
+                torch.arange(start, min(n, start + 1000)),
+            )
+        sizes.append(cache.nbytes)
+        assert int(cache.num_appended) == n
+        assert sorted(cache.positions[0].tolist()) == list(range(n - 16, n))
+    assert sizes[0] == sizes[1] == 2 * 16 * cfg.num_kv_heads * cfg.head_dim * 4 + 16 * 8 + 8
+
+
+def test_cache_wraparound_matches_full_reference():
+    cfg = _cfg()
+    gen = torch.Generator().manual_seed(3)
+    n = 29
+    k = torch.randn(B, cfg.num_kv_heads, n, cfg.head_dim, generator=gen)
+    v = torch.randn(B, cfg.num_kv_heads, n, cfg.head_dim, generator=gen)
+    positions = torch.arange(n).expand(B, n) + 100
+    cache = DrafterCache(cfg, B)
+    for start, stop in [(0, 3), (3, 4), (4, 13), (13, 29)]:  # uneven chunks, one longer than the window
+        cache.append(k[:, :, start:stop], v[:, :, start:stop], positions[:, start:stop])
+    for b in range(B):
+        order = cache.positions[b].argsort()
+        assert torch.equal(cache.positions[b, order], positions[b, n - WINDOW :])
+        assert torch.equal(cache.keys[b][:, order], k[b, :, n - WINDOW :])
+        assert torch.equal(cache.values[b][:, order], v[b, :, n - WINDOW :])
+
+
+def test_cache_append_skips_padding_per_row():
+    cfg = _cfg()
+    cache = DrafterCache(cfg, 2)
+    k = torch.arange(4.0).view(1, 1, 4, 1).expand(2, cfg.num_kv_heads, 4, cfg.head_dim).clone()
+    positions = torch.tensor([[0, 1, 2, 3], [0, 1, -1, -1]])  # row 1 accepted only 2 tokens
+    cache.append(k, k, positions)
+    assert cache.num_appended.tolist() == [4, 2]
+    cache.append(k[:, :, :1] + 10, k[:, :, :1], torch.tensor([[4], [2]]))
+    assert cache.positions[0, :5].tolist() == [0, 1, 2, 3, 4]
+    assert cache.positions[1, :3].tolist() == [0, 1, 2] and (cache.positions[1, 3:] == -1).all()
+    assert cache.keys[1, 0, 2, 0].item() == 10.0
+
+
+def test_cache_visible_mask():
+    cfg = _cfg(window=4)
+    cache = DrafterCache(cfg, 1)
+    kv = torch.zeros(1, cfg.num_kv_heads, 6, cfg.head_dim)
+    cache.append(kv, kv, torch.arange(6))  # ring keeps positions 2..5
+    mask = cache.visible_mask(torch.tensor([[6, 7, 9]]))
+    visible = [sorted(cache.positions[0][mask[0, i]].tolist()) for i in range(3)]
+    assert visible == [[2, 3, 4, 5], [3, 4, 5], [5]]
+    cache.reset()
+    assert not cache.visible_mask(torch.tensor([[6]])).any()
+
+
+def test_drafter_learns_a_fixed_batch_with_the_fused_loss():
+    # Integration: target forward -> flash-noisy drafter forward -> fused CE; the block alone trains.
+    from longspec.losses import fused_linear_cross_entropy
+    from longspec.modules.noisy import sample_lag
+
+    target, drafter, ids, pos, tk, tv = _setup("llama")
+    drafter.train()
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(8):
+        h = drafter(ids, pos, tk, tv, lag=sample_lag(5, generator=gen))
+        loss = fused_linear_cross_entropy(h[:, :-1], target.lm_head.weight, ids[:, 1:]) / ids[:, 1:].numel()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]
+    assert target.lm_head.weight.grad is None
+
+
+def test_bf16_drafter_on_bf16_target_is_close_to_fp32():
+    target, drafter, ids, pos, tk, tv = _setup("qwen2")
+    with torch.no_grad():
+        ref = drafter(ids, pos, tk, tv, lag=1)
+        target.to(torch.bfloat16)
+        out = target(ids, pos)
+        drafter.to(torch.bfloat16)
+        h = drafter(ids, pos, out.last_k, out.last_v, lag=1)
+    assert h.dtype == torch.bfloat16
+    torch.testing.assert_close(h.float(), ref, atol=0.1, rtol=0.05)

@@ -1,0 +1,157 @@
+"""TargetModel parity with the HF models it wraps (fp32, tiny random configs of every supported family)."""
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from longspec.modules.attention import math_attention, visibility_mask
+from longspec.positions import anchor_offset_position_ids
+from longspec.target import SUPPORTED_MODEL_TYPES, TargetModel
+from longspec.testing import TINY_VARIANTS, make_tiny_hf_model, make_tiny_target, save_tiny_target
+
+B, T = 2, 40  # T > the tiny Mistral window (16), so sliding-window masking is exercised
+
+
+def _hf_reference(hf, ids, pos):
+    # An explicit all-ones attention mask stops HF from reading non-contiguous position ids as packed sequences.
+    return hf(input_ids=ids, position_ids=pos, attention_mask=torch.ones_like(ids), use_cache=True)
+
+
+@pytest.fixture(scope="module")
+def anchor_ids():
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 300, (B, T), generator=gen)
+    pos = anchor_offset_position_ids(B, T, max_len=3000, generator=gen)
+    assert (pos[:, 4:] > 4).any(), "the offset should make the ids non-contiguous"
+    return ids, pos
+
+
+@pytest.mark.parametrize("variant", TINY_VARIANTS)
+def test_logits_and_last_kv_match_hf(variant, anchor_ids):
+    ids, pos = anchor_ids
+    hf = make_tiny_hf_model(variant)
+    target = TargetModel(hf)
+    out = target(ids, pos)
+    ref = _hf_reference(hf, ids, pos)
+    torch.testing.assert_close(target.logits(out.hidden), ref.logits, atol=1e-5, rtol=1e-5)
+    # A sliding-window cache layer keeps only its last window-1 tokens: compare those.
+    ref_k, ref_v = ref.cache.layers[-1].keys, ref.cache.layers[-1].values
+    n = ref_k.shape[2]
+    assert out.last_k.shape == (B, target.num_kv_heads, T, target.head_dim)
+    torch.testing.assert_close(out.last_k[:, :, T - n :], ref_k, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.last_v[:, :, T - n :], ref_v, atol=1e-5, rtol=1e-5)
+
+
+def test_mistral_window_is_applied(anchor_ids):
+    ids, pos = anchor_ids
+    target = make_tiny_target("mistral")
+    assert target.layer_windows == [15, 15]  # HF window 16 = the token + 15 previous
+    windowed = target(ids, pos).hidden
+    target.layer_windows = [None, None]
+    full = target(ids, pos).hidden
+    assert torch.equal(windowed[:, :16], full[:, :16])  # no token yet has anything outside the window
+    assert not torch.allclose(windowed[:, 16:], full[:, 16:])
+
+
+def test_qwen2_per_layer_sliding_window_matches_hf(anchor_ids):
+    ids, pos = anchor_ids
+    # Qwen2 slides only in layers >= max_window_layers.
+    hf = make_tiny_hf_model("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    target = TargetModel(hf)
+    assert target.layer_windows == [None, 7]
+    torch.testing.assert_close(
+        target.logits(target(ids, pos).hidden), _hf_reference(hf, ids, pos).logits, atol=1e-5, rtol=1e-5
+    )
+
+
+def test_default_positions_are_arange():
+    target = make_tiny_target("llama")
+    ids = torch.randint(0, 300, (B, 9))
+    a = target(ids)
+    b = target(ids, torch.arange(9).expand(B, 9))
+    assert torch.equal(a.hidden, b.hidden) and torch.equal(a.last_k, b.last_k)
+
+
+@pytest.mark.parametrize("variant", ["llama", "mistral"])
+def test_attn_fn_math_gives_same_result(variant, anchor_ids):
+    ids, pos = anchor_ids
+    target = make_tiny_target(variant)
+    seen = []
+
+    def attn_fn(layer_idx, q, k, v):
+        seen.append((layer_idx, q.shape, k.shape))
+        window = target.layer_windows[layer_idx]
+        mask = visibility_mask(q.shape[2], k.shape[2], causal=True, window=window)
+        return math_attention(q, k, v, mask)[0]
+
+    ref = target(ids, pos)
+    out = target(ids, pos, attn_fn=attn_fn)
+    torch.testing.assert_close(out.hidden, ref.hidden, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out.last_k, ref.last_k)
+    H, Hkv, D = target.num_heads, target.num_kv_heads, target.head_dim
+    assert seen == [(i, (B, H, T, D), (B, Hkv, T, D)) for i in range(target.num_layers)]
+
+
+def test_attn_fn_output_is_used():
+    target = make_tiny_target("llama")
+    ids = torch.randint(0, 300, (1, 7))
+    zero = target(ids, attn_fn=lambda i, q, k, v: torch.zeros_like(q))
+    assert not torch.allclose(zero.hidden, target(ids).hidden)
+
+
+def test_frozen_and_no_grad():
+    target = make_tiny_target("qwen2")
+    target.train()  # a frozen target stays in eval mode whatever its parent asks
+    assert not target.training and not target.model.training
+    assert all(not p.requires_grad for p in target.parameters())
+    out = target(torch.randint(0, 300, (1, 5)))
+    assert out.hidden.grad_fn is None and out.last_k.grad_fn is None
+
+
+def test_attributes_and_shared_modules():
+    target = make_tiny_target("qwen2-tied")
+    cfg = target.config
+    assert (target.family, target.num_layers, target.hidden_size) == ("qwen2", 2, 64)
+    assert (target.num_heads, target.num_kv_heads, target.head_dim, target.vocab_size) == (4, 2, 16, 300)
+    assert target.embed_tokens is target.model.model.embed_tokens
+    assert target.lm_head.weight.data_ptr() == target.embed_tokens.weight.data_ptr()  # tied
+    assert cfg.tie_word_embeddings
+    untied = make_tiny_target("qwen2")
+    assert untied.lm_head.weight.data_ptr() != untied.embed_tokens.weight.data_ptr()
+    assert untied.model.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2 q/k/v bias
+    assert make_tiny_target("mistral").sliding_window == 16
+
+
+def test_from_pretrained_local_dir(tmp_path):
+    path = save_tiny_target("llama3", tmp_path / "t")
+    loaded = TargetModel.from_pretrained(path)
+    ref = make_tiny_target("llama3")
+    ids = torch.randint(0, 300, (1, 11))
+    assert torch.equal(loaded(ids).hidden, ref(ids).hidden)
+    assert all(not p.requires_grad for p in loaded.parameters())
+    bf16 = TargetModel.from_pretrained(path, dtype="bfloat16", device="cpu")
+    assert bf16.embed_tokens.weight.dtype == torch.bfloat16
+    assert bf16(ids).hidden.dtype == torch.bfloat16
+
+
+def test_from_pretrained_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        TargetModel.from_pretrained(tmp_path / "missing")
+    path = save_tiny_target("llama", tmp_path / "llama")
+    with pytest.raises(ValueError, match="unknown dtype 'bf16'"):
+        TargetModel.from_pretrained(path, dtype="bf16")
+    AutoConfig.for_model("gpt2", n_layer=1, n_embd=8, n_head=2).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="unsupported target model_type 'gpt2'") as err:
+        TargetModel.from_pretrained(tmp_path / "gpt2")
+    for model_type in SUPPORTED_MODEL_TYPES:
+        assert model_type in str(err.value)
+
+
+def test_wrapping_unsupported_model_raises():
+    from transformers import AutoModelForCausalLM
+
+    gpt2 = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model("gpt2", n_layer=1, n_embd=8, n_head=2, vocab_size=10)
+    )
+    with pytest.raises(ValueError, match="supports: llama, qwen2, mistral, qwen3"):
+        TargetModel(gpt2)
