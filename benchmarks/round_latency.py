@@ -9,9 +9,9 @@ and times, per context (CUDA events, median of --iters after --warmup):
 - AR step, HF: one token through the HF model (sdpa) on a DynamicCache holding the context;
 - AR step, ours: one token through our engine (static cache, our attention backends), eager;
 - AR step, ours + CUDA graph: the same step replayed from a captured graph;
-- speculative round: draft (dynamic beam tree, default widths -> 69 nodes, random drafter, window 512), verify
-  (one target forward over the tree, eager and graph-captured), accept (greedy) -- the round = draft + verify
-  (graph) + accept;
+- speculative round: draft (dynamic beam tree, default widths -> 69 nodes, random drafter, window 512) and
+  verify (one target forward over the tree), each eager and graph-captured, then accept (greedy, with the host
+  sync it needs) -- the round = draft (graph) + verify (graph) + accept;
 - bytes floor: weights (all but the embedding table, of which a step reads one row per token) + the context's
   K/V, read once at 4.3 TB/s (../shared DEVICE.md).
 Goals (issue 4): round <= 1.5x the same engine's AR step; graph AR step within 1.5x of the floor.
@@ -79,7 +79,7 @@ def build_target(tiny: bool, device: torch.device, dtype: torch.dtype) -> Target
     model.to_empty(device=device)
     generator = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for param in model.parameters():
             if param.dim() == 1:  # RMSNorm weights
                 param.fill_(1.0)
             else:
@@ -106,9 +106,17 @@ def hf_cache(target: TargetModel, engine: SpeculativeEngine, context: int):
     cache = DynamicCache(config=target.config)
     for layer in range(target.num_layers):
         cache.update(
-            engine.cache.keys[layer, :, :, :context].clone(), engine.cache.values[layer, :, :, :context].clone(), layer
+            engine.cache.keys[layer, :, :, :context].clone(),
+            engine.cache.values[layer, :, :, :context].clone(),
+            layer,
         )
     return cache
+
+
+def time_hf_step(timer, hf_model, token: torch.Tensor, cache) -> float:
+    """One HF decode step (the cache grows by one token per run, as in HF decoding)."""
+    kwargs = {_cache_kwarg(hf_model): cache, "use_cache": True}
+    return timer(lambda: hf_model(token.reshape(1, 1), **kwargs).logits)
 
 
 class Timer:
@@ -152,22 +160,24 @@ def bench_context(target, drafter, engine, context: int, timer: Timer, capture: 
         static = engine._verify(one, static=True, capture=False).clone()
         row["ar_static_vs_eager_max_abs_diff"] = float((eager.float() - static.float()).abs().max())
 
-        hf_model, cache = target.model, hf_cache(target, engine, context)
-        cache_arg = _cache_kwarg(hf_model)
-        token = root.reshape(1, 1)
-        row["ar_hf_ms"] = timer(lambda: hf_model(token, use_cache=True, **{cache_arg: cache}).logits)
-        del cache
+        row["ar_hf_ms"] = time_hf_step(timer, target.model, root, hf_cache(target, engine, context))
         row["ar_ours_ms"] = timer(lambda: engine._verify(one))
         row["ar_ours_static_ms"] = timer(lambda: engine._verify(one, static=True, capture=False))
         if capture:
             row["ar_ours_graph_ms"] = timer(lambda: engine._verify(one, static=True, capture=True))
 
-        engine.drafter_cache = engine._drafter_prefill(
+        engine._drafter_prefill(
             torch.randint(0, target.vocab_size, (context,), device=device, generator=generator)
         )
-        tree = engine._draft_tree(root, layout)
+        tree = engine._draft(root, layout)
+        static_tree = engine._draft(root, layout, static=True, capture=False)
+        row["draft_static_matches_eager"] = all(
+            torch.equal(a, b) for a, b in zip(tree.dynamic_part(), static_tree.dynamic_part(), strict=True)
+        )
         row["tree_nodes"] = tree.num_nodes
-        row["draft_ms"] = timer(lambda: engine._draft_tree(root, layout))
+        row["draft_ms"] = timer(lambda: engine._draft(root, layout))
+        if capture:
+            row["draft_graph_ms"] = timer(lambda: engine._draft(root, layout, static=True, capture=True))
         row["verify_ms"] = timer(lambda: engine._verify(tree))
         if capture:
             row["verify_graph_ms"] = timer(lambda: engine._verify(tree, static=True, capture=True))
@@ -177,13 +187,21 @@ def bench_context(target, drafter, engine, context: int, timer: Timer, capture: 
                 tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, logits.argmax(-1), tree.valid
             )[0].tolist()  # the host needs the path: include that sync
         )
+        draft = row.get("draft_graph_ms", row["draft_ms"])
         verify = row.get("verify_graph_ms", row["verify_ms"])
-        row["round_ms"] = row["draft_ms"] + verify + row["accept_ms"]
+        row["round_ms"] = draft + verify + row["accept_ms"]
 
     weight_bytes = sum(
         p.numel() * p.element_size() for n, p in target.model.named_parameters() if "embed_tokens" not in n
     )
-    kv_bytes = 2 * target.num_layers * target.num_kv_heads * context * target.head_dim * engine.cache.keys.element_size()
+    kv_bytes = (
+        2
+        * target.num_layers
+        * target.num_kv_heads
+        * context
+        * target.head_dim
+        * engine.cache.keys.element_size()
+    )
     row["floor_ms"] = (weight_bytes + kv_bytes) / HBM_BYTES_PER_S * 1e3
     ar_same_engine = row.get("ar_ours_graph_ms", row["ar_ours_ms"])
     row["round_over_ar"] = row["round_ms"] / ar_same_engine
@@ -193,24 +211,37 @@ def bench_context(target, drafter, engine, context: int, timer: Timer, capture: 
 
 def table(rows: list[dict]) -> str:
     cols = [
-        ("context", "context", "d"), ("ar_hf_ms", "AR HF ms", ".2f"), ("ar_ours_ms", "AR ours ms", ".2f"),
-        ("ar_ours_graph_ms", "AR ours+graph ms", ".2f"), ("draft_ms", "draft ms", ".2f"),
-        ("verify_ms", "verify ms", ".2f"), ("verify_graph_ms", "verify+graph ms", ".2f"),
-        ("round_ms", "round ms", ".2f"), ("floor_ms", "floor ms", ".2f"),
-        ("round_over_ar", "round/AR", ".2f"), ("graph_ar_over_floor", "graph AR/floor", ".2f"),
+        ("context", "context", "d"),
+        ("ar_hf_ms", "AR HF ms", ".2f"),
+        ("ar_ours_ms", "AR ours ms", ".2f"),
+        ("ar_ours_graph_ms", "AR ours+graph ms", ".2f"),
+        ("draft_ms", "draft ms", ".2f"),
+        ("draft_graph_ms", "draft+graph ms", ".2f"),
+        ("verify_ms", "verify ms", ".2f"),
+        ("verify_graph_ms", "verify+graph ms", ".2f"),
+        ("round_ms", "round ms", ".2f"),
+        ("floor_ms", "floor ms", ".2f"),
+        ("round_over_ar", "round/AR", ".2f"),
+        ("graph_ar_over_floor", "graph AR/floor", ".2f"),
     ]
     lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        lines.append("| " + " | ".join("–" if r.get(k) is None else format(r[k], f) for k, _, f in cols) + " |")
+        lines.append(
+            "| " + " | ".join("–" if r.get(k) is None else format(r[k], f) for k, _, f in cols) + " |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--contexts", type=int, nargs="+", default=None, help="context lengths (default 8192 32768)")
+    parser.add_argument(
+        "--contexts", type=int, nargs="+", default=None, help="context lengths (default 8192 32768)"
+    )
     parser.add_argument("--iters", type=int, default=None, help="timed runs per measurement (median)")
     parser.add_argument("--warmup", type=int, default=None)
-    parser.add_argument("--tiny", action="store_true", help="tiny random Llama on CPU: a smoke test of this script")
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny random Llama on CPU: a smoke test of this script"
+    )
     parser.add_argument("--json", default="round_latency.json", help="output path when $OUT is not set")
     args = parser.parse_args(argv)
 
@@ -227,13 +258,17 @@ def main(argv: list[str] | None = None) -> dict:
     target = build_target(args.tiny, device, dtype)
     window = 16 if args.tiny else 512
     drafter_config = DrafterConfig.from_target_config(target.config, window=window)
-    drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head).to(device=device, dtype=dtype).eval()
+    drafter = (
+        Drafter(drafter_config, target.embed_tokens, target.lm_head).to(device=device, dtype=dtype).eval()
+    )
     engine = SpeculativeEngine(target, drafter)
     timer = Timer(device, warmup, iters)
     rows = [bench_context(target, drafter, engine, context, timer, capture) for context in contexts]
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         commit = ""
     result = {

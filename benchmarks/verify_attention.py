@@ -54,12 +54,17 @@ def beam_tree(num_nodes: int, widths=(4, 16, 16, 16, 16)) -> list[int]:
 
 
 def ancestor_mask(parents: list[int], device) -> torch.Tensor:
-    mask = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+    """[T, T] ancestor-or-self mask, stored with rows padded to 16 bytes (as an engine that reuses one mask for
+    every layer would allocate it) so the kernels read it in place (longspec.kernels.online_softmax)."""
+    T = len(parents)
+    mask = torch.zeros(T, T, dtype=torch.bool)
     for i, p in enumerate(parents):
         if p >= 0:
             mask[i] = mask[p]
         mask[i, i] = True
-    return mask.to(device)
+    padded = torch.zeros(T, -(-T // 16) * 16, dtype=torch.bool, device=device)
+    padded[:, :T] = mask.to(device)
+    return padded[:, :T]
 
 
 def eager_masked(q, k, v, bias, scale):
@@ -137,6 +142,10 @@ def bench_context(context: int, num_tree: int, args, flush) -> dict:
     def eager():
         return eager_masked(q, k_all, v_all, bias, scale)
 
+    def ours_3_kernels():  # the tree part as its own kernel, folded into the split-KV reduce
+        out_t, lse_t = fused_mask_attn(q, k_new, v_new, tree, scale)
+        return split_kv_attn(q, k_cache, v_cache, context, scale, merge_with=(out_t, lse_t))
+
     def ours_cache_part():
         return split_kv_attn(q, k_cache, v_cache, context, scale)
 
@@ -146,7 +155,12 @@ def bench_context(context: int, num_tree: int, args, flush) -> dict:
     # Correctness first, against float32.
     ref_out, ref_lse = fused_mask_attn_naive(q, k_all, v_all, full_mask, scale)
     checks = {}
-    for name, fn in [("hybrid", ours), ("torch_flash+eager_tree", torch_flash_plus_eager_tree)]:
+    variants = [
+        ("hybrid", ours),
+        ("hybrid_3_kernels", ours_3_kernels),
+        ("torch_flash+eager_tree", torch_flash_plus_eager_tree),
+    ]
+    for name, fn in variants:
         out, lse = fn()
         checks[name] = {"out_max_err": max_err(out, ref_out), "lse_max_err": max_err(lse, ref_lse)}
     checks["eager"] = {"out_max_err": max_err(eager(), ref_out)}
@@ -160,6 +174,7 @@ def bench_context(context: int, num_tree: int, args, flush) -> dict:
         "correct": ok,
         "checks": checks,
         "hybrid_ms": time_ms(ours, **timing),
+        "hybrid_3_kernels_ms": time_ms(ours_3_kernels, **timing),
         "hybrid_cache_part_ms": time_ms(ours_cache_part, **timing),
         "hybrid_tree_part_ms": time_ms(ours_tree_part, **timing),
         "torch_flash_eager_tree_ms": time_ms(torch_flash_plus_eager_tree, **timing),
@@ -171,17 +186,17 @@ def bench_context(context: int, num_tree: int, args, flush) -> dict:
     row["kv_floor_ms"] = 2 * NUM_KV_HEADS * num_keys * HEAD_DIM * 2 / HBM_BYTES_PER_S * 1e3
     row["compute_floor_ms"] = 4 * NUM_HEADS * num_tree * num_keys * HEAD_DIM / MATMUL_FLOPS_PER_S * 1e3
     if args.sweep:
-        row["sweep"] = sweep(q, k_cache, v_cache, context, scale, args, flush)
+        row["sweep"] = sweep(q, k_cache, v_cache, (k_new, v_new, tree), context, scale, flush)
     return row
 
 
-def sweep(q, k_cache, v_cache, context, scale, args, flush) -> list[dict]:
-    """Time the split-KV cache part over launch configurations; returns them fastest first."""
+def sweep(q, k_cache, v_cache, tree, context, scale, flush) -> list[dict]:
+    """Time the hybrid launch (split-KV + tree part + reduce) over launch configurations, fastest first."""
     results = []
     # (BLOCK_M, BLOCK_N, num_warps, num_stages): the feasible corner of the space at head dim 128 on Hopper.
     grid = [
-        (64, 32, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2), (64, 128, 4, 3),
-        (64, 64, 8, 3), (64, 128, 8, 3), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2),
+        (64, 32, 4, 3), (64, 32, 4, 4), (64, 32, 8, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 3),
+        (64, 128, 4, 2), (64, 128, 8, 2), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2),
     ]  # fmt: skip
     for block_m, block_n, num_warps, num_stages in grid:
         for num_splits in (2, 4, 6, 8, 13, 16, 26, 33, 52):
@@ -190,7 +205,9 @@ def sweep(q, k_cache, v_cache, context, scale, args, flush) -> list[dict]:
             config = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
                           num_splits=num_splits)  # fmt: skip
             try:
-                run = functools.partial(split_kv_attn, q, k_cache, v_cache, context, scale, config=config)
+                run = functools.partial(
+                    split_kv_attn, q, k_cache, v_cache, context, scale, tree=tree, config=config
+                )
                 ms = time_ms(run, iters=10, warmup=2, flush=flush)
             except Exception as e:  # noqa: BLE001 - an infeasible config (out of resources) is skipped
                 print(f"  skip {config}: {type(e).__name__}", flush=True)
@@ -205,17 +222,23 @@ def sweep(q, k_cache, v_cache, context, scale, args, flush) -> list[dict]:
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| context | tree | hybrid (ours) | ours: cache only / tree only | torch flash + eager tree | eager masked "
-        "| KV-read floor | compute floor | hybrid / KV floor | hybrid / max floor | hybrid, no graph |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| KV-read floor | compute floor | hybrid / KV floor | hybrid / max floor | hybrid, no graph "
+        "| hybrid, 3 kernels | best swept config |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         floor = max(r["kv_floor_ms"], r["compute_floor_ms"])
+        best = "-"
+        if r.get("sweep"):
+            b = r["sweep"][0]
+            best = f"{b['ms']:.3f} ms: M{b['BLOCK_M']} N{b['BLOCK_N']} w{b['num_warps']} s{b['num_stages']} x{b['num_splits']}"
         lines.append(
             f"| {r['context'] // 1024}K | {r['tree_tokens']} | {r['hybrid_ms']:.3f} ms "
             f"| {r['hybrid_cache_part_ms']:.3f} / {r['hybrid_tree_part_ms']:.3f} "
             f"| {r['torch_flash_eager_tree_ms']:.3f} | {r['eager_ms']:.3f} | {r['kv_floor_ms']:.3f} "
             f"| {r['compute_floor_ms']:.3f} | {r['hybrid_ms'] / r['kv_floor_ms']:.2f}x "
-            f"| {r['hybrid_ms'] / floor:.2f}x | {r['hybrid_no_graph_ms']:.3f} |"
+            f"| {r['hybrid_ms'] / floor:.2f}x | {r['hybrid_no_graph_ms']:.3f} | {r['hybrid_3_kernels_ms']:.3f} "
+            f"| {best} |"
         )
     return "\n".join(lines)
 

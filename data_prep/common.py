@@ -98,9 +98,10 @@ def _iter_hf(dataset_id: str, split: str, name: str | None) -> Iterator[SourceRo
 
     try:
         stream = datasets.load_dataset(dataset_id, name=name, split=split, streaming=True)
-    except FileNotFoundError as e:  # datasets raises this for unknown ids, also offline
+    except (FileNotFoundError, ConnectionError) as e:  # unknown id, or the hub unreachable / offline mode
         raise FileNotFoundError(
-            f"{dataset_id!r} is neither a local file/directory nor a reachable Hugging Face dataset ({e})"
+            f"{dataset_id!r} is not a local file or directory, and the Hugging Face dataset could not be opened "
+            f"({type(e).__name__}: {e}); check the path, or the network / HF_DATASETS_OFFLINE for hub ids"
         ) from e
     for record in stream:
         yield SourceRow(record, None) if isinstance(record, dict) else SourceRow(None, "not_an_object")

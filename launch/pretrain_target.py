@@ -436,7 +436,7 @@ def train(cfg: PretrainConfig, train_ids: np.ndarray, heldout_ids: np.ndarray, t
         heldout_ids.size, max_steps, cfg.max_minutes, device,
     )  # fmt: skip
 
-    history, best, best_state = [], None, None
+    history, best, best_state, last_eval_step = [], None, None, None
     losses_since_log = []
     t0 = t_log = time.perf_counter()
     step = 0
@@ -477,13 +477,14 @@ def train(cfg: PretrainConfig, train_ids: np.ndarray, heldout_ids: np.ndarray, t
                 "eval step %d heldout loss %.4f ppl %.2f top1 %.4f", step, ev["loss"], ev["ppl"], ev["top1"]
             )
             history.append({"step": step, "heldout": ev})
+            last_eval_step = step
             if best is None or ev["loss"] < best["loss"]:
                 best = dict(ev, step=step)
                 best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             t_log = time.perf_counter()  # evaluation time is not training throughput
 
     train_seconds = time.perf_counter() - t0
-    if best_state is None or (history and history[-1].get("step") != step):
+    if last_eval_step != step:  # stopped by the wall-clock budget between evaluations
         ev = evaluate(model, heldout_t, cfg.seq_len, cfg.batch_size, cfg.eval_max_tokens)
         if best is None or ev["loss"] < best["loss"]:
             best = dict(ev, step=step)

@@ -143,6 +143,18 @@ def test_recipe_loss_falls_and_checkpoint_round_trips(small_corpus, small_tokeni
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-4)
 
 
+def test_wall_clock_budget_stops_and_still_evaluates(small_corpus, small_tokenizer, tmp_path):
+    train_ids, heldout_ids = recipe.load_token_cache(tmp_path / "tok", small_tokenizer, small_corpus)
+    cfg = recipe.PretrainConfig(
+        tokenizer=tmp_path / "unused", tokens_dir=tmp_path / "tok", preset="smoke", seq_len=32, batch_size=2,
+        max_steps=10_000, max_minutes=1e-9, eval_every=10_000, device="cpu",
+        model_overrides=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1),
+    )  # fmt: skip
+    _, summary = recipe.train(cfg, train_ids, heldout_ids, small_tokenizer)
+    assert summary["steps"] < 10_000 and summary["best_step"] == summary["steps"]
+    assert math.isfinite(summary["heldout"]["loss"])
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="preset"):
         recipe.PretrainConfig(tokenizer=Path("t"), tokens_dir=Path("d"), preset="huge")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -33,7 +34,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def _device_and_dtype(cfg: EvalConfig) -> tuple[torch.device, torch.dtype]:
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
+    device = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    )
     if cfg.dtype != "auto":
         return device, _DTYPES[cfg.dtype]
     return device, torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -47,11 +50,15 @@ def _build_drafter(cfg: EvalConfig, target, tokenizer):
     if cfg.drafter.init == "random":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.drafter.seed)
-            config = DrafterConfig.from_target_config(target.config, window=cfg.drafter.window, tokenizer=tokenizer)
+            config = DrafterConfig.from_target_config(
+                target.config, window=cfg.drafter.window, tokenizer=tokenizer
+            )
             drafter = Drafter(config, target.embed_tokens, target.lm_head)
         return drafter.to(device=weight.device, dtype=weight.dtype).eval()
     # Raises ValueError naming the mismatching fields when the drafter was trained for another target.
-    return Drafter.from_pretrained(cfg.drafter.path, target, tokenizer, dtype=weight.dtype, device=weight.device).eval()
+    return Drafter.from_pretrained(
+        cfg.drafter.path, target, tokenizer, dtype=weight.dtype, device=weight.device
+    ).eval()
 
 
 def _eos_ids(tokenizer, target) -> tuple[int, ...]:
@@ -75,7 +82,9 @@ def run_eval(cfg: EvalConfig) -> dict:
     methods = cfg.methods
     target = TargetModel.from_pretrained(
         cfg.target.path, dtype=dtype, device=device, trust_remote_code=cfg.target.trust_remote_code
-    ).to(device)  # the adapter's rotary buffers too (a per-step host copy otherwise; graphs cannot capture it)
+    ).to(
+        device
+    )  # the adapter's rotary buffers too (a per-step host copy otherwise; graphs cannot capture it)
     tokenizer = AutoTokenizer.from_pretrained(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
     drafter = _build_drafter(cfg, target, tokenizer) if "longspec" in methods else None
     engine = SpeculativeEngine(target, drafter)
@@ -138,14 +147,27 @@ def run_eval(cfg: EvalConfig) -> dict:
                     "overhead_s": stats.overhead_s,
                 }
                 results["methods"][method].setdefault(dataset, []).append(record)
-                bar.set_postfix_str(f"{method}: τ {stats.mean_accept_length:.2f}, {stats.tokens_per_s:.1f} tok/s")
+                bar.set_postfix_str(
+                    f"{method}: τ {stats.mean_accept_length:.2f}, {stats.tokens_per_s:.1f} tok/s"
+                )
 
     results["summary"] = summarise(results["methods"], greedy=cfg.temperature == 0)
     os.makedirs(cfg.output_dir, exist_ok=True)
     with open(os.path.join(cfg.output_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1, allow_nan=True)
+        json.dump(_json_safe(results), f, indent=1, allow_nan=False)
     write_report(results, cfg.output_dir)
     return results
+
+
+def _json_safe(obj):
+    """NaN / inf (e.g. τ of a run with no rounds) -> null: results.json stays strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
 
 
 def _config_dict(cfg: EvalConfig) -> dict:
@@ -154,8 +176,15 @@ def _config_dict(cfg: EvalConfig) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = list(sys.argv[1:] if argv is None else argv)
+    config_name = "eval"
+    for i, arg in enumerate(args):  # Hydra's own flag, kept for familiarity: --config-name NAME / =NAME
+        if arg.startswith("--config-name"):
+            config_name = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
+            del args[i : i + (1 if "=" in arg else 2)]
+            break
     try:
-        cfg = load_eval_config(sys.argv[1:] if argv is None else argv)
+        cfg = load_eval_config(args, config_name=config_name)
         results = run_eval(cfg)
     except (ValueError, FileNotFoundError) as e:  # user mistakes: one clear line, no traceback
         logger.error("%s", e)
@@ -164,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     for dataset, per_method in results["summary"].items():
         for method, summary in per_method.items():
             logger.info(
-                "%s %s: τ %.2f, %.1f tok/s", dataset, method, summary["mean_accept_length"], summary["tokens_per_s"]
+                "%s %s: τ %.2f, %.1f tok/s",
+                dataset,
+                method,
+                summary["mean_accept_length"],
+                summary["tokens_per_s"],
             )
     return 0
 

@@ -41,7 +41,10 @@ class DrafterEvalConfig:
     seed: int = 0  # random init seed
 
     def __post_init__(self):
-        _check(self.init in ("pretrained", "random"), f"drafter.init must be pretrained or random, got {self.init!r}")
+        _check(
+            self.init in ("pretrained", "random"),
+            f"drafter.init must be pretrained or random, got {self.init!r}",
+        )
         _check(self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
 
 
@@ -51,7 +54,9 @@ class DataEvalConfig:
 
     name: Any = "gov_report"  # a LongBench task / math set, or a list of them: KNOWN_DATASETS
     path: str | None = None  # a local JSONL in LongBench's row schema (_id, context, input, answers, dataset)
-    template: str | None = None  # LongBench task whose prompt template formats JSONL rows (default: row's dataset)
+    template: str | None = (
+        None  # LongBench task whose prompt template formats JSONL rows (default: row's dataset)
+    )
     min_prompt_tokens: int | None = None  # keep prompts longer than this (None: 1200 LongBench/JSONL, 0 math)
     context_margin: int = 2000  # and at most context_len - this many tokens (room to generate)
     context_len: int | None = None  # the target's context length (None: its max_position_embeddings)
@@ -110,7 +115,10 @@ class EvalConfig:
         _check(len(set(methods)) == len(methods), f"method lists a method twice: {methods}")
         _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
         _check(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        _check(self.max_samples is None or self.max_samples >= 1, f"max_samples must be >= 1, got {self.max_samples}")
+        _check(
+            self.max_samples is None or self.max_samples >= 1,
+            f"max_samples must be >= 1, got {self.max_samples}",
+        )
         _check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
         if "longspec" in methods and self.drafter.init == "pretrained":
             _check(
@@ -131,8 +139,11 @@ def _register_schemas() -> None:
     ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
 
 
-def load_eval_config(overrides: list[str] | None = None, *, config_dir: str | None = None) -> EvalConfig:
-    """Compose configs/eval.yaml with Hydra overrides and validate it into an EvalConfig."""
+def load_eval_config(
+    overrides: list[str] | None = None, *, config_name: str = "eval", config_dir: str | None = None
+) -> EvalConfig:
+    """Compose configs/<config_name>.yaml (eval.yaml, or a preset such as eval/math_qwq) with Hydra overrides
+    and validate it into an EvalConfig."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -145,7 +156,7 @@ def load_eval_config(overrides: list[str] | None = None, *, config_dir: str | No
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base=None):
-            cfg = compose(config_name="eval", overrides=list(overrides or []))
+            cfg = compose(config_name=config_name, overrides=list(overrides or []))
         cfg = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as e:
         detail = str(e) if e.__cause__ is None else f"{e}: {e.__cause__}"

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 
 from longspec.eval.prompts import LONGBENCH_TEMPLATES, longbench_prompt, math_messages
 
-__all__ = ["Sample", "DataReport", "LONGBENCH_TASKS", "MATH_SETS", "KNOWN_DATASETS", "load_samples", "read_jsonl"]
+__all__ = [
+    "Sample",
+    "DataReport",
+    "LONGBENCH_TASKS",
+    "MATH_SETS",
+    "KNOWN_DATASETS",
+    "load_samples",
+    "read_jsonl",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +38,9 @@ class MathSource:
 
 
 MATH_SETS: dict[str, MathSource] = {
-    "aime24": MathSource("AI-MO/aimo-validation-aime", "train", id_range=(60, 89)),  # the 30 AIME 2024 problems
+    "aime24": MathSource(
+        "AI-MO/aimo-validation-aime", "train", id_range=(60, 89)
+    ),  # the 30 AIME 2024 problems
     "amc": MathSource("AI-MO/aimo-validation-amc", "train"),
     "math500": MathSource("HuggingFaceH4/MATH-500", "test"),
     "minerva_math": MathSource("math-ai/minervamath", "test"),
@@ -74,7 +84,9 @@ def read_jsonl(path: str) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]
     """Rows of a LongBench-schema JSONL: ([(line, row)], [(line, why malformed)]). A row needs string `context`
     and `input` fields (`input` may be empty); `_id`, `answers`, `dataset`, `length` are optional."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"data.path={path!r} is not a file (expected a JSONL in LongBench's row schema)")
+        raise FileNotFoundError(
+            f"data.path={path!r} is not a file (expected a JSONL in LongBench's row schema)"
+        )
     rows, malformed = [], []
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
@@ -167,7 +179,9 @@ def load_samples(
             report.num_rows += 1
             task = template or default_task or row.get("dataset")
             prompt = longbench_prompt(task, row["context"], row["input"])
-            candidates.append(Sample(str(row.get("_id", line)), dataset_name, _encode_text(tokenizer, prompt)))
+            candidates.append(
+                Sample(str(row.get("_id", line)), dataset_name, _encode_text(tokenizer, prompt))
+            )
     maximum = context_len - context_margin
     samples = [s for s in candidates if minimum < s.prompt_len <= maximum]
     report.num_filtered = len(candidates) - len(samples)
@@ -175,11 +189,16 @@ def load_samples(
     if report.malformed:
         logger.warning(
             "%s: skipped %d malformed row(s), first: line %d: %s",
-            source, len(report.malformed), *report.malformed[0],
+            source,
+            len(report.malformed),
+            *report.malformed[0],
         )
     if not samples:
         logger.warning(
-            "%s: no prompt passed the length filter %d < tokens <= %d (%d rows)", source, minimum, maximum,
+            "%s: no prompt passed the length filter %d < tokens <= %d (%d rows)",
+            source,
+            minimum,
+            maximum,
             report.num_rows,
         )
     return samples, report

@@ -75,7 +75,9 @@ def report_markdown(results: dict) -> str:
         f"temperature {cfg['temperature']} · max_new_tokens {cfg['max_new_tokens']} · started {results['started']}",
         "",
         f"τ = mean acceptance length (tokens per target forward); tokens/s exclude the prefill; speedup is vs "
-        f"`{main_base}` measured in this run." if main_base else "τ = mean acceptance length; tokens/s exclude prefill.",
+        f"`{main_base}` measured in this run."
+        if main_base
+        else "τ = mean acceptance length; tokens/s exclude prefill.",
         "",
     ]
     header = "| method | " + " | ".join(f"{d} τ | {d} tok/s | {d} speedup" for d in datasets) + " |"
@@ -88,16 +90,24 @@ def report_markdown(results: dict) -> str:
                 cells += ["–"] * 3
                 continue
             speedup = 1.0 if method == main_base else agg["speedup"].get(main_base, math.nan)
-            cells += [_fmt(agg["mean_accept_length"], ".2f"), _fmt(agg["tokens_per_s"], ".1f"), _fmt(speedup, ".2f") + "x"]
+            cells += [
+                _fmt(agg["mean_accept_length"], ".2f"),
+                _fmt(agg["tokens_per_s"], ".1f"),
+                _fmt(speedup, ".2f") + "x",
+            ]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
 
     lines += ["", "## Details per dataset", ""]
-    lines += ["| dataset | method | samples | mean prompt | rounds | draft / verify / overhead | speedups | identical to greedy |"]
+    lines += [
+        "| dataset | method | samples | mean prompt | rounds | draft / verify / overhead | speedups | identical to greedy |"
+    ]
     lines += ["|---|---|---|---|---|---|---|---|"]
     for d in datasets:
         for method, agg in summary[d].items():
             split = agg["time_split"]
-            split_txt = " / ".join(_fmt(split[k] * 100, ".0f") + "%" for k in ("draft_s", "verify_s", "overhead_s"))
+            split_txt = " / ".join(
+                _fmt(split[k] * 100, ".0f") + "%" for k in ("draft_s", "verify_s", "overhead_s")
+            )
             speedups = ", ".join(f"{_fmt(v, '.2f')}x vs {b}" for b, v in agg["speedup"].items()) or "–"
             ident = agg["identical_to_greedy"]
             ident_txt = "n/a" if ident is None else f"{ident * 100:.0f}% (vs {agg['greedy_reference']})"
@@ -112,7 +122,11 @@ def report_markdown(results: dict) -> str:
             lines.append(
                 f"- `{r['source']}`: {r['num_rows']} rows, {r['num_kept']} kept, "
                 f"{r['num_filtered_by_length']} outside the length filter, {r['num_malformed']} malformed"
-                + (f" (first: line {r['malformed'][0]['line']}: {r['malformed'][0]['reason']})" if r["malformed"] else "")
+                + (
+                    f" (first: line {r['malformed'][0]['line']}: {r['malformed'][0]['reason']})"
+                    if r["malformed"]
+                    else ""
+                )
             )
     plots = results.get("plots", [])
     if plots:

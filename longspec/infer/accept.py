@@ -26,7 +26,9 @@ def target_distribution(
     the lossless guarantee is about sampling from exactly this distribution.
     """
     if temperature <= 0:
-        raise ValueError(f"target_distribution needs temperature > 0 (got {temperature}); use greedy_accept for T=0")
+        raise ValueError(
+            f"target_distribution needs temperature > 0 (got {temperature}); use greedy_accept for T=0"
+        )
     logits = logits.float() / temperature
     if top_k is not None and 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
@@ -124,7 +126,9 @@ def sample_accept(
             residual = probs.clone()
             if rejected:
                 residual[torch.tensor(rejected, device=probs.device)] = 0.0
-            if not bool(residual.sum() > 0):  # host sync; only reachable through rounding when children held ~all mass
+            if not bool(
+                residual.sum() > 0
+            ):  # host sync; only reachable through rounding when children held ~all mass
                 residual = probs
             return torch.tensor(path, dtype=torch.long), _sample_index(residual, generator)
         path.append(chosen)

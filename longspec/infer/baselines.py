@@ -47,7 +47,9 @@ def _cache_kwarg(model) -> str:
 
 
 @torch.no_grad()
-def hf_generate(hf_model, prompt_ids, config: GenerationConfig, *, attn_implementation: str) -> GenerationResult:
+def hf_generate(
+    hf_model, prompt_ids, config: GenerationConfig, *, attn_implementation: str
+) -> GenerationResult:
     """Vanilla HF decoding (batch 1): one prefill forward, then one forward per token on a DynamicCache. The
     sampling rule is the engine's (same target_distribution and sampler), so outputs are comparable."""
     from transformers import DynamicCache
@@ -63,7 +65,9 @@ def hf_generate(hf_model, prompt_ids, config: GenerationConfig, *, attn_implemen
     def pick(logits: torch.Tensor) -> torch.Tensor:
         if config.temperature == 0:
             return torch.argmax(logits, dim=-1)
-        probs = target_distribution(logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
+        probs = target_distribution(
+            logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
+        )
         return sample_token(probs, generator)
 
     try:
@@ -87,10 +91,14 @@ def hf_generate(hf_model, prompt_ids, config: GenerationConfig, *, attn_implemen
     return GenerationResult(tokens=emitted, stats=stats)
 
 
-def run_method(method: str, prompt_ids, config: GenerationConfig, *, target, engine: SpeculativeEngine | None = None):
+def run_method(
+    method: str, prompt_ids, config: GenerationConfig, *, target, engine: SpeculativeEngine | None = None
+):
     """Generate with any method in ALL_METHODS."""
     if method in HF_METHODS:
-        return hf_generate(target.model, prompt_ids, config, attn_implementation=hf_attn_implementation(method, target.model))
+        return hf_generate(
+            target.model, prompt_ids, config, attn_implementation=hf_attn_implementation(method, target.model)
+        )
     if method not in ALL_METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALL_METHODS)}")
     if engine is None:

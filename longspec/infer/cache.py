@@ -39,7 +39,9 @@ class StaticKVCache:
         self.length_t = torch.zeros((), dtype=torch.long, device=device)
 
     @classmethod
-    def for_target(cls, target, *, max_len: int, batch_size: int = 1, dtype=None, device=None) -> StaticKVCache:
+    def for_target(
+        cls, target, *, max_len: int, batch_size: int = 1, dtype=None, device=None
+    ) -> StaticKVCache:
         weight = target.embed_tokens.weight
         return cls(
             num_layers=target.num_layers,

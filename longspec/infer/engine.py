@@ -52,8 +52,10 @@ class GenerationConfig:
     pld_max_ngram: int = 3  # PLD: longest n-gram matched against the context
     prefill_chunk: int = 4096  # target prefill tokens per forward
     seed: int = 0  # sampling RNG seed (T > 0)
-    static_shapes: bool = False  # round forwards read the cache length from the device (what a graph replays)
-    cuda_graphs: bool = False  # capture each round's target forward in a CUDA graph (implies static_shapes)
+    static_shapes: bool = False  # rounds read the cache length from the device (what a CUDA graph replays)
+    cuda_graphs: bool = (
+        False  # capture each round's draft and target forward in CUDA graphs (implies static_shapes)
+    )
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -78,8 +80,9 @@ class GenerationResult:
 
 
 class SpeculativeEngine:
-    """Batch-1 generation for one target (+ optional drafter). Caches are allocated per `generate` call, once,
-    at the size the call needs (prompt + max_new_tokens + one round of tree slack)."""
+    """Batch-1 generation for one target (+ optional drafter). The target cache is allocated once and reused by
+    later calls (grown only when a call needs more than prompt + max_new_tokens + one round of slack); the
+    drafter's ring buffer is allocated once (its size does not depend on the context)."""
 
     def __init__(self, target, drafter=None):
         self.target = target
@@ -87,9 +90,16 @@ class SpeculativeEngine:
         self.device = target.embed_tokens.weight.device
         self.scales = [layer.self_attn.scaling for layer in target.layers]
         self.cache: StaticKVCache | None = None
-        self._steps: dict[tuple[int, bool], StaticStep] = {}
-        if drafter is not None and hasattr(drafter, "shared_storage_ok") and not drafter.shared_storage_ok(target):
-            raise ValueError("the drafter's embedding / LM head are not the target's (load it with this target)")
+        self.drafter_cache = None
+        self._steps: dict[tuple, StaticStep] = {}  # static / captured steps by (kind, shape, capture)
+        if (
+            drafter is not None
+            and hasattr(drafter, "shared_storage_ok")
+            and not drafter.shared_storage_ok(target)
+        ):
+            raise ValueError(
+                "the drafter's embedding / LM head are not the target's (load it with this target)"
+            )
 
     # ------------------------------------------------------------------ public API
     @torch.no_grad()
@@ -117,15 +127,16 @@ class SpeculativeEngine:
         with _timer(stats, "prefill_s", self.device):
             root = self._prefill(prompt, config, generator)
             if method == "longspec":
-                self.drafter_cache = self._drafter_prefill(prompt)
+                self._drafter_prefill(prompt)
         emitted = [int(root)]  # host sync: the first token
         context = torch.cat([prompt, root.reshape(1)]) if method == "pld" else None
 
         decode_start = _now(self.device)
-        while not self._done(emitted, config):
+        finished = _finished(emitted, config, new=emitted)
+        while not finished:
             if method == "longspec":
                 with _timer(stats, "draft_s", self.device):
-                    tree = self._draft_tree(root, layout)
+                    tree = self._draft(root, layout, static=static, capture=config.cuda_graphs)
             elif method == "pld":
                 with _timer(stats, "draft_s", self.device):
                     draft = prompt_lookup(context, config.pld_num_draft, config.pld_max_ngram)
@@ -146,17 +157,21 @@ class SpeculativeEngine:
                 context = torch.cat([context, torch.tensor(new_tokens, device=self.device)])
             root = bonus.to(self.device)
             stats.overhead_s += _now(self.device) - overhead_start
+            finished = _finished(emitted, config, new=new_tokens)
         stats.decode_s = _now(self.device) - decode_start
         tokens = _truncate(emitted, config)
         stats.num_new_tokens = len(tokens)
         return GenerationResult(tokens=tokens, stats=stats)
 
     # ------------------------------------------------------------------ target side
-    def _target_forward(self, tokens: torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
-        """Target forward over T new tokens at positions cache.length + offsets [T]; new_mask [T, T] says which
-        new tokens see which (causal for prefill, ancestors for a tree). K/V land in the cache's pending slots
-        (the caller commits). Returns hidden [T, Dm]."""
-        cache, n = self.cache, self.cache.length
+    def _target_forward(
+        self, tokens: torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Target forward over T new tokens at positions cache.length + offsets [T]. new_mask [T, T] says which
+        new tokens see which (a tree's ancestor mask); None means a causal chunk (prefill). Every new token sees
+        the whole committed prefix (within a sliding window where the layer has one). K/V land in the cache's
+        pending slots; the caller commits. Returns hidden [T, Dm]."""
+        cache, n, T = self.cache, self.cache.length, tokens.shape[0]
         positions = (n + offsets)[None]  # [1, T]
         windowed_masks: dict[int, tuple[int, torch.Tensor]] = {}
 
@@ -164,17 +179,29 @@ class SpeculativeEngine:
             keys, values = cache.update(layer_idx, k, v)  # [B, Hkv, Tmax, D]
             window = self.target.layer_windows[layer_idx]
             scale = self.scales[layer_idx]
-            if window is None:
-                out, _ = attn_ops.hybrid_attention(
-                    q, k, v, keys, values, n, new_mask, scale=scale
+            if new_mask is None:
+                # Prefill chunk: plain causal attention over [prefix ++ chunk] (bottom-right aligned), so the
+                # flash backends apply; a windowed layer never needs keys older than n - window.
+                lo = 0 if window is None else max(0, n - window)
+                out, _ = attn_ops.attention(
+                    q,
+                    keys[:, :, lo : n + T],
+                    values[:, :, lo : n + T],
+                    causal=True,
+                    window=window,
+                    scale=scale,
                 )
+                return out
+            if window is None:
+                out, _ = attn_ops.hybrid_attention(q, k, v, keys, values, n, new_mask, scale=scale)
                 return out
             # Sliding-window layer: only keys within `window` of the queries matter; one explicit mask.
             if window not in windowed_masks:
                 windowed_masks[window] = _window_mask(n, offsets, new_mask, window)
             lo, mask = windowed_masks[window]
-            stop = n + k.shape[2]
-            out, _ = attn_ops.tree_attention(q, keys[:, :, lo:stop], values[:, :, lo:stop], mask, scale=scale)
+            out, _ = attn_ops.tree_attention(
+                q, keys[:, :, lo : n + T], values[:, :, lo : n + T], mask, scale=scale
+            )
             return out
 
         return self.target(tokens[None], positions, attn_fn=attn_fn).hidden[0]
@@ -184,11 +211,8 @@ class SpeculativeEngine:
         hidden = None
         for start in range(0, prompt.numel(), config.prefill_chunk):
             chunk = prompt[start : start + config.prefill_chunk]
-            T = chunk.numel()
-            offsets = torch.arange(T, device=self.device)
-            causal = offsets[None, :] <= offsets[:, None]
-            hidden = self._target_forward(chunk, offsets, causal)
-            self.cache.commit(T)
+            hidden = self._target_forward(chunk, torch.arange(chunk.numel(), device=self.device), None)
+            self.cache.commit(chunk.numel())
         logits = self.target.logits(hidden[-1:])  # [1, V]
         return self._pick(logits[0], config, generator)
 
@@ -196,14 +220,20 @@ class SpeculativeEngine:
         """ONE target forward over all tree nodes -> logits [N, V] (node i predicts its children)."""
         if not static:
             return self.target.logits(self._target_forward(tree.tokens, tree.depths, tree.ancestor_mask))
-        key = (tree.num_nodes, capture)
-        if key not in self._steps:
-            self.cache.sync_length()  # warm-up / capture calls write only pending slots: harmless
-            self._steps[key] = StaticStep(self._static_logits, tree.num_nodes, self.device, capture=capture)
-        self.cache.sync_length()
-        return self._steps[key](tree.tokens, tree.depths, tree.ancestor_mask)
+        inputs = (tree.tokens, tree.depths, tree.ancestor_mask)
+        return self._static_step(("verify", tree.num_nodes, capture), self._static_logits, inputs, capture)
 
-    def _static_logits(self, tokens: torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
+    def _static_step(self, key, fn, inputs: tuple[torch.Tensor, ...], capture: bool):
+        """Run fn on static buffers (built, and captured when asked, on first use) with the cache length
+        mirrored on the device. Warm-up / capture calls only write pending cache slots: harmless."""
+        self.cache.sync_length()
+        if key not in self._steps:
+            self._steps[key] = StaticStep(fn, inputs, capture=capture)
+        return self._steps[key](*inputs)
+
+    def _static_logits(
+        self, tokens: torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor
+    ) -> torch.Tensor:
         """The round forward with no host values: the cache length is `cache.length_t` on the device, new K/V
         go to slots length_t + i by index_copy_, the hybrid attention reads the length as a tensor."""
         cache = self.cache
@@ -212,7 +242,9 @@ class SpeculativeEngine:
 
         def attn_fn(layer_idx, q, k, v):
             keys, values = cache.update_static(layer_idx, k, v, slots)
-            out, _ = attn_ops.hybrid_attention(q, k, v, keys, values, n, new_mask, scale=self.scales[layer_idx])
+            out, _ = attn_ops.hybrid_attention(
+                q, k, v, keys, values, n, new_mask, scale=self.scales[layer_idx]
+            )
             return out
 
         hidden = self.target(tokens[None], (n + offsets)[None], attn_fn=attn_fn).hidden[0]
@@ -227,6 +259,13 @@ class SpeculativeEngine:
         self.cache = None  # free the old one first
         self._steps = {}
         self.cache = StaticKVCache.for_target(self.target, max_len=needed)
+        if self.drafter is not None and self.drafter_cache is None:
+            from longspec.drafter import DrafterCache
+
+            # O(window) whatever the context: allocated once per engine (graphs keep its address).
+            self.drafter_cache = DrafterCache(
+                self.drafter.config, 1, dtype=self.cache.keys.dtype, device=self.device
+            )
 
     def _pick(self, logits: torch.Tensor, config: GenerationConfig, generator) -> torch.Tensor:
         if config.temperature == 0:
@@ -239,7 +278,12 @@ class SpeculativeEngine:
     def _accept(self, tree: DraftTree, logits: torch.Tensor, config: GenerationConfig, generator):
         if config.temperature == 0:
             path, bonus = greedy_accept(
-                tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, torch.argmax(logits, dim=-1), tree.valid
+                tree.tokens,
+                tree.parents,
+                tree.depths,
+                tree.ancestor_mask,
+                torch.argmax(logits, dim=-1),
+                tree.valid,
             )
             return path, bonus
         target_probs = target_distribution(
@@ -248,24 +292,29 @@ class SpeculativeEngine:
         return sample_accept(tree.tokens, tree.parents, target_probs, tree.valid, generator=generator)
 
     # ------------------------------------------------------------------ drafter side
-    def _drafter_prefill(self, prompt: torch.Tensor):
+    def _drafter_prefill(self, prompt: torch.Tensor) -> None:
         """Fill the ring buffer with the self-attention K/V of the last `window` prompt tokens only: the
         drafter never runs cross-attention over the prompt (the first round's root does that, once)."""
-        from longspec.drafter import DrafterCache
-
-        drafter = self.drafter
-        start = max(0, prompt.numel() - drafter.config.window)
+        start = max(0, prompt.numel() - self.drafter.config.window)
         positions = torch.arange(start, prompt.numel(), device=self.device)[None]  # [1, <= W]
-        k, v = drafter.self_kv(prompt[start:][None], positions)
-        dcache = DrafterCache(drafter.config, 1, dtype=k.dtype, device=self.device)
-        dcache.append(k, v, positions)
-        return dcache
+        k, v = self.drafter.self_kv(prompt[start:][None], positions)
+        self.drafter_cache.reset()
+        self.drafter_cache.append(k, v, positions)
 
-    def _draft_tree(self, root: torch.Tensor, layout: TreeLayout) -> DraftTree:
+    def _draft(self, root: torch.Tensor, layout: TreeLayout, *, static: bool = False, capture: bool = False):
+        """The round's draft tree: eager, or on static buffers (captured in a CUDA graph when asked)."""
+        if not static:
+            return self._draft_tree(root, layout, self.cache.length)
+        fn = lambda root_buf: self._draft_tree(root_buf[0], layout, self.cache.length_t).dynamic_part()
+        outputs = self._static_step(("draft", layout.widths, capture), fn, (root.reshape(1),), capture)
+        return DraftTree.from_dynamic_part(layout, *outputs)
+
+    def _draft_tree(self, root: torch.Tensor, layout: TreeLayout, n: int | torch.Tensor) -> DraftTree:
         """Dynamic beam search over `layout` (REFERENCE §4): one drafter step per level, all of a level's nodes
         at once; a node self-attends to the ring buffer (within its window) and to its tree ancestors, and
-        cross-attends to the committed target prefix (< the root's position)."""
-        drafter, dcache, n = self.drafter, self.drafter_cache, self.cache.length
+        cross-attends to the committed target prefix [0, n) (the root sits at position n). `n` may be a device
+        tensor (static shapes: no host value is read)."""
+        drafter, dcache = self.drafter, self.drafter_cache
         tree = DraftTree.empty(layout, root)
         # Self-attention K/V of every tree node, filled level by level: [1, Hkv, N, D].
         node_k = dcache.keys.new_zeros(1, dcache.keys.shape[1], layout.num_nodes, dcache.keys.shape[3])
@@ -275,7 +324,7 @@ class SpeculativeEngine:
         for level in range(layout.depth):
             sl = layout.level_slice(level)
             ids = tree.tokens[sl][None]  # [1, P]
-            positions = torch.full_like(ids, n + level)
+            positions = torch.zeros_like(ids) + (n + level)  # works for an int or a 0-d tensor n
             node_k[:, :, sl], node_v[:, :, sl] = drafter.self_kv(ids, positions)
             in_window = (level - tree.depths[: sl.stop]) <= drafter.config.window  # ancestors are shallower
             self_mask = torch.cat(
@@ -299,19 +348,21 @@ class SpeculativeEngine:
     def _drafter_commit(self, path_tokens: torch.Tensor, first_position: int) -> None:
         """The accepted path (root first) enters the drafter's ring buffer. Its self K/V depend only on token and
         position, so recomputing them for k+1 tokens is cheaper than keeping them for every tree node."""
-        positions = torch.arange(first_position, first_position + path_tokens.numel(), device=self.device)[None]
+        positions = torch.arange(first_position, first_position + path_tokens.numel(), device=self.device)[
+            None
+        ]
         k, v = self.drafter.self_kv(path_tokens[None], positions)
         self.drafter_cache.append(k, v, positions)
 
-    # ------------------------------------------------------------------ helpers
-    @staticmethod
-    def _done(emitted: list[int], config: GenerationConfig) -> bool:
-        if len(emitted) >= config.max_new_tokens:
-            return True
-        return any(t in config.eos_token_ids for t in emitted)
+
+def _finished(emitted: list[int], config: GenerationConfig, *, new: list[int]) -> bool:
+    """Stop once max_new_tokens are out or one of the `new` tokens is an EOS."""
+    return len(emitted) >= config.max_new_tokens or any(t in config.eos_token_ids for t in new)
 
 
-def _window_mask(n: int, offsets: torch.Tensor, new_mask: torch.Tensor, window: int) -> tuple[int, torch.Tensor]:
+def _window_mask(
+    n: int, offsets: torch.Tensor, new_mask: torch.Tensor, window: int
+) -> tuple[int, torch.Tensor]:
     """(lo, mask [T, n - lo + T]) for a sliding-window layer: cached key j (lo <= j < n) is visible to a new
     token at position n + offset iff n + offset - j <= window; new tokens follow new_mask within the window."""
     lo = max(0, n - window)

@@ -88,6 +88,21 @@ class DraftTree:
     def num_nodes(self) -> int:
         return self.tokens.shape[0]
 
+    def dynamic_part(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What changes between rounds of one layout: (tokens, parents, ancestor_mask)."""
+        return self.tokens, self.parents, self.ancestor_mask
+
+    @classmethod
+    def from_dynamic_part(cls, layout: TreeLayout, tokens, parents, ancestor_mask) -> DraftTree:
+        """Rebuild a tree from `dynamic_part()` (e.g. a CUDA graph's static outputs) and the layout."""
+        return cls(
+            tokens=tokens,
+            parents=parents,
+            depths=layout.depths(tokens.device),
+            ancestor_mask=ancestor_mask,
+            valid=torch.ones_like(tokens, dtype=torch.bool),
+        )
+
 
 def beam_step(
     parent_scores: torch.Tensor, draft_logprobs: torch.Tensor, width: int
@@ -107,7 +122,9 @@ def beam_step(
     return flat // vocab, flat % vocab, top_scores
 
 
-def chain_tree(root_token: torch.Tensor, draft_tokens: torch.Tensor, num_valid: int, num_nodes: int) -> DraftTree:
+def chain_tree(
+    root_token: torch.Tensor, draft_tokens: torch.Tensor, num_valid: int, num_nodes: int
+) -> DraftTree:
     """A chain root -> d1 -> d2 ... padded to `num_nodes` (PLD): padding nodes are invalid and never accepted."""
     device = root_token.device
     n = num_nodes

@@ -15,20 +15,37 @@ last, ragged tile and masked (tree) tiles pay for bounds and visibility checks.
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 
+def mask_operand(mask: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """A bool mask [Tq, Tk] or [B, Tq, Tk] as the kernels read it: uint8 with unit key stride and rows aligned
+    to 16 bytes, so each row's tile loads as wide vectors. Returns (mask_u8, batch stride, row stride).
+
+    A mask that is not laid out so is copied once per call (one small kernel); callers that reuse a mask
+    across layers can avoid that by allocating it with padded rows, e.g. `buf[:, :T]` of a [T, 16*ceil(T/16)]
+    bool buffer."""
+    m = mask.view(torch.uint8)  # same bytes
+    if m.stride(-1) != 1 or m.stride(-2) % 16 != 0 or m.data_ptr() % 16 != 0:
+        num_keys = m.shape[-1]
+        m = F.pad(m, (0, -num_keys % 16 or 16))[..., :num_keys]
+    batch_stride = 0 if m.dim() == 2 or m.shape[0] == 1 else m.stride(0)
+    return m, batch_stride, m.stride(-2)
+
+
 @triton.jit
 def attend_range(
-    acc, m_i, l_i, q, k_base, v_base, stride_kt, stride_vt, mask_base, stride_mk,
+    acc, m_i, l_i, q, k_base, v_base, stride_kt, stride_vt, mask_base,
     start, end, qk_scale, d,
     HAS_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Fold keys [start, end) of one kv head into (acc [M, D], m_i [M], l_i [M]) for the rows of q [M, D].
 
     k_base/v_base point at key 0 of the head; mask_base is a [M, 1] pointer tile to each row's mask row
-    (used when HAS_MASK: key j visible iff mask_base[j * stride_mk] != 0)."""
+    (used when HAS_MASK: key j visible iff mask_base[j] != 0; see `mask_operand`)."""
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = d < HEAD_DIM
     end = tl.maximum(end, start)  # an empty range must not turn into a negative tile count
@@ -58,15 +75,21 @@ def attend_range(
     for start_n in range(end_full, end, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < end
-        k_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kt + offs_n[:, None] * stride_kt + d[None, :]
-        v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vt + offs_n[:, None] * stride_vt + d[None, :]
-        kv_ok = col_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
-        v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        # Clamp instead of predicating: every address stays inside [start, end), so no garbage (or NaN) from
+        # unfilled slots is read, the loads need no mask registers, and out-of-range columns get -inf below.
+        rows_kv = tl.minimum(cols, end - 1)
+        k_ptrs = k_base + rows_kv[:, None].to(tl.int64) * stride_kt + d[None, :]
+        v_ptrs = v_base + rows_kv[:, None].to(tl.int64) * stride_vt + d[None, :]
+        if BLOCK_D == HEAD_DIM:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         visible = col_ok[None, :]
         if HAS_MASK:
-            m_ptrs = mask_base + tl.cast(start_n, tl.int64) * stride_mk + offs_n[None, :] * stride_mk
+            m_ptrs = mask_base + start_n + offs_n[None, :]
             visible = visible & (tl.load(m_ptrs, mask=visible, other=0) != 0)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))

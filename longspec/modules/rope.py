@@ -59,6 +59,14 @@ class RotaryEmbedding(nn.Module):
         self.attention_scaling = float(attention_scaling)
         self.rope_type = rope_type
 
+    def _apply(self, fn, recurse=True):
+        # Module.to(dtype) would round inv_freq to bf16: at position 30K the angles would be off by radians
+        # (and disagree with the target's fp32 frequencies). Follow device moves only; stay float32.
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(device=self.inv_freq.device)
+        return self
+
     @classmethod
     def from_config(cls, hf_config) -> RotaryEmbedding:
         """Build from an HF model config (its `rope_parameters`, standardised by transformers 5.x)."""

@@ -93,6 +93,17 @@ def _load_tokenizer(path: str, trust_remote_code: bool):
         return None  # a target directory without a tokenizer (e.g. random-weight benchmarks)
 
 
+def import_model_class(hf_config) -> None:
+    """Import the HF modeling module of `hf_config` (and torch._dynamo, which it pulls in lazily) now. Must happen
+    BEFORE deepspeed.zero.Init: zero.Init patches torch.Tensor construction, and importing under the patch fails
+    ("Signature mismatch ... tensor_pynew")."""
+    import torch._dynamo  # noqa: F401
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(hf_config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
+
+
 def _decay_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: decay on matrices, none on norm weights and biases (1-D tensors)."""
     decay, no_decay = [], []
@@ -183,15 +194,10 @@ class Trainer:
         if self.zero3:
             from transformers import AutoConfig
             from transformers.integrations import HfDeepSpeedConfig
-            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-            # Import the modeling code BEFORE zero.Init: it patches torch.Tensor construction, which breaks the
-            # import of transformers' generation utilities ("Signature mismatch ... tensor_pynew").
-            hf_config = AutoConfig.from_pretrained(
-                cfg.target.path, trust_remote_code=cfg.target.trust_remote_code
+            import_model_class(
+                AutoConfig.from_pretrained(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
             )
-            if type(hf_config) in MODEL_FOR_CAUSAL_LM_MAPPING:
-                MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
 
             # Makes transformers load the checkpoint shard by shard into ZeRO-3 partitions (never a full copy
             # per rank); must stay referenced until the model is built.

@@ -254,3 +254,88 @@ def test_step_sampler_is_a_partition_of_each_epoch(tmp_path, tokenizer):
     assert again.rows(5, 1, 1).tolist() == sampler.rows(5, 1, 1).tolist()  # the position is just the step
     with pytest.raises(ValueError, match="not a multiple"):
         StepSampler(reader, global_batch_size=6, micro_batch_size=2, world_size=2, seed=0)
+
+
+def test_hf_dataset_ids_are_streamed(tmp_path, tokenizer, monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(path, name=None, split=None, streaming=False):
+        calls.append((path, name, split, streaming))
+        return iter([{"text": "streamed row " * 5, "meta": {}}, {"text": None}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    manifest = prepare_stage1(
+        source="DKYoon/SlimPajama-6B",
+        tokenizer=tokenizer,
+        out=str(tmp_path / "o"),
+        seq_len=16,
+        split="validation",
+        progress=False,
+    )
+    assert calls == [("DKYoon/SlimPajama-6B", None, "validation", True)]
+    assert manifest.source == "DKYoon/SlimPajama-6B" and manifest.rows["rejected"] == {"missing_field": 1}
+
+
+def test_unreachable_hf_dataset_is_a_clear_error(tmp_path, tokenizer):
+    # conftest sets HF_DATASETS_OFFLINE=1: the hub cannot be reached.
+    with pytest.raises(FileNotFoundError, match="could not be opened"):
+        prepare_stage1(
+            source="no-such-user/no-such-dataset",
+            tokenizer=tokenizer,
+            out=str(tmp_path / "o"),
+            progress=False,
+        )
+
+
+def test_cli_entry_points(tmp_path, tokenizer):
+    from data_prep import stage1, stage2, stage3_sft
+
+    tokenizer.save_pretrained(tmp_path / "tok")
+    src = write_jsonl(tmp_path / "a.jsonl", [{"text": "abc " * 100, "messages": None}])
+    stage1.main(
+        [
+            "--source",
+            src,
+            "--tokenizer",
+            str(tmp_path / "tok"),
+            "--out",
+            str(tmp_path / "o1"),
+            "--seq-len",
+            "32",
+            "--no-progress",
+        ]
+    )
+    stage2.main(
+        [
+            "--source",
+            src,
+            "--source",
+            src,
+            "--tokenizer",
+            str(tmp_path / "tok"),
+            "--out",
+            str(tmp_path / "o2"),
+            "--seq-len",
+            "64",
+            "--min-tokens",
+            "10",
+            "--no-progress",
+        ]
+    )
+    sft = write_jsonl(tmp_path / "s.jsonl", [{"prompt": "q", "response": "a"}])
+    stage3_sft.main(
+        [
+            "--source",
+            sft,
+            "--tokenizer",
+            str(tmp_path / "tok"),
+            "--out",
+            str(tmp_path / "o3"),
+            "--no-progress",
+        ]
+    )
+    assert Manifest.load(tmp_path / "o1").seq_len == 32
+    assert Manifest.load(tmp_path / "o2").rows["kept"] == 2  # the source twice: a two-domain mix
+    assert Manifest.load(tmp_path / "o3").has_loss_mask

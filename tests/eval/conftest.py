@@ -27,10 +27,20 @@ def longbench_jsonl(tmp_path):
     """Two good rows (code with braces, a qmsum-style query) and three malformed ones."""
     path = tmp_path / "rows.jsonl"
     rows = [
-        {"_id": "code-0", "context": "def f(x):\n    return {x: 1}\n" * 3, "input": "", "answers": ["f"],
-         "dataset": "lcc"},
-        {"_id": "meet-1", "context": "A: hello. B: we ship on Monday. " * 3, "input": "When do we ship?",
-         "answers": ["Monday"], "dataset": "qmsum"},
+        {
+            "_id": "code-0",
+            "context": "def f(x):\n    return {x: 1}\n" * 3,
+            "input": "",
+            "answers": ["f"],
+            "dataset": "lcc",
+        },
+        {
+            "_id": "meet-1",
+            "context": "A: hello. B: we ship on Monday. " * 3,
+            "input": "When do we ship?",
+            "answers": ["Monday"],
+            "dataset": "qmsum",
+        },
     ]
     with open(path, "w") as f:
         for row in rows:

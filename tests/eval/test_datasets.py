@@ -24,14 +24,32 @@ def test_read_jsonl_counts_malformed_rows(longbench_jsonl):
 
 def test_length_filter_is_the_papers(longbench_jsonl):
     tokenizer = build_byte_tokenizer()
-    everything, _ = load_samples(longbench_jsonl, tokenizer, context_len=4096, min_prompt_tokens=0, context_margin=0)
+    everything, _ = load_samples(
+        longbench_jsonl, tokenizer, context_len=4096, min_prompt_tokens=0, context_margin=0
+    )
     lengths = sorted(s.prompt_len for s in everything)
     # keep min < len <= context_len - margin: set the bounds exactly at the two prompt lengths
     kept, report = load_samples(
-        longbench_jsonl, tokenizer, context_len=lengths[1] + 10, min_prompt_tokens=lengths[0], context_margin=10
+        longbench_jsonl,
+        tokenizer,
+        context_len=lengths[1] + 10,
+        min_prompt_tokens=lengths[0],
+        context_margin=10,
     )
     assert [s.prompt_len for s in kept] == [lengths[1]]
     assert report.num_filtered == 1 and report.num_kept == 1 and len(report.malformed) == 3
     # byte tokenizer: BOS + the bytes of the template-formatted prompt
     code = next(s for s in everything if s.id == "code-0")
-    assert code.prompt_ids[0] == 256 and bytes(code.prompt_ids[1:]).decode().startswith("Please complete the code")
+    assert code.prompt_ids[0] == 256 and bytes(code.prompt_ids[1:]).decode().startswith(
+        "Please complete the code"
+    )
+
+
+def test_math_prompt_uses_the_chat_template():
+    from longspec.eval.datasets import _encode_chat
+
+    ids = _encode_chat(build_byte_tokenizer(), math_messages("What is 2+2?"))
+    text = bytes(i for i in ids if i < 256).decode()
+    assert ids[0] == 256  # the template's bos
+    assert text.startswith("### user:\nWhat is 2+2?\nPlease reason step by step")
+    assert text.endswith("### assistant:\n")  # generation prompt

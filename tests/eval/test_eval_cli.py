@@ -56,8 +56,16 @@ def test_eval_cli_end_to_end(tiny_target_dir, longbench_jsonl, tmp_path):
 
 def test_single_method_and_sampling(tiny_target_dir, longbench_jsonl, tmp_path):
     cfg = load_eval_config(
-        _overrides(tiny_target_dir, longbench_jsonl, tmp_path, "method=longspec", "temperature=0.8", "top_p=0.9",
-                   "max_samples=1", "warmup=false")
+        _overrides(
+            tiny_target_dir,
+            longbench_jsonl,
+            tmp_path,
+            "method=longspec",
+            "temperature=0.8",
+            "top_p=0.9",
+            "max_samples=1",
+            "warmup=false",
+        )
     )
     results = run_eval(cfg)
     agg = results["summary"]["rows"]["longspec"]
@@ -66,10 +74,14 @@ def test_single_method_and_sampling(tiny_target_dir, longbench_jsonl, tmp_path):
 
 def test_mismatched_drafter_is_one_clear_error(tiny_target_dir, longbench_jsonl, tmp_path, caplog):
     other = make_tiny_target("qwen2")
-    drafter = Drafter(DrafterConfig.from_target_config(other.config, window=8), other.embed_tokens, other.lm_head)
+    drafter = Drafter(
+        DrafterConfig.from_target_config(other.config, window=8), other.embed_tokens, other.lm_head
+    )
     drafter.save_pretrained(tmp_path / "drafter")
     overrides = _overrides(tiny_target_dir, longbench_jsonl, tmp_path / "out", "method=longspec")
-    overrides = [o for o in overrides if not o.startswith("drafter.")] + [f"drafter.path={tmp_path / 'drafter'}"]
+    overrides = [o for o in overrides if not o.startswith("drafter.")] + [
+        f"drafter.path={tmp_path / 'drafter'}"
+    ]
     with pytest.raises(ValueError, match="does not match this target"):
         run_eval(load_eval_config(overrides))
     assert main(overrides) == 2  # the CLI: one logged error line, exit code 2, no results
@@ -94,5 +106,25 @@ def test_config_errors(tiny_target_dir, longbench_jsonl, tmp_path, extra, error)
 def test_data_path_may_name_a_dataset(tiny_target_dir, tmp_path):
     cfg = load_eval_config(_overrides(tiny_target_dir, "lcc", tmp_path))
     assert cfg.data.sources == ["lcc"]
-    cfg = load_eval_config(["target=tiny_llama", "target.path=x", "data.name=[gov_report,aime24]", "method=ar"])
+    cfg = load_eval_config(
+        ["target=tiny_llama", "target.path=x", "data.name=[gov_report,aime24]", "method=ar"]
+    )
     assert cfg.data.sources == ["gov_report", "aime24"] and cfg.methods == ["ar"]
+
+
+def test_math_preset_composes():
+    cfg = load_eval_config(["drafter.init=random"], config_name="eval/math_qwq")
+    assert cfg.target.name == "qwq_32b" and cfg.max_new_tokens == 32768
+    assert cfg.data.sources == ["aime24", "amc", "math500", "minerva_math"]
+
+
+def test_results_json_is_strict_json(tiny_target_dir, longbench_jsonl, tmp_path):
+    """One new token: no decode phase, τ and tokens/s undefined -> null, never NaN."""
+    overrides = _overrides(tiny_target_dir, longbench_jsonl, tmp_path, "method=ar", "warmup=false")
+    run_eval(load_eval_config([o for o in overrides if not o.startswith("max_new")] + ["max_new_tokens=1"]))
+
+    def reject(constant):
+        raise AssertionError(f"non-standard JSON constant {constant}")
+
+    results = json.loads((tmp_path / "results.json").read_text(), parse_constant=reject)
+    assert results["summary"]["rows"]["ar"]["tokens_per_s"] is None

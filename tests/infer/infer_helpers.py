@@ -17,4 +17,6 @@ def reference_greedy(target, prompt: torch.Tensor, num_tokens: int) -> list[int]
 
 
 def random_drafter(target, window: int = WINDOW) -> Drafter:
-    return Drafter(DrafterConfig.from_target_config(target.config, window=window), target.embed_tokens, target.lm_head)
+    return Drafter(
+        DrafterConfig.from_target_config(target.config, window=window), target.embed_tokens, target.lm_head
+    )

@@ -39,7 +39,9 @@ def _argmax_for(tree: DraftTree, wanted: dict[int, int], vocab: int = 6) -> torc
 )
 def test_greedy_accept_paths(wanted, path, bonus):
     argmax = _argmax_for(TREE, wanted)
-    got_path, got_bonus = greedy_accept(TREE.tokens, TREE.parents, TREE.depths, TREE.ancestor_mask, argmax, TREE.valid)
+    got_path, got_bonus = greedy_accept(
+        TREE.tokens, TREE.parents, TREE.depths, TREE.ancestor_mask, argmax, TREE.valid
+    )
     assert got_path.tolist() == path
     assert int(got_bonus) == bonus
 
@@ -47,7 +49,9 @@ def test_greedy_accept_paths(wanted, path, bonus):
 def test_greedy_accept_ignores_invalid_padding():
     tree = chain_tree(torch.tensor(7), torch.tensor([1, 2]), num_valid=1, num_nodes=4)
     argmax = torch.tensor([1, 2, 3, 3])  # node 2 would match, but it is padding
-    path, bonus = greedy_accept(tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, argmax, tree.valid)
+    path, bonus = greedy_accept(
+        tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, argmax, tree.valid
+    )
     assert path.tolist() == [0, 1] and int(bonus) == 2
 
 

@@ -93,8 +93,11 @@ def test_hybrid_verification_equals_full_forward(llama):
     layout = TreeLayout(config.tree_widths)
     engine._ensure_cache(64)
     root = engine._prefill(prompt, config, None)
-    engine.drafter_cache = engine._drafter_prefill(prompt)
-    tree = engine._draft_tree(root, layout)
+    engine._drafter_prefill(prompt)
+    tree = engine._draft(root, layout)
+    static_tree = engine._draft(root, layout, static=True)  # the path a CUDA graph captures
+    for a, b in zip(tree.dynamic_part(), static_tree.dynamic_part(), strict=True):
+        assert torch.equal(a, b)
     logits = engine._verify(tree)  # [N, V]
     for node in range(tree.num_nodes):
         path = tree.tokens[tree.ancestor_mask[node]]
@@ -129,7 +132,9 @@ def test_sampling_generate_reproduces_target_distribution(chi_square):
     """T=1 (top-k 10) through the whole engine: the 2nd and 3rd generated tokens, over many seeds, follow the
     target's exact marginals (enumerated with full forwards on a 16-token vocabulary)."""
     vocab, top_k, draws = 16, 10, 400
-    target = make_tiny_target("llama", vocab_size=vocab, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    target = make_tiny_target(
+        "llama", vocab_size=vocab, bos_token_id=None, eos_token_id=None, pad_token_id=None
+    )
     prompt = torch.randint(0, vocab, (10,))
 
     def next_probs(prefixes: torch.Tensor) -> torch.Tensor:  # [M, L] -> [M, V], top-k then softmax
@@ -150,7 +155,9 @@ def test_sampling_generate_reproduces_target_distribution(chi_square):
     counts_2, counts_3 = torch.zeros(vocab), torch.zeros(vocab)
     accepted = 0
     for seed in range(draws):
-        config = GenerationConfig(max_new_tokens=3, temperature=1.0, top_k=top_k, seed=seed, tree_widths=(4, 8, 8))
+        config = GenerationConfig(
+            max_new_tokens=3, temperature=1.0, top_k=top_k, seed=seed, tree_widths=(4, 8, 8)
+        )
         result = engine.generate(prompt, config)
         counts_2[result.tokens[1]] += 1
         counts_3[result.tokens[2]] += 1
@@ -168,7 +175,9 @@ def test_static_shape_rounds_equal_eager(family):
     ref = reference_greedy(target, prompt, 16)
     engine = SpeculativeEngine(target, random_drafter(target))
     for method in ("longspec", "ar", "pld"):
-        result = engine.generate(prompt, GenerationConfig(max_new_tokens=16, static_shapes=True), method=method)
+        result = engine.generate(
+            prompt, GenerationConfig(max_new_tokens=16, static_shapes=True), method=method
+        )
         assert result.tokens == ref, method
     # a second, longer call grows the cache once and still matches
     longer = torch.randint(0, 256, (70,))
@@ -182,4 +191,13 @@ def test_static_shape_option_errors(llama):
         engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=4, cuda_graphs=True))
     mistral = make_tiny_target("mistral")
     with pytest.raises(NotImplementedError, match="sliding-window"):
-        SpeculativeEngine(mistral).generate([1, 2], GenerationConfig(max_new_tokens=4, static_shapes=True), method="ar")
+        SpeculativeEngine(mistral).generate(
+            [1, 2], GenerationConfig(max_new_tokens=4, static_shapes=True), method="ar"
+        )
+
+
+def test_bf16_drafter_keeps_fp32_rope_frequencies(llama):
+    """Module.to(bfloat16) must not round RoPE frequencies (angles at 30K positions would be off by radians)."""
+    drafter = random_drafter(llama).to(dtype=torch.bfloat16)
+    assert drafter.rotary.inv_freq.dtype == torch.float32
+    assert drafter.self_attn.q_proj.weight.dtype == torch.bfloat16

@@ -21,8 +21,17 @@ def test_tiny_mode_writes_a_complete_table(round_latency, tmp_path, monkeypatch,
     result = json.loads((tmp_path / "round_latency.json").read_text())
     (row,) = result["rows"]
     assert row["context"] == 40 and row["tree_nodes"] == 69
-    for key in ("ar_hf_ms", "ar_ours_ms", "ar_ours_static_ms", "draft_ms", "verify_ms", "accept_ms", "floor_ms"):
+    for key in (
+        "ar_hf_ms",
+        "ar_ours_ms",
+        "ar_ours_static_ms",
+        "draft_ms",
+        "verify_ms",
+        "accept_ms",
+        "floor_ms",
+    ):
         assert row[key] > 0, key
     assert row["round_ms"] == pytest.approx(row["draft_ms"] + row["verify_ms"] + row["accept_ms"])
     assert row["ar_static_vs_eager_max_abs_diff"] < 1e-4  # the graph's path computes the same logits
+    assert row["draft_static_matches_eager"]
     assert "| context |" in capsys.readouterr().out

@@ -129,11 +129,10 @@ def runs(tmp_path_factory):
         "first",
     )
 
-    # A run killed with SIGKILL right after its step-2 checkpoint, mid-step 3 or 4.
-    spec = tmp / "killed.json"
-    spec.write_text(json.dumps([s1("s1_killed")]))
+    # A run killed with SIGKILL right after its step-2 checkpoint, mid-step 3 or 4. Launched through the real
+    # entry point (`torchrun -m longspec.train ...`).
     proc = subprocess.Popen(
-        _torchrun(str(HERE / "multi_run.py"), str(spec)),
+        _torchrun("-m", "longspec.train", *s1("s1_killed")),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -200,6 +199,11 @@ def test_resume_is_bitwise_identical(runs, resumed, reference):
     assert _losses(runs / resumed) == _losses(runs / reference)
     _assert_same_weights(_final_weights(runs / resumed), _final_weights(runs / reference))
     assert "resumed from" in (runs / resumed / "train.log").read_text()
+
+
+def test_entry_point_writes_the_resolved_config(runs):
+    text = (runs / "s1_killed" / "config.yaml").read_text()
+    assert text.startswith("# python -m longspec.train stage=tiny_stage1") and "zero_stage: 1" in text
 
 
 def test_checkpoints_keep_last_k_and_no_temp_dirs(runs):

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from longspec.kernels.online_softmax import attend_range
+from longspec.kernels.online_softmax import attend_range, mask_operand
 
 _LOG2E = 1.4426950408889634
 
@@ -29,7 +29,7 @@ def _fused_mask_attn_kernel(
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt,
-    stride_mb, stride_mq, stride_mk,
+    stride_mb, stride_mq,
     stride_ob, stride_oh, stride_ot,
     stride_lb, stride_lh, stride_lt,
     num_kv_heads, num_queries, num_keys, group, num_rows,
@@ -59,7 +59,7 @@ def _fused_mask_attn_kernel(
     acc, m_i, l_i = attend_range(
         acc, m_i, l_i, q,
         K + b * stride_kb + kvh * stride_kh, V + b * stride_vb + kvh * stride_vh, stride_kt, stride_vt,
-        MASK + b * stride_mb + tq[:, None] * stride_mq, stride_mk,
+        MASK + b * stride_mb + tq[:, None] * stride_mq,
         0, num_keys, qk_scale, d,
         HAS_MASK=True, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
     )  # fmt: skip
@@ -97,11 +97,7 @@ def fused_mask_attn(
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     group = H // Hkv
     num_rows = group * Tq
-    mask_u8 = mask.view(torch.uint8)  # same bytes; Triton loads them as integers
-    if mask_u8.dim() == 2 or mask_u8.shape[0] == 1:
-        stride_mb, stride_mq, stride_mk = 0, mask_u8.stride(-2), mask_u8.stride(-1)
-    else:
-        stride_mb, stride_mq, stride_mk = mask_u8.stride()
+    mask_u8, stride_mb, stride_mq = mask_operand(mask)
 
     out = torch.empty_like(q) if out is None else out
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device) if lse is None else lse
@@ -112,7 +108,7 @@ def fused_mask_attn(
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        stride_mb, stride_mq, stride_mk,
+        stride_mb, stride_mq,
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
         Hkv, Tq, Tk, group, num_rows,

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from longspec.kernels.online_softmax import attend_range
+from longspec.kernels.online_softmax import attend_range, mask_operand
 
 _LOG2E = 1.4426950408889634
 
@@ -44,7 +44,7 @@ def _split_kv_partial_kernel(
     stride_lens,
     stride_knb, stride_knh, stride_knt,
     stride_vnb, stride_vnh, stride_vnt,
-    stride_mb, stride_mq, stride_mk,
+    stride_mb, stride_mq,
     num_kv_heads, num_queries, group, num_rows, num_splits, num_parts, num_new,
     qk_scale,
     LEN_ON_DEVICE: tl.constexpr, HAS_TREE: tl.constexpr,
@@ -81,7 +81,7 @@ def _split_kv_partial_kernel(
         acc, m_i, l_i = attend_range(
             acc, m_i, l_i, q,
             KN + b * stride_knb + kvh * stride_knh, VN + b * stride_vnb + kvh * stride_vnh, stride_knt, stride_vnt,
-            MASK + b * stride_mb + tq[:, None] * stride_mq, stride_mk,
+            MASK + b * stride_mb + tq[:, None] * stride_mq,
             0, num_new, qk_scale, d,
             HAS_MASK=True, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
         )  # fmt: skip
@@ -96,7 +96,7 @@ def _split_kv_partial_kernel(
         acc, m_i, l_i = attend_range(
             acc, m_i, l_i, q,
             K + b * stride_kb + kvh * stride_kh, V + b * stride_vb + kvh * stride_vh, stride_kt, stride_vt,
-            K, 0,
+            K,
             start, tl.minimum(start + split_len, n), qk_scale, d,
             HAS_MASK=False, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
         )  # fmt: skip
@@ -247,10 +247,9 @@ def split_kv_attn(
         assert k_new.shape == v_new.shape and k_new.shape[:2] == (B, Hkv) and k_new.shape[3] == D
         assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1 and mask.dtype == torch.bool
         assert tuple(mask.shape[-2:]) == (Tq, k_new.shape[2])
-        mask = mask.view(torch.uint8)  # same bytes; Triton loads them as integers
-        mask_strides = (0, *mask.stride()[-2:]) if mask.dim() == 2 or mask.shape[0] == 1 else mask.stride()
+        mask, *mask_strides = mask_operand(mask)
     else:
-        k_new, v_new, mask, mask_strides = k_cache, v_cache, k_cache, (0, 0, 0)  # unused (HAS_TREE=False)
+        k_new, v_new, mask, mask_strides = k_cache, v_cache, k_cache, (0, 0)  # unused (HAS_TREE=False)
 
     cfg = default_config(num_rows, B * Hkv, hint, D, q.device)
     cfg.update(config or {})

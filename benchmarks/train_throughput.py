@@ -1,0 +1,328 @@
+"""Drafter training throughput at Llama-3.1-8B shapes (random weights): the trainer's per-micro-batch work through
+the real DeepSpeed engine -- frozen target forward -> drafter forward (flash-noisy lag) -> fused CE -> backward ->
+AdamW step.
+
+    PYTHONPATH=. python benchmarks/train_throughput.py                  # one GPU: stage 1 at 4K, stage 2 at 32K/64K
+    PYTHONPATH=. torchrun --nproc_per_node 2 benchmarks/train_throughput.py --zero-stage 3 --only stage2
+    PYTHONPATH=. python benchmarks/train_throughput.py --tiny           # CPU smoke run (tiny shapes, fp32)
+
+Cases: stage 1 = 4 rows x 1024 tokens (4K tokens per step, anchor-offset positions); stage 2 = one row of 32K and
+of 64K tokens (plain positions), one timed step each ("does it fit"). The target's cost does not depend on its
+weights, so it is built on the meta device and materialised on the GPU with random values (no 16 GB download).
+MFU = (target forward + drafter forward/backward FLOPs) / step time / 754 TFLOP/s (the H200's measured bf16
+matmul ceiling, DEVICE.md); FLOPs count matmuls only: 2 x params x tokens for linear layers, causal attention
+2 x T^2 x H x D per layer forward (half the square), sliding-window attention 4 x T x W x H x D, the LM head
+2 x T x V x Dm forward + the same backward (hidden-state gradient only: the head is frozen); backward = 2 x forward.
+Prints a markdown table last; writes JSON to $OUT/train_throughput.json when OUT is set, else to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import time
+
+import torch
+import torch.distributed as dist
+
+MATMUL_FLOPS_PER_S = 754e12
+
+
+def llama31_8b_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_theta": 500000.0,
+        },
+    )
+
+
+def random_target(hf_config, device: torch.device, dtype: torch.dtype):
+    """Build on the meta device (no host copy of 16 GB), materialise on `device`, fill with random values."""
+    from transformers import AutoModelForCausalLM
+
+    from longspec.target import TargetModel
+
+    with torch.device("meta"):
+        hf_model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    hf_model.to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for param in hf_model.parameters():
+            if param.dim() == 1:
+                param.fill_(1.0)  # RMSNorm weights (Llama has no biases)
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
+    # TargetModel computes its own RoPE tables (the HF rotary buffers were left uninitialised by to_empty).
+    return TargetModel(hf_model).to(device)
+
+
+def flops_per_step(cfg, *, tokens: int, seq_len: int, window: int) -> dict[str, float]:
+    """Matmul FLOPs of one micro-batch of `tokens` tokens in rows of `seq_len` (see the module docstring)."""
+    Dm, F, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    D = getattr(cfg, "head_dim", None) or Dm // H
+    layer_params = Dm * H * D + 2 * Dm * Hkv * D + H * D * Dm + 3 * Dm * F  # q, k, v, o, gate/up/down
+    rows = tokens // seq_len
+    causal_attn = 2 * seq_len * seq_len * H * D * rows  # QK^T + PV over the causal half, per layer
+    target = L * (2 * layer_params * tokens + causal_attn)
+    drafter_params = layer_params + 2 * Dm * H * D  # self-attn q/k/v/o + mlp, cross-attn q/o
+    window_attn = 4 * tokens * min(window + 1, seq_len) * H * D
+    drafter_fwd = 2 * drafter_params * tokens + window_attn + causal_attn
+    head = 2 * tokens * V * Dm
+    return {"target": float(target), "drafter": float(3 * drafter_fwd + 2 * head)}
+
+
+def build_engine(
+    hf_config, *, device, dtype, zero_stage: int, micro_batch: int, world_size: int, precision: str
+):
+    import deepspeed
+
+    from longspec.drafter import Drafter, DrafterConfig
+    from longspec.train.config import load_config
+    from longspec.train.deepspeed_config import build_deepspeed_config
+    from longspec.train.model import DraftingModel
+    from longspec.train.trainer import _decay_groups
+
+    cfg = load_config(
+        [
+            "stage=stage1_slimpajama",
+            "data.path=unused",
+            f"stage.micro_batch_size={micro_batch}",
+            f"stage.global_batch_size={micro_batch * world_size}",
+            f"deepspeed.zero_stage={zero_stage}",
+            f"deepspeed.precision={precision}",
+        ]
+    )
+    ds_config = build_deepspeed_config(cfg, world_size=world_size)
+    if zero_stage == 3:
+        from transformers import AutoModelForCausalLM
+
+        from longspec.target import TargetModel
+        from longspec.train.trainer import import_model_class
+
+        import_model_class(hf_config)
+        # Sharded as the trainer does: the whole wrapper inside zero.Init, random init on the shards.
+        hf_config = copy.deepcopy(hf_config)
+        hf_config.pad_token_id = None  # HF's init would zero the padding row of an (empty) embedding shard
+        with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype):
+            target = TargetModel(AutoModelForCausalLM.from_config(hf_config, dtype=dtype))
+        generator = torch.Generator(device=device).manual_seed(dist.get_rank())
+        with torch.no_grad():
+            for param in target.parameters():  # random values straight into each rank's shard
+                if param.dim() == 1:
+                    param.ds_tensor.fill_(1.0)
+                else:
+                    param.ds_tensor.normal_(0.0, 0.02, generator=generator)
+        with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype):
+            drafter = Drafter(
+                DrafterConfig.from_target_config(hf_config), target.embed_tokens, target.lm_head
+            )
+            model = DraftingModel(target, drafter)
+    else:
+        target = random_target(hf_config, device, dtype)
+        drafter = Drafter(DrafterConfig.from_target_config(hf_config), target.embed_tokens, target.lm_head)
+        model = DraftingModel(target, drafter).to(device)
+        drafter.to(dtype)
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=_decay_groups(model.drafter, cfg.optim.weight_decay), config=ds_config
+    )
+    if zero_stage == 3:
+        model.replicate_head()
+    return engine, model, cfg
+
+
+def run_case(engine, model, cfg, *, name, rows, seq_len, anchor, steps, warmup, device, vocab, rank):
+    from longspec.positions import anchor_offset_position_ids
+
+    generator = torch.Generator().manual_seed(rank)
+    ids = torch.randint(0, vocab, (rows, seq_len), generator=generator)
+    labels = torch.roll(ids, -1, dims=1)
+    labels[:, -1] = -100
+    if anchor:
+        positions = anchor_offset_position_ids(
+            rows, seq_len, max_len=cfg.target.anchor_max_len, generator=generator
+        )
+    else:
+        positions = torch.arange(seq_len).expand(rows, seq_len)
+    valid_rows = (labels.view(-1) != -100).nonzero().squeeze(-1)
+    ids, labels, positions, valid_rows = (t.to(device) for t in (ids, labels, positions, valid_rows))
+    times = []
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        for i in range(warmup + steps):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            out = engine(ids, positions, labels, valid_rows, lag=1 + i % 4, count_correct=False)
+            engine.backward(out.loss / valid_rows.numel(), scale_wrt_gas=False)
+            engine.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        loss = float(out.ce_sum) / valid_rows.numel()
+        error = None
+    except torch.OutOfMemoryError as e:  # "does it fit" is a result for the long cases
+        loss, error = None, f"OOM: {str(e).splitlines()[0][:160]}"
+        engine.optimizer.zero_grad()
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    tokens = rows * seq_len
+    result = {
+        "case": name,
+        "rows": rows,
+        "seq_len": seq_len,
+        "tokens": tokens,
+        "fits": error is None,
+        "error": error,
+        "peak_mem_gib": peak,
+        "loss": loss,
+    }
+    if error is None:
+        step_s = statistics.median(times)
+        flops = flops_per_step(
+            model.target.config, tokens=tokens, seq_len=seq_len, window=model.drafter.config.window
+        )
+        result.update(
+            step_ms=step_s * 1000,
+            tokens_per_s=tokens / step_s,
+            target_tflop=flops["target"] / 1e12,
+            drafter_tflop=flops["drafter"] / 1e12,
+            mfu=(flops["target"] + flops["drafter"]) / step_s / MATMUL_FLOPS_PER_S,
+        )
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny Llama config on CPU (smoke test)")
+    parser.add_argument("--zero-stage", type=int, default=1, choices=(1, 3))
+    parser.add_argument("--only", choices=("stage1", "stage2"), default=None)
+    parser.add_argument(
+        "--steps", type=int, default=None, help="timed steps for stage 1 (default 10; tiny 2)"
+    )
+    parser.add_argument("--warmup", type=int, default=None)
+    parser.add_argument("--json", default="train_throughput.json")
+    args = parser.parse_args(argv)
+
+    from longspec.train.distributed import init_distributed
+
+    dist_info = init_distributed()
+    device = dist_info.device
+    if args.tiny:
+        from longspec.testing import tiny_hf_config
+
+        hf_config, dtype, precision = tiny_hf_config("llama"), torch.float32, "fp32"
+        stage1, stage2 = (4, 64), [256, 512]
+    else:
+        if device.type != "cuda":
+            raise SystemExit("the full-size benchmark needs a CUDA GPU; use --tiny for a CPU smoke run")
+        hf_config, dtype, precision = llama31_8b_config(), torch.bfloat16, "bf16"
+        stage1, stage2 = (4, 1024), [32768, 65536]
+    steps = args.steps or (2 if args.tiny else 10)
+    warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
+    engine, model, cfg = build_engine(
+        hf_config,
+        device=device,
+        dtype=dtype,
+        zero_stage=args.zero_stage,
+        micro_batch=stage1[0],
+        world_size=dist_info.world_size,
+        precision=precision,
+    )
+    results = []
+    common = dict(device=device, vocab=hf_config.vocab_size, rank=dist_info.rank)
+    if args.only in (None, "stage1"):
+        results.append(
+            run_case(
+                engine,
+                model,
+                cfg,
+                name="stage1 (anchor offsets)",
+                rows=stage1[0],
+                seq_len=stage1[1],
+                anchor=True,
+                steps=steps,
+                warmup=warmup,
+                **common,
+            )
+        )
+    if args.only in (None, "stage2"):
+        for seq_len in stage2:
+            # One row (micro-batch 1, as stage 2); one warm-up + one timed step: the question is whether it fits.
+            results.append(
+                run_case(
+                    engine,
+                    model,
+                    cfg,
+                    name=f"stage2 {seq_len // 1024}K" if seq_len >= 1024 else f"stage2 {seq_len}",
+                    rows=1,
+                    seq_len=seq_len,
+                    anchor=False,
+                    steps=1,
+                    warmup=1,
+                    **common,
+                )
+            )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "world_size": dist_info.world_size,
+        "zero_stage": args.zero_stage,
+        "precision": precision,
+        "commit": commit,
+        "tiny": args.tiny,
+        "torch": torch.__version__,
+        "results": results,
+    }
+    if dist_info.rank == 0:
+        out_dir = os.environ.get("OUT")
+        path = os.path.join(out_dir, "train_throughput.json") if out_dir else args.json
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+        print(
+            f"\n{report['device']}, {dist_info.world_size} process(es), ZeRO-{args.zero_stage}, {precision}\n"
+        )
+        print("| case | tokens/step | step ms | tokens/s | MFU | peak GiB | fits |")
+        print("|---|---|---|---|---|---|---|")
+        for r in results:
+            if r["fits"]:
+                print(
+                    f"| {r['case']} | {r['tokens']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | "
+                    f"{r['mfu']:.1%} | {r['peak_mem_gib']:.1f} | yes |"
+                )
+            else:
+                print(
+                    f"| {r['case']} | {r['tokens']} | - | - | - | {r['peak_mem_gib']:.1f} | no ({r['error']}) |"
+                )
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Every YAML under configs/ composes and validates; the overrides users and scripts rely on work; mistakes give
+clear errors; the DeepSpeed JSON follows from the typed fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from longspec.train.config import CONFIG_DIR, TrainConfig, load_config
+from longspec.train.deepspeed_config import build_deepspeed_config
+
+CONFIGS = Path(CONFIG_DIR)
+ALL_YAMLS = sorted(CONFIGS.rglob("*.yaml"))
+TARGETS = sorted(p.stem for p in (CONFIGS / "target").glob("*.yaml"))
+STAGES = sorted(p.stem for p in (CONFIGS / "stage").glob("*.yaml"))
+LAUNCH_PREFIXES = ("# python -m ", "# bash launch/", "# torchrun ", "# deepspeed ")
+
+
+def test_the_expected_groups_exist():
+    assert {"llama31_8b", "vicuna_7b_16k", "longchat_7b_32k", "qwen25_7b", "qwq_32b"} <= set(TARGETS)
+    assert {
+        "stage1_slimpajama",
+        "stage2_prolong",
+        "stage3_sft",
+        "tiny_stage1",
+        "tiny_stage2",
+        "tiny_stage3",
+    } <= set(STAGES)
+
+
+@pytest.mark.parametrize("path", ALL_YAMLS, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_yaml_starts_with_its_launch_command(path):
+    lines = [
+        ln for ln in path.read_text().splitlines() if not ln.startswith("# @package")
+    ]  # Hydra directive first
+    assert lines[0].startswith(LAUNCH_PREFIXES), f"{path}: first line should be the command that launches it"
+
+
+def _required(tmp_path, target: str) -> list[str]:
+    overrides = [f"data.path={tmp_path}"]
+    if target.startswith("tiny_"):
+        overrides.append(f"target.path={tmp_path}")
+    return overrides
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_target_composes(tmp_path, target):
+    cfg = load_config([f"target={target}", *_required(tmp_path, target)])
+    assert isinstance(cfg, TrainConfig) and cfg.target.name == target and cfg.target.anchor_max_len > 0
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_stage_composes(tmp_path, stage):
+    target = "tiny_llama" if stage.startswith("tiny") else "llama31_8b"
+    cfg = load_config([f"stage={stage}", f"target={target}", *_required(tmp_path, target)])
+    assert cfg.stage.name == stage
+    assert cfg.stage.flash_noisy  # flash noisy training in every stage (REFERENCE §3)
+
+
+def test_eval_yamls_compose(tmp_path):
+    """The eval engineer's YAMLs share the target group; they must compose into a valid EvalConfig too."""
+    eval_config = pytest.importorskip("longspec.eval.config")
+    assert eval_config.load_eval_config(["drafter.init=random"]).target.name
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    eval_config._register_schemas()
+    for path in sorted((CONFIGS / "eval").glob("*.yaml")):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+            cfg = compose(config_name=f"eval/{path.stem}")
+        GlobalHydra.instance().clear()
+        # A primary config inside the eval/ group lands under an `eval:` key unless it declares its package.
+        node = cfg.eval if set(cfg.keys()) == {"eval"} else cfg
+        node = OmegaConf.merge(OmegaConf.structured(eval_config.EvalConfig), node, {"drafter": {"init": "random"}})
+        assert isinstance(OmegaConf.to_object(node), eval_config.EvalConfig), path
+
+
+def test_paper_hyperparameters_are_the_defaults(tmp_path):
+    s1 = load_config(["stage=stage1_slimpajama", f"data.path={tmp_path}"])
+    assert (s1.stage.seq_len, s1.stage.global_batch_size, s1.optim.lr) == (1024, 2048, 5e-4)
+    assert (s1.optim.warmup_ratio, s1.optim.weight_decay, list(s1.optim.betas), s1.optim.grad_clip) == (
+        0.1,
+        0.1,
+        [0.9, 0.95],
+        1.0,
+    )
+    assert (
+        s1.stage.position_ids == "anchor_offset"
+        and s1.stage.num_anchors == 4
+        and s1.deepspeed.zero_stage == 1
+    )
+    for stage in ("stage2_prolong", "stage3_sft"):
+        cfg = load_config([f"stage={stage}", f"data.path={tmp_path}"])
+        assert (cfg.stage.global_batch_size, cfg.optim.lr, cfg.deepspeed.zero_stage) == (256, 5e-6, 3)
+        assert cfg.stage.position_ids == "plain" and cfg.stage.seq_len == 32768
+    assert load_config(["target=vicuna_7b_16k", f"data.path={tmp_path}"]).target.anchor_max_len == 15000
+
+
+def test_user_overrides(tmp_path):
+    export = tmp_path / "export"
+    export.mkdir()
+    cfg = load_config(
+        [
+            "stage=stage2_prolong",
+            "target.path=/models/llama",
+            f"data.path={tmp_path}",
+            f"init_from={export}",
+            "max_steps=7",
+            f"output_dir={tmp_path / 'out'}",
+            "deepspeed.zero_stage=1",
+        ]
+    )
+    assert (cfg.stage.name, cfg.target.path, cfg.data.path, cfg.init_from) == (
+        "stage2_prolong",
+        "/models/llama",
+        str(tmp_path),
+        str(export),
+    )
+    assert (cfg.max_steps, cfg.output_dir, cfg.deepspeed.zero_stage) == (7, str(tmp_path / "out"), 1)
+    assert load_config([f"data.path={tmp_path}"]).output_dir == "runs/llama31_8b/stage1_slimpajama"
+
+
+@pytest.mark.parametrize(
+    "overrides, error, match",
+    [
+        ([], ValueError, "data.path"),
+        (["optim.lr=-1"], ValueError, "optim.lr must be > 0"),
+        (["deepspeed.zero_stage=5"], ValueError, "zero_stage must be 0, 1, 2 or 3"),
+        (["stage.seq_len=abc"], ValueError, "stage.seq_len"),
+        (["bogus=1"], ValueError, "bogus"),
+        (["stage=nope"], ValueError, "stage/nope"),
+        (["deepspeed.offload_params=true"], ValueError, "offload_params needs deepspeed.zero_stage=3"),
+        (["target.anchor_max_len=512"], ValueError, "anchor_max_len"),
+        (["stage.position_ids=rope"], ValueError, "anchor_offset"),
+        (["logging.wandb=yes"], ValueError, "logging.wandb"),
+        (["init_from=/no/such/export"], FileNotFoundError, "longspec.export"),
+    ],
+)
+def test_config_mistakes_are_clear(tmp_path, overrides, error, match):
+    if not any(o.startswith("data.path") for o in overrides) and overrides:
+        overrides = [f"data.path={tmp_path}", *overrides]
+    with pytest.raises(error, match=match):
+        load_config(overrides)
+
+
+def test_deepspeed_json_follows_the_typed_fields(tmp_path):
+    cfg = load_config(
+        [
+            "stage=stage2_prolong",
+            f"data.path={tmp_path}",
+            "deepspeed.precision=bf16",
+            "deepspeed.offload_optimizer=true",
+        ]
+    )
+    ds = build_deepspeed_config(cfg, world_size=8)
+    assert (
+        ds["zero_optimization"]["stage"] == 3
+        and ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    )
+    assert ds["gradient_accumulation_steps"] == 256 // 8 and ds["train_micro_batch_size_per_gpu"] == 1
+    assert ds["bf16"]["enabled"] and ds["gradient_clipping"] == 1.0
+    assert ds["optimizer"]["params"]["lr"] == 5e-6 and ds["optimizer"]["params"]["betas"] == [0.9, 0.95]
+    s1 = build_deepspeed_config(
+        load_config([f"data.path={tmp_path}", "deepspeed.precision=fp32"]), world_size=2
+    )
+    assert s1["zero_optimization"]["stage"] == 1 and not s1["bf16"]["enabled"]
+    assert s1["optimizer"]["params"]["torch_adam"]  # no JIT-compiled optimizer op
+    with pytest.raises(ValueError, match="multiple of"):
+        build_deepspeed_config(cfg, world_size=3)

@@ -1,0 +1,83 @@
+"""`python -m longspec.export`: a run's checkpoint -> a self-contained drafter dir that loads onto its target only."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from longspec.drafter import Drafter, DrafterConfig
+from longspec.export import export_drafter, find_checkpoint, main
+from longspec.testing import build_byte_tokenizer, make_tiny_target
+
+
+def _fake_run(tmp_path, target, tokenizer, steps=(2, 4)):
+    """A run dir as the trainer writes it (checkpoints/step_N/{drafter/, trainer_state.json})."""
+    run = tmp_path / "run"
+    drafters = {}
+    for step in steps:
+        ckpt = run / "checkpoints" / f"step_{step:08d}"
+        torch.manual_seed(step)
+        drafter = Drafter(
+            DrafterConfig.from_target_config(target.config, window=8, tokenizer=tokenizer),
+            target.embed_tokens,
+            target.lm_head,
+        )
+        drafter.save_pretrained(ckpt / "drafter")
+        state = {
+            "step": step,
+            "total_steps": 4,
+            "tokens_seen": 1000 * step,
+            "stage": "tiny_stage1",
+            "target": {"name": "tiny_llama", "path": "/x"},
+            "data": {"path": "/d", "rows": 9, "seq_len": 64},
+        }
+        (ckpt / "trainer_state.json").write_text(json.dumps(state))
+        drafters[step] = drafter
+    (run / "checkpoints" / ".tmp-step_00000006").mkdir()  # an interrupted save: ignored
+    return run, drafters
+
+
+def test_export_round_trip_and_wrong_target(tmp_path):
+    tokenizer = build_byte_tokenizer()
+    target = make_tiny_target("llama")
+    run, drafters = _fake_run(tmp_path, target, tokenizer)
+    out = tmp_path / "export"
+    main([str(run), str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert "tiny_llama" in (out / "README.md").read_text()
+    assert json.loads((out / "config.json").read_text())["target_fingerprint"]["tokenizer_sha256"]
+    weights = load_file(out / "model.safetensors")
+    assert not any(k.startswith(("embed", "lm_head")) for k in weights)  # the block only
+
+    loaded = Drafter.from_pretrained(out, target, tokenizer)  # the latest step (4)
+    for key, value in drafters[4].state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    assert loaded.shared_storage_ok(target)
+
+    with pytest.raises(ValueError, match="does not match this target"):
+        Drafter.from_pretrained(out, make_tiny_target("qwen2"), tokenizer)
+
+    export_drafter(str(run), str(tmp_path / "older"), step=2, dtype="bfloat16")
+    older = load_file(tmp_path / "older" / "model.safetensors")
+    assert all(v.dtype == torch.bfloat16 for v in older.values())
+
+
+def test_export_mistakes_are_clear(tmp_path):
+    target = make_tiny_target("llama")
+    run, _ = _fake_run(tmp_path, target, build_byte_tokenizer(), steps=(2,))
+    with pytest.raises(FileNotFoundError, match="no checkpoints"):
+        find_checkpoint(str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="available: \\[2\\]"):
+        find_checkpoint(str(run), 7)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "file").write_text("x")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        export_drafter(str(run), str(tmp_path / "busy"))
+    export_drafter(str(run), str(tmp_path / "busy"), overwrite=True)
+    empty = tmp_path / "empty_run"
+    (empty / "checkpoints" / "step_00000001").mkdir(parents=True)  # no trainer_state.json: incomplete
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        find_checkpoint(str(empty))
