@@ -4,9 +4,8 @@
 
 Per context it checks every variant against a float32 reference, then times (CUDA events, L2 flushed before
 each run, median of --iters CUDA-graph replays after --warmup; the hybrid is also timed without a graph):
-- hybrid (ours): one split-KV Triton launch whose splits cover the cache and whose extra part covers the tree
-  tokens under their mask (fused_mask_attn's loop), merged exactly in the reduce kernel; its two halves are
-  also timed alone (split-KV without the tree part; the standalone fused_mask_attn kernel);
+- hybrid (ours): `hybrid_attention(backend="triton")` = fused_mask_attn over the tree tokens + the split-KV
+  kernel over the cache, whose reduce merges the tree part in (three kernels); both parts are also timed alone;
 - torch flash + eager tree: PyTorch's flash kernel over the cache (GQA folded into the query axis) + a plain
   PyTorch masked attention over the tree tokens + the LSE merge;
 - eager masked: one HF-eager-style attention (repeat_kv, bf16 matmuls, fp32 softmax) over [cache ++ tree];
@@ -142,10 +141,6 @@ def bench_context(context: int, num_tree: int, args, flush) -> dict:
     def eager():
         return eager_masked(q, k_all, v_all, bias, scale)
 
-    def ours_3_kernels():  # the tree part as its own kernel, folded into the split-KV reduce
-        out_t, lse_t = fused_mask_attn(q, k_new, v_new, tree, scale)
-        return split_kv_attn(q, k_cache, v_cache, context, scale, merge_with=(out_t, lse_t))
-
     def ours_cache_part():
         return split_kv_attn(q, k_cache, v_cache, context, scale)
 
@@ -155,12 +150,7 @@ def bench_context(context: int, num_tree: int, args, flush) -> dict:
     # Correctness first, against float32.
     ref_out, ref_lse = fused_mask_attn_naive(q, k_all, v_all, full_mask, scale)
     checks = {}
-    variants = [
-        ("hybrid", ours),
-        ("hybrid_3_kernels", ours_3_kernels),
-        ("torch_flash+eager_tree", torch_flash_plus_eager_tree),
-    ]
-    for name, fn in variants:
+    for name, fn in [("hybrid", ours), ("torch_flash+eager_tree", torch_flash_plus_eager_tree)]:
         out, lse = fn()
         checks[name] = {"out_max_err": max_err(out, ref_out), "lse_max_err": max_err(lse, ref_lse)}
     checks["eager"] = {"out_max_err": max_err(eager(), ref_out)}
@@ -174,7 +164,6 @@ def bench_context(context: int, num_tree: int, args, flush) -> dict:
         "correct": ok,
         "checks": checks,
         "hybrid_ms": time_ms(ours, **timing),
-        "hybrid_3_kernels_ms": time_ms(ours_3_kernels, **timing),
         "hybrid_cache_part_ms": time_ms(ours_cache_part, **timing),
         "hybrid_tree_part_ms": time_ms(ours_tree_part, **timing),
         "torch_flash_eager_tree_ms": time_ms(torch_flash_plus_eager_tree, **timing),
@@ -186,12 +175,12 @@ def bench_context(context: int, num_tree: int, args, flush) -> dict:
     row["kv_floor_ms"] = 2 * NUM_KV_HEADS * num_keys * HEAD_DIM * 2 / HBM_BYTES_PER_S * 1e3
     row["compute_floor_ms"] = 4 * NUM_HEADS * num_tree * num_keys * HEAD_DIM / MATMUL_FLOPS_PER_S * 1e3
     if args.sweep:
-        row["sweep"] = sweep(q, k_cache, v_cache, (k_new, v_new, tree), context, scale, flush)
+        row["sweep"] = sweep(q, k_cache, v_cache, context, scale, flush)
     return row
 
 
-def sweep(q, k_cache, v_cache, tree, context, scale, flush) -> list[dict]:
-    """Time the hybrid launch (split-KV + tree part + reduce) over launch configurations, fastest first."""
+def sweep(q, k_cache, v_cache, context, scale, flush) -> list[dict]:
+    """Time the split-KV kernel (cache part) over launch configurations, fastest first."""
     results = []
     # (BLOCK_M, BLOCK_N, num_warps, num_stages): the feasible corner of the space at head dim 128 on Hopper.
     grid = [
@@ -205,9 +194,7 @@ def sweep(q, k_cache, v_cache, tree, context, scale, flush) -> list[dict]:
             config = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
                           num_splits=num_splits)  # fmt: skip
             try:
-                run = functools.partial(
-                    split_kv_attn, q, k_cache, v_cache, context, scale, tree=tree, config=config
-                )
+                run = functools.partial(split_kv_attn, q, k_cache, v_cache, context, scale, config=config)
                 ms = time_ms(run, iters=10, warmup=2, flush=flush)
             except Exception as e:  # noqa: BLE001 - an infeasible config (out of resources) is skipped
                 print(f"  skip {config}: {type(e).__name__}", flush=True)
@@ -223,8 +210,8 @@ def markdown(rows: list[dict]) -> str:
     lines = [
         "| context | tree | hybrid (ours) | ours: cache only / tree only | torch flash + eager tree | eager masked "
         "| KV-read floor | compute floor | hybrid / KV floor | hybrid / max floor | hybrid, no graph "
-        "| hybrid, 3 kernels | best swept config |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| best swept cache-part config |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         floor = max(r["kv_floor_ms"], r["compute_floor_ms"])
@@ -237,8 +224,7 @@ def markdown(rows: list[dict]) -> str:
             f"| {r['hybrid_cache_part_ms']:.3f} / {r['hybrid_tree_part_ms']:.3f} "
             f"| {r['torch_flash_eager_tree_ms']:.3f} | {r['eager_ms']:.3f} | {r['kv_floor_ms']:.3f} "
             f"| {r['compute_floor_ms']:.3f} | {r['hybrid_ms'] / r['kv_floor_ms']:.2f}x "
-            f"| {r['hybrid_ms'] / floor:.2f}x | {r['hybrid_no_graph_ms']:.3f} | {r['hybrid_3_kernels_ms']:.3f} "
-            f"| {best} |"
+            f"| {r['hybrid_ms'] / floor:.2f}x | {r['hybrid_no_graph_ms']:.3f} | {best} |"
         )
     return "\n".join(lines)
 
@@ -267,8 +253,9 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
+        git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+        commit = git.stdout.strip() if git.returncode == 0 else ""
+    except OSError:  # no git (e.g. a copied tree)
         commit = ""
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -27,7 +27,7 @@ def _aggregate(records: list[dict]) -> dict:
         # τ over the whole dataset: tokens emitted per target forward (REFERENCE §5).
         "mean_accept_length": (accepted + rounds) / rounds if rounds else math.nan,
         # Decode throughput, prefill excluded, pooled over samples (long outputs weigh more, as in wall time).
-        "tokens_per_s": tokens / decode_s if decode_s > 0 else math.nan,
+        "tokens_per_s": tokens / decode_s if decode_s > 0 and tokens > 0 else math.nan,
         "decode_s": decode_s,
         "time_split": {k: (v / decode_s if decode_s > 0 else math.nan) for k, v in split.items()},
     }

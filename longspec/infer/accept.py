@@ -109,9 +109,8 @@ def sample_accept(
     while True:
         kids = children[node]
         probs = target_probs[node]
-        if kids:
-            kid_probs = probs[tokens[kids]].double().cpu().tolist()
-            uniforms = torch.rand(len(kids), generator=generator, dtype=torch.float64).tolist()
+        kid_probs = probs[tokens[kids]].double().cpu().tolist() if kids else []  # host sync (small)
+        uniforms = torch.rand(len(kids), generator=generator, dtype=torch.float64).tolist()
         rejected: list[int] = []
         rejected_mass = 0.0
         chosen = None
@@ -126,9 +125,8 @@ def sample_accept(
             residual = probs.clone()
             if rejected:
                 residual[torch.tensor(rejected, device=probs.device)] = 0.0
-            if not bool(
-                residual.sum() > 0
-            ):  # host sync; only reachable through rounding when children held ~all mass
+            # Children holding ~all the mass are all rejected only through rounding: fall back to p itself.
+            if not bool(residual.sum() > 0):  # host sync
                 residual = probs
             return torch.tensor(path, dtype=torch.long), _sample_index(residual, generator)
         path.append(chosen)

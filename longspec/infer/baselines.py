@@ -50,14 +50,19 @@ def _cache_kwarg(model) -> str:
 def hf_generate(
     hf_model, prompt_ids, config: GenerationConfig, *, attn_implementation: str
 ) -> GenerationResult:
-    """Vanilla HF decoding (batch 1): one prefill forward, then one forward per token on a DynamicCache. The
-    sampling rule is the engine's (same target_distribution and sampler), so outputs are comparable."""
+    """Vanilla HF decoding (batch 1): one prefill forward (SDPA or flash-attn whatever the method), then one
+    forward per token on a DynamicCache with `attn_implementation`. The sampling rule is the engine's (same
+    target_distribution and sampler), so outputs are comparable."""
     from transformers import DynamicCache
 
     device = next(hf_model.parameters()).device
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).flatten()
     previous = hf_model.config._attn_implementation
-    hf_model.set_attn_implementation(attn_implementation)
+    # Prefill is not what is compared (tokens/s exclude it) and eager attention over a 32K prompt would
+    # materialise H x 32K x 32K scores: prefill with SDPA / flash, decode with the method's implementation.
+    # The K/V written to the cache do not depend on the attention implementation.
+    prefill_implementation = "flash_attention_2" if attn_implementation == "flash_attention_2" else "sdpa"
+    hf_model.set_attn_implementation(prefill_implementation)
     stats = GenerationStats(method=f"hf[{attn_implementation}]", prompt_len=prompt.numel())
     generator = torch.Generator().manual_seed(config.seed)
     cache_arg = _cache_kwarg(hf_model)
@@ -77,6 +82,7 @@ def hf_generate(
         token = pick(logits)
         emitted = [int(token)]  # host sync
         stats.prefill_s = _now(device) - start
+        hf_model.set_attn_implementation(attn_implementation)
         start = _now(device)
         while len(emitted) < config.max_new_tokens and emitted[-1] not in config.eos_token_ids:
             logits = hf_model(token.reshape(1, 1), use_cache=True, **{cache_arg: cache}).logits[0, -1]

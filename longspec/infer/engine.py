@@ -112,9 +112,6 @@ class SpeculativeEngine:
         static = config.static_shapes or config.cuda_graphs
         if config.cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs the target on a CUDA device")
-        if static and any(w is not None for w in self.target.layer_windows):
-            # TODO(issue 4): static-shape sliding-window attention (a device-side window mask over the cache).
-            raise NotImplementedError("static_shapes / cuda_graphs do not support sliding-window layers yet")
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).flatten()
         if prompt.numel() == 0:
             raise ValueError("empty prompt")
@@ -173,26 +170,19 @@ class SpeculativeEngine:
         pending slots; the caller commits. Returns hidden [T, Dm]."""
         cache, n, T = self.cache, self.cache.length, tokens.shape[0]
         positions = (n + offsets)[None]  # [1, T]
+        first_chunk = new_mask is None and n == 0
+        if new_mask is None:
+            new_mask = offsets[None, :] <= offsets[:, None]  # causal
         windowed_masks: dict[int, tuple[int, torch.Tensor]] = {}
 
         def attn_fn(layer_idx, q, k, v):
             keys, values = cache.update(layer_idx, k, v)  # [B, Hkv, Tmax, D]
             window = self.target.layer_windows[layer_idx]
             scale = self.scales[layer_idx]
-            if new_mask is None:
-                # Prefill chunk: plain causal attention over [prefix ++ chunk] (bottom-right aligned), so the
-                # flash backends apply; a windowed layer never needs keys older than n - window.
-                lo = 0 if window is None else max(0, n - window)
-                out, _ = attn_ops.attention(
-                    q,
-                    keys[:, :, lo : n + T],
-                    values[:, :, lo : n + T],
-                    causal=True,
-                    window=window,
-                    scale=scale,
-                )
+            if first_chunk and window is None:  # a square causal block: the flash kernels apply
+                out, _ = attn_ops.attention(q, k, v, causal=True, scale=scale)
                 return out
-            if window is None:
+            if window is None:  # cache part unmasked + new part under new_mask, merged by LSE
                 out, _ = attn_ops.hybrid_attention(q, k, v, keys, values, n, new_mask, scale=scale)
                 return out
             # Sliding-window layer: only keys within `window` of the queries matter; one explicit mask.
@@ -235,15 +225,24 @@ class SpeculativeEngine:
         self, tokens: torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor
     ) -> torch.Tensor:
         """The round forward with no host values: the cache length is `cache.length_t` on the device, new K/V
-        go to slots length_t + i by index_copy_, the hybrid attention reads the length as a tensor."""
+        go to slots length_t + i by index_copy_, the hybrid attention reads the length as a tensor, and a
+        sliding-window layer gathers a fixed-size key window (`_static_window`)."""
         cache = self.cache
         n = cache.length_t
         slots = n + torch.arange(tokens.shape[0], device=tokens.device)
+        windows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
         def attn_fn(layer_idx, q, k, v):
             keys, values = cache.update_static(layer_idx, k, v, slots)
-            out, _ = attn_ops.hybrid_attention(
-                q, k, v, keys, values, n, new_mask, scale=self.scales[layer_idx]
+            window, scale = self.target.layer_windows[layer_idx], self.scales[layer_idx]
+            if window is None:
+                out, _ = attn_ops.hybrid_attention(q, k, v, keys, values, n, new_mask, scale=scale)
+                return out
+            if window not in windows:
+                windows[window] = _static_window(n, offsets, new_mask, window)
+            index, mask = windows[window]
+            out, _ = attn_ops.tree_attention(
+                q, keys.index_select(2, index), values.index_select(2, index), mask, scale=scale
             )
             return out
 
@@ -295,11 +294,9 @@ class SpeculativeEngine:
     def _drafter_prefill(self, prompt: torch.Tensor) -> None:
         """Fill the ring buffer with the self-attention K/V of the last `window` prompt tokens only: the
         drafter never runs cross-attention over the prompt (the first round's root does that, once)."""
-        start = max(0, prompt.numel() - self.drafter.config.window)
-        positions = torch.arange(start, prompt.numel(), device=self.device)[None]  # [1, <= W]
-        k, v = self.drafter.self_kv(prompt[start:][None], positions)
         self.drafter_cache.reset()
-        self.drafter_cache.append(k, v, positions)
+        positions = torch.arange(prompt.numel(), device=self.device)
+        self.drafter.fill_cache(self.drafter_cache, prompt[None], positions)
 
     def _draft(self, root: torch.Tensor, layout: TreeLayout, *, static: bool = False, capture: bool = False):
         """The round's draft tree: eager, or on static buffers (captured in a CUDA graph when asked)."""
@@ -348,11 +345,8 @@ class SpeculativeEngine:
     def _drafter_commit(self, path_tokens: torch.Tensor, first_position: int) -> None:
         """The accepted path (root first) enters the drafter's ring buffer. Its self K/V depend only on token and
         position, so recomputing them for k+1 tokens is cheaper than keeping them for every tree node."""
-        positions = torch.arange(first_position, first_position + path_tokens.numel(), device=self.device)[
-            None
-        ]
-        k, v = self.drafter.self_kv(path_tokens[None], positions)
-        self.drafter_cache.append(k, v, positions)
+        positions = torch.arange(first_position, first_position + path_tokens.numel(), device=self.device)
+        self.drafter.fill_cache(self.drafter_cache, path_tokens[None], positions)
 
 
 def _finished(emitted: list[int], config: GenerationConfig, *, new: list[int]) -> bool:
@@ -371,6 +365,21 @@ def _window_mask(
     cache_part = (q_pos[:, None] - cached[None, :]) <= window
     new_part = new_mask & ((offsets[:, None] - offsets[None, :]) <= window)
     return lo, torch.cat([cache_part, new_part], dim=1)
+
+
+def _static_window(
+    n: torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor, window: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fixed-shape keys for a sliding-window layer with the cache length n on the device: slot indices
+    [window + T] = the `window` slots before n (clamped at 0) then the T pending ones, and the mask [T, window + T].
+    Cached slot n - window + r is visible to the new token at offset o iff it exists and o <= r (i.e. the
+    distance n + o - (n - window + r) <= window); new tokens follow new_mask within the window."""
+    T = offsets.shape[0]
+    r = torch.arange(window, device=offsets.device)
+    index = torch.cat([(n - window + r).clamp(min=0), n + torch.arange(T, device=offsets.device)])
+    cache_part = (n - window + r >= 0)[None, :] & (offsets[:, None] <= r[None, :])
+    new_part = new_mask & ((offsets[:, None] - offsets[None, :]) <= window)
+    return index, torch.cat([cache_part, new_part], dim=1)
 
 
 def _truncate(emitted: list[int], config: GenerationConfig) -> list[int]:

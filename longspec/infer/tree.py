@@ -125,17 +125,17 @@ def beam_step(
 def chain_tree(
     root_token: torch.Tensor, draft_tokens: torch.Tensor, num_valid: int, num_nodes: int
 ) -> DraftTree:
-    """A chain root -> d1 -> d2 ... padded to `num_nodes` (PLD): padding nodes are invalid and never accepted."""
+    """A chain root -> d1 -> d2 ... padded to `num_nodes` (PLD, AR): padding nodes are invalid, never accepted."""
     device = root_token.device
-    n = num_nodes
-    tokens = torch.zeros(n, dtype=torch.long, device=device)
+    draft_tokens = draft_tokens[: num_nodes - 1]
+    tokens = torch.zeros(num_nodes, dtype=torch.long, device=device)
     tokens[0] = root_token
-    tokens[1 : 1 + draft_tokens.shape[0]] = draft_tokens[: n - 1]
-    idx = torch.arange(n, device=device)
+    tokens[1 : 1 + draft_tokens.shape[0]] = draft_tokens
+    idx = torch.arange(num_nodes, device=device)
     return DraftTree(
         tokens=tokens,
         parents=idx - 1,
         depths=idx,
         ancestor_mask=idx[None, :] <= idx[:, None],
-        valid=idx <= num_valid,
+        valid=idx <= min(num_valid, draft_tokens.shape[0]),
     )

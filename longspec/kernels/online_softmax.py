@@ -36,11 +36,18 @@ def mask_operand(mask: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     return m, batch_stride, m.stride(-2)
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot input precision: exact float32 products for float32 inputs (Triton would use TF32 otherwise);
+    fp16/bf16 products are exact in the float32 accumulator anyway."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 @triton.jit
 def attend_range(
     acc, m_i, l_i, q, k_base, v_base, stride_kt, stride_vt, mask_base,
     start, end, qk_scale, d,
     HAS_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Fold keys [start, end) of one kv head into (acc [M, D], m_i [M], l_i [M]) for the rows of q [M, D].
 
@@ -64,12 +71,12 @@ def attend_range(
         else:
             k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
             v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [M, N]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N]
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every key of a full tile is visible
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     for start_n in range(end_full, end, BLOCK_N):
@@ -86,7 +93,7 @@ def attend_range(
         else:
             k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
             v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         visible = col_ok[None, :]
         if HAS_MASK:
             m_ptrs = mask_base + start_n + offs_n[None, :]
@@ -97,6 +104,6 @@ def attend_range(
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i

@@ -17,8 +17,11 @@ Backends (`backend=`):
 - "triton": our forward-only kernels (`longspec.kernels`): `split_kv_attn` for the cache, `fused_mask_attn` for
   masks. CUDA, or CPU under TRITON_INTERPRET=1 (tests).
 - "math": plain PyTorch in float32 (any device, with grads): the reference every other backend is tested against.
-- "auto": the fastest one that supports the call (flash_attn > triton / torch_flash > math, by case). It warns
-  once when it falls back to math on a GPU.
+- "auto": the fastest one that supports the call, by case. `attention`: flash_attn > torch_flash > triton > math.
+  `cache_attention` / `hybrid_attention` (few queries vs a long cache, inference): triton > flash_attn >
+  torch_flash > math, because our split-KV kernel was measured 1.8-2.7x faster than the FA2-family kernel on
+  this shape (docs/BENCHMARKS.md). `tree_attention`: triton > math. It warns once when it falls back to math
+  on a GPU.
 An explicitly requested backend that cannot run the call raises ValueError saying what to install or change.
 Gradients flow through `out` only (the LSE of the fast backends is not differentiable); "triton" is forward only.
 """
@@ -113,6 +116,12 @@ def _triton_ok(q: torch.Tensor, *tensors: torch.Tensor) -> bool:
     return triton_runs_on(q.device) and not _needs_grad(q, *tensors)
 
 
+def _triton_auto(q: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """What "auto" sends to Triton: fp16/bf16 on CUDA. float32 goes to the exact math path (the kernels run
+    float32 too when asked explicitly, with IEEE products, but are tuned for half precision)."""
+    return q.is_cuda and q.dtype in _HALF and _triton_ok(q, *tensors)
+
+
 # --------------------------------------------------------------------------------------------------- math
 
 
@@ -188,7 +197,13 @@ def _flash_attn_call(q, k, v, *, causal: bool, window: int | None, scale: float)
         window_size=window_size,
         return_attn_probs=True,
     )
-    return out.transpose(1, 2), lse  # lse is already [B, H, Tq] float32
+    return out.transpose(1, 2), _flash_lse(lse)
+
+
+def _flash_lse(lse: torch.Tensor) -> torch.Tensor:
+    """flash-attn's LSE is [B, H, Tq] float32 with +inf for rows that see no key (so its backward gets zero
+    probabilities); our contract says -inf there."""
+    return lse.masked_fill(torch.isposinf(lse), float("-inf"))
 
 
 def _flash_attn_cache(q, k_cache, v_cache, cache_len, *, scale: float):
@@ -209,7 +224,7 @@ def _flash_attn_cache(q, k_cache, v_cache, cache_len, *, scale: float):
         causal=False,
         return_softmax_lse=True,
     )
-    return out.transpose(1, 2), lse
+    return out.transpose(1, 2), _flash_lse(lse)
 
 
 def _torch_flash_call(q, k, v, *, causal: bool, scale: float):
@@ -242,10 +257,10 @@ def _triton_masked(q, k, v, mask, *, scale: float):
     return fused_mask_attn(q, k, v, mask, scale)
 
 
-def _triton_cache(q, k_cache, v_cache, cache_len, *, scale: float, tree=None):
+def _triton_cache(q, k_cache, v_cache, cache_len, *, scale: float, merge_with=None):
     from longspec.kernels.split_kv_attn.triton import split_kv_attn
 
-    return split_kv_attn(q, k_cache, v_cache, cache_len, scale, tree=tree)
+    return split_kv_attn(q, k_cache, v_cache, cache_len, scale, merge_with=merge_with)
 
 
 # ----------------------------------------------------------------------------------------------- public
@@ -276,7 +291,7 @@ def attention(
             backend = "flash_attn"
         elif torch_flash_fits:
             backend = "torch_flash"
-        elif _triton_ok(q, k, v) and q.is_cuda and Tq * Tk <= 1 << 26:
+        elif _triton_auto(q, k, v) and Tq * Tk <= 1 << 26:
             backend = "triton"  # masked kernel with an explicit [Tq, Tk] mask (64 MiB at most)
         else:
             if q.is_cuda:
@@ -347,10 +362,10 @@ def cache_attention(
     scale = _default_scale(q, scale)
 
     if backend == "auto":
-        if _flash_attn_ok(q) and not _needs_grad(q, k_cache, v_cache):
-            backend = "flash_attn"
-        elif q.is_cuda and _triton_ok(q, k_cache, v_cache):
+        if _triton_auto(q, k_cache, v_cache):
             backend = "triton"
+        elif _flash_attn_ok(q) and not _needs_grad(q, k_cache, v_cache):
+            backend = "flash_attn"
         elif _torch_flash_ok(q) and not isinstance(cache_len, torch.Tensor):
             backend = "torch_flash"
         else:
@@ -403,7 +418,7 @@ def tree_attention(
             f"backend {backend!r} has no arbitrary-mask attention; use 'triton', 'math' or 'auto'"
         )
     if backend == "auto":
-        backend = "triton" if q.is_cuda and _triton_ok(q, k, v) else "math"
+        backend = "triton" if _triton_auto(q, k, v) else "math"
     if backend == "triton":
         if not _triton_ok(q, k, v):
             raise _cannot(backend, "Triton is unavailable for this device or gradients are required")
@@ -442,25 +457,23 @@ def hybrid_attention(
     attention over [cache[:cache_len] ++ new]; computed as merge(cache part, tree part) so neither part needs
     the other's mask. `backend` picks the cache part's backend; the tree part uses Triton or math.
 
-    On CUDA with Triton ("auto" without flash-attn, or "triton") both parts run in one split-KV launch (the tree
-    part is one more split, under the mask) and the merge happens in its reduce: two kernels in all."""
+    On CUDA with Triton ("auto" for fp16/bf16, or "triton"): fused_mask_attn for the tree part, then the
+    split-KV kernel for the cache, whose reduce merges the tree part in: three kernels, no separate merge.
+    For speed, allocate `tree_mask` with rows padded to 16 bytes (see longspec.kernels.online_softmax)."""
     _check_qkv(q, k_new, v_new)
     _check_backend(backend)
     scale = _default_scale(q, scale)
     tree_backend = backend if backend in ("triton", "math") else "auto"
-    fused = backend == "triton" or (
-        backend == "auto"
-        and q.is_cuda
-        and not _flash_attn_ok(q)
-        and _triton_ok(q, k_cache, v_cache, k_new, v_new)
+    triton_path = backend == "triton" or (
+        backend == "auto" and _triton_auto(q, k_cache, v_cache, k_new, v_new)
     )
-    if fused:
+    if triton_path:
         _check_qkv(q, k_cache, v_cache)
         _check_cache_len(cache_len, q.shape[0], k_cache.shape[2])
-        _check_mask(tree_mask, q, k_new)
         if not _triton_ok(q, k_cache, v_cache, k_new, v_new):
             raise _cannot("triton", "Triton is unavailable for this device or gradients are required")
-        return _triton_cache(q, k_cache, v_cache, cache_len, scale=scale, tree=(k_new, v_new, tree_mask))
+        tree = tree_attention(q, k_new, v_new, tree_mask, scale=scale, backend="triton")
+        return _triton_cache(q, k_cache, v_cache, cache_len, scale=scale, merge_with=tree)
     out_c, lse_c = cache_attention(q, k_cache, v_cache, cache_len, scale=scale, backend=backend)
     out_t, lse_t = tree_attention(q, k_new, v_new, tree_mask, scale=scale, backend=tree_backend)
     return merge_attention(out_c, lse_c, out_t, lse_t)

@@ -89,8 +89,10 @@ def _load_tokenizer(path: str, trust_remote_code: bool):
 
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError):
-        return None  # a target directory without a tokenizer (e.g. random-weight benchmarks)
+    except (OSError, ValueError) as e:
+        # A target directory without a tokenizer (e.g. random weights): no data/tokenizer check is possible.
+        log.warning("no tokenizer at %s (%s): the data's tokenizer cannot be checked", path, e)
+        return None
 
 
 def import_model_class(hf_config) -> None:

@@ -70,39 +70,59 @@ def test_target_distribution_truncations():
         target_distribution(logits, temperature=0.0)
 
 
-def test_sample_accept_reproduces_target_distribution(chi_square):
-    """Chi-square: the first emitted token ~ target_probs[root]; given it is a tree child c, the second ~ target
-    at c (its joint with the first is checked over the rounds that accepted at least one token)."""
-    vocab = 6
+# Target distributions with most of the mass on the drafted children, so that every branch of the rule
+# (accept first / accept after a rejection / reject all and sample the residual) is frequent.
+def _tree_target_probs(vocab: int = 6) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1234)
-    target_probs = torch.softmax(torch.randn(TREE.num_nodes, vocab, generator=gen) * 1.5, dim=-1)
-    draws = 6000
-    first = torch.zeros(vocab)
+    probs = torch.softmax(torch.randn(TREE.num_nodes, vocab, generator=gen), dim=-1)
+    probs[0] = torch.tensor([0.05, 0.35, 0.35, 0.1, 0.1, 0.05])  # root: children tokens 1, 2
+    probs[2] = torch.tensor([0.1, 0.05, 0.05, 0.35, 0.35, 0.1])  # node 2: children tokens 3, 4
+    return probs
+
+
+def _first_two_counts(sampler, target_probs, draws: int, vocab: int = 6):
+    """Counts of the first emitted token, and of the second one when the first is token 2 (tree node 2)."""
+    gen = torch.Generator().manual_seed(99)
+    first, second = torch.zeros(vocab), torch.zeros(vocab)
     for _ in range(draws):
-        path, bonus = sample_accept(TREE.tokens, TREE.parents, target_probs, TREE.valid, generator=gen)
+        path, bonus = sampler(TREE.tokens, TREE.parents, target_probs, TREE.valid, generator=gen)
         emitted = TREE.tokens[path[1:]].tolist() + [int(bonus)]
         first[emitted[0]] += 1
-    assert chi_square(first, target_probs[0]) > 1e-3
-
-    # Second token, conditioned on the first being child node 2 (token 2): must follow target_probs[2].
-    second = torch.zeros(vocab)
-    for _ in range(draws):
-        path, bonus = sample_accept(TREE.tokens, TREE.parents, target_probs, TREE.valid, generator=gen)
-        emitted = TREE.tokens[path[1:]].tolist() + [int(bonus)]
         if emitted[0] == 2 and len(emitted) >= 2:
             second[emitted[1]] += 1
-    assert second.sum() > 500
+    return first, second
+
+
+def _sampler_without_renormalisation(tokens, parents, target_probs, valid, *, generator):
+    """A plausible bug: accept child ci with probability p(ci) instead of p(ci) / (1 - rejected mass)."""
+    node, path = 0, [0]
+    while True:
+        probs = target_probs[node].clone()
+        for kid in (i for i, p in enumerate(parents.tolist()) if p == node):
+            if torch.rand((), generator=generator) < probs[tokens[kid]]:
+                path.append(kid)
+                node = kid
+                break
+            probs[tokens[kid]] = 0.0
+        else:
+            return torch.tensor(path), torch.multinomial(probs, 1, generator=generator)[0]
+
+
+def test_sample_accept_reproduces_target_distribution(chi_square):
+    """Chi-square over 6000 draws: the first emitted token ~ target_probs[root]; when it is tree node 2's token,
+    the second ~ target_probs[2] (the conditional the rule must reproduce after descending)."""
+    target_probs = _tree_target_probs()
+    first, second = _first_two_counts(sample_accept, target_probs, draws=6000)
+    assert chi_square(first, target_probs[0]) > 1e-3
+    assert second.sum() > 1000
     assert chi_square(second, target_probs[2]) > 1e-3
 
 
-def test_sample_accept_detects_a_wrong_sampler(chi_square):
-    """The test above has power: a sampler that always accepts the first child fails it."""
-    vocab = 6
-    gen = torch.Generator().manual_seed(0)
-    target_probs = torch.softmax(torch.randn(vocab, generator=gen), dim=-1)
-    biased = torch.zeros(vocab)
-    biased[1] = 3000  # "always emit child token 1"
-    assert chi_square(biased, target_probs) < 1e-6
+def test_the_chi_square_test_catches_a_biased_sampler(chi_square):
+    """Power check of the test above: skipping the renormalisation after a rejection is detected."""
+    target_probs = _tree_target_probs()
+    first, second = _first_two_counts(_sampler_without_renormalisation, target_probs, draws=6000)
+    assert chi_square(first, target_probs[0]) < 1e-6
 
 
 def test_sample_token_matches_distribution(chi_square):
@@ -139,3 +159,11 @@ def test_tree_layout_and_ancestor_mask():
     assert tree.ancestor_mask[4].nonzero().flatten().tolist() == [0, 1, 4]
     with pytest.raises(ValueError):
         TreeLayout((4, 0))
+
+
+def test_chain_tree_pads_and_truncates():
+    tree = chain_tree(torch.tensor(9), torch.tensor([1, 2, 3, 4, 5]), num_valid=5, num_nodes=4)
+    assert tree.tokens.tolist() == [9, 1, 2, 3] and tree.valid.all()
+    short = chain_tree(torch.tensor(9), torch.tensor([1]), num_valid=1, num_nodes=4)
+    assert short.tokens.tolist() == [9, 1, 0, 0] and short.valid.tolist() == [True, True, False, False]
+    assert short.parents.tolist() == [-1, 0, 1, 2]

@@ -37,3 +37,12 @@ def test_sampling_baselines_are_seeded():
     b = run_method("vanilla_fa", [5, 6, 7], config, target=target).tokens
     c = run_method("ar", [5, 6, 7], config, target=target).tokens
     assert a == b == c  # same sampler, same RNG stream, same target distribution
+
+
+def test_prompt_lookup_drafts():
+    from longspec.infer.pld import prompt_lookup
+
+    context = torch.tensor([5, 6, 7, 8, 9, 1, 2, 5, 6, 7])
+    assert prompt_lookup(context, 3, 3).tolist() == [8, 9, 1]  # trigram 5 6 7 seen before
+    assert prompt_lookup(torch.tensor([1, 2, 3, 1]), 5, 3).tolist() == [2, 3, 1]  # unigram fallback
+    assert prompt_lookup(torch.tensor([1, 2, 3, 4]), 5, 3).numel() == 0  # nothing matches

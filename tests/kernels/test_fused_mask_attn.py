@@ -68,6 +68,30 @@ def test_strided_inputs():
     assert_attn_close(out, lse, *fused_mask_attn_naive(q, k, v, mask, 0.25), torch.float32)
 
 
+def test_mask_layouts():
+    # A mask with 16-byte-aligned rows (a [:, :T] view of a padded buffer) is read in place; any other layout
+    # is copied to one. Both give the same attention.
+    from longspec.kernels.online_softmax import mask_operand
+
+    T = 21
+    mask = tree_mask(random_tree(T, torch.Generator().manual_seed(4)), DEVICE)
+    padded = torch.zeros(T, 32, dtype=torch.bool, device=DEVICE)
+    padded[:, :T] = mask
+    view = padded[:, :T]
+    operand, batch_stride, row_stride = mask_operand(view)
+    assert operand.data_ptr() == view.data_ptr() and (batch_stride, row_stride) == (0, 32)
+    copied, _, row_stride = mask_operand(mask)
+    assert row_stride % 16 == 0 and torch.equal(copied.bool(), mask)
+    _, batch_stride, _ = mask_operand(mask.expand(3, T, T).contiguous())
+    assert batch_stride > 0
+
+    q, k, v = _qkv(1, 4, 2, T, T, 16)
+    out_view, lse_view = fused_mask_attn(q, k, v, view, 0.3)
+    out_copy, lse_copy = fused_mask_attn(q, k, v, mask.t().contiguous().t(), 0.3)  # column-major: copied
+    assert torch.equal(out_view, out_copy) and torch.equal(lse_view, lse_copy)
+    assert_attn_close(out_view, lse_view, *fused_mask_attn_naive(q, k, v, mask, 0.3), torch.float32)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("num_nodes", [69, 74])

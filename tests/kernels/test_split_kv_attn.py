@@ -9,7 +9,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in lo
 
 from _kernel_helpers import assert_attn_close, beam_tree, tree_mask  # noqa: E402
 
-from longspec.kernels.fused_mask_attn import fused_mask_attn_naive  # noqa: E402
+from longspec.kernels.fused_mask_attn import fused_mask_attn, fused_mask_attn_naive  # noqa: E402
 from longspec.kernels.split_kv_attn import split_kv_attn, split_kv_attn_naive  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -67,16 +67,19 @@ def _union_reference(q, k_cache, v_cache, n, k_new, v_new, mask, scale):
 
 
 @pytest.mark.parametrize("cache_len, num_splits", [(77, None), (0, 2), (torch.tensor([50, 3]), 4)])
-def test_tree_part_equals_attention_over_union(cache_len, num_splits):
-    # Hybrid verify attention in one launch: cache splits + a masked tree part, merged in the reduce.
+def test_hybrid_equals_attention_over_union(cache_len, num_splits):
+    # Hybrid verify attention as attention.py runs it: fused_mask_attn over the new tokens, folded into the
+    # split-KV reduce == one masked attention over [cache ++ new], per batch row (lengths and masks differ).
     B, H, Hkv, Tq, Tmax, D = 2, 8, 2, 13, 128, 16
     q, k_cache, v_cache = _inputs(B, H, Hkv, Tq, Tmax, D, cache_len)
     k_new, v_new = torch.randn(2, B, Hkv, Tq, D, device=DEVICE)
     mask = torch.rand(B, Tq, Tq, device=DEVICE) < 0.5
     mask[0, 4] = False  # this row sees only the cache (or nothing at all when the cache is empty)
     config = None if num_splits is None else {"num_splits": num_splits}
-    tree = (k_new, v_new, mask)
-    out, lse = split_kv_attn(q, k_cache, v_cache, cache_len, 0.25, tree=tree, config=config, **_poisoned(q))
+    tree = fused_mask_attn(q, k_new, v_new, mask, 0.25)
+    out, lse = split_kv_attn(
+        q, k_cache, v_cache, cache_len, 0.25, merge_with=tree, config=config, **_poisoned(q)
+    )
     for b, n in enumerate(torch.as_tensor(cache_len).expand(B).tolist()):
         ref = _union_reference(q[b : b + 1], k_cache[b : b + 1], v_cache[b : b + 1], n, k_new[b : b + 1],
                                v_new[b : b + 1], mask[b : b + 1], 0.25)  # fmt: skip
@@ -112,7 +115,7 @@ def test_gpu_real_shapes(dtype, context, num_queries):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("context", [8192, 131072 - 74])
-def test_gpu_hybrid_tree_part(context):
+def test_gpu_hybrid(context):
     # Verify attention at Llama-3.1-8B shapes: 74 tree tokens (a 69-node tree + 5 more) vs a long cache.
     T, dtype = 74, torch.bfloat16
     q, k_cache, v_cache = _inputs(1, 32, 8, T, context, 128, context, dtype, "cuda")

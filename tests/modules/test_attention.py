@@ -1,6 +1,8 @@
 """Attention backends vs the math reference; hybrid/merge identities; errors; GPU backends at real shapes."""
 
 import os
+import sys
+import types
 
 import torch
 
@@ -178,6 +180,77 @@ def test_missing_flash_attn_names_the_install():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=r"pip install 'longspec\[flash\]'"):
         attention(q, k, v, backend="flash_attn")
+
+
+# ------------------------------------------------- flash-attn adapter vs a stand-in with its documented API
+
+
+def _documented_flash_attn():
+    """A CPU stand-in for flash-attn 2 implementing its documented semantics ([B, T, H, D] layout, GQA,
+    bottom-right causal, window_size=(left, right) with -1 = unbounded, softmax_lse [B, H, Tq] with +inf for
+    rows that see nothing), so the adapter's transposes and window mapping are checked without the package."""
+    from longspec.kernels.fused_mask_attn import fused_mask_attn_naive
+
+    def run(q, k, v, visible, scale):
+        out, lse = fused_mask_attn_naive(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), visible, scale
+        )
+        return out.transpose(1, 2).to(q.dtype), lse.masked_fill(torch.isneginf(lse), float("inf"))
+
+    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                        return_attn_probs=False, **_):  # fmt: skip
+        Tq, Tk = q.shape[1], k.shape[1]
+        i = torch.arange(Tq)[:, None] + Tk - Tq
+        j = torch.arange(Tk)[None, :]
+        left, right = window_size[0], 0 if causal else window_size[1]
+        visible = torch.ones(Tq, Tk, dtype=torch.bool)
+        if left >= 0:
+            visible &= j >= i - left
+        if right >= 0:
+            visible &= j <= i + right
+        out, lse = run(q, k, v, visible, softmax_scale)
+        return (out, lse, None) if return_attn_probs else out
+
+    def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, softmax_scale=None, causal=False,
+                                return_softmax_lse=False, **_):  # fmt: skip
+        assert not causal
+        B, Tmax = q.shape[0], k_cache.shape[1]
+        lengths = torch.as_tensor(cache_seqlens).expand(B)
+        visible = torch.arange(Tmax)[None, None, :] < lengths[:, None, None]  # [B, 1, Tmax]
+        out, lse = run(q, k_cache, v_cache, visible.expand(B, q.shape[1], Tmax), softmax_scale)
+        return (out, lse) if return_softmax_lse else out
+
+    module = types.ModuleType("flash_attn")
+    module.flash_attn_func = flash_attn_func
+    module.flash_attn_with_kvcache = flash_attn_with_kvcache
+    return module
+
+
+@pytest.fixture
+def stand_in_flash_attn(monkeypatch):
+    import longspec.modules.attention as attention_module
+
+    monkeypatch.setitem(sys.modules, "flash_attn", _documented_flash_attn())
+    monkeypatch.setattr(attention_module, "_flash_attn_ok", lambda q: True)
+
+
+@pytest.mark.parametrize("causal, window", [(True, None), (True, 3), (False, None), (False, 2)])
+@pytest.mark.parametrize("Tq, Tk", [(7, 7), (4, 9), (9, 5)])
+def test_flash_attn_adapter(stand_in_flash_attn, causal, window, Tq, Tk):
+    q, k, v = _qkv(Tq=Tq, Tk=Tk)
+    out, lse = attention(q, k, v, causal=causal, window=window, backend="flash_attn")
+    ref_out, ref_lse = attention(q, k, v, causal=causal, window=window, backend="math")
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(lse, ref_lse)  # includes -inf rows (Tq > Tk, causal)
+
+
+def test_flash_attn_cache_adapter(stand_in_flash_attn):
+    q, k, v = _qkv(Tk=20)
+    for cache_len in (13, torch.tensor(13), torch.tensor([13, 0])):
+        out, lse = cache_attention(q, k, v, cache_len, backend="flash_attn")
+        ref_out, ref_lse = cache_attention(q, k, v, cache_len, backend="math")
+        torch.testing.assert_close(out, ref_out)
+        torch.testing.assert_close(lse, ref_lse)
 
 
 # ------------------------------------------------------------------------- Triton backend (interpreter)

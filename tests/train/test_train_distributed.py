@@ -37,12 +37,16 @@ def _torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
 
 
-def _launch(runs: list[list[str]], tmp: Path, name: str) -> None:
+def _launch(runs: list[list[str]], tmp: Path, name: str, *, processes: int = 2) -> None:
     spec = tmp / f"{name}.json"
     spec.write_text(json.dumps(runs))
-    proc = subprocess.run(
-        _torchrun(str(HERE / "multi_run.py"), str(spec)), capture_output=True, text=True, timeout=600
+    # One process: no launcher at all (the trainer makes itself a world of one).
+    command = (
+        [sys.executable, str(HERE / "multi_run.py"), str(spec)]
+        if processes == 1
+        else (_torchrun(str(HERE / "multi_run.py"), str(spec)))
     )
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"launch {name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 
@@ -124,6 +128,18 @@ def runs(tmp_path_factory):
             cfg(
                 "tiny_stage3", "d3", "qwen2", "s3_z3_kl", "deepspeed.zero_stage=3", "loss.distill_weight=0.5"
             ),
+            # bf16 takes DeepSpeed's other optimizer path under ZeRO-1 (BF16_Optimizer, fp32 grad accumulation):
+            # the one GPU runs use.
+            s1("s1_z1_bf16", "deepspeed.precision=bf16"),
+            s1("s1_z1_bf16_stopped", "deepspeed.precision=bf16", "stop_at_step=3"),
+            cfg(
+                "tiny_stage2",
+                "d2",
+                "llama",
+                "s2_nolag_2proc",
+                "deepspeed.zero_stage=1",
+                "stage.flash_noisy=false",
+            ),
         ],
         tmp,
         "first",
@@ -148,11 +164,29 @@ def runs(tmp_path_factory):
     proc.wait()
     assert still_running, "the run finished before it could be killed; the SIGKILL test proved nothing"
 
+    # The same global batch on one process (4 micro-batches of accumulation instead of 2 x 2 ranks). Without the
+    # noisy lag (drawn per micro-step index) both see identical work per step.
+    _launch(
+        [
+            cfg(
+                "tiny_stage2",
+                "d2",
+                "llama",
+                "s2_nolag_1proc",
+                "deepspeed.zero_stage=1",
+                "stage.flash_noisy=false",
+            )
+        ],
+        tmp,
+        "single",
+        processes=1,
+    )
     export_drafter(str(tmp / "s1_z1"), str(tmp / "s1_export"))
     _launch(
         [
             s1("s1_z1_stopped"),  # resume: no stop this time
             s1("s1_killed"),
+            s1("s1_z1_bf16_stopped", "deepspeed.precision=bf16"),
             s2z3("s2_z3_stopped"),
             s2z3("s2_z3_chained", f"init_from={tmp / 's1_export'}"),
         ],
@@ -162,7 +196,7 @@ def runs(tmp_path_factory):
     return tmp
 
 
-@pytest.mark.parametrize("run", ["s1_z1", "s1_z3", "s2_z1", "s2_z3", "s3_z1", "s3_z3_kl"])
+@pytest.mark.parametrize("run", ["s1_z1", "s1_z3", "s2_z1", "s2_z3", "s3_z1", "s3_z3_kl", "s1_z1_bf16"])
 def test_each_stage_trains_and_loss_falls(runs, run):
     losses = _losses(runs / run)
     assert len(losses) == STEPS
@@ -179,6 +213,18 @@ def test_zero1_and_zero3_agree_at_the_first_step(runs):
     assert _losses(runs / "s1_z1")[0] == pytest.approx(_losses(runs / "s1_z3")[0], rel=1e-5)
 
 
+def test_loss_and_gradients_do_not_depend_on_the_world_size(runs):
+    """Normalising by the GLOBAL valid-token count (and DeepSpeed's mean over ranks) makes 2 ranks x 2 micro-steps
+    train exactly like 1 rank x 4 micro-steps, up to float summation order."""
+    two, one = (
+        [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
+        for name in ("s2_nolag_2proc", "s2_nolag_1proc")
+    )
+    for a, b in zip(two, one, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
 def test_zero3_shards_the_frozen_target(runs):
     log = (runs / "s1_z3" / "train.log").read_text()
     full, local = map(
@@ -193,7 +239,13 @@ def test_zero3_shards_the_frozen_target(runs):
 
 
 @pytest.mark.parametrize(
-    "resumed, reference", [("s1_z1_stopped", "s1_z1"), ("s1_killed", "s1_z1"), ("s2_z3_stopped", "s2_z3")]
+    "resumed, reference",
+    [
+        ("s1_z1_stopped", "s1_z1"),
+        ("s1_killed", "s1_z1"),
+        ("s2_z3_stopped", "s2_z3"),
+        ("s1_z1_bf16_stopped", "s1_z1_bf16"),
+    ],
 )
 def test_resume_is_bitwise_identical(runs, resumed, reference):
     assert _losses(runs / resumed) == _losses(runs / reference)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from longspec.kernels.online_softmax import attend_range, mask_operand
+from longspec.kernels.online_softmax import attend_range, dot_precision, mask_operand
 
 _LOG2E = 1.4426950408889634
 
@@ -35,6 +35,7 @@ def _fused_mask_attn_kernel(
     num_kv_heads, num_queries, num_keys, group, num_rows,
     qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
@@ -61,7 +62,7 @@ def _fused_mask_attn_kernel(
         K + b * stride_kb + kvh * stride_kh, V + b * stride_vb + kvh * stride_vh, stride_kt, stride_vt,
         MASK + b * stride_mb + tq[:, None] * stride_mq,
         0, num_keys, qk_scale, d,
-        HAS_MASK=True, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+        HAS_MASK=True, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
     )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -114,6 +115,7 @@ def fused_mask_attn(
         Hkv, Tq, Tk, group, num_rows,
         scale * _LOG2E,
         HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_M=block_m, BLOCK_N=block_n,
+        DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps,
     )  # fmt: skip
     return out, lse

@@ -11,12 +11,13 @@ merges them exactly (REFERENCE §4, generalised to S parts):
 
     lse = log sum_s e^{lse_s},   out = sum_s e^{lse_s - lse} o_s.
 
-Hybrid verify attention (REFERENCE §4) rides along: with `tree=(k_new, v_new, mask)` one more part computes
-the new tokens among themselves under the tree mask (the loop of fused_mask_attn) in the same launch, so the
-whole verify attention is two kernels with nothing to merge afterwards. (`merge_with` folds an already
-computed part into the reduce instead.) Softmax runs in base 2 (exp2) with the scale folded into
-log2(e); accumulation is float32. `cache_len` may live on the device (0-d or [B]): the split bounds are
-computed in the kernel, so the launch has fixed shapes and can be captured in a CUDA graph.
+The reduce also folds in one more part (`merge_with`): hybrid verify attention (REFERENCE §4) passes the
+tree tokens' fused_mask_attn result there, so the whole verify attention is three kernels with no separate
+merge. (Running the tree part as an extra split of the same launch was measured 1.8x slower at 128K on an
+H200: the masked branch's register and shared-memory needs slowed every split. docs/BENCHMARKS.md.)
+The inner loop is `longspec.kernels.online_softmax.attend_range` (base-2 online softmax, float32 accumulation).
+`cache_len` may live on the device (0-d or [B]): the split bounds are computed in the kernel, so the launch
+has fixed shapes and can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -28,31 +29,29 @@ import torch
 import triton
 import triton.language as tl
 
-from longspec.kernels.online_softmax import attend_range, mask_operand
+from longspec.kernels.online_softmax import attend_range, dot_precision
 
 _LOG2E = 1.4426950408889634
 
 
 # Sizes that change between calls are not specialised on (divisibility by 16), so one compiled kernel serves
 # every cache length / tree size instead of recompiling when, say, num_splits happens to be 16.
-@triton.jit(do_not_specialize=["cache_len", "num_queries", "num_rows", "num_splits", "num_parts", "num_new"])
+@triton.jit(do_not_specialize=["cache_len", "num_queries", "num_rows", "num_splits"])
 def _split_kv_partial_kernel(
-    Q, K, V, LENS, KN, VN, MASK, O_PART, L_PART, cache_len,
+    Q, K, V, LENS, O_PART, L_PART, cache_len,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt,
     stride_lens,
-    stride_knb, stride_knh, stride_knt,
-    stride_vnb, stride_vnh, stride_vnt,
-    stride_mb, stride_mq,
-    num_kv_heads, num_queries, group, num_rows, num_splits, num_parts, num_new,
+    num_kv_heads, num_queries, group, num_rows, num_splits,
     qk_scale,
-    LEN_ON_DEVICE: tl.constexpr, HAS_TREE: tl.constexpr,
+    LEN_ON_DEVICE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     # Row blocks vary fastest so the programs sharing one split's K/V tiles run together (L2 reuse).
     pid_m = tl.program_id(0)
-    pid_s = tl.program_id(1)  # split index; with HAS_TREE the last one (== num_splits) is the tree part
+    pid_s = tl.program_id(1)
     pid_bh = tl.program_id(2).to(tl.int64)
     b = pid_bh // num_kv_heads
     kvh = pid_bh % num_kv_heads
@@ -69,42 +68,28 @@ def _split_kv_partial_kernel(
         other=0.0,
     )  # [BLOCK_M, BLOCK_D]
 
+    # This program's slice of the filled cache, in whole BLOCK_N tiles (the last split may be short or empty).
+    if LEN_ON_DEVICE:
+        n = tl.load(LENS + b * stride_lens).to(tl.int32)
+    else:
+        n = cache_len
+    split_len = tl.cdiv(tl.cdiv(n, num_splits), BLOCK_N) * BLOCK_N
+    start = pid_s * split_len
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max, log2 units
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of 2^(s - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    is_tree = False
-    if HAS_TREE:
-        is_tree = pid_s == num_splits
-    if is_tree:
-        # The new tokens among themselves under the tree mask (what fused_mask_attn computes), run beside
-        # the cache splits instead of as a separate launch.
-        acc, m_i, l_i = attend_range(
-            acc, m_i, l_i, q,
-            KN + b * stride_knb + kvh * stride_knh, VN + b * stride_vnb + kvh * stride_vnh, stride_knt, stride_vnt,
-            MASK + b * stride_mb + tq[:, None] * stride_mq,
-            0, num_new, qk_scale, d,
-            HAS_MASK=True, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-        )  # fmt: skip
-    else:
-        # This program's slice of the filled cache, in whole BLOCK_N tiles (the last may be short or empty).
-        if LEN_ON_DEVICE:
-            n = tl.load(LENS + b * stride_lens).to(tl.int32)
-        else:
-            n = cache_len
-        split_len = tl.cdiv(tl.cdiv(n, num_splits), BLOCK_N) * BLOCK_N
-        start = pid_s * split_len
-        acc, m_i, l_i = attend_range(
-            acc, m_i, l_i, q,
-            K + b * stride_kb + kvh * stride_kh, V + b * stride_vb + kvh * stride_vh, stride_kt, stride_vt,
-            K,
-            start, tl.minimum(start + split_len, n), qk_scale, d,
-            HAS_MASK=False, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
-        )  # fmt: skip
+    acc, m_i, l_i = attend_range(
+        acc, m_i, l_i, q,
+        K + b * stride_kb + kvh * stride_kh, V + b * stride_vb + kvh * stride_vh, stride_kt, stride_vt,
+        K,  # no mask
+        start, tl.minimum(start + split_len, n), qk_scale, d,
+        HAS_MASK=False, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+    )  # fmt: skip
 
-    # An empty part leaves m_i = -inf, l_i = 0: it writes o = 0, lse = -inf and gets zero weight in the reduce.
+    # An empty split leaves m_i = -inf, l_i = 0: it writes o = 0, lse = -inf and gets zero weight in the reduce.
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     lse2 = m_i + tl.log2(l_i)
-    part = (pid_bh * num_parts + pid_s) * num_rows  # O_PART [B*Hkv, P, R, D], L_PART [B*Hkv, P, R]
+    part = (pid_bh * num_splits + pid_s) * num_rows  # O_PART [B*Hkv, S, R, D], L_PART [B*Hkv, S, R]
     rows64 = rows.to(tl.int64)
     tl.store(
         O_PART + (part + rows64)[:, None] * HEAD_DIM + d[None, :], o, mask=row_ok[:, None] & d_ok[None, :]
@@ -112,14 +97,14 @@ def _split_kv_partial_kernel(
     tl.store(L_PART + part + rows64, lse2, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["num_queries", "num_rows", "num_parts"])
+@triton.jit(do_not_specialize=["num_queries", "num_rows", "num_splits"])
 def _split_kv_reduce_kernel(
     O_PART, L_PART, EXTRA_O, EXTRA_L, OUT, LSE,
     stride_eb, stride_eh, stride_et,
     stride_elb, stride_elh, stride_elt,
     stride_ob, stride_oh, stride_ot,
     stride_lb, stride_lh, stride_lt,
-    num_kv_heads, num_queries, group, num_rows, num_parts,
+    num_kv_heads, num_queries, group, num_rows, num_splits,
     HAS_EXTRA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):  # fmt: skip
     pid_r = tl.program_id(0)
@@ -136,9 +121,9 @@ def _split_kv_reduce_kernel(
 
     # Pass 1: the largest part LSE per row (log2 units), so every weight 2^(lse_s - m) is <= 1.
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    for s in range(0, num_parts):
+    for s in range(0, num_splits):
         lse_s = tl.load(
-            L_PART + (pid_bh * num_parts + s) * num_rows + rows64, mask=row_ok, other=float("-inf")
+            L_PART + (pid_bh * num_splits + s) * num_rows + rows64, mask=row_ok, other=float("-inf")
         )
         m = tl.maximum(m, lse_s)
     if HAS_EXTRA:
@@ -152,8 +137,8 @@ def _split_kv_reduce_kernel(
     # Pass 2: weighted sum of the parts' normalised outputs.
     o = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     denom = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for s in range(0, num_parts):
-        part = (pid_bh * num_parts + s) * num_rows + rows64
+    for s in range(0, num_splits):
+        part = (pid_bh * num_splits + s) * num_rows + rows64
         w = tl.exp2(tl.load(L_PART + part, mask=row_ok, other=float("-inf")) - m)
         o_s = tl.load(O_PART + part[:, None] * HEAD_DIM + d[None, :], mask=tile_ok, other=0.0)
         o += w[:, None] * o_s
@@ -187,9 +172,10 @@ def _num_sms(device: torch.device) -> int:
 def default_config(
     num_rows: int, num_kv_programs: int, cache_len_hint: int, head_dim: int, device: torch.device
 ) -> dict[str, int]:
-    """Launch parameters. BLOCK_M 64 wastes little on R = G*Tq rows (296 for 74 queries x 4); the split count
-    gives ~`waves` full waves of programs over the SMs but keeps >= 2 K/V tiles per split.
-    Tuned on an H200 with benchmarks/verify_attention.py --sweep."""
+    """Launch parameters: BLOCK_M 64 wastes little on R = G*Tq rows (296 for 74 queries x 4 heads); the split
+    count gives ~4 waves of programs over the SMs (13 splits for 8 kv heads on 132 SMs) but keeps >= 2 K/V
+    tiles per split. On an H200 (benchmarks/verify_attention.py --sweep, 2026-11-30, docs/BENCHMARKS.md) this
+    was the fastest of the 12 swept (BLOCK_M, BLOCK_N, warps, stages) x 4-66 splits at both 32K and 128K."""
     block_m, block_n, num_warps, num_stages, waves = 64, 64, 4, 3, 4
     if head_dim > 128:
         block_n, num_stages = 32, 2  # shared memory
@@ -208,7 +194,6 @@ def split_kv_attn(
     cache_len: int | torch.Tensor,
     scale: float | None = None,
     *,
-    tree: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     merge_with: tuple[torch.Tensor, torch.Tensor] | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
@@ -217,8 +202,6 @@ def split_kv_attn(
     """Attention of q [B,H,Tq,D] over slots [0, cache_len) of k_cache/v_cache [B,Hkv,Tmax,D] (no mask).
 
     cache_len: int, or a 0-d / [B] integer tensor read on the device.
-    tree: optional (k_new [B,Hkv,Tn,D], v_new [B,Hkv,Tn,D], mask bool [Tq,Tn] or [B,Tq,Tn]): keys of the new
-      tokens under a mask, computed as one more part of the same launch (hybrid verify attention in 2 kernels).
     merge_with: optional (out [B,H,Tq,D], lse [B,H,Tq]) of attention over other keys, merged in the reduce.
     out/lse: optional output buffers. config: overrides of `default_config` (BLOCK_M, BLOCK_N, num_warps,
       num_stages, num_splits).
@@ -242,37 +225,24 @@ def split_kv_attn(
     else:
         lens, stride_lens, hint, cache_len = q, 0, int(cache_len), int(cache_len)  # LENS unused: any pointer
 
-    if tree is not None:
-        k_new, v_new, mask = tree
-        assert k_new.shape == v_new.shape and k_new.shape[:2] == (B, Hkv) and k_new.shape[3] == D
-        assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1 and mask.dtype == torch.bool
-        assert tuple(mask.shape[-2:]) == (Tq, k_new.shape[2])
-        mask, *mask_strides = mask_operand(mask)
-    else:
-        k_new, v_new, mask, mask_strides = k_cache, v_cache, k_cache, (0, 0)  # unused (HAS_TREE=False)
-
     cfg = default_config(num_rows, B * Hkv, hint, D, q.device)
     cfg.update(config or {})
     num_splits = cfg.pop("num_splits")
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
     block_d = max(16, triton.next_power_of_2(D))
-    num_parts = num_splits + (tree is not None)
 
-    o_part = torch.empty((B * Hkv, num_parts, num_rows, D), dtype=torch.float32, device=q.device)
-    l_part = torch.empty((B * Hkv, num_parts, num_rows), dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(num_rows, block_m), num_parts, B * Hkv)
+    o_part = torch.empty((B * Hkv, num_splits, num_rows, D), dtype=torch.float32, device=q.device)
+    l_part = torch.empty((B * Hkv, num_splits, num_rows), dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(num_rows, block_m), num_splits, B * Hkv)
     _split_kv_partial_kernel[grid](
-        q, k_cache, v_cache, lens, k_new, v_new, mask, o_part, l_part, cache_len,
+        q, k_cache, v_cache, lens, o_part, l_part, cache_len,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         stride_lens,
-        k_new.stride(0), k_new.stride(1), k_new.stride(2),
-        v_new.stride(0), v_new.stride(1), v_new.stride(2),
-        *mask_strides,
-        Hkv, Tq, group, num_rows, num_splits, num_parts, k_new.shape[2],
+        Hkv, Tq, group, num_rows, num_splits,
         scale * _LOG2E,
-        LEN_ON_DEVICE=len_on_device, HAS_TREE=tree is not None,
+        LEN_ON_DEVICE=len_on_device, DOT_PRECISION=dot_precision(q.dtype),
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, **cfg,
     )  # fmt: skip
 
@@ -291,7 +261,7 @@ def split_kv_attn(
         extra_l.stride(0), extra_l.stride(1), extra_l.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
-        Hkv, Tq, group, num_rows, num_parts,
+        Hkv, Tq, group, num_rows, num_splits,
         HAS_EXTRA=merge_with is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4,
     )  # fmt: skip
     return out, lse
