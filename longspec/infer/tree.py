@@ -13,6 +13,7 @@ children stay in the tree and are verified too.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -44,9 +45,16 @@ class TreeLayout:
         size = 1 if level == 0 else self.widths[level - 1]
         return slice(start, start + size)
 
-    def depths(self, device: torch.device | None = None) -> torch.Tensor:
-        sizes = torch.tensor((1, *self.widths), device=device)
-        return torch.repeat_interleave(torch.arange(len(sizes), device=device), sizes)
+    def depths(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Depth of every node slot [N]. Memoised per device: building it copies host data to the device,
+        which a CUDA graph capture forbids, so the capture reuses the tensor its warm-up calls made."""
+        return _depths(self.widths, torch.device(device or "cpu"))
+
+
+@functools.lru_cache(maxsize=64)
+def _depths(widths: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    depths = [0] + [level + 1 for level, width in enumerate(widths) for _ in range(width)]
+    return torch.tensor(depths, dtype=torch.long, device=device)
 
 
 @dataclass
@@ -67,7 +75,7 @@ class DraftTree:
         tree = cls(
             tokens=torch.zeros(n, dtype=torch.long, device=device),
             parents=torch.full((n,), -1, dtype=torch.long, device=device),
-            depths=layout.depths(device),
+            depths=layout.depths(device).clone(),
             ancestor_mask=torch.zeros(n, n, dtype=torch.bool, device=device),
             valid=torch.ones(n, dtype=torch.bool, device=device),
         )
@@ -82,7 +90,7 @@ class DraftTree:
         self.parents[idx] = parents
         # A node sees what its parent sees, plus itself.
         self.ancestor_mask[idx] = self.ancestor_mask[parents]
-        self.ancestor_mask[idx, idx] = True
+        self.ancestor_mask[idx, idx] = torch.ones_like(idx, dtype=torch.bool)  # a device value: graph-safe
 
     @property
     def num_nodes(self) -> int:
@@ -98,7 +106,7 @@ class DraftTree:
         return cls(
             tokens=tokens,
             parents=parents,
-            depths=layout.depths(tokens.device),
+            depths=layout.depths(tokens.device).clone(),
             ancestor_mask=ancestor_mask,
             valid=torch.ones_like(tokens, dtype=torch.bool),
         )

@@ -33,10 +33,12 @@ import logging
 import math
 
 import torch
+import torch.utils.checkpoint
 
 from longspec.kernels import triton_runs_on
 
 __all__ = [
+    "blocked_window_attention",
     "BACKENDS",
     "HAS_FLASH_ATTN",
     "attention",
@@ -263,6 +265,46 @@ def _triton_cache(q, k_cache, v_cache, cache_len, *, scale: float, merge_with=No
     return split_kv_attn(q, k_cache, v_cache, cache_len, scale, merge_with=merge_with)
 
 
+def _window_block(window: int) -> int:
+    return max(256, window + 1)
+
+
+def _window_block_attention(q, k, v, mask, scale):
+    return math_attention(q, k, v, mask, scale)
+
+
+def blocked_window_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window: int, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal sliding-window self-attention (Tq == Tk) in query blocks of size Bq >= window + 1.
+
+    A query block [s, e) only sees keys [s - window, e), so each block is an exact masked attention over at most
+    Bq + window keys: memory O(T * window) instead of O(T^2). With gradients each block is recomputed in the
+    backward (activation checkpointing), so only the inputs are kept. This is the path the drafter's self-attention
+    takes on long training sequences when flash-attn (which has a native window) is not installed.
+    """
+    T = q.shape[2]
+    assert k.shape[2] == T, "blocked_window_attention is for self-attention (Tq == Tk)"
+    scale = _default_scale(q, scale)
+    block = _window_block(window)
+    grad = _needs_grad(q, k, v)
+    outs, lses = [], []
+    for s in range(0, T, block):
+        e = min(T, s + block)
+        ks = max(0, s - window)
+        q_pos = torch.arange(s, e, device=q.device)[:, None]
+        k_pos = torch.arange(ks, e, device=q.device)[None, :]
+        mask = (k_pos <= q_pos) & (q_pos - k_pos <= window)
+        args = (q[:, :, s:e], k[:, :, ks:e], v[:, :, ks:e], mask, scale)
+        if grad:
+            out, lse = torch.utils.checkpoint.checkpoint(_window_block_attention, *args, use_reentrant=False)
+        else:
+            out, lse = _window_block_attention(*args)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+
+
 # ----------------------------------------------------------------------------------------------- public
 
 
@@ -313,6 +355,9 @@ def attention(
                 backend, "no sliding window and no non-square causal block in PyTorch's flash kernel"
             )
         return _torch_flash_call(q, k, v, causal=causal, scale=scale)
+    if backend == "math" and window is not None and causal and Tq == Tk and Tq > 2 * _window_block(window):
+        # Long sliding-window sequences (training stages 2-3 without flash-attn): O(T * window) memory.
+        return blocked_window_attention(q, k, v, window=window, scale=scale)
     mask = visibility_mask(Tq, Tk, causal=causal, window=window, device=q.device)
     if backend == "triton":
         if not _triton_ok(q, k, v):

@@ -28,9 +28,7 @@ class MicroBatchLosses:
     loss: torch.Tensor  # fp32 scalar with grad: ce_sum + distill_weight * kl_sum (not yet normalised)
     ce_sum: torch.Tensor  # detached fp32 scalar
     kl_sum: torch.Tensor  # detached fp32 scalar (0 without distillation)
-    num_correct: (
-        torch.Tensor
-    )  # long scalar: valid tokens whose drafter argmax is the label (-1 if not counted)
+    num_correct: torch.Tensor  # long scalar: valid tokens where drafter argmax == label (-1: not counted)
 
 
 class DraftingModel(nn.Module):
@@ -86,9 +84,8 @@ class DraftingModel(nn.Module):
         on the host with the batch, so selecting them costs no device->host sync); lag: flash-noisy lag (0 = none)."""
         with torch.no_grad():
             target_out = self.target(input_ids, position_ids)  # last_k/last_v [B,Hkv,T,D], hidden [B,T,Dm]
-        hidden = self.drafter(
-            input_ids, position_ids, target_out.last_k, target_out.last_v, lag=lag
-        )  # [B,T,Dm]
+        # [B,T,Dm]; query t cross-attends to target KV at positions <= t - lag
+        hidden = self.drafter(input_ids, position_ids, target_out.last_k, target_out.last_v, lag=lag)
         width = hidden.shape[-1]
         weight = self.head_weight
         hidden_n = hidden.reshape(-1, width).index_select(0, valid_rows).to(weight.dtype)  # [N,Dm]

@@ -355,3 +355,35 @@ def test_gpu_flash_attn_matches_torch_flash_and_math(causal, window):
         tf_out, tf_lse = attention(q, k, v, causal=causal, backend="torch_flash")
         torch.testing.assert_close(out, tf_out, **BF16)
         torch.testing.assert_close(lse, tf_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("window,T,hkv", [(37, 700, 2), (300, 1000, 1), (5, 531, 4)])
+def test_blocked_window_attention_matches_masked_math_with_grads(window, T, hkv):
+    from longspec.modules.attention import blocked_window_attention, math_attention, visibility_mask
+
+    g = torch.Generator().manual_seed(T)
+    q = torch.randn(1, 4, T, 16, generator=g, dtype=torch.float64).requires_grad_()
+    k = torch.randn(1, hkv, T, 16, generator=g, dtype=torch.float64).requires_grad_()
+    v = torch.randn(1, hkv, T, 16, generator=g, dtype=torch.float64).requires_grad_()
+    mask = visibility_mask(T, T, causal=True, window=window)
+    ref_out, ref_lse = math_attention(q, k, v, mask)
+    out, lse = blocked_window_attention(q, k, v, window=window)
+    # math_attention accumulates in float32 whatever the input dtype: compare at float32 precision.
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+    grad_out = torch.randn_like(out)
+    ref_grads = torch.autograd.grad((ref_out * grad_out).sum(), (q, k, v))
+    grads = torch.autograd.grad((out * grad_out).sum(), (q, k, v))
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_math_backend_routes_long_windows_through_blocks():
+    from longspec.modules.attention import attention, math_attention, visibility_mask
+
+    T, window = 600, 20
+    q, k, v = (torch.randn(1, 2, T, 8) for _ in range(3))
+    out, lse = attention(q, k, v, causal=True, window=window, backend="math")
+    ref_out, ref_lse = math_attention(q, k, v, visibility_mask(T, T, causal=True, window=window))
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
