@@ -148,7 +148,7 @@ def bench_context(target, drafter, engine, context: int, timer: Timer, capture: 
     device = engine.device
     generator = torch.Generator(device=device).manual_seed(context)
     layout = TreeLayout(GenerationConfig().tree_widths)
-    engine._ensure_cache(context + layout.num_nodes + 8)
+    engine.reserve(context + layout.num_nodes + 8)
     fill_random_cache(engine, context, generator)
     root = torch.tensor(1234 % target.vocab_size, device=device)
     one = chain_tree(root, root.new_empty(0), 0, 1)
@@ -156,37 +156,45 @@ def bench_context(target, drafter, engine, context: int, timer: Timer, capture: 
 
     with torch.no_grad():
         # Correctness first: our eager step == our static step (the graph's path) on this very cache.
-        eager = engine._verify(one)
-        static = engine._verify(one, static=True, capture=False).clone()
+        eager = engine.verify(one)
+        static = engine.verify(one, static=True, capture=False).clone()
         row["ar_static_vs_eager_max_abs_diff"] = float((eager.float() - static.float()).abs().max())
 
         row["ar_hf_ms"] = time_hf_step(timer, target.model, root, hf_cache(target, engine, context))
-        row["ar_ours_ms"] = timer(lambda: engine._verify(one))
-        row["ar_ours_static_ms"] = timer(lambda: engine._verify(one, static=True, capture=False))
+        row["ar_ours_ms"] = timer(lambda: engine.verify(one))
+        row["ar_ours_static_ms"] = timer(lambda: engine.verify(one, static=True, capture=False))
         if capture:
-            row["ar_ours_graph_ms"] = timer(lambda: engine._verify(one, static=True, capture=True))
+            row["ar_ours_graph_ms"] = timer(lambda: engine.verify(one, static=True, capture=True))
 
-        engine._drafter_prefill(
+        engine.prefill_drafter(
             torch.randint(0, target.vocab_size, (context,), device=device, generator=generator)
         )
-        tree = engine._draft(root, layout)
-        static_tree = engine._draft(root, layout, static=True, capture=False)
+        tree = engine.draft(root, layout)
+        static_tree = engine.draft(root, layout, static=True, capture=False)
         row["draft_static_matches_eager"] = all(
             torch.equal(a, b) for a, b in zip(tree.dynamic_part(), static_tree.dynamic_part(), strict=True)
         )
         row["tree_nodes"] = tree.num_nodes
-        row["draft_ms"] = timer(lambda: engine._draft(root, layout))
+        row["draft_ms"] = timer(lambda: engine.draft(root, layout))
         if capture:
-            row["draft_graph_ms"] = timer(lambda: engine._draft(root, layout, static=True, capture=True))
-        row["verify_ms"] = timer(lambda: engine._verify(tree))
+            row["draft_graph_ms"] = timer(lambda: engine.draft(root, layout, static=True, capture=True))
+        row["verify_ms"] = timer(lambda: engine.verify(tree))
         if capture:
-            row["verify_graph_ms"] = timer(lambda: engine._verify(tree, static=True, capture=True))
-        logits = engine._verify(tree)
+            row["verify_graph_ms"] = timer(lambda: engine.verify(tree, static=True, capture=True))
+        logits = engine.verify(tree)
         row["accept_ms"] = timer(
             lambda: greedy_accept(
                 tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, logits.argmax(-1), tree.valid
             )[0].tolist()  # the host needs the path: include that sync
         )
+        if capture:  # the replayed graphs compute what the eager code computes
+            replayed = engine.verify(tree, static=True, capture=True).float()
+            row["verify_graph_vs_eager_max_abs_diff"] = float((replayed - logits.float()).abs().max())
+            replayed_tree = engine.draft(root, layout, static=True, capture=True)
+            row["draft_graph_matches_eager"] = all(
+                torch.equal(a, b)
+                for a, b in zip(tree.dynamic_part(), replayed_tree.dynamic_part(), strict=True)
+            )
         draft = row.get("draft_graph_ms", row["draft_ms"])
         verify = row.get("verify_graph_ms", row["verify_ms"])
         row["round_ms"] = draft + verify + row["accept_ms"]
@@ -194,14 +202,8 @@ def bench_context(target, drafter, engine, context: int, timer: Timer, capture: 
     weight_bytes = sum(
         p.numel() * p.element_size() for n, p in target.model.named_parameters() if "embed_tokens" not in n
     )
-    kv_bytes = (
-        2
-        * target.num_layers
-        * target.num_kv_heads
-        * context
-        * target.head_dim
-        * engine.cache.keys.element_size()
-    )
+    committed_keys = engine.cache.keys[:, :, :, :context]  # [L, B, Hkv, context, D]
+    kv_bytes = 2 * committed_keys.numel() * committed_keys.element_size()  # K and V
     row["floor_ms"] = (weight_bytes + kv_bytes) / HBM_BYTES_PER_S * 1e3
     ar_same_engine = row.get("ar_ours_graph_ms", row["ar_ours_ms"])
     row["round_over_ar"] = row["round_ms"] / ar_same_engine
@@ -285,6 +287,9 @@ def main(argv: list[str] | None = None) -> dict:
     path = os.path.join(out_dir, "round_latency.json") if out_dir else args.json
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
+    for r in rows:
+        checks = {k: r[k] for k in r if k.endswith(("_diff", "_matches_eager"))}
+        print(f"checks at {r['context']}: " + ", ".join(f"{k}={v}" for k, v in checks.items()))
     print(table(rows))
     print(f"wrote {path}")
     return result

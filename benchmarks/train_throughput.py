@@ -253,40 +253,14 @@ def main(argv: list[str] | None = None) -> dict:
         world_size=dist_info.world_size,
         precision=precision,
     )
-    results = []
-    common = dict(device=device, vocab=hf_config.vocab_size, rank=dist_info.rank)
+    cases = []  # (name, rows, seq_len, anchor-offset positions, timed steps, warm-up steps)
     if args.only in (None, "stage1"):
-        results.append(
-            run_case(
-                engine,
-                model,
-                cfg,
-                name="stage1 (anchor offsets)",
-                rows=stage1[0],
-                seq_len=stage1[1],
-                anchor=True,
-                steps=steps,
-                warmup=warmup,
-                **common,
-            )
-        )
+        cases.append(("stage1 (anchor offsets)", stage1[0], stage1[1], True, steps, warmup))
     if args.only in (None, "stage2"):
         for seq_len in stage2:
             # One row (micro-batch 1, as stage 2); one warm-up + one timed step: the question is whether it fits.
-            results.append(
-                run_case(
-                    engine,
-                    model,
-                    cfg,
-                    name=f"stage2 {seq_len // 1024}K" if seq_len >= 1024 else f"stage2 {seq_len}",
-                    rows=1,
-                    seq_len=seq_len,
-                    anchor=False,
-                    steps=1,
-                    warmup=1,
-                    **common,
-                )
-            )
+            name = f"stage2 {seq_len // 1024}K" if seq_len >= 1024 else f"stage2 {seq_len}"
+            cases.append((name, 1, seq_len, False, 1, 1))
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
@@ -299,19 +273,48 @@ def main(argv: list[str] | None = None) -> dict:
         "commit": commit,
         "tiny": args.tiny,
         "torch": torch.__version__,
-        "results": results,
+        "results": [],
     }
+    out_dir = os.environ.get("OUT")
+    path = os.path.join(out_dir, "train_throughput.json") if out_dir else args.json
+    for name, rows, seq_len, anchor, case_steps, case_warmup in cases:
+        try:
+            result = run_case(
+                engine,
+                model,
+                cfg,
+                name=name,
+                rows=rows,
+                seq_len=seq_len,
+                anchor=anchor,
+                steps=case_steps,
+                warmup=case_warmup,
+                device=device,
+                vocab=hf_config.vocab_size,
+                rank=dist_info.rank,
+            )
+        except Exception as e:  # one device call: a failing case must not lose the others' numbers
+            result = {
+                "case": name,
+                "rows": rows,
+                "seq_len": seq_len,
+                "tokens": rows * seq_len,
+                "fits": False,
+                "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}",
+                "peak_mem_gib": float("nan"),
+                "loss": None,
+            }
+        report["results"].append(result)
+        if dist_info.rank == 0:  # rewritten after every case: a crash later still leaves these results
+            with open(path, "w") as f:
+                json.dump(report, f, indent=2)
     if dist_info.rank == 0:
-        out_dir = os.environ.get("OUT")
-        path = os.path.join(out_dir, "train_throughput.json") if out_dir else args.json
-        with open(path, "w") as f:
-            json.dump(report, f, indent=2)
         print(
             f"\n{report['device']}, {dist_info.world_size} process(es), ZeRO-{args.zero_stage}, {precision}\n"
         )
         print("| case | tokens/step | step ms | tokens/s | MFU | peak GiB | fits |")
         print("|---|---|---|---|---|---|---|")
-        for r in results:
+        for r in report["results"]:
             if r["fits"]:
                 print(
                     f"| {r['case']} | {r['tokens']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bash launch/demo_tiny.sh [OUT_DIR]
-# The whole training pipeline on a CPU in about a minute: a tiny random Llama target + byte tokenizer, stage-1 data
+# The whole training pipeline on a CPU in a few minutes: a tiny random Llama target + byte tokenizer, stage-1 data
 # from the Python standard library, stage 1 (ZeRO-1) -> export -> stage 2 (ZeRO-3, init_from) -> export, 2 processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."

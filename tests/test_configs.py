@@ -74,7 +74,9 @@ def test_eval_yamls_compose(tmp_path):
         GlobalHydra.instance().clear()
         # A primary config inside the eval/ group lands under an `eval:` key unless it declares its package.
         node = cfg.eval if set(cfg.keys()) == {"eval"} else cfg
-        node = OmegaConf.merge(OmegaConf.structured(eval_config.EvalConfig), node, {"drafter": {"init": "random"}})
+        node = OmegaConf.merge(
+            OmegaConf.structured(eval_config.EvalConfig), node, {"drafter": {"init": "random"}}
+        )
         assert isinstance(OmegaConf.to_object(node), eval_config.EvalConfig), path
 
 

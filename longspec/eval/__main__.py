@@ -82,9 +82,8 @@ def run_eval(cfg: EvalConfig) -> dict:
     methods = cfg.methods
     target = TargetModel.from_pretrained(
         cfg.target.path, dtype=dtype, device=device, trust_remote_code=cfg.target.trust_remote_code
-    ).to(
-        device
-    )  # the adapter's rotary buffers too (a per-step host copy otherwise; graphs cannot capture it)
+    )
+    target.to(device)  # the adapter's own rotary buffers too (else a host copy per step, which graphs forbid)
     tokenizer = AutoTokenizer.from_pretrained(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
     drafter = _build_drafter(cfg, target, tokenizer) if "longspec" in methods else None
     engine = SpeculativeEngine(target, drafter)
@@ -109,11 +108,7 @@ def run_eval(cfg: EvalConfig) -> dict:
         "data": [],
         "methods": {m: {} for m in methods},
     }
-    if cfg.warmup:
-        warm = dataclasses.replace(gen_config, max_new_tokens=min(8, cfg.max_new_tokens))
-        for method in methods:
-            run_method(method, list(range(16)), warm, target=target, engine=engine)
-
+    datasets: list[tuple[str, list]] = []
     for source in cfg.data.sources:
         samples, report = load_samples(
             source,
@@ -125,7 +120,19 @@ def run_eval(cfg: EvalConfig) -> dict:
         )
         samples = samples[: cfg.max_samples] if cfg.max_samples else samples
         results["data"].append(report.to_dict())
-        dataset = samples[0].dataset if samples else source
+        datasets.append((samples[0].dataset if samples else source, samples))
+
+    # Size the static cache once for the longest prompt, so no sample pays for a reallocation (or, with
+    # cuda_graphs, a re-capture) inside its timed decode; then warm every method up untimed.
+    longest = max((s.prompt_len for _, samples in datasets for s in samples), default=16)
+    round_slack = max(sum(cfg.tree_widths), gen_config.pld_num_draft) + 2
+    engine.reserve(longest + cfg.max_new_tokens + round_slack)
+    if cfg.warmup:
+        warm = dataclasses.replace(gen_config, max_new_tokens=min(8, cfg.max_new_tokens))
+        for method in methods:
+            run_method(method, list(range(16)), warm, target=target, engine=engine)
+
+    for dataset, samples in datasets:
         bar = tqdm(samples, desc=dataset, unit="sample", dynamic_ncols=True)
         for sample in bar:
             for method in methods:

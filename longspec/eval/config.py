@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from longspec.eval.datasets import KNOWN_DATASETS, LONGBENCH_TASKS
+from longspec.eval.datasets import KNOWN_DATASETS
 from longspec.infer.baselines import ALL_METHODS
 from longspec.train.config import TargetConfig
 
@@ -78,10 +78,6 @@ class DataEvalConfig:
         names = [self.name] if isinstance(self.name, str) else list(self.name)
         _check(bool(names), "data.name must name at least one dataset")
         return [str(n) for n in names]
-
-    @property
-    def is_longbench(self) -> bool:
-        return all(s in LONGBENCH_TASKS for s in self.sources)
 
 
 @dataclass(kw_only=True)

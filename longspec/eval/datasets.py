@@ -7,9 +7,12 @@ the paper). Malformed JSONL rows are counted and skipped, never fatal, and liste
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from longspec.eval.prompts import LONGBENCH_TEMPLATES, longbench_prompt, math_messages
@@ -87,25 +90,53 @@ def read_jsonl(path: str) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]
         raise FileNotFoundError(
             f"data.path={path!r} is not a file (expected a JSONL in LongBench's row schema)"
         )
-    rows, malformed = [], []
     with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                malformed.append((line_no, f"invalid JSON: {e.msg}"))
-                continue
-            if not isinstance(row, dict):
-                malformed.append((line_no, f"expected a JSON object, got {type(row).__name__}"))
-                continue
-            missing = [k for k in ("context", "input") if not isinstance(row.get(k), str)]
-            if missing:
-                malformed.append((line_no, f"missing or non-string field(s): {', '.join(missing)}"))
-                continue
-            rows.append((line_no, row))
+        return _parse_jsonl(f)
+
+
+def _parse_jsonl(lines: Iterable[str]) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
+    rows, malformed = [], []
+    for line_no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            malformed.append((line_no, f"invalid JSON: {e.msg}"))
+            continue
+        if not isinstance(row, dict):
+            malformed.append((line_no, f"expected a JSON object, got {type(row).__name__}"))
+            continue
+        missing = [k for k in ("context", "input") if not isinstance(row.get(k), str)]
+        if missing:
+            malformed.append((line_no, f"missing or non-string field(s): {', '.join(missing)}"))
+            continue
+        rows.append((line_no, row))
     return rows, malformed
+
+
+def _longbench_rows(task: str) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
+    """LongBench's test split of `task`: through `datasets` when it can, else (datasets >= 4 no longer runs
+    LongBench's loading script) from the repository's data.zip, member data/<task>.jsonl."""
+    try:
+        from datasets import load_dataset
+
+        return [
+            (i, dict(row)) for i, row in enumerate(load_dataset(LONGBENCH_HUB_ID, task, split="test"))
+        ], []
+    except Exception as first:  # script datasets unsupported, offline, ...
+        try:
+            from huggingface_hub import hf_hub_download
+
+            archive = hf_hub_download(LONGBENCH_HUB_ID, "data.zip", repo_type="dataset")
+            with zipfile.ZipFile(archive) as zf, zf.open(f"data/{task}.jsonl") as f:
+                return _parse_jsonl(io.TextIOWrapper(f, encoding="utf-8"))
+        except Exception as e:
+            raise ValueError(
+                f"could not load {LONGBENCH_HUB_ID}/{task} ({type(first).__name__}: {first}; then data.zip: "
+                f"{type(e).__name__}: {e}); download data.zip from the dataset page and pass "
+                f"data.path=data/{task}.jsonl"
+            ) from e
 
 
 def _encode_text(tokenizer, text: str) -> list[int]:
@@ -122,15 +153,15 @@ def _encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     return list(ids)
 
 
-def _load_hub(hub_id: str, name: str | None, split: str):
+def _load_hub(hub_id: str, split: str):
     from datasets import load_dataset
 
     try:
-        return load_dataset(hub_id, name, split=split) if name else load_dataset(hub_id, split=split)
+        return load_dataset(hub_id, split=split)
     except Exception as e:  # offline, missing script support, gated: say what to do instead
         raise ValueError(
-            f"could not load {hub_id}{'/' + name if name else ''} ({type(e).__name__}: {e}); download the data and "
-            "pass it as a local JSONL in LongBench's row schema with data.path=FILE.jsonl"
+            f"could not load {hub_id} ({type(e).__name__}: {e}); it needs the Hugging Face hub (or its cache): "
+            "unset HF_HUB_OFFLINE / HF_DATASETS_OFFLINE or populate the cache first"
         ) from e
 
 
@@ -147,17 +178,18 @@ def load_samples(
 
     min_prompt_tokens None = the source's default (1200 for LongBench and JSONL, 0 for math). template: the
     LongBench task whose template formats JSONL rows (default: each row's `dataset` field, else generic)."""
+    if template is not None and template not in LONGBENCH_TASKS:
+        raise ValueError(f"data.template={template!r} is not one of LongBench's tasks {LONGBENCH_TASKS}")
     report = DataReport(source=source)
     candidates: list[Sample] = []
     if source in MATH_SETS:
         spec = MATH_SETS[source]
         minimum = 0 if min_prompt_tokens is None else min_prompt_tokens
-        for index, row in enumerate(_load_hub(spec.hub_id, None, spec.split)):
-            report.num_rows += 1
+        for index, row in enumerate(_load_hub(spec.hub_id, spec.split)):
             row_id = row.get("id", index)
             if spec.id_range is not None and not spec.id_range[0] <= int(row_id) <= spec.id_range[1]:
-                report.num_rows -= 1  # outside the subset: not a row of this source at all
-                continue
+                continue  # outside the subset (AIME: the 2024 problems only): not a row of this source
+            report.num_rows += 1
             problem = row.get("problem") or row.get("question")
             if not isinstance(problem, str):
                 report.malformed.append((index, "no string `problem` / `question` field"))
@@ -166,14 +198,12 @@ def load_samples(
     else:
         minimum = 1200 if min_prompt_tokens is None else min_prompt_tokens
         if source in LONGBENCH_TASKS:
-            rows = [(i, dict(row)) for i, row in enumerate(_load_hub(LONGBENCH_HUB_ID, source, "test"))]
+            rows, report.malformed = _longbench_rows(source)
             default_task = source
         else:
             rows, report.malformed = read_jsonl(source)
             default_task = None
-            report.num_rows += len(report.malformed)
-        if template is not None and template not in LONGBENCH_TASKS:
-            raise ValueError(f"data.template={template!r} is not one of LongBench's tasks {LONGBENCH_TASKS}")
+        report.num_rows += len(report.malformed)
         dataset_name = source if default_task else os.path.splitext(os.path.basename(source))[0]
         for line, row in rows:
             report.num_rows += 1

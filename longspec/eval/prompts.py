@@ -36,8 +36,10 @@ MATH_INSTRUCTION = "Please reason step by step, and put your final answer within
 
 
 def longbench_prompt(task: str | None, context: str, question: str) -> str:
-    """LongBench's template for `task` (GENERIC_TEMPLATE for unknown / missing tasks) filled with a row."""
-    template = LONGBENCH_TEMPLATES.get(task or "", GENERIC_TEMPLATE)
+    """LongBench's template for `task` (GENERIC_TEMPLATE for unknown / missing tasks) filled with a row.
+    LongBench-E rows (`gov_report_e`, ...) use their task's template, as LongBench's pred.py does."""
+    task = (task or "").removesuffix("_e")
+    template = LONGBENCH_TEMPLATES.get(task, GENERIC_TEMPLATE)
     # str.replace, not str.format: contexts (code!) contain braces.
     return template.replace("{context}", context).replace("{input}", question)
 

@@ -122,9 +122,9 @@ class SpeculativeEngine:
         stats = GenerationStats(method=method, prompt_len=prompt.numel())
 
         with _timer(stats, "prefill_s", self.device):
-            root = self._prefill(prompt, config, generator)
+            root = self.prefill(prompt, config, generator)
             if method == "longspec":
-                self._drafter_prefill(prompt)
+                self.prefill_drafter(prompt)
         emitted = [int(root)]  # host sync: the first token
         context = torch.cat([prompt, root.reshape(1)]) if method == "pld" else None
 
@@ -133,7 +133,7 @@ class SpeculativeEngine:
         while not finished:
             if method == "longspec":
                 with _timer(stats, "draft_s", self.device):
-                    tree = self._draft(root, layout, static=static, capture=config.cuda_graphs)
+                    tree = self.draft(root, layout, static=static, capture=config.cuda_graphs)
             elif method == "pld":
                 with _timer(stats, "draft_s", self.device):
                     draft = prompt_lookup(context, config.pld_num_draft, config.pld_max_ngram)
@@ -141,7 +141,7 @@ class SpeculativeEngine:
             else:
                 tree = chain_tree(root, root.new_empty(0), 0, 1)
             with _timer(stats, "verify_s", self.device):
-                logits = self._verify(tree, static=static, capture=config.cuda_graphs)  # [N, V]
+                logits = self.verify(tree, static=static, capture=config.cuda_graphs)  # [N, V]
             overhead_start = _now(self.device)
             path, bonus = self._accept(tree, logits, config, generator)
             self.cache.commit_path(path)
@@ -159,6 +159,11 @@ class SpeculativeEngine:
         tokens = _truncate(emitted, config)
         stats.num_new_tokens = len(tokens)
         return GenerationResult(tokens=tokens, stats=stats)
+
+    def reserve(self, max_len: int) -> None:
+        """Allocate the target cache for `max_len` tokens (prompt + new tokens + one round) up front, so later
+        calls up to that size neither reallocate nor, with cuda_graphs, re-capture."""
+        self._ensure_cache(max_len)
 
     # ------------------------------------------------------------------ target side
     def _target_forward(
@@ -196,8 +201,10 @@ class SpeculativeEngine:
 
         return self.target(tokens[None], positions, attn_fn=attn_fn).hidden[0]
 
-    def _prefill(self, prompt: torch.Tensor, config: GenerationConfig, generator) -> torch.Tensor:
-        """Chunked prefill of the whole prompt; returns the first generated token (0-d, on device)."""
+    def prefill(self, prompt: torch.Tensor, config: GenerationConfig, generator=None) -> torch.Tensor:
+        """Chunked prefill of the whole prompt into the (reserved) cache; returns the first generated token
+        (0-d, on device). The pieces of a round (`prefill`, `prefill_drafter`, `draft`, `verify`) are public so
+        benchmarks/round_latency.py can time them one by one; `generate` strings them together."""
         hidden = None
         for start in range(0, prompt.numel(), config.prefill_chunk):
             chunk = prompt[start : start + config.prefill_chunk]
@@ -206,8 +213,9 @@ class SpeculativeEngine:
         logits = self.target.logits(hidden[-1:])  # [1, V]
         return self._pick(logits[0], config, generator)
 
-    def _verify(self, tree: DraftTree, *, static: bool = False, capture: bool = False) -> torch.Tensor:
-        """ONE target forward over all tree nodes -> logits [N, V] (node i predicts its children)."""
+    def verify(self, tree: DraftTree, *, static: bool = False, capture: bool = False) -> torch.Tensor:
+        """ONE target forward over all tree nodes -> logits [N, V] (node i predicts its children). Their K/V
+        stay in the cache's pending slots until `cache.commit_path`. static / capture: see GenerationConfig."""
         if not static:
             return self.target.logits(self._target_forward(tree.tokens, tree.depths, tree.ancestor_mask))
         inputs = (tree.tokens, tree.depths, tree.ancestor_mask)
@@ -291,15 +299,18 @@ class SpeculativeEngine:
         return sample_accept(tree.tokens, tree.parents, target_probs, tree.valid, generator=generator)
 
     # ------------------------------------------------------------------ drafter side
-    def _drafter_prefill(self, prompt: torch.Tensor) -> None:
+    def prefill_drafter(self, prompt: torch.Tensor) -> None:
         """Fill the ring buffer with the self-attention K/V of the last `window` prompt tokens only: the
         drafter never runs cross-attention over the prompt (the first round's root does that, once)."""
         self.drafter_cache.reset()
         positions = torch.arange(prompt.numel(), device=self.device)
         self.drafter.fill_cache(self.drafter_cache, prompt[None], positions)
 
-    def _draft(self, root: torch.Tensor, layout: TreeLayout, *, static: bool = False, capture: bool = False):
-        """The round's draft tree: eager, or on static buffers (captured in a CUDA graph when asked)."""
+    def draft(
+        self, root: torch.Tensor, layout: TreeLayout, *, static: bool = False, capture: bool = False
+    ) -> DraftTree:
+        """The round's draft tree for `root` (at position cache.length): eager, or on static buffers (captured
+        in a CUDA graph when asked; the returned tensors are then the graph's, valid until the next call)."""
         if not static:
             return self._draft_tree(root, layout, self.cache.length)
         fn = lambda root_buf: self._draft_tree(root_buf[0], layout, self.cache.length_t).dynamic_part()

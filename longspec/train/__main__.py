@@ -23,7 +23,10 @@ def main(argv: list[str] | None = None) -> None:
     from longspec.train.config import load_config
     from longspec.train.trainer import Trainer
 
-    cfg = load_config(overrides)
+    try:
+        cfg = load_config(overrides)
+    except (ValueError, FileNotFoundError) as e:  # a user mistake in the overrides or YAML: no traceback
+        raise SystemExit(f"error: {e}") from None
     trainer = Trainer(cfg)
     if trainer.rank == 0:
         with open(os.path.join(trainer.run_dir, "config.yaml"), "w") as f:

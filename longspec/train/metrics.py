@@ -6,6 +6,7 @@ unless `logging.wandb` is offline/online.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -58,8 +59,10 @@ class WandbSink:
             import wandb
         except ImportError as e:
             raise ValueError("logging.wandb needs the wandb package: `pip install wandb`") from e
+        # A stable id per run directory: a resumed run continues the same W&B run instead of starting a new one.
+        run_id = hashlib.sha256(os.path.abspath(run_dir).encode()).hexdigest()[:16]
         self._run = wandb.init(
-            mode=mode, project=project, name=name, dir=run_dir, config=config, resume="allow"
+            mode=mode, project=project, name=name, dir=run_dir, config=config, id=run_id, resume="allow"
         )
 
     def write(self, step: int, record: dict[str, Any]) -> None:

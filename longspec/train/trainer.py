@@ -446,6 +446,13 @@ class Trainer:
                 f"{path} was written by {state['world_size']} processes, this run has {self.world_size}: resume "
                 "with the same world size (or start a new output_dir with init_from= an exported drafter)"
             )
+        if state["total_steps"] != self.total_steps:
+            log.warning(
+                "%s was trained towards %d steps, this run towards %d: the LR schedule changes from here on",
+                path,
+                state["total_steps"],
+                self.total_steps,
+            )
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         log.info("resumed from %s at step %d", path, self.step)
 

@@ -10,6 +10,7 @@ def test_longbench_templates_are_the_five_long_output_tasks():
     prompt = longbench_prompt("repobench-p", "x = {'a': 1}\n", "y = ")
     assert prompt == "Please complete the code given below. \nx = {'a': 1}\ny = Next line of code:\n"
     assert longbench_prompt("narrativeqa", "C", "Q") == "C\n\nQ"  # not a long-output task: generic
+    assert longbench_prompt("lcc_e", "C", "Q") == longbench_prompt("lcc", "C", "Q")  # LongBench-E rows
     assert "\\boxed{}" in math_messages("1+1?")[0]["content"]
 
 
@@ -53,3 +54,44 @@ def test_math_prompt_uses_the_chat_template():
     assert ids[0] == 256  # the template's bos
     assert text.startswith("### user:\nWhat is 2+2?\nPlease reason step by step")
     assert text.endswith("### assistant:\n")  # generation prompt
+
+
+def test_longbench_falls_back_to_the_repository_zip(tmp_path, monkeypatch, longbench_jsonl):
+    """datasets >= 4 refuses LongBench's loading script: its data.zip (data/<task>.jsonl) is read instead."""
+    import zipfile
+
+    import datasets
+    import huggingface_hub
+
+    archive = tmp_path / "data.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.write(longbench_jsonl, "data/lcc.jsonl")
+
+    def no_scripts(*args, **kwargs):
+        raise RuntimeError("Dataset scripts are no longer supported")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_scripts)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name, repo_type: str(archive))
+    samples, report = load_samples(
+        "lcc", build_byte_tokenizer(), context_len=4096, min_prompt_tokens=0, context_margin=0
+    )
+    assert [s.id for s in samples] == ["code-0", "meet-1"] and len(report.malformed) == 3
+    assert all(s.dataset == "lcc" for s in samples)
+    text = bytes(samples[1].prompt_ids[1:]).decode()  # every row gets the task's template, not the row's
+    assert text.startswith("Please complete the code given below.") and text.endswith("Next line of code:\n")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_scripts)
+    with pytest.raises(ValueError, match="data.path=data/lcc.jsonl"):
+        load_samples("lcc", build_byte_tokenizer(), context_len=4096, min_prompt_tokens=0, context_margin=0)
+
+
+def test_aime24_keeps_ids_60_to_89_with_the_chat_template(monkeypatch):
+    import datasets
+
+    rows = [{"id": i, "problem": f"Problem {i}?", "answer": "1"} for i in range(0, 90, 10)]
+    monkeypatch.setattr(datasets, "load_dataset", lambda hub_id, split: rows)
+    samples, report = load_samples(
+        "aime24", build_byte_tokenizer(), context_len=4096, min_prompt_tokens=None, context_margin=0
+    )
+    assert [s.id for s in samples] == ["60", "70", "80"] and report.num_rows == 3
+    assert bytes(i for i in samples[0].prompt_ids if i < 256).decode().startswith("### user:\nProblem 60?")

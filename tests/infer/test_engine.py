@@ -93,14 +93,14 @@ def test_hybrid_verification_equals_full_forward(llama):
     engine = SpeculativeEngine(llama, random_drafter(llama))
     config = GenerationConfig(max_new_tokens=8, tree_widths=(2, 3, 3), prefill_chunk=7)
     layout = TreeLayout(config.tree_widths)
-    engine._ensure_cache(64)
-    root = engine._prefill(prompt, config, None)
-    engine._drafter_prefill(prompt)
-    tree = engine._draft(root, layout)
-    static_tree = engine._draft(root, layout, static=True)  # the path a CUDA graph captures
+    engine.reserve(64)
+    root = engine.prefill(prompt, config)
+    engine.prefill_drafter(prompt)
+    tree = engine.draft(root, layout)
+    static_tree = engine.draft(root, layout, static=True)  # the path a CUDA graph captures
     for a, b in zip(tree.dynamic_part(), static_tree.dynamic_part(), strict=True):
         assert torch.equal(a, b)
-    logits = engine._verify(tree)  # [N, V]
+    logits = engine.verify(tree)  # [N, V]
     for node in range(tree.num_nodes):
         path = tree.tokens[tree.ancestor_mask[node]]
         full = llama.model(torch.cat([prompt, path])[None]).logits[0, -1]
@@ -117,6 +117,16 @@ def test_drafter_state_is_independent_of_context_length(llama):
         sizes.append(engine.drafter_cache.nbytes)
     assert sizes[0] == sizes[1]
     assert engine.cache.max_len >= 200  # the target cache, by contrast, grows with the context
+
+
+def test_caches_are_allocated_once(llama):
+    """reserve() sizes the static target cache; later calls (any length up to it) reuse the same storage."""
+    engine = SpeculativeEngine(llama, random_drafter(llama))
+    engine.reserve(300)
+    pointers = (engine.cache.keys.data_ptr(), engine.drafter_cache.keys.data_ptr())
+    for length in (150, 20):
+        engine.generate(torch.randint(0, 256, (length,)), GenerationConfig(max_new_tokens=8))
+        assert (engine.cache.keys.data_ptr(), engine.drafter_cache.keys.data_ptr()) == pointers
 
 
 def test_eos_and_max_new_tokens_truncate(llama):

@@ -172,3 +172,19 @@ def test_metrics_logger_fans_out_and_formats_one_line(tmp_path, caplog):
     assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 3, **record}
     line = format_line(3, record)
     assert line.startswith("step 3/10 | loss 2.5000 | acc 0.250 | gnorm 1.000 | lr 1.00e-04 | tok/s 12,345")
+
+
+def test_wandb_sink_offline(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from longspec.train.metrics import WandbSink
+
+    monkeypatch.delenv(
+        "WANDB_MODE", raising=False
+    )  # conftest disables W&B; this test asks for offline explicitly
+    sink = WandbSink(
+        mode="offline", project="longspec-test", name="t", run_dir=str(tmp_path), config={"seed": 0}
+    )
+    sink.write(1, {"loss": 2.0})
+    sink.close()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))

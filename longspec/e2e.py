@@ -1,0 +1,809 @@
+"""The main job end to end in one command: corpus -> stage 1/2/3 data -> three training stages -> export -> eval.
+
+    python -m longspec.e2e --preset cpu --out outputs/quickstart            # README quickstart (2-core CPU)
+    python -m longspec.e2e --preset gpu --out $OUT/e2e --data DATA_DIR      # launch/gpu_e2e.sh (one H200)
+    python -m longspec.e2e --preset cpu --out DIR --dry-run                 # print the plan, run nothing
+    python -m longspec.e2e --preset cpu --out DIR --set stage1.num_steps=5 --set eval_max_samples=1
+
+Every step runs the real CLI a user would run (`python -m data_prep.stage1 ...`, `torchrun -m longspec.train ...`,
+`python -m longspec.export ...`, `python -m longspec.eval ...`); the command is printed first and its output goes
+to OUT/logs/NN_step.log. A finished step is recorded in OUT/e2e_manifest.json with its command: a rerun skips the
+steps whose record matches and whose outputs exist, so an interrupted run continues where it stopped (and a changed
+preset reruns from the first changed step on). At the end the evaluation's τ, tokens/s, speedup and lossless check
+are printed and OUT/report.md (+ training_loss.png, the eval's plots) is written.
+
+Presets: `cpu` drafts for the shipped code target (longspec/assets/code_target) with small stage lengths sized for
+a 2-core machine; `gpu` pretrains a ~100M target on the same corpus (prepared on a machine with the stdlib and
+carried: --data DIR with corpus/, tokenizer/, tokens/), trains its drafter and evaluates at 4K/8K/16K contexts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import random
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["StagePlan", "Preset", "PRESETS", "Step", "plan", "run_pipeline", "main"]
+
+CODE_TARGET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "code_target")
+MANIFEST_NAME = "e2e_manifest.json"
+
+
+# --------------------------------------------------------------------------------------------------- presets
+@dataclass(kw_only=True)
+class StagePlan:
+    """One drafter training stage: overrides of H3's tiny stage YAML (configs/stage/tiny_stageN.yaml)."""
+
+    config: str  # the stage YAML (stage=...): position ids, ZeRO stage, loss mask come from it
+    seq_len: int  # packed row length (stages 1-2) / longest SFT row (stage 3)
+    num_steps: int  # optimizer steps (the LR schedule's length)
+    global_batch_size: int  # sequences per optimizer step over all ranks
+    micro_batch_size: int  # sequences per rank per forward
+    lr: float  # peak learning rate (cosine, 10% warmup)
+    extra: tuple[str, ...] = ()  # further Hydra overrides (e.g. stage.position_ids=plain for an ablation)
+
+    def overrides(self) -> list[str]:
+        return [
+            f"stage={self.config}",
+            f"stage.seq_len={self.seq_len}",
+            f"stage.global_batch_size={self.global_batch_size}",
+            f"stage.micro_batch_size={self.micro_batch_size}",
+            f"max_steps={self.num_steps}",
+            f"optim.lr={self.lr}",
+            f"checkpoint.save_every={max(1, self.num_steps)}",  # the last step only: disk and time stay small
+            *self.extra,
+        ]
+
+
+@dataclass(kw_only=True)
+class EvalPlan:
+    """One `python -m longspec.eval` run."""
+
+    name: str  # output subdirectory OUT/eval_<name> (or OUT/eval when there is one plan)
+    methods: tuple[str, ...]
+    temperature: float = 0.0
+    extra: tuple[str, ...] = ()  # further Hydra overrides (cuda_graphs=true, ...)
+    required: bool = True  # a failed optional run is reported but does not stop the pipeline
+
+
+@dataclass(kw_only=True)
+class Preset:
+    """Everything the pipeline varies between machines. `--set name=value` overrides a field for one run."""
+
+    name: str
+    target: str | None  # the target's HF directory; None = pretrain one (pretrain_preset) first
+    pretrain_preset: str | None = None  # launch/pretrain_target.py --preset
+    pretrain_minutes: float = 3.0  # its wall-clock budget
+    pretrain_seq_len: int | None = None  # its training sequence length (None: the preset's)
+    pretrain_batch_size: int | None = None
+    anchor_max_len: int  # MAX_LEN of stage-1 anchor-offset positions (the target's trained context)
+    lcc_max_context_chars: int  # longest LCC context the corpus builder writes (eval prompt length)
+    num_procs: int  # training processes (torchrun --nproc_per_node)
+    cpu: bool  # DeepSpeed on CPU (DS_ACCELERATOR=cpu, gloo)
+    window: int  # drafter sliding window (tokens before each token it self-attends to)
+    stage1_max_rows: int | None  # source documents read for stage 1 / 2 (None: the whole train split)
+    stage2_max_rows: int | None
+    stage2_min_tokens: int  # stage-2 documents shorter than this are rejected
+    stage1: StagePlan
+    stage2: StagePlan
+    stage3: StagePlan
+    num_prompts: int  # stage-3 prompts: code prefixes of this many training files
+    prompt_chars: int  # longest prefix (characters, cut at a line end)
+    regen_max_new_tokens: int  # the target's continuation of each prefix (the stage-3 response)
+    regen_batch_size: int
+    evals: tuple[EvalPlan, ...]
+    eval_max_new_tokens: int
+    eval_max_samples: int  # per data source
+    eval_min_prompt_tokens: int  # shorter LCC prompts are skipped
+    eval_buckets: tuple[int, ...] = ()  # context lengths to cut held-out files to; () = heldout_lcc.jsonl as is
+    tree_widths: tuple[int, ...] = (4, 16, 16, 16, 16)
+
+    def __post_init__(self):
+        if self.target is None and self.pretrain_preset is None:
+            raise ValueError("a preset needs target= (a model dir) or pretrain_preset=")
+        if self.num_procs < 1 or self.window < 1:
+            raise ValueError("num_procs and window must be >= 1")
+        for stage in (self.stage1, self.stage2, self.stage3):
+            if stage.num_steps < 1 or stage.global_batch_size % (stage.micro_batch_size * self.num_procs):
+                raise ValueError(
+                    f"{stage.config}: need num_steps >= 1 and global_batch_size a multiple of "
+                    f"micro_batch_size x num_procs ({stage.micro_batch_size} x {self.num_procs})"
+                )
+        if not self.evals:
+            raise ValueError("a preset needs at least one eval plan")
+
+
+PRESETS: dict[str, Preset] = {
+    # Sized for a 2-core CPU shared with nothing else: the whole quickstart (fresh install included) <= 15 min.
+    # Timing and the resulting τ are in docs/BENCHMARKS.md, "Quickstart (issue 5)".
+    "cpu": Preset(
+        name="cpu",
+        target=CODE_TARGET,
+        anchor_max_len=4096,  # the code target was pretrained on 4096-token windows
+        lcc_max_context_chars=6000,  # ~1.7K-token prompts: long for a 64-token drafter window, cheap on a CPU
+        num_procs=2,
+        cpu=True,
+        window=64,
+        stage1_max_rows=400,
+        stage2_max_rows=400,
+        stage2_min_tokens=256,
+        stage1=StagePlan(
+            config="tiny_stage1", seq_len=256, num_steps=60, global_batch_size=16, micro_batch_size=8, lr=3e-3
+        ),
+        stage2=StagePlan(
+            config="tiny_stage2", seq_len=512, num_steps=15, global_batch_size=8, micro_batch_size=4, lr=1e-3
+        ),
+        stage3=StagePlan(
+            config="tiny_stage3", seq_len=640, num_steps=30, global_batch_size=8, micro_batch_size=4, lr=2e-3
+        ),
+        num_prompts=96,
+        prompt_chars=1500,
+        regen_max_new_tokens=128,
+        regen_batch_size=16,
+        evals=(EvalPlan(name="", methods=("longspec", "vanilla_hf", "ar", "pld")),),
+        eval_max_new_tokens=128,
+        eval_max_samples=3,
+        eval_min_prompt_tokens=512,
+    ),
+    # One H200, one device call of <= 10 minutes (launch/gpu_e2e.sh): ~3 min pretraining, ~3 min drafter.
+    "gpu": Preset(
+        name="gpu",
+        target=None,
+        pretrain_preset="gpu100m",
+        pretrain_minutes=3.0,
+        pretrain_seq_len=16384,  # trained at the longest evaluated context (16K bucket), same tokens per step
+        pretrain_batch_size=4,
+        anchor_max_len=15360,  # the paper's MAX_LEN for 16K-context targets
+        lcc_max_context_chars=48000,
+        num_procs=1,
+        cpu=False,
+        window=512,
+        stage1_max_rows=None,
+        stage2_max_rows=None,
+        stage2_min_tokens=2048,
+        stage1=StagePlan(
+            config="tiny_stage1", seq_len=1024, num_steps=300, global_batch_size=32, micro_batch_size=32, lr=1e-3
+        ),
+        stage2=StagePlan(
+            config="tiny_stage2", seq_len=8192, num_steps=60, global_batch_size=4, micro_batch_size=4, lr=3e-4,
+            extra=("deepspeed.zero_stage=1",),  # one GPU: ZeRO-3 would only add gathers
+        ),
+        stage3=StagePlan(
+            config="tiny_stage3", seq_len=4096, num_steps=60, global_batch_size=8, micro_batch_size=8, lr=3e-4,
+            extra=("deepspeed.zero_stage=1",),
+        ),
+        num_prompts=256,
+        prompt_chars=12000,
+        regen_max_new_tokens=512,
+        regen_batch_size=64,
+        evals=(
+            EvalPlan(name="t0", methods=("longspec", "vanilla_hf", "vanilla_fa", "ar", "pld")),
+            EvalPlan(name="t0_graphs", methods=("longspec", "ar"), extra=("cuda_graphs=true",), required=False),
+            EvalPlan(name="t1", methods=("longspec", "vanilla_fa"), temperature=1.0, required=False),
+        ),
+        eval_max_new_tokens=256,
+        eval_max_samples=3,
+        eval_min_prompt_tokens=0,
+        eval_buckets=(4096, 8192, 16384),
+    ),
+}
+
+
+def apply_overrides(preset: Preset, assignments: list[str]) -> Preset:
+    """`name=value` / `stageN.name=value` -> a new Preset (values parsed as JSON when they parse, else strings;
+    tuples from comma lists)."""
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects name=value, got {assignment!r}")
+        owner_name, _, attr = key.rpartition(".")
+        owner = getattr(preset, owner_name) if owner_name else preset
+        names = {f.name: f for f in dataclasses.fields(owner)}
+        if owner_name not in ("", "stage1", "stage2", "stage3") or attr not in names or attr == "evals":
+            raise ValueError(f"--set: unknown preset field {key!r}; fields: {', '.join(names)}")
+        current = getattr(owner, attr)
+        if isinstance(current, tuple):
+            value = tuple(_parse_value(v) for v in raw.split(",") if v)
+        else:
+            value = _parse_value(raw)
+        new_owner = dataclasses.replace(owner, **{attr: value})
+        preset = dataclasses.replace(preset, **{owner_name: new_owner}) if owner_name else new_owner
+    return preset
+
+
+def _parse_value(raw: str):
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+# --------------------------------------------------------------------------------------------------- steps
+@dataclass(kw_only=True)
+class Step:
+    """One pipeline step: a CLI run as a subprocess, or a small piece of in-process glue."""
+
+    name: str
+    outputs: list[str]  # every path must exist for the step to count as done
+    cmd: list[str] | None = None
+    fn: Callable[[], None] | None = None  # in-process glue (writing prompt / bucket files)
+    describe: str = ""  # what `fn` does, shown in place of a command (and part of its manifest key)
+    env: dict[str, str] = field(default_factory=dict)
+    required: bool = True  # a failed optional step is reported; the pipeline goes on
+
+    @property
+    def command(self) -> str:
+        """The manifest key and the printed line: the exact command (interpreter shown as `python`)."""
+        if self.cmd is None:
+            return f"[in-process] {self.describe}"
+        shown = ["python" if arg == sys.executable else arg for arg in self.cmd]
+        env = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + shlex.join(shown)
+
+
+def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
+    """The ordered steps of one run (nothing is executed here)."""
+    py = sys.executable
+    out = os.path.abspath(out)
+    corpus = os.path.join(data, "corpus") if data else os.path.join(out, "corpus")
+    train_jsonl = os.path.join(corpus, "train.jsonl")
+    steps: list[Step] = []
+    if data is None:
+        steps.append(
+            Step(
+                name="corpus",
+                cmd=[py, "-m", "data_prep.stdlib_corpus", "--out", corpus,
+                     "--lcc-max-context-chars", str(preset.lcc_max_context_chars)],
+                outputs=[os.path.join(corpus, name) for name in
+                         ("manifest.json", "train.jsonl", "heldout.jsonl", "heldout_lcc.jsonl")],
+            )
+        )  # fmt: skip
+    if preset.target is not None:
+        target = os.path.abspath(preset.target)
+    else:
+        if data is None:
+            raise ValueError(f"preset {preset.name!r} pretrains its target: pass --data DIR (corpus/, tokenizer/, tokens/)")
+        target = os.path.join(out, "target")
+        cmd = [py, "-m", "launch.pretrain_target", "--corpus", corpus, "--tokenizer", os.path.join(data, "tokenizer"),
+               "--tokens-dir", os.path.join(data, "tokens"), "--out", target, "--preset", preset.pretrain_preset,
+               "--max-minutes", str(preset.pretrain_minutes), "--eval-every", "200", "--max-checkpoint-mb", "2000",
+               "--summary-json", os.path.join(out, "target_summary.json")]  # fmt: skip
+        if preset.pretrain_seq_len:
+            cmd += ["--seq-len", str(preset.pretrain_seq_len)]
+        if preset.pretrain_batch_size:
+            cmd += ["--batch-size", str(preset.pretrain_batch_size)]
+        steps.append(Step(name="pretrain_target", cmd=cmd, outputs=[os.path.join(target, "config.json")]))
+
+    data_dir = os.path.join(out, "data")
+    s1, s2, s3 = (os.path.join(data_dir, f"stage{i}") for i in (1, 2, 3))
+    prompts = os.path.join(data_dir, "stage3_prompts.jsonl")
+    regenerated = os.path.join(data_dir, "stage3_regenerated.jsonl")
+    common = ["--tokenizer", target, "--overwrite", "--no-progress"]
+    cmd = [py, "-m", "data_prep.stage1", "--source", train_jsonl, "--out", s1,
+           "--seq-len", str(preset.stage1.seq_len), *common]  # fmt: skip
+    if preset.stage1_max_rows:
+        cmd += ["--max-rows", str(preset.stage1_max_rows)]
+    steps.append(Step(name="data_stage1", cmd=cmd, outputs=[os.path.join(s1, "manifest.json")]))
+    cmd = [py, "-m", "data_prep.stage2", "--source", train_jsonl, "--out", s2, "--seq-len",
+           str(preset.stage2.seq_len), "--min-tokens", str(preset.stage2_min_tokens), *common]  # fmt: skip
+    if preset.stage2_max_rows:
+        cmd += ["--max-rows", str(preset.stage2_max_rows)]
+    steps.append(Step(name="data_stage2", cmd=cmd, outputs=[os.path.join(s2, "manifest.json")]))
+    steps.append(
+        Step(
+            name="stage3_prompts",
+            fn=lambda: write_prefix_prompts(
+                train_jsonl, prompts, num_prompts=preset.num_prompts, max_chars=preset.prompt_chars
+            ),
+            describe=f"write_prefix_prompts({train_jsonl}, {prompts}, num_prompts={preset.num_prompts}, "
+            f"max_chars={preset.prompt_chars})",
+            outputs=[prompts],
+        )
+    )
+    regen_cmd = [py, "-m", "data_prep.stage3_regenerate", "--target", target, "--source", prompts,
+                 "--out", regenerated, "--template", "plain", "--max-new-tokens", str(preset.regen_max_new_tokens),
+                 "--batch-size", str(preset.regen_batch_size), "--no-progress"]  # fmt: skip
+    steps.append(
+        Step(name="stage3_regenerate", cmd=regen_cmd, outputs=[regenerated], fn=_unlink_partial(regenerated))
+    )
+    steps.append(
+        Step(
+            name="data_stage3",
+            cmd=[py, "-m", "data_prep.stage3_sft", "--source", regenerated, "--out", s3, "--template", "plain",
+                 "--max-len", str(preset.stage3.seq_len), "--keep-unfinished", *common],
+            outputs=[os.path.join(s3, "manifest.json")],
+        )
+    )  # fmt: skip
+
+    train_env = {"DS_ACCELERATOR": "cpu"} if preset.cpu else {}
+    target_overrides = [
+        "target=tiny_llama",  # the tiny target group, pointed at our model (no hub id involved)
+        f"target.path={target}",
+        f"target.name={os.path.basename(target.rstrip('/'))}",
+        f"target.anchor_max_len={preset.anchor_max_len}",
+    ]
+    previous_export = None
+    for index, (stage, stage_data) in enumerate(((preset.stage1, s1), (preset.stage2, s2), (preset.stage3, s3)), 1):
+        run_dir = os.path.join(out, "runs", f"stage{index}")
+        export = os.path.join(run_dir, "export")
+        overrides = [*target_overrides, *stage.overrides(), f"drafter.window={preset.window}",
+                     f"data.path={stage_data}", f"output_dir={run_dir}", "checkpoint.resume=never"]  # fmt: skip
+        if previous_export:
+            overrides.append(f"init_from={previous_export}")
+        steps.append(
+            Step(
+                name=f"train_stage{index}",
+                cmd=[py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                     str(preset.num_procs), "-m", "longspec.train", *overrides],
+                env=train_env,
+                outputs=[os.path.join(run_dir, "metrics.jsonl")],
+                fn=_clean_dir(run_dir),  # a half-finished run restarts from scratch (resume=never)
+            )
+        )  # fmt: skip
+        steps.append(
+            Step(
+                name=f"export_stage{index}",
+                cmd=[py, "-m", "longspec.export", run_dir, export, "--overwrite"],
+                outputs=[os.path.join(export, "config.json")],
+            )
+        )
+        previous_export = export
+
+    if preset.eval_buckets:
+        sources = [os.path.join(data_dir, f"lcc_{_k(b)}.jsonl") for b in preset.eval_buckets]
+        steps.append(
+            Step(
+                name="eval_buckets",
+                fn=lambda: write_bucket_rows(
+                    os.path.join(corpus, "heldout.jsonl"), target, dict(zip(preset.eval_buckets, sources))
+                ),
+                describe=f"write_bucket_rows({os.path.join(corpus, 'heldout.jsonl')}, buckets="
+                f"{list(preset.eval_buckets)})",
+                outputs=sources,
+            )
+        )
+        data_overrides = [f"data.name=[{','.join(sources)}]", "data.min_prompt_tokens=0", "data.context_margin=0",
+                          f"data.context_len={max(preset.eval_buckets)}"]  # fmt: skip
+    else:
+        data_overrides = [f"data.path={os.path.join(corpus, 'heldout_lcc.jsonl')}",
+                          f"data.min_prompt_tokens={preset.eval_min_prompt_tokens}"]  # fmt: skip
+    for ev in preset.evals:
+        eval_dir = os.path.join(out, f"eval_{ev.name}" if ev.name else "eval")
+        steps.append(
+            Step(
+                name=f"eval_{ev.name}" if ev.name else "eval",
+                cmd=[py, "-m", "longspec.eval", *target_overrides, f"drafter.path={previous_export}",
+                     *data_overrides, f"method=[{','.join(ev.methods)}]", f"temperature={ev.temperature}",
+                     f"max_new_tokens={preset.eval_max_new_tokens}", f"max_samples={preset.eval_max_samples}",
+                     f"tree_widths=[{','.join(map(str, preset.tree_widths))}]", f"output_dir={eval_dir}",
+                     *ev.extra],
+                outputs=[os.path.join(eval_dir, "results.json"), os.path.join(eval_dir, "report.md")],
+                required=ev.required,
+            )
+        )  # fmt: skip
+    return steps
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def _clean_dir(path: str) -> Callable[[], None]:
+    def clean() -> None:
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+
+    return clean
+
+
+def _unlink_partial(path: str) -> Callable[[], None]:
+    # stage3_regenerate appends to its output to resume; a step that reruns (e.g. after a preset change)
+    # must not mix old rows in.
+    def unlink() -> None:
+        if os.path.exists(path):
+            os.remove(path)
+
+    return unlink
+
+
+# --------------------------------------------------------------------------------------------------- glue
+def write_prefix_prompts(train_jsonl: str, out: str, *, num_prompts: int, max_chars: int, seed: int = 0) -> int:
+    """Stage-3 prompt rows {"id", "context"}: a code prefix (cut at a line end, at most `max_chars`) of each of
+    `num_prompts` training files picked at random. The target then writes the continuation (stage3_regenerate), so
+    stage 3 teaches the drafter the target's own distribution on code completion, the evaluated task."""
+    if not os.path.isfile(train_jsonl):
+        raise FileNotFoundError(f"{train_jsonl} not found: build the corpus first (python -m data_prep.stdlib_corpus)")
+    rows = []
+    with open(train_jsonl, encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            if len(record["text"]) >= max_chars // 2:
+                rows.append(record)
+    if not rows:
+        raise ValueError(f"{train_jsonl} has no file of at least {max_chars // 2} characters")
+    rng = random.Random(seed)
+    rng.shuffle(rows)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = out + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for record in rows[:num_prompts]:
+            text = record["text"]
+            # A random cut in the file's first `max_chars`, at a line end: prompts end mid-file, not all at the
+            # header. The plain template appends "\n", so the prefix is given without its last newline.
+            limit = min(len(text), max_chars)
+            cut = text.rfind("\n", 0, rng.randint(limit // 2, limit))
+            context = text[: max(cut, 1)].rstrip("\n")
+            row_id = hashlib.sha256(record.get("path", text[:64]).encode()).hexdigest()[:16]
+            f.write(json.dumps({"id": row_id, "context": context}, ensure_ascii=False) + "\n")
+    os.replace(tmp, out)
+    return min(num_prompts, len(rows))
+
+
+def write_bucket_rows(heldout_jsonl: str, tokenizer_path: str, buckets: dict[int, str]) -> dict[int, int]:
+    """LCC-schema rows whose prompt is ~`bucket` tokens: the first `bucket` tokens of each held-out file long enough
+    (cut back to a line end), the answer its next non-blank line. One JSONL per bucket -> rows written."""
+    from transformers import AutoTokenizer
+
+    from longspec.eval.prompts import longbench_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    texts = []
+    with open(heldout_jsonl, encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            texts.append((record.get("path", ""), record["text"]))
+    template_tokens = len(tokenizer(longbench_prompt("lcc", "", ""))["input_ids"])
+    written = {}
+    for bucket, path in buckets.items():
+        rows = []
+        for relpath, text in texts:
+            offsets = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
+            budget = bucket - template_tokens - 8  # room for the template and a partial last token
+            if len(offsets) <= budget:
+                continue
+            end = text.rfind("\n", 0, offsets[budget][0]) + 1
+            answer = next((ln for ln in text[end:].splitlines() if ln.strip()), None)
+            if end <= 0 or answer is None:
+                continue
+            rows.append({"_id": hashlib.sha256(f"{bucket}:{relpath}".encode()).hexdigest()[:32], "input": "",
+                         "context": text[:end], "answers": [answer], "dataset": "lcc", "path": relpath})  # fmt: skip
+        with open(path, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        written[bucket] = len(rows)
+    print(f"bucket rows: {written}")
+    return written
+
+
+# --------------------------------------------------------------------------------------------------- runner
+class Manifest:
+    """OUT/e2e_manifest.json: per step, the command that produced its outputs, when, and how long it took."""
+
+    def __init__(self, out: str):
+        self.path = os.path.join(out, MANIFEST_NAME)
+        self.data = {"steps": {}}
+        if os.path.isfile(self.path):
+            with open(self.path) as f:
+                self.data = json.load(f)
+
+    def is_done(self, step: Step) -> bool:
+        record = self.data["steps"].get(step.name)
+        return (
+            record is not None
+            and record.get("status") == "done"
+            and record.get("command") == step.command
+            and all(os.path.exists(p) for p in step.outputs)
+        )
+
+    def record(self, step: Step, status: str, seconds: float) -> None:
+        self.data["steps"][step.name] = {
+            "command": step.command,
+            "status": status,
+            "seconds": round(seconds, 1),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.data, f, indent=1)
+        os.replace(tmp, self.path)
+
+    def seconds(self, name: str) -> float | None:
+        record = self.data["steps"].get(name)
+        return None if record is None else record.get("seconds")
+
+
+# A training line "step 12/60 | ..." or a tqdm bar "| 3/8 [": progress of the running step.
+_PROGRESS = re.compile(r"step (\d+)/(\d+)|\| *(\d+)/(\d+) \[")
+
+
+def _run_subprocess(step: Step, log_path: str, bar) -> int:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **step.env}
+    for key in ("WANDB_MODE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        # Nothing in the pipeline needs the network: fail fast instead of trying a hub that may be unreachable.
+        env.setdefault(key, "disabled" if key == "WANDB_MODE" else "1")
+    with open(log_path, "w") as log:
+        log.write(f"$ {step.command}\n")
+        log.flush()
+        proc = subprocess.Popen(step.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        position = 0
+        while proc.poll() is None:
+            time.sleep(0.5)
+            position = _update_bar(bar, log_path, position)
+        _update_bar(bar, log_path, position)
+    return proc.returncode
+
+
+def _update_bar(bar, log_path: str, position: int) -> int:
+    with open(log_path, errors="replace") as f:
+        f.seek(position)
+        chunk = f.read()
+        position = f.tell()
+    for line in re.split(r"[\r\n]", chunk):
+        line = line.strip()
+        if not line:
+            continue
+        match = _PROGRESS.search(line)
+        if match:
+            done, total = (int(g) for g in (match.groups()[:2] if match.group(1) else match.groups()[2:]))
+            bar.total = total
+            bar.n = done
+        bar.set_postfix_str(line[-60:], refresh=False)
+    bar.refresh()
+    return position
+
+
+def run_pipeline(steps: list[Step], out: str, *, dry_run: bool = False, force: bool = False) -> dict[str, str]:
+    """Run (or, dry_run, only print) the steps in order -> {step name: done|skipped|failed|planned}."""
+    from tqdm.auto import tqdm
+
+    if not dry_run:
+        os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    manifest = Manifest(out)
+    statuses: dict[str, str] = {}
+    rerun = force  # once a step reruns, every later step reruns too: its inputs changed
+    for index, step in enumerate(steps, 1):
+        header = f"[{index}/{len(steps)}] {step.name}"
+        if not rerun and manifest.is_done(step):
+            print(f"{header}: done earlier ({manifest.seconds(step.name)} s), skipped")
+            statuses[step.name] = "skipped"
+            continue
+        print(f"{header}\n  $ {step.command}", flush=True)
+        if dry_run:
+            statuses[step.name] = "planned"
+            continue
+        rerun = True
+        log_path = os.path.join(out, "logs", f"{index:02d}_{step.name}.log")
+        start = time.perf_counter()
+        bar = tqdm(desc=f"  {step.name}", unit="it", dynamic_ncols=True, leave=False, file=sys.stdout)
+        try:
+            if step.cmd is not None:
+                if step.fn is not None:
+                    step.fn()  # the preparation of a subprocess step (cleaning a stale run dir)
+                code = _run_subprocess(step, log_path, bar)
+            else:
+                with open(log_path, "w") as log:
+                    log.write(step.command + "\n")
+                step.fn()
+                code = 0
+        except Exception as e:  # in-process glue: report like a failed command
+            with open(log_path, "a") as log:
+                log.write(f"{type(e).__name__}: {e}\n")
+            code = 1
+        finally:
+            bar.close()
+        seconds = time.perf_counter() - start
+        if code == 0 and all(os.path.exists(p) for p in step.outputs):
+            manifest.record(step, "done", seconds)
+            statuses[step.name] = "done"
+            print(f"  done in {seconds:.1f} s (log: {os.path.relpath(log_path)})", flush=True)
+            continue
+        manifest.record(step, "failed", seconds)
+        statuses[step.name] = "failed"
+        print(f"  FAILED (exit {code}) after {seconds:.1f} s; last lines of {log_path}:")
+        print(_tail(log_path, 20))
+        if step.required:
+            raise SystemExit(f"step {step.name} failed; fix it and rerun the same command to continue")
+    return statuses
+
+
+def _tail(path: str, num_lines: int) -> str:
+    with open(path, errors="replace") as f:
+        lines = re.split(r"[\r\n]+", f.read())
+    return "\n".join("    " + ln for ln in lines[-num_lines:] if ln.strip())
+
+
+# --------------------------------------------------------------------------------------------------- report
+def eval_rows(out: str, preset: Preset) -> list[dict]:
+    """One row per (eval run, dataset, method) from the eval's results.json files."""
+    rows = []
+    for ev in preset.evals:
+        path = os.path.join(out, f"eval_{ev.name}" if ev.name else "eval", "results.json")
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            summary = json.load(f)["summary"]
+        for dataset, per_method in summary.items():
+            for method, s in per_method.items():
+                speedup = s.get("speedup") or {}
+                rows.append({
+                    "run": ev.name or "eval", "temperature": ev.temperature, "dataset": dataset, "method": method,
+                    "tau": s.get("mean_accept_length"), "tokens_per_s": s.get("tokens_per_s"),
+                    "speedup": speedup, "identical": s.get("identical_to_greedy"),
+                    "prompt_len": s.get("mean_prompt_len"), "num_samples": s.get("num_samples"),
+                })  # fmt: skip
+    return rows
+
+
+def _fmt(value, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def results_table(rows: list[dict]) -> str:
+    """Markdown table: τ, tokens/s, speedup vs each baseline, identical to the target's greedy output."""
+    baselines = [b for b in ("vanilla_hf", "vanilla_fa", "ar") if any(b in r["speedup"] for r in rows)]
+    head = ["run", "T", "dataset", "prompt tokens", "method", "τ", "tokens/s"]
+    head += [f"speedup vs {b}" for b in baselines] + ["identical to greedy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        identical = r["identical"]
+        cells = [r["run"], f"{r['temperature']:g}", r["dataset"], _fmt(r["prompt_len"], ".0f"), r["method"],
+                 _fmt(r["tau"], ".2f"), _fmt(r["tokens_per_s"], ".1f")]  # fmt: skip
+        cells += [_fmt(r["speedup"].get(b), ".2f") + ("x" if b in r["speedup"] else "") for b in baselines]
+        cells.append("–" if identical is None else ("yes" if identical == 1 else f"{identical:.0%} of samples"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def training_summary(out: str) -> list[dict]:
+    summary = []
+    for index in (1, 2, 3):
+        path = os.path.join(out, "runs", f"stage{index}", "metrics.jsonl")
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        if records:
+            tail = records[-max(1, len(records) // 10) :]  # mean of the last 10%: one step is noisy
+            summary.append({
+                "stage": index, "steps": records[-1]["step"], "tokens": records[-1].get("tokens_seen"),
+                "first_loss": records[0]["loss"], "final_loss": sum(r["loss"] for r in tail) / len(tail),
+                "final_acc": sum(r.get("acc", 0.0) for r in tail) / len(tail), "records": records,
+            })  # fmt: skip
+    return summary
+
+
+def plot_training(summary: list[dict], path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    offset = 0
+    for s in summary:
+        steps = [offset + r["step"] for r in s["records"]]
+        ax.plot(steps, [r["loss"] for r in s["records"]], label=f"stage {s['stage']}")
+        offset = steps[-1]
+    ax.set_xlabel("optimizer step (stages chained)")
+    ax.set_ylabel("drafter next-token loss (nats)")
+    ax.set_title("drafter training")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _git_commit() -> str:
+    try:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+        return (commit + ("+dirty" if dirty else "")) or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def write_report(out: str, preset: Preset, steps: list[Step], statuses: dict[str, str], wall_s: float) -> str:
+    manifest = Manifest(out)
+    rows = eval_rows(out, preset)
+    summary = training_summary(out)
+    has_plot = bool(summary) and plot_training(summary, os.path.join(out, "training_loss.png"))
+    lines = [
+        f"# longspec end to end: preset `{preset.name}`",
+        "",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit `{_git_commit()}`; "
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        f"- command: `python -m longspec.e2e --preset {preset.name} --out {out}`; this invocation: {wall_s:.0f} s",
+        "",
+        "## Evaluation (held-out code completion)",
+        "",
+        results_table(rows) if rows else "(no evaluation results)",
+        "",
+        "τ = tokens emitted per target forward; tokens/s exclude prefill; speedups are measured in the same run.",
+        "",
+        "## Drafter training",
+        "",
+        "| stage | steps | tokens | first loss | final loss (last 10%) | final top-1 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        lines.append(f"| {s['stage']} | {s['steps']} | {s['tokens']} | {s['first_loss']:.3f} | "
+                     f"{s['final_loss']:.3f} | {s['final_acc']:.1%} |")  # fmt: skip
+    if has_plot:
+        lines += ["", "![training loss](training_loss.png)"]
+    for ev in preset.evals:
+        sub = f"eval_{ev.name}" if ev.name else "eval"
+        for png in sorted(p for p in os.listdir(os.path.join(out, sub)) if p.endswith(".png")) \
+                if os.path.isdir(os.path.join(out, sub)) else []:  # fmt: skip
+            lines += ["", f"![{sub}/{png}]({sub}/{png})"]
+    lines += ["", "## Steps", "", "| step | status | seconds | command |", "|---|---|---|---|"]
+    for step in steps:
+        seconds = manifest.seconds(step.name)
+        command = step.command.replace("|", "\\|")  # a pipe would end the table cell
+        lines.append(f"| {step.name} | {statuses.get(step.name, '–')} | {_fmt(seconds, '.1f')} | `{command}` |")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out, "e2e_summary.json"), "w") as f:
+        json.dump({"preset": dataclasses.asdict(preset), "eval": rows, "wall_s": wall_s,
+                   "training": [{k: v for k, v in s.items() if k != "records"} for s in summary]}, f, indent=1)  # fmt: skip
+    return text
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--out", required=True, help="output directory (rerun with the same one to resume)")
+    parser.add_argument("--data", default=None, help="prepared data dir (corpus/, tokenizer/, tokens/): skips the corpus step")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a preset field (stage1.num_steps=5, eval_max_samples=1, ...)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and what would be skipped")
+    parser.add_argument("--force", action="store_true", help="rerun every step")
+    args = parser.parse_args(argv)  # fmt: skip
+    try:
+        preset = apply_overrides(PRESETS[args.preset], args.set)
+        preset.__post_init__()
+        if args.data is not None and not os.path.isdir(os.path.join(args.data, "corpus")):
+            raise FileNotFoundError(f"--data {args.data!r} has no corpus/ (python -m data_prep.stdlib_corpus --out DIR/corpus)")
+        steps = plan(preset, args.out, data=args.data)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = os.path.abspath(args.out)
+    print(f"longspec e2e, preset {preset.name}: {len(steps)} steps -> {out} (interpreter {sys.executable})")
+    start = time.perf_counter()
+    statuses = run_pipeline(steps, out, dry_run=args.dry_run, force=args.force)
+    if args.dry_run:
+        return 0
+    wall_s = time.perf_counter() - start
+    write_report(out, preset, steps, statuses, wall_s)
+    rows = eval_rows(out, preset)
+    print("\n" + results_table(rows) if rows else "\nno evaluation results")
+    print(f"\nreport: {os.path.join(out, 'report.md')} ({wall_s:.0f} s this invocation)")
+    greedy = [r for r in rows if r["temperature"] == 0 and r["identical"] is not None]
+    if any(r["identical"] != 1 for r in greedy):
+        print("LOSSLESS CHECK FAILED: an output differs from the target's greedy output", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
