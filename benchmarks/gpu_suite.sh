@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark of issues 2-4 in one device call (the device budget is 30 minutes a session):
+#   device run (kind nvidia-h200-x2 or nvidia-h200), carry [".dw"]:
+#     bash benchmarks/gpu_suite.sh
+# Each step has its own time limit; logs go to $OUT/steps.log (the device returns at most 8 files); a failing step does not stop the next one.
+set -u
+OUT=${OUT:-outputs/gpu_suite}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -f .dw/install.sh ]; then . .dw/install.sh; fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+git_rev=$(cat .git_rev 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
+echo "commit $git_rev  $(date -u +%FT%TZ)  $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l)" | tee "$OUT/suite.log"
+
+step() {  # step NAME SECONDS CMD...
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s)
+  echo "=================== $name: $*" >> "$OUT/steps.log"
+  timeout "$limit" "$@" > "$OUT/step.tmp" 2>&1
+  local rc=$?
+  cat "$OUT/step.tmp" >> "$OUT/steps.log"
+  echo "== $name rc=$rc $(( $(date +%s) - t0 ))s" | tee -a "$OUT/suite.log"
+  tail -n 25 "$OUT/step.tmp"
+  rm -f "$OUT/step.tmp"
+}
+
+step gpu_tests 100 python -m pytest -m gpu -o addopts="" -p no:cacheprovider -q tests
+step verify_attention 60 python benchmarks/verify_attention.py --json "$OUT/verify_attention.json"
+step round_latency 150 python benchmarks/round_latency.py --contexts 8192 32768 --json "$OUT/round_latency.json"
+step train_throughput 130 python benchmarks/train_throughput.py --json "$OUT/train_throughput.json"
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  step train_zero3_2gpu 100 torchrun --standalone --nproc_per_node 2 benchmarks/train_throughput.py \
+    --zero-stage 3 --only stage2 --json "$OUT/train_zero3_2gpu.json"
+fi
+cat "$OUT/suite.log"
