@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of issues 2-4 in one device call (the device budget is 30 minutes a session):
 #   device run (kind nvidia-h200-x2 or nvidia-h200), carry [".dw"]:
-#     bash benchmarks/gpu_suite.sh
+#     bash benchmarks/gpu_suite.sh                     (or STEPS="gpu_tests round_latency" bash ...)
 # Each step has its own time limit; logs go to $OUT/steps.log (the device returns at most 8 files); a failing step does not stop the next one.
 set -u
 OUT=${OUT:-outputs/gpu_suite}
@@ -13,8 +13,11 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 git_rev=$(cat .git_rev 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
 echo "commit $git_rev  $(date -u +%FT%TZ)  $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l)" | tee "$OUT/suite.log"
 
+STEPS=${STEPS:-gpu_tests verify_attention round_latency train_throughput train_zero3_2gpu}  # a subset: STEPS="..."
+
 step() {  # step NAME SECONDS CMD...
   local name=$1 limit=$2; shift 2
+  case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
   local t0=$(date +%s)
   echo "=================== $name: $*" >> "$OUT/steps.log"
   timeout "$limit" "$@" > "$OUT/step.tmp" 2>&1

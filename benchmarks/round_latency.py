@@ -144,6 +144,15 @@ class Timer:
         return statistics.median(times)
 
 
+def _try_graph(row: dict, key: str, measure) -> None:
+    """A capture that fails is recorded (and the eager figure used) rather than losing the whole run."""
+    try:
+        row[key] = measure()
+    except Exception as exc:  # noqa: BLE001 - reported in the table's JSON
+        row[key.replace("_ms", "_error")] = f"{type(exc).__name__}: {exc}"[:300]
+        print(f"{key}: capture failed: {row[key.replace('_ms', '_error')]}", flush=True)
+
+
 def bench_context(target, drafter, engine, context: int, timer: Timer, capture: bool) -> dict:
     device = engine.device
     generator = torch.Generator(device=device).manual_seed(context)
@@ -177,19 +186,20 @@ def bench_context(target, drafter, engine, context: int, timer: Timer, capture: 
         row["tree_nodes"] = tree.num_nodes
         row["draft_ms"] = timer(lambda: engine.draft(root, layout))
         if capture:
-            row["draft_graph_ms"] = timer(lambda: engine.draft(root, layout, static=True, capture=True))
+            _try_graph(row, "draft_graph_ms", lambda: timer(lambda: engine.draft(root, layout, static=True, capture=True)))
         row["verify_ms"] = timer(lambda: engine.verify(tree))
         if capture:
-            row["verify_graph_ms"] = timer(lambda: engine.verify(tree, static=True, capture=True))
+            _try_graph(row, "verify_graph_ms", lambda: timer(lambda: engine.verify(tree, static=True, capture=True)))
         logits = engine.verify(tree)
         row["accept_ms"] = timer(
             lambda: greedy_accept(
                 tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, logits.argmax(-1), tree.valid
             )[0].tolist()  # the host needs the path: include that sync
         )
-        if capture:  # the replayed graphs compute what the eager code computes
+        if capture and "verify_graph_ms" in row:  # the replayed graphs compute what the eager code computes
             replayed = engine.verify(tree, static=True, capture=True).float()
             row["verify_graph_vs_eager_max_abs_diff"] = float((replayed - logits.float()).abs().max())
+        if capture and "draft_graph_ms" in row:
             replayed_tree = engine.draft(root, layout, static=True, capture=True)
             row["draft_graph_matches_eager"] = all(
                 torch.equal(a, b)

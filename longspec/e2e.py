@@ -242,6 +242,9 @@ class Step:
     describe: str = ""  # what `fn` does, shown in place of a command (and part of its manifest key)
     env: dict[str, str] = field(default_factory=dict)
     required: bool = True  # a failed optional step is reported; the pipeline goes on
+    background: bool = False  # run concurrently with the next foreground step (joined when that one ends)
+    needs: list[str] = field(default_factory=list)  # inputs made by earlier steps
+    alternatives: list[Step] = field(default_factory=list)  # --keep-going: used in order when `needs` are missing
 
     @property
     def command(self) -> str:
@@ -257,6 +260,7 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
     """The ordered steps of one run (nothing is executed here)."""
     py = sys.executable
     out = os.path.abspath(out)
+    data = os.path.abspath(data) if data else None
     corpus = os.path.join(data, "corpus") if data else os.path.join(out, "corpus")
     train_jsonl = os.path.join(corpus, "train.jsonl")
     steps: list[Step] = []
@@ -270,12 +274,14 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
                          ("manifest.json", "train.jsonl", "heldout.jsonl", "heldout_lcc.jsonl")],
             )
         )  # fmt: skip
+    pretrain = None
     if preset.target is not None:
-        target = os.path.abspath(preset.target)
+        target = tokenizer = os.path.abspath(preset.target)
     else:
         if data is None:
             raise ValueError(f"preset {preset.name!r} pretrains its target: pass --data DIR (corpus/, tokenizer/, tokens/)")
-        target = os.path.join(out, "target")
+        # The pretrained target saves this same tokenizer: the stage data can be tokenized while it trains.
+        target, tokenizer = os.path.join(out, "target"), os.path.join(data, "tokenizer")
         cmd = [py, "-m", "launch.pretrain_target", "--corpus", corpus, "--tokenizer", os.path.join(data, "tokenizer"),
                "--tokens-dir", os.path.join(data, "tokens"), "--out", target, "--preset", preset.pretrain_preset,
                "--max-minutes", str(preset.pretrain_minutes), "--eval-every", "200", "--max-checkpoint-mb", "2000",
@@ -284,13 +290,13 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
             cmd += ["--seq-len", str(preset.pretrain_seq_len)]
         if preset.pretrain_batch_size:
             cmd += ["--batch-size", str(preset.pretrain_batch_size)]
-        steps.append(Step(name="pretrain_target", cmd=cmd, outputs=[os.path.join(target, "config.json")]))
+        pretrain = Step(name="pretrain_target", cmd=cmd, outputs=[os.path.join(target, "config.json")])
 
     data_dir = os.path.join(out, "data")
     s1, s2, s3 = (os.path.join(data_dir, f"stage{i}") for i in (1, 2, 3))
     prompts = os.path.join(data_dir, "stage3_prompts.jsonl")
     regenerated = os.path.join(data_dir, "stage3_regenerated.jsonl")
-    common = ["--tokenizer", target, "--overwrite", "--no-progress"]
+    common = ["--tokenizer", tokenizer, "--overwrite", "--no-progress"]
     cmd = [py, "-m", "data_prep.stage1", "--source", train_jsonl, "--out", s1,
            "--seq-len", str(preset.stage1.seq_len), *common]  # fmt: skip
     if preset.stage1_max_rows:
@@ -301,6 +307,11 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
     if preset.stage2_max_rows:
         cmd += ["--max-rows", str(preset.stage2_max_rows)]
     steps.append(Step(name="data_stage2", cmd=cmd, outputs=[os.path.join(s2, "manifest.json")]))
+    if pretrain is not None:
+        # Tokenizing (CPU) overlaps pretraining (GPU): the two data steps run in the background meanwhile.
+        for step in steps[-2:]:
+            step.background = True
+        steps.append(pretrain)
     steps.append(
         Step(
             name="stage3_prompts",
@@ -348,7 +359,8 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
                 cmd=[py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                      str(preset.num_procs), "-m", "longspec.train", *overrides],
                 env=train_env,
-                outputs=[os.path.join(run_dir, "metrics.jsonl")],
+                outputs=[os.path.join(run_dir, "checkpoints", f"step_{stage.num_steps:08d}", "trainer_state.json")],
+                needs=[os.path.join(stage_data, "manifest.json"), *([previous_export] if previous_export else [])],
                 fn=_clean_dir(run_dir),  # a half-finished run restarts from scratch (resume=never)
             )
         )  # fmt: skip
@@ -357,6 +369,7 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
                 name=f"export_stage{index}",
                 cmd=[py, "-m", "longspec.export", run_dir, export, "--overwrite"],
                 outputs=[os.path.join(export, "config.json")],
+                needs=[os.path.join(run_dir, "checkpoints")],
             )
         )
         previous_export = export
@@ -367,7 +380,7 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
             Step(
                 name="eval_buckets",
                 fn=lambda: write_bucket_rows(
-                    os.path.join(corpus, "heldout.jsonl"), target, dict(zip(preset.eval_buckets, sources))
+                    os.path.join(corpus, "heldout.jsonl"), tokenizer, dict(zip(preset.eval_buckets, sources))
                 ),
                 describe=f"write_bucket_rows({os.path.join(corpus, 'heldout.jsonl')}, buckets="
                 f"{list(preset.eval_buckets)})",
@@ -379,20 +392,31 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
     else:
         data_overrides = [f"data.path={os.path.join(corpus, 'heldout_lcc.jsonl')}",
                           f"data.min_prompt_tokens={preset.eval_min_prompt_tokens}"]  # fmt: skip
+    exports = [os.path.join(out, "runs", f"stage{i}", "export") for i in (3, 2, 1)]
     for ev in preset.evals:
         eval_dir = os.path.join(out, f"eval_{ev.name}" if ev.name else "eval")
-        steps.append(
-            Step(
+
+        def eval_step(drafter: str | None, ev=ev, eval_dir=eval_dir) -> Step | None:
+            methods = [m for m in ev.methods if drafter is not None or m != "longspec"]
+            if not methods:
+                return None
+            return Step(
                 name=f"eval_{ev.name}" if ev.name else "eval",
-                cmd=[py, "-m", "longspec.eval", *target_overrides, f"drafter.path={previous_export}",
-                     *data_overrides, f"method=[{','.join(ev.methods)}]", f"temperature={ev.temperature}",
+                cmd=[py, "-m", "longspec.eval", *target_overrides,
+                     *([f"drafter.path={drafter}"] if drafter and "longspec" in methods else []),
+                     *data_overrides, f"method=[{','.join(methods)}]", f"temperature={ev.temperature}",
                      f"max_new_tokens={preset.eval_max_new_tokens}", f"max_samples={preset.eval_max_samples}",
                      f"tree_widths=[{','.join(map(str, preset.tree_widths))}]", f"output_dir={eval_dir}",
                      *ev.extra],
                 outputs=[os.path.join(eval_dir, "results.json"), os.path.join(eval_dir, "report.md")],
+                needs=[os.path.join(target, "config.json")] + ([drafter] if drafter else []),
                 required=ev.required,
-            )
-        )  # fmt: skip
+            )  # fmt: skip
+
+        step = eval_step(exports[0])
+        # --keep-going: an earlier stage's drafter when a later stage failed, else the baselines alone
+        step.alternatives = [alt for alt in (*map(eval_step, exports[1:]), eval_step(None)) if alt is not None]
+        steps.append(step)
     return steps
 
 
@@ -528,20 +552,26 @@ class Manifest:
 _PROGRESS = re.compile(r"step (\d+)/(\d+)|\| *(\d+)/(\d+) \[")
 
 
-def _run_subprocess(step: Step, log_path: str, bar) -> int:
+def _start(step: Step, log_path: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **step.env}
     for key in ("WANDB_MODE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         # Nothing in the pipeline needs the network: fail fast instead of trying a hub that may be unreachable.
         env.setdefault(key, "disabled" if key == "WANDB_MODE" else "1")
+    if step.fn is not None:
+        step.fn()  # the preparation of a subprocess step (cleaning a stale run dir)
     with open(log_path, "w") as log:
         log.write(f"$ {step.command}\n")
         log.flush()
-        proc = subprocess.Popen(step.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        position = 0
-        while proc.poll() is None:
-            time.sleep(0.5)
-            position = _update_bar(bar, log_path, position)
-        _update_bar(bar, log_path, position)
+        return subprocess.Popen(step.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _watch(proc: subprocess.Popen, log_path: str, bar) -> int:
+    """Wait for `proc`, moving the progress bar from the log's step / tqdm lines."""
+    position = 0
+    while proc.poll() is None:
+        time.sleep(0.5)
+        position = _update_bar(bar, log_path, position)
+    _update_bar(bar, log_path, position)
     return proc.returncode
 
 
@@ -564,34 +594,73 @@ def _update_bar(bar, log_path: str, position: int) -> int:
     return position
 
 
-def run_pipeline(steps: list[Step], out: str, *, dry_run: bool = False, force: bool = False) -> dict[str, str]:
-    """Run (or, dry_run, only print) the steps in order -> {step name: done|skipped|failed|planned}."""
+def run_pipeline(
+    steps: list[Step], out: str, *, dry_run: bool = False, force: bool = False, keep_going: bool = False
+) -> dict[str, str]:
+    """Run (or, dry_run, only print) the steps in order -> {step name: done|skipped|failed|planned}.
+
+    A background step starts and the pipeline moves on; it is joined when the next foreground step ends.
+    keep_going: a failed step does not stop the pipeline, and a step whose inputs are missing runs its first
+    alternative whose inputs exist (the evaluation with an earlier stage's drafter, or the baselines alone)."""
     from tqdm.auto import tqdm
 
     if not dry_run:
         os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     manifest = Manifest(out)
     statuses: dict[str, str] = {}
+    background: list[tuple[Step, subprocess.Popen, str, float]] = []
+
+    def finish(step: Step, code: int, log_path: str, start: float) -> None:
+        seconds = time.perf_counter() - start
+        if code == 0 and all(os.path.exists(p) for p in step.outputs):
+            manifest.record(step, "done", seconds)
+            statuses[step.name] = "done"
+            print(f"  {step.name}: done in {seconds:.1f} s (log: {os.path.relpath(log_path)})", flush=True)
+            return
+        manifest.record(step, "failed", seconds)
+        statuses[step.name] = "failed"
+        print(f"  {step.name}: FAILED (exit {code}) after {seconds:.1f} s; last lines of {log_path}:")
+        print(_tail(log_path, 20), flush=True)
+        if step.required and not keep_going:
+            for _, proc, _, _ in background:
+                proc.terminate()
+            raise SystemExit(f"step {step.name} failed; fix it and rerun the same command to continue")
+
+    def join_background() -> None:
+        while background:
+            step, proc, log_path, start = background.pop(0)
+            finish(step, proc.wait(), log_path, start)
+
     rerun = force  # once a step reruns, every later step reruns too: its inputs changed
     for index, step in enumerate(steps, 1):
         header = f"[{index}/{len(steps)}] {step.name}"
+        if keep_going and not dry_run and not all(os.path.exists(p) for p in step.needs):
+            usable = [alt for alt in step.alternatives if all(os.path.exists(p) for p in alt.needs)]
+            if not usable:
+                print(f"{header}: its inputs are missing ({', '.join(step.needs)}), skipped")
+                statuses[step.name] = "failed"
+                continue
+            print(f"{header}: inputs missing, running a fallback")
+            step = usable[0]
         if not rerun and manifest.is_done(step):
             print(f"{header}: done earlier ({manifest.seconds(step.name)} s), skipped")
             statuses[step.name] = "skipped"
             continue
-        print(f"{header}\n  $ {step.command}", flush=True)
+        print(f"{header}{' (background)' if step.background else ''}\n  $ {step.command}", flush=True)
         if dry_run:
             statuses[step.name] = "planned"
             continue
         rerun = True
         log_path = os.path.join(out, "logs", f"{index:02d}_{step.name}.log")
         start = time.perf_counter()
-        bar = tqdm(desc=f"  {step.name}", unit="it", dynamic_ncols=True, leave=False, file=sys.stdout)
+        if step.background and step.cmd is not None:
+            background.append((step, _start(step, log_path), log_path, start))
+            continue
+        # disable=None: a live bar on a terminal only; logs get the "done in" lines
+        bar = tqdm(desc=f"  {step.name}", unit="it", dynamic_ncols=True, leave=False, file=sys.stdout, disable=None)
         try:
             if step.cmd is not None:
-                if step.fn is not None:
-                    step.fn()  # the preparation of a subprocess step (cleaning a stale run dir)
-                code = _run_subprocess(step, log_path, bar)
+                code = _watch(_start(step, log_path), log_path, bar)
             else:
                 with open(log_path, "w") as log:
                     log.write(step.command + "\n")
@@ -603,18 +672,9 @@ def run_pipeline(steps: list[Step], out: str, *, dry_run: bool = False, force: b
             code = 1
         finally:
             bar.close()
-        seconds = time.perf_counter() - start
-        if code == 0 and all(os.path.exists(p) for p in step.outputs):
-            manifest.record(step, "done", seconds)
-            statuses[step.name] = "done"
-            print(f"  done in {seconds:.1f} s (log: {os.path.relpath(log_path)})", flush=True)
-            continue
-        manifest.record(step, "failed", seconds)
-        statuses[step.name] = "failed"
-        print(f"  FAILED (exit {code}) after {seconds:.1f} s; last lines of {log_path}:")
-        print(_tail(log_path, 20))
-        if step.required:
-            raise SystemExit(f"step {step.name} failed; fix it and rerun the same command to continue")
+        finish(step, code, log_path, start)
+        join_background()
+    join_background()
     return statuses
 
 
@@ -777,6 +837,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a preset field (stage1.num_steps=5, eval_max_samples=1, ...)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and what would be skipped")
     parser.add_argument("--force", action="store_true", help="rerun every step")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="go on after a failed step; evaluate with the latest drafter there is (or baselines)")
+    parser.add_argument("--report-only", action="store_true", help="write the report from what exists, run nothing")
     args = parser.parse_args(argv)  # fmt: skip
     try:
         preset = apply_overrides(PRESETS[args.preset], args.set)
@@ -790,12 +853,19 @@ def main(argv: list[str] | None = None) -> int:
     out = os.path.abspath(args.out)
     print(f"longspec e2e, preset {preset.name}: {len(steps)} steps -> {out} (interpreter {sys.executable})")
     start = time.perf_counter()
-    statuses = run_pipeline(steps, out, dry_run=args.dry_run, force=args.force)
+    if args.report_only:
+        manifest = Manifest(out).data["steps"]
+        statuses = {s.name: manifest.get(s.name, {}).get("status", "not run") for s in steps}
+    else:
+        statuses = run_pipeline(steps, out, dry_run=args.dry_run, force=args.force, keep_going=args.keep_going)
     if args.dry_run:
         return 0
     wall_s = time.perf_counter() - start
     write_report(out, preset, steps, statuses, wall_s)
     rows = eval_rows(out, preset)
+    manifest = Manifest(out)
+    print("\nsteps: " + ", ".join(f"{s.name} {statuses.get(s.name, '?')} {_fmt(manifest.seconds(s.name), '.0f')} s"
+                                  for s in steps))  # fmt: skip
     print("\n" + results_table(rows) if rows else "\nno evaluation results")
     print(f"\nreport: {os.path.join(out, 'report.md')} ({wall_s:.0f} s this invocation)")
     greedy = [r for r in rows if r["temperature"] == 0 and r["identical"] is not None]

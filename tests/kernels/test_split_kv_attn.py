@@ -121,8 +121,8 @@ def test_gpu_hybrid(context):
     q, k_cache, v_cache = _inputs(1, 32, 8, T, context, 128, context, dtype, "cuda")
     k_new, v_new = torch.randn(2, 1, 8, T, 128, device="cuda", dtype=dtype)
     mask = tree_mask(beam_tree() + [int(torch.randint(0, i, (1,))) for i in range(69, T)], "cuda")
-    out, lse = split_kv_attn(
-        q, k_cache, v_cache, context, 128**-0.5, tree=(k_new, v_new, mask), **_poisoned(q)
-    )
+    # The hybrid path: fused_mask_attn over the tree, merged into the split-KV reduce (`merge_with`).
+    tree = fused_mask_attn(q, k_new, v_new, mask, 128**-0.5)
+    out, lse = split_kv_attn(q, k_cache, v_cache, context, 128**-0.5, merge_with=tree, **_poisoned(q))
     ref = _union_reference(q, k_cache, v_cache, context, k_new, v_new, mask, 128**-0.5)
     assert_attn_close(out, lse, *ref, dtype)
