@@ -63,6 +63,7 @@ def prepare_stage3_sft(
     min_response_tokens: int = 1,
     template: str = "chat",
     response_field: str = "response",
+    keep_unfinished: bool = False,
     max_rows: int | None = None,
     max_chars: int = 4_000_000,
     shard_tokens: int = 1 << 27,
@@ -88,7 +89,8 @@ def prepare_stage3_sft(
         if row.record is None:
             run.reject(row.reason)
             continue
-        if row.record.get("finished") is False:  # stage3_regenerate: the answer was cut at max_new_tokens
+        cut = row.record.get("finished") is False  # stage3_regenerate: the answer was cut at max_new_tokens
+        if cut and not keep_unfinished:
             run.reject("unfinished")
             continue
         content, reason = user_content(row.record, max_chars=max_chars)
@@ -103,8 +105,9 @@ def prepare_stage3_sft(
         prompt_ids = tokenizer(
             render_prompt(tokenizer, content, system=system, template=template), add_special_tokens=False
         )["input_ids"]
-        response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [eos]
-        if len(response_ids) - 1 < min_response_tokens:
+        # A cut response did not end there: it gets no closing EOS (code continuations, --keep-unfinished).
+        response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + ([] if cut else [eos])
+        if len(response_ids) - (0 if cut else 1) < min_response_tokens:
             run.reject("too_short")
             continue
         if len(prompt_ids) + len(response_ids) > max_len:
@@ -123,6 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-response-tokens", type=int, default=1)
     parser.add_argument("--template", choices=TEMPLATES, default="chat")
     parser.add_argument("--response-field", default="response")
+    parser.add_argument(
+        "--keep-unfinished",
+        action="store_true",
+        help="keep responses cut at stage3_regenerate's --max-new-tokens (e.g. code continuations), without EOS",
+    )
     args = parser.parse_args(argv)
     prepare_stage3_sft(
         source=args.source,
@@ -132,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         min_response_tokens=args.min_response_tokens,
         template=args.template,
         response_field=args.response_field,
+        keep_unfinished=args.keep_unfinished,
         max_rows=args.max_rows,
         max_chars=args.max_chars,
         shard_tokens=args.shard_tokens,

@@ -58,17 +58,18 @@ python -m longspec.e2e --preset gpu --out "$WORK/e2e" --data "$DATA" --keep-goin
 pipeline=$!
 set +m
 budget=${E2E_BUDGET_S:-520}
+# The watchdog writes nothing to stdout (a reader of this script's output would wait for its sleep to end).
 ( sleep "$(( budget - ($(date +%s) - start) ))" && echo "gpu_e2e: budget of ${budget} s reached, stopping" \
-    && kill -TERM -- -"$pipeline" ) 2>/dev/null &
+    >> "$OUT/e2e.log" && kill -TERM -- -"$pipeline" ) > /dev/null 2>&1 &
 watchdog=$!
 wait "$pipeline"
-kill "$watchdog" 2>/dev/null
+kill "$watchdog" 2>/dev/null  # its sleep runs out on its own; it no longer stops anything
 
 python -m longspec.e2e --preset gpu --out "$WORK/e2e" --data "$DATA" --report-only "$@" > "$OUT/e2e_table.txt" 2>&1
 cp "$WORK/e2e/report.md" "$WORK/e2e/e2e_summary.json" "$OUT/" 2>/dev/null
 tar -czf "$OUT/e2e_logs.tar.gz" -C "$WORK/e2e" --exclude='checkpoints' --exclude='*.safetensors' \
     --exclude='data' --exclude='target' logs runs eval_t0 eval_t0_graphs eval_t1 e2e_manifest.json \
     target_summary.json training_loss.png 2>/dev/null
-grep -v '^\[' "$OUT/e2e.log" | grep -v '^  \$' | tail -n 40  # per-step status lines
+grep -E "done in|FAILED|skipped|fallback|budget" "$OUT/e2e.log"  # one line per step
 cat "$OUT/e2e_table.txt"
 echo "gpu_e2e: $(( $(date +%s) - start )) s"

@@ -15,10 +15,13 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 . .venv/bin/activate
-if ! python -c "import longspec, torch, deepspeed, hydra" >/dev/null 2>&1; then
+# Installed once per version of the requirements (a stamp of pyproject.toml + constraints in .venv).
+stamp=$(cat pyproject.toml constraints-cpu.txt | sha256sum | cut -c1-16)
+if [ "$(cat .venv/.quickstart-install 2>/dev/null)" != "$stamp" ]; then
     python -m pip install -q --upgrade pip
     pip install -q -c constraints-cpu.txt torch
     pip install -q -c constraints-cpu.txt -e ".[dev]"
+    echo "$stamp" > .venv/.quickstart-install
 fi
 echo "install: $(( $(date +%s) - start )) s"
 export DS_ACCELERATOR=cpu WANDB_MODE=${WANDB_MODE:-disabled}

@@ -29,13 +29,28 @@ import random
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["StagePlan", "Preset", "PRESETS", "Step", "plan", "run_pipeline", "main"]
+__all__ = [
+    "StagePlan",
+    "EvalPlan",
+    "Preset",
+    "PRESETS",
+    "Step",
+    "apply_overrides",
+    "plan",
+    "stage_steps",
+    "target_overrides",
+    "write_prefix_prompts",
+    "write_bucket_rows",
+    "run_pipeline",
+    "main",
+]
 
 CODE_TARGET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "code_target")
 MANIFEST_NAME = "e2e_manifest.json"
@@ -44,7 +59,7 @@ MANIFEST_NAME = "e2e_manifest.json"
 # --------------------------------------------------------------------------------------------------- presets
 @dataclass(kw_only=True)
 class StagePlan:
-    """One drafter training stage: overrides of H3's tiny stage YAML (configs/stage/tiny_stageN.yaml)."""
+    """One drafter training stage: overrides of a tiny stage YAML (configs/stage/tiny_stageN.yaml)."""
 
     config: str  # the stage YAML (stage=...): position ids, ZeRO stage, loss mask come from it
     seq_len: int  # packed row length (stages 1-2) / longest SFT row (stage 3)
@@ -93,6 +108,9 @@ class Preset:
     num_procs: int  # training processes (torchrun --nproc_per_node)
     cpu: bool  # DeepSpeed on CPU (DS_ACCELERATOR=cpu, gloo)
     window: int  # drafter sliding window (tokens before each token it self-attends to)
+    distill_weight: float = (
+        0.0  # KL(target || drafter) added to the CE in every stage (0 = the paper's CE only)
+    )
     stage1_max_rows: int | None  # source documents read for stage 1 / 2 (None: the whole train split)
     stage2_max_rows: int | None
     stage2_min_tokens: int  # stage-2 documents shorter than this are rejected
@@ -107,10 +125,13 @@ class Preset:
     eval_max_new_tokens: int
     eval_max_samples: int  # per data source
     eval_min_prompt_tokens: int  # shorter LCC prompts are skipped
-    eval_buckets: tuple[int, ...] = ()  # context lengths to cut held-out files to; () = heldout_lcc.jsonl as is
+    eval_buckets: tuple[
+        int, ...
+    ] = ()  # context lengths to cut held-out files to; () = heldout_lcc.jsonl as is
     tree_widths: tuple[int, ...] = (4, 16, 16, 16, 16)
 
-    def __post_init__(self):
+    def validate(self) -> None:
+        """Called once the preset is final (after --set overrides), not per intermediate replace()."""
         if self.target is None and self.pretrain_preset is None:
             raise ValueError("a preset needs target= (a model dir) or pretrain_preset=")
         if self.num_procs < 1 or self.window < 1:
@@ -136,19 +157,36 @@ PRESETS: dict[str, Preset] = {
         num_procs=2,
         cpu=True,
         window=64,
+        # Soft targets learn faster per token than the paper's hard labels: τ 1.25 -> 1.40 after the same 120
+        # stage-1 steps (docs/BENCHMARKS.md, "Quickstart (issue 5)"); the CPU budget is a few hundred K tokens.
+        distill_weight=1.0,
         stage1_max_rows=400,
         stage2_max_rows=400,
         stage2_min_tokens=256,
         stage1=StagePlan(
-            config="tiny_stage1", seq_len=256, num_steps=60, global_batch_size=16, micro_batch_size=8, lr=3e-3
+            config="tiny_stage1", seq_len=256, num_steps=50, global_batch_size=16, micro_batch_size=8, lr=3e-3
         ),
+        # ZeRO-1 instead of the tiny configs' ZeRO-3 for stages 2-3: on 2 CPU ranks over gloo, gathering the
+        # sharded target for every micro-batch made a step ~5x slower (17 s vs ~3.5 s per 4K tokens, measured).
         stage2=StagePlan(
-            config="tiny_stage2", seq_len=512, num_steps=15, global_batch_size=8, micro_batch_size=4, lr=1e-3
+            config="tiny_stage2",
+            seq_len=512,
+            num_steps=10,
+            global_batch_size=8,
+            micro_batch_size=4,
+            lr=1e-3,
+            extra=("deepspeed.zero_stage=1",),
         ),
         stage3=StagePlan(
-            config="tiny_stage3", seq_len=640, num_steps=30, global_batch_size=8, micro_batch_size=4, lr=2e-3
+            config="tiny_stage3",
+            seq_len=640,
+            num_steps=40,
+            global_batch_size=8,
+            micro_batch_size=4,
+            lr=2e-3,
+            extra=("deepspeed.zero_stage=1",),
         ),
-        num_prompts=96,
+        num_prompts=128,
         prompt_chars=1500,
         regen_max_new_tokens=128,
         regen_batch_size=16,
@@ -159,10 +197,12 @@ PRESETS: dict[str, Preset] = {
     ),
     # One H200, one device call of <= 10 minutes (launch/gpu_e2e.sh): ~3 min pretraining, ~3 min drafter.
     "gpu": Preset(
+        # Sized (not yet measured) for one device call of <= 10 min, install included: ~2.5 min pretraining,
+        # ~3 min for the drafter's stages, ~2.5 min of evaluation. Tune with launch/gpu_e2e.sh --set ...
         name="gpu",
         target=None,
         pretrain_preset="gpu100m",
-        pretrain_minutes=3.0,
+        pretrain_minutes=2.5,
         pretrain_seq_len=16384,  # trained at the longest evaluated context (16K bucket), same tokens per step
         pretrain_batch_size=4,
         anchor_max_len=15360,  # the paper's MAX_LEN for 16K-context targets
@@ -170,31 +210,51 @@ PRESETS: dict[str, Preset] = {
         num_procs=1,
         cpu=False,
         window=512,
+        distill_weight=1.0,  # as in the cpu preset
         stage1_max_rows=None,
         stage2_max_rows=None,
         stage2_min_tokens=2048,
         stage1=StagePlan(
-            config="tiny_stage1", seq_len=1024, num_steps=300, global_batch_size=32, micro_batch_size=32, lr=1e-3
+            config="tiny_stage1",
+            seq_len=1024,
+            num_steps=200,
+            global_batch_size=32,
+            micro_batch_size=32,
+            lr=1e-3,
         ),
+        # One GPU: ZeRO-3 would only add gathers. The windowed self-attention trains on the math path on this
+        # GPU (no flash-attn): [rows, heads, T, T] fp32 scores, hence 2 rows of 8K per micro-batch.
         stage2=StagePlan(
-            config="tiny_stage2", seq_len=8192, num_steps=60, global_batch_size=4, micro_batch_size=4, lr=3e-4,
-            extra=("deepspeed.zero_stage=1",),  # one GPU: ZeRO-3 would only add gathers
-        ),
-        stage3=StagePlan(
-            config="tiny_stage3", seq_len=4096, num_steps=60, global_batch_size=8, micro_batch_size=8, lr=3e-4,
+            config="tiny_stage2",
+            seq_len=8192,
+            num_steps=40,
+            global_batch_size=4,
+            micro_batch_size=2,
+            lr=3e-4,
             extra=("deepspeed.zero_stage=1",),
         ),
-        num_prompts=256,
-        prompt_chars=12000,
-        regen_max_new_tokens=512,
-        regen_batch_size=64,
-        evals=(
-            EvalPlan(name="t0", methods=("longspec", "vanilla_hf", "vanilla_fa", "ar", "pld")),
-            EvalPlan(name="t0_graphs", methods=("longspec", "ar"), extra=("cuda_graphs=true",), required=False),
-            EvalPlan(name="t1", methods=("longspec", "vanilla_fa"), temperature=1.0, required=False),
+        stage3=StagePlan(
+            config="tiny_stage3",
+            seq_len=4096,
+            num_steps=40,
+            global_batch_size=8,
+            micro_batch_size=4,
+            lr=3e-4,
+            extra=("deepspeed.zero_stage=1",),
         ),
-        eval_max_new_tokens=256,
-        eval_max_samples=3,
+        num_prompts=128,
+        prompt_chars=12000,
+        regen_max_new_tokens=256,
+        regen_batch_size=64,
+        evals=(  # most important first: the budget watchdog may stop the last one
+            EvalPlan(name="t0", methods=("longspec", "vanilla_hf", "vanilla_fa", "ar", "pld")),
+            EvalPlan(name="t1", methods=("longspec", "vanilla_fa"), temperature=1.0, required=False),
+            EvalPlan(
+                name="t0_graphs", methods=("longspec", "ar"), extra=("cuda_graphs=true",), required=False
+            ),
+        ),
+        eval_max_new_tokens=128,
+        eval_max_samples=2,
         eval_min_prompt_tokens=0,
         eval_buckets=(4096, 8192, 16384),
     ),
@@ -244,7 +304,8 @@ class Step:
     required: bool = True  # a failed optional step is reported; the pipeline goes on
     background: bool = False  # run concurrently with the next foreground step (joined when that one ends)
     needs: list[str] = field(default_factory=list)  # inputs made by earlier steps
-    alternatives: list[Step] = field(default_factory=list)  # --keep-going: used in order when `needs` are missing
+    # --keep-going: used in order when `needs` are missing
+    alternatives: list[Step] = field(default_factory=list)
 
     @property
     def command(self) -> str:
@@ -258,6 +319,7 @@ class Step:
 
 def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
     """The ordered steps of one run (nothing is executed here)."""
+    preset.validate()
     py = sys.executable
     out = os.path.abspath(out)
     data = os.path.abspath(data) if data else None
@@ -279,7 +341,9 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
         target = tokenizer = os.path.abspath(preset.target)
     else:
         if data is None:
-            raise ValueError(f"preset {preset.name!r} pretrains its target: pass --data DIR (corpus/, tokenizer/, tokens/)")
+            raise ValueError(
+                f"preset {preset.name!r} pretrains its target: pass --data DIR (corpus/, tokenizer/, tokens/)"
+            )
         # The pretrained target saves this same tokenizer: the stage data can be tokenized while it trains.
         target, tokenizer = os.path.join(out, "target"), os.path.join(data, "tokenizer")
         cmd = [py, "-m", "launch.pretrain_target", "--corpus", corpus, "--tokenizer", os.path.join(data, "tokenizer"),
@@ -338,41 +402,17 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
         )
     )  # fmt: skip
 
-    train_env = {"DS_ACCELERATOR": "cpu"} if preset.cpu else {}
-    target_overrides = [
-        "target=tiny_llama",  # the tiny target group, pointed at our model (no hub id involved)
-        f"target.path={target}",
-        f"target.name={os.path.basename(target.rstrip('/'))}",
-        f"target.anchor_max_len={preset.anchor_max_len}",
-    ]
+    overrides = target_overrides(preset, target)
     previous_export = None
-    for index, (stage, stage_data) in enumerate(((preset.stage1, s1), (preset.stage2, s2), (preset.stage3, s3)), 1):
+    for index, (stage, stage_data) in enumerate(
+        ((preset.stage1, s1), (preset.stage2, s2), (preset.stage3, s3)), 1
+    ):
         run_dir = os.path.join(out, "runs", f"stage{index}")
-        export = os.path.join(run_dir, "export")
-        overrides = [*target_overrides, *stage.overrides(), f"drafter.window={preset.window}",
-                     f"data.path={stage_data}", f"output_dir={run_dir}", "checkpoint.resume=never"]  # fmt: skip
-        if previous_export:
-            overrides.append(f"init_from={previous_export}")
-        steps.append(
-            Step(
-                name=f"train_stage{index}",
-                cmd=[py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                     str(preset.num_procs), "-m", "longspec.train", *overrides],
-                env=train_env,
-                outputs=[os.path.join(run_dir, "checkpoints", f"step_{stage.num_steps:08d}", "trainer_state.json")],
-                needs=[os.path.join(stage_data, "manifest.json"), *([previous_export] if previous_export else [])],
-                fn=_clean_dir(run_dir),  # a half-finished run restarts from scratch (resume=never)
-            )
+        steps += stage_steps(
+            preset, f"stage{index}", stage, target_overrides=overrides, data_path=stage_data, run_dir=run_dir,
+            init_from=previous_export,
         )  # fmt: skip
-        steps.append(
-            Step(
-                name=f"export_stage{index}",
-                cmd=[py, "-m", "longspec.export", run_dir, export, "--overwrite"],
-                outputs=[os.path.join(export, "config.json")],
-                needs=[os.path.join(run_dir, "checkpoints")],
-            )
-        )
-        previous_export = export
+        previous_export = os.path.join(run_dir, "export")
 
     if preset.eval_buckets:
         sources = [os.path.join(data_dir, f"lcc_{_k(b)}.jsonl") for b in preset.eval_buckets]
@@ -380,10 +420,13 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
             Step(
                 name="eval_buckets",
                 fn=lambda: write_bucket_rows(
-                    os.path.join(corpus, "heldout.jsonl"), tokenizer, dict(zip(preset.eval_buckets, sources))
+                    os.path.join(corpus, "heldout.jsonl"),
+                    tokenizer,
+                    dict(zip(preset.eval_buckets, sources, strict=True)),
+                    reserve=preset.eval_max_new_tokens,
                 ),
                 describe=f"write_bucket_rows({os.path.join(corpus, 'heldout.jsonl')}, buckets="
-                f"{list(preset.eval_buckets)})",
+                f"{list(preset.eval_buckets)}, reserve={preset.eval_max_new_tokens})",
                 outputs=sources,
             )
         )
@@ -402,7 +445,7 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
                 return None
             return Step(
                 name=f"eval_{ev.name}" if ev.name else "eval",
-                cmd=[py, "-m", "longspec.eval", *target_overrides,
+                cmd=[py, "-m", "longspec.eval", *overrides,
                      *([f"drafter.path={drafter}"] if drafter and "longspec" in methods else []),
                      *data_overrides, f"method=[{','.join(methods)}]", f"temperature={ev.temperature}",
                      f"max_new_tokens={preset.eval_max_new_tokens}", f"max_samples={preset.eval_max_samples}",
@@ -415,9 +458,57 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
 
         step = eval_step(exports[0])
         # --keep-going: an earlier stage's drafter when a later stage failed, else the baselines alone
-        step.alternatives = [alt for alt in (*map(eval_step, exports[1:]), eval_step(None)) if alt is not None]
+        step.alternatives = [
+            alt for alt in (*map(eval_step, exports[1:]), eval_step(None)) if alt is not None
+        ]
         steps.append(step)
     return steps
+
+
+def target_overrides(preset: Preset, target: str) -> list[str]:
+    """Hydra overrides naming the target for `longspec.train` / `longspec.eval`."""
+    return [
+        "target=tiny_llama",  # the tiny target group, pointed at our model (no hub id involved)
+        f"target.path={target}",
+        f"target.name={os.path.basename(target.rstrip('/'))}",
+        f"target.anchor_max_len={preset.anchor_max_len}",
+    ]
+
+
+def stage_steps(
+    preset: Preset,
+    name: str,
+    stage: StagePlan,
+    *,
+    target_overrides: list[str],
+    data_path: str,
+    run_dir: str,
+    init_from: str | None = None,
+) -> list[Step]:
+    """train_<name> (torchrun -m longspec.train) + export_<name> (python -m longspec.export RUN_DIR RUN_DIR/export).
+    Also used by benchmarks/ablations/."""
+    py = sys.executable
+    overrides = [*target_overrides, *stage.overrides(), f"drafter.window={preset.window}",
+                 f"loss.distill_weight={preset.distill_weight}", f"data.path={data_path}", f"output_dir={run_dir}",
+                 "checkpoint.resume=never"]  # fmt: skip
+    if init_from:
+        overrides.append(f"init_from={init_from}")
+    train = Step(
+        name=f"train_{name}",
+        cmd=[py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(preset.num_procs),
+             "-m", "longspec.train", *overrides],
+        env={"DS_ACCELERATOR": "cpu"} if preset.cpu else {},
+        outputs=[os.path.join(run_dir, "checkpoints", f"step_{stage.num_steps:08d}", "trainer_state.json")],
+        needs=[os.path.join(data_path, "manifest.json"), *([init_from] if init_from else [])],
+        fn=_clean_dir(run_dir),  # a half-finished run restarts from scratch (resume=never)
+    )  # fmt: skip
+    export = Step(
+        name=f"export_{name}",
+        cmd=[py, "-m", "longspec.export", run_dir, os.path.join(run_dir, "export"), "--overwrite"],
+        outputs=[os.path.join(run_dir, "export", "config.json")],
+        needs=[os.path.join(run_dir, "checkpoints")],
+    )
+    return [train, export]
 
 
 def _k(n: int) -> str:
@@ -443,12 +534,16 @@ def _unlink_partial(path: str) -> Callable[[], None]:
 
 
 # --------------------------------------------------------------------------------------------------- glue
-def write_prefix_prompts(train_jsonl: str, out: str, *, num_prompts: int, max_chars: int, seed: int = 0) -> int:
+def write_prefix_prompts(
+    train_jsonl: str, out: str, *, num_prompts: int, max_chars: int, seed: int = 0
+) -> int:
     """Stage-3 prompt rows {"id", "context"}: a code prefix (cut at a line end, at most `max_chars`) of each of
     `num_prompts` training files picked at random. The target then writes the continuation (stage3_regenerate), so
     stage 3 teaches the drafter the target's own distribution on code completion, the evaluated task."""
     if not os.path.isfile(train_jsonl):
-        raise FileNotFoundError(f"{train_jsonl} not found: build the corpus first (python -m data_prep.stdlib_corpus)")
+        raise FileNotFoundError(
+            f"{train_jsonl} not found: build the corpus first (python -m data_prep.stdlib_corpus)"
+        )
     rows = []
     with open(train_jsonl, encoding="utf-8") as f:
         for line in f:
@@ -475,34 +570,46 @@ def write_prefix_prompts(train_jsonl: str, out: str, *, num_prompts: int, max_ch
     return min(num_prompts, len(rows))
 
 
-def write_bucket_rows(heldout_jsonl: str, tokenizer_path: str, buckets: dict[int, str]) -> dict[int, int]:
-    """LCC-schema rows whose prompt is ~`bucket` tokens: the first `bucket` tokens of each held-out file long enough
-    (cut back to a line end), the answer its next non-blank line. One JSONL per bucket -> rows written."""
+def write_bucket_rows(
+    heldout_jsonl: str, tokenizer_path: str, buckets: dict[int, str], *, reserve: int = 0
+) -> dict[int, int]:
+    """LCC-schema rows for context buckets: each held-out file long enough gives a row whose prompt (LCC template
+    included) is the file's first `bucket - reserve` tokens at most, cut back to a line end, and whose answer is the
+    next non-blank line; `reserve` keeps room for the generated tokens inside the bucket. One JSONL per bucket.
+    Returns {bucket: rows written}."""
     from transformers import AutoTokenizer
 
     from longspec.eval.prompts import longbench_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    texts = []
+    files = []
     with open(heldout_jsonl, encoding="utf-8") as f:
         for line in f:
             record = json.loads(line)
-            texts.append((record.get("path", ""), record["text"]))
+            text = record["text"]
+            offsets = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
+            files.append((record.get("path", ""), text, offsets))
     template_tokens = len(tokenizer(longbench_prompt("lcc", "", ""))["input_ids"])
     written = {}
     for bucket, path in buckets.items():
+        budget = (
+            bucket - reserve - template_tokens - 8
+        )  # 8: a token may merge across the cut and the template
+        if budget <= 0:
+            raise ValueError(f"bucket {bucket} leaves no room for a prompt (reserve {reserve})")
         rows = []
-        for relpath, text in texts:
-            offsets = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
-            budget = bucket - template_tokens - 8  # room for the template and a partial last token
+        for relpath, text, offsets in files:
             if len(offsets) <= budget:
                 continue
             end = text.rfind("\n", 0, offsets[budget][0]) + 1
             answer = next((ln for ln in text[end:].splitlines() if ln.strip()), None)
             if end <= 0 or answer is None:
                 continue
-            rows.append({"_id": hashlib.sha256(f"{bucket}:{relpath}".encode()).hexdigest()[:32], "input": "",
-                         "context": text[:end], "answers": [answer], "dataset": "lcc", "path": relpath})  # fmt: skip
+            row_id = hashlib.sha256(f"{bucket}:{relpath}".encode()).hexdigest()[:32]
+            rows.append(
+                {"_id": row_id, "input": "", "context": text[:end], "answers": [answer], "dataset": "lcc",
+                 "path": relpath}
+            )  # fmt: skip
         with open(path, "w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -568,11 +675,23 @@ def _start(step: Step, log_path: str) -> subprocess.Popen:
 def _watch(proc: subprocess.Popen, log_path: str, bar) -> int:
     """Wait for `proc`, moving the progress bar from the log's step / tqdm lines."""
     position = 0
-    while proc.poll() is None:
-        time.sleep(0.5)
-        position = _update_bar(bar, log_path, position)
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+            position = _update_bar(bar, log_path, position)
+    except BaseException:  # interrupted: do not leave the step running (torchrun forwards it to its workers)
+        _stop(proc)
+        raise
     _update_bar(bar, log_path, position)
     return proc.returncode
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def _update_bar(bar, log_path: str, position: int) -> int:
@@ -615,7 +734,7 @@ def run_pipeline(
         if code == 0 and all(os.path.exists(p) for p in step.outputs):
             manifest.record(step, "done", seconds)
             statuses[step.name] = "done"
-            print(f"  {step.name}: done in {seconds:.1f} s (log: {os.path.relpath(log_path)})", flush=True)
+            print(f"  {step.name}: done in {seconds:.1f} s (log: {_short(log_path)})", flush=True)
             return
         manifest.record(step, "failed", seconds)
         statuses[step.name] = "failed"
@@ -628,8 +747,15 @@ def run_pipeline(
 
     def join_background() -> None:
         while background:
-            step, proc, log_path, start = background.pop(0)
-            finish(step, proc.wait(), log_path, start)
+            step, proc, log_path, start = background[0]
+            try:
+                code = proc.wait()
+            except BaseException:
+                for _, other, _, _ in background:
+                    _stop(other)
+                raise
+            background.pop(0)
+            finish(step, code, log_path, start)
 
     rerun = force  # once a step reruns, every later step reruns too: its inputs changed
     for index, step in enumerate(steps, 1):
@@ -656,26 +782,42 @@ def run_pipeline(
         if step.background and step.cmd is not None:
             background.append((step, _start(step, log_path), log_path, start))
             continue
-        # disable=None: a live bar on a terminal only; logs get the "done in" lines
-        bar = tqdm(desc=f"  {step.name}", unit="it", dynamic_ncols=True, leave=False, file=sys.stdout, disable=None)
         try:
-            if step.cmd is not None:
-                code = _watch(_start(step, log_path), log_path, bar)
-            else:
-                with open(log_path, "w") as log:
-                    log.write(step.command + "\n")
-                step.fn()
-                code = 0
-        except Exception as e:  # in-process glue: report like a failed command
-            with open(log_path, "a") as log:
-                log.write(f"{type(e).__name__}: {e}\n")
-            code = 1
-        finally:
-            bar.close()
+            code = _run_foreground(step, log_path, tqdm)
+        except BaseException:
+            for _, other, _, _ in background:
+                _stop(other)
+            raise
         finish(step, code, log_path, start)
         join_background()
     join_background()
     return statuses
+
+
+def _run_foreground(step: Step, log_path: str, tqdm) -> int:
+    """Run one step to its end -> exit code (in-process glue that raises counts as exit 1)."""
+    # disable=None: a live bar on a terminal only; logs get the "done in" lines
+    bar = tqdm(
+        desc=f"  {step.name}", unit="it", dynamic_ncols=True, leave=False, file=sys.stdout, disable=None
+    )
+    try:
+        if step.cmd is not None:
+            return _watch(_start(step, log_path), log_path, bar)
+        with open(log_path, "w") as log:
+            log.write(step.command + "\n")
+        step.fn()
+        return 0
+    except Exception as e:  # a failed glue step or an unstartable command: report like a failed command
+        with open(log_path, "a") as log:
+            log.write(f"{type(e).__name__}: {e}\n")
+        return 1
+    finally:
+        bar.close()
+
+
+def _short(path: str) -> str:
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def _tail(path: str, num_lines: int) -> str:
@@ -721,7 +863,9 @@ def results_table(rows: list[dict]) -> str:
         cells = [r["run"], f"{r['temperature']:g}", r["dataset"], _fmt(r["prompt_len"], ".0f"), r["method"],
                  _fmt(r["tau"], ".2f"), _fmt(r["tokens_per_s"], ".1f")]  # fmt: skip
         cells += [_fmt(r["speedup"].get(b), ".2f") + ("x" if b in r["speedup"] else "") for b in baselines]
-        cells.append("–" if identical is None else ("yes" if identical == 1 else f"{identical:.0%} of samples"))
+        cells.append(
+            "–" if identical is None else ("yes" if identical == 1 else f"{identical:.0%} of samples")
+        )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -738,10 +882,15 @@ def training_summary(out: str) -> list[dict]:
             tail = records[-max(1, len(records) // 10) :]  # mean of the last 10%: one step is noisy
             summary.append({
                 "stage": index, "steps": records[-1]["step"], "tokens": records[-1].get("tokens_seen"),
-                "first_loss": records[0]["loss"], "final_loss": sum(r["loss"] for r in tail) / len(tail),
+                "first_loss": _ce(records[0]), "final_loss": sum(map(_ce, tail)) / len(tail),
                 "final_acc": sum(r.get("acc", 0.0) for r in tail) / len(tail), "records": records,
             })  # fmt: skip
     return summary
+
+
+def _ce(record: dict) -> float:
+    """The data cross-entropy of a metrics.jsonl record (`loss` adds the KL term when distillation is on)."""
+    return record.get("ce", record["loss"])
 
 
 def plot_training(summary: list[dict], path: str) -> bool:
@@ -756,10 +905,10 @@ def plot_training(summary: list[dict], path: str) -> bool:
     offset = 0
     for s in summary:
         steps = [offset + r["step"] for r in s["records"]]
-        ax.plot(steps, [r["loss"] for r in s["records"]], label=f"stage {s['stage']}")
+        ax.plot(steps, [_ce(r) for r in s["records"]], label=f"stage {s['stage']}")
         offset = steps[-1]
     ax.set_xlabel("optimizer step (stages chained)")
-    ax.set_ylabel("drafter next-token loss (nats)")
+    ax.set_ylabel("drafter cross-entropy on the data (nats)")
     ax.set_title("drafter training")
     ax.legend()
     fig.tight_layout()
@@ -790,7 +939,8 @@ def write_report(out: str, preset: Preset, steps: list[Step], statuses: dict[str
         "",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit `{_git_commit()}`; "
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-        f"- command: `python -m longspec.e2e --preset {preset.name} --out {out}`; this invocation: {wall_s:.0f} s",
+        f"- command: `python -m longspec.e2e --preset {preset.name} --out {out}`; this invocation: {wall_s:.0f} s; "
+        f"all steps (incl. ones done by earlier invocations): {sum(manifest.seconds(s.name) or 0 for s in steps):.0f} s",
         "",
         "## Evaluation (held-out code completion)",
         "",
@@ -800,7 +950,7 @@ def write_report(out: str, preset: Preset, steps: list[Step], statuses: dict[str
         "",
         "## Drafter training",
         "",
-        "| stage | steps | tokens | first loss | final loss (last 10%) | final top-1 |",
+        "| stage | steps | tokens | first CE | final CE (last 10% of steps) | final top-1 on the data |",
         "|---|---|---|---|---|---|",
     ]
     for s in summary:
@@ -817,7 +967,9 @@ def write_report(out: str, preset: Preset, steps: list[Step], statuses: dict[str
     for step in steps:
         seconds = manifest.seconds(step.name)
         command = step.command.replace("|", "\\|")  # a pipe would end the table cell
-        lines.append(f"| {step.name} | {statuses.get(step.name, '–')} | {_fmt(seconds, '.1f')} | `{command}` |")
+        lines.append(
+            f"| {step.name} | {statuses.get(step.name, '–')} | {_fmt(seconds, '.1f')} | `{command}` |"
+        )
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(text)
@@ -828,36 +980,57 @@ def write_report(out: str, preset: Preset, steps: list[Step], statuses: dict[str
 
 
 # --------------------------------------------------------------------------------------------------- CLI
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--out", required=True, help="output directory (rerun with the same one to resume)")
-    parser.add_argument("--data", default=None, help="prepared data dir (corpus/, tokenizer/, tokens/): skips the corpus step")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a preset field (stage1.num_steps=5, eval_max_samples=1, ...)")
+    parser.add_argument(
+        "--data", default=None, help="prepared data dir (corpus/, tokenizer/, tokens/): skips the corpus step"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a preset field (stage1.num_steps=5, eval_max_samples=1, ...)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and what would be skipped")
     parser.add_argument("--force", action="store_true", help="rerun every step")
-    parser.add_argument("--keep-going", action="store_true",
-                        help="go on after a failed step; evaluate with the latest drafter there is (or baselines)")
-    parser.add_argument("--report-only", action="store_true", help="write the report from what exists, run nothing")
+    parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="go on after a failed step; evaluate with the latest drafter there is (or baselines)",
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="write the report from what exists, run nothing"
+    )
     args = parser.parse_args(argv)  # fmt: skip
     try:
         preset = apply_overrides(PRESETS[args.preset], args.set)
-        preset.__post_init__()
         if args.data is not None and not os.path.isdir(os.path.join(args.data, "corpus")):
-            raise FileNotFoundError(f"--data {args.data!r} has no corpus/ (python -m data_prep.stdlib_corpus --out DIR/corpus)")
+            raise FileNotFoundError(
+                f"--data {args.data!r} has no corpus/ (python -m data_prep.stdlib_corpus --out DIR/corpus)"
+            )
         steps = plan(preset, args.out, data=args.data)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = os.path.abspath(args.out)
     print(f"longspec e2e, preset {preset.name}: {len(steps)} steps -> {out} (interpreter {sys.executable})")
+    # SIGTERM (a job scheduler, a watchdog) stops the running step's process too, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     start = time.perf_counter()
     if args.report_only:
         manifest = Manifest(out).data["steps"]
         statuses = {s.name: manifest.get(s.name, {}).get("status", "not run") for s in steps}
     else:
-        statuses = run_pipeline(steps, out, dry_run=args.dry_run, force=args.force, keep_going=args.keep_going)
+        statuses = run_pipeline(
+            steps, out, dry_run=args.dry_run, force=args.force, keep_going=args.keep_going
+        )
     if args.dry_run:
         return 0
     wall_s = time.perf_counter() - start

@@ -185,7 +185,11 @@ def test_results_table_and_report(tmp_path):
     run_dir = tmp_path / "runs" / "stage1"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text(
-        "".join(json.dumps({"step": s, "loss": 5.0 - s, "acc": 0.1 * s, "tokens_seen": 100 * s}) + "\n" for s in (1, 2))
+        "".join(
+            json.dumps({"step": s, "loss": 9.0 - s, "ce": 5.0 - s, "acc": 0.1 * s, "tokens_seen": 100 * s})
+            + "\n"
+            for s in (1, 2)
+        )
     )
     text = e2e.write_report(str(tmp_path), preset, plan(preset, str(tmp_path)), {}, 12.0)
     assert "| 1 | 2 | 200 | 4.000 | 3.000 | 20.0% |" in text
@@ -231,3 +235,40 @@ def test_mini_run_end_to_end(tmp_path):
     assert e2e.main(argv) == 0
     manifest = json.loads((out / e2e.MANIFEST_NAME).read_text())
     assert all(record["status"] == "done" for record in manifest["steps"].values())
+
+
+def test_preset_validation_runs_once_on_the_final_preset(tmp_path):
+    # an intermediate state (batch below micro-batch x processes) is fine while --set applies one field at a time
+    preset = apply_overrides(PRESETS["cpu"], ["stage1.global_batch_size=2", "stage1.micro_batch_size=1"])
+    assert plan(preset, str(tmp_path))
+    with pytest.raises(ValueError, match="multiple of micro_batch_size"):
+        plan(apply_overrides(PRESETS["cpu"], ["stage1.global_batch_size=3"]), str(tmp_path))
+
+
+def test_stage3_sft_keeps_cut_continuations_without_eos(tmp_path):
+    """The e2e's stage 3 trains on target continuations cut at --max-new-tokens: kept with --keep-unfinished,
+    and not closed by an EOS they never had; finished rows still end with EOS."""
+    from transformers import AutoTokenizer
+
+    from data_prep.stage3_sft import prepare_stage3_sft
+    from longspec.data.shards import ShardReader
+
+    tokenizer = AutoTokenizer.from_pretrained(e2e.CODE_TARGET)
+    rows = [
+        {"context": "def f(x):", "response": "    return x + 1", "finished": False},
+        {"context": "import os", "response": "\nimport sys", "finished": True},
+    ]
+    src = tmp_path / "regen.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for keep, kept in ((False, 1), (True, 2)):
+        out = tmp_path / f"keep_{keep}"
+        manifest = prepare_stage3_sft(
+            source=str(src), tokenizer=tokenizer, out=str(out), template="plain", keep_unfinished=keep,
+            progress=False,
+        )  # fmt: skip
+        assert manifest.rows["kept"] == kept
+    reader = ShardReader(tmp_path / "keep_True")
+    responses = [reader.row(i)[0][reader.row(i)[1]].tolist() for i in range(len(reader))]
+    assert responses[0][-1] != tokenizer.eos_token_id
+    assert tokenizer.decode(responses[0]) == "    return x + 1"
+    assert responses[1][-1] == tokenizer.eos_token_id
