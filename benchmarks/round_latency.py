@@ -37,58 +37,17 @@ from longspec.infer.baselines import _cache_kwarg
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.tree import TreeLayout, chain_tree
 from longspec.target import TargetModel
+from longspec.testing import llama31_8b_config, make_tiny_hf_model, random_target
 
 HBM_BYTES_PER_S = 4.3e12
-
-# Llama-3.1-8B (meta-llama/Llama-3.1-8B config.json), random weights.
-LLAMA31_8B = dict(
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=131072,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-    rope_parameters={
-        "rope_type": "llama3",
-        "rope_theta": 500000.0,
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    },
-)
 
 
 def build_target(tiny: bool, device: torch.device, dtype: torch.dtype) -> TargetModel:
     """8B-shaped random Llama built on the meta device and initialised in place on `device` (tiny: the test
     config on CPU)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     if tiny:
-        from longspec.testing import make_tiny_hf_model
-
         return TargetModel(make_tiny_hf_model("llama").to(device=device, dtype=dtype)).to(device)
-    config = LlamaConfig(**LLAMA31_8B)
-    config._attn_implementation = "sdpa"
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.to_empty(device=device)
-    generator = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 1:  # RMSNorm weights
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=generator)
-        # to_empty left buffers uninitialised: rebuild the HF rotary embedding (only the HF baseline uses it).
-        rotary = model.model.rotary_emb
-        model.model.rotary_emb = type(rotary)(config=config).to(device)
-    # .to(device) also moves the adapter's own rotary buffers (built on the CPU), which graph capture needs.
-    return TargetModel(model.eval()).to(device)
+    return random_target(llama31_8b_config(attn_implementation="sdpa"), device, dtype)
 
 
 def fill_random_cache(engine: SpeculativeEngine, context: int, generator: torch.Generator) -> None:
@@ -186,10 +145,16 @@ def bench_context(target, drafter, engine, context: int, timer: Timer, capture: 
         row["tree_nodes"] = tree.num_nodes
         row["draft_ms"] = timer(lambda: engine.draft(root, layout))
         if capture:
-            _try_graph(row, "draft_graph_ms", lambda: timer(lambda: engine.draft(root, layout, static=True, capture=True)))
+            _try_graph(
+                row,
+                "draft_graph_ms",
+                lambda: timer(lambda: engine.draft(root, layout, static=True, capture=True)),
+            )
         row["verify_ms"] = timer(lambda: engine.verify(tree))
         if capture:
-            _try_graph(row, "verify_graph_ms", lambda: timer(lambda: engine.verify(tree, static=True, capture=True)))
+            _try_graph(
+                row, "verify_graph_ms", lambda: timer(lambda: engine.verify(tree, static=True, capture=True))
+            )
         logits = engine.verify(tree)
         row["accept_ms"] = timer(
             lambda: greedy_accept(

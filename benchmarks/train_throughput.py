@@ -30,52 +30,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from longspec.testing import llama31_8b_config, random_target
+
 MATMUL_FLOPS_PER_S = 754e12
-
-
-def llama31_8b_config():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        rope_parameters={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-            "rope_theta": 500000.0,
-        },
-    )
-
-
-def random_target(hf_config, device: torch.device, dtype: torch.dtype):
-    """Build on the meta device (no host copy of 16 GB), materialise on `device`, fill with random values."""
-    from transformers import AutoModelForCausalLM
-
-    from longspec.target import TargetModel
-
-    with torch.device("meta"):
-        hf_model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
-    hf_model.to_empty(device=device)
-    generator = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for param in hf_model.parameters():
-            if param.dim() == 1:
-                param.fill_(1.0)  # RMSNorm weights (Llama has no biases)
-            else:
-                param.normal_(0.0, 0.02, generator=generator)
-    # TargetModel computes its own RoPE tables (the HF rotary buffers were left uninitialised by to_empty).
-    return TargetModel(hf_model).to(device)
 
 
 def flops_per_step(cfg, *, tokens: int, seq_len: int, window: int) -> dict[str, float]:

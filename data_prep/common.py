@@ -329,6 +329,20 @@ def add_common_args(parser, *, default_source: str | None = None, repeat_source:
     parser.add_argument("--no-progress", action="store_true")
 
 
+def common_kwargs(args) -> dict:
+    """The prepare_* keyword arguments that come from `add_common_args` (source/split/hf_config excepted:
+    their meaning differs per tool)."""
+    return dict(
+        tokenizer=load_tokenizer(args.tokenizer, trust_remote_code=args.trust_remote_code),
+        out=args.out,
+        max_rows=args.max_rows,
+        max_chars=args.max_chars,
+        shard_tokens=args.shard_tokens,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+
+
 def limit(rows: Iterator[SourceRow], max_rows: int | None) -> Iterator[SourceRow]:
     for i, row in enumerate(rows):
         if max_rows is not None and i >= max_rows:

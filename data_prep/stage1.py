@@ -18,9 +18,9 @@ from data_prep.common import (
     add_common_args,
     batched,
     check_text,
+    common_kwargs,
     iter_source,
     limit,
-    load_tokenizer,
 )
 from longspec.data.manifest import Manifest
 
@@ -86,17 +86,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     prepare_stage1(
         source=args.source,
-        tokenizer=load_tokenizer(args.tokenizer, trust_remote_code=args.trust_remote_code),
-        out=args.out,
         seq_len=args.seq_len,
         text_field=args.text_field,
         split=args.split,
         hf_config=args.hf_config,
-        max_rows=args.max_rows,
-        max_chars=args.max_chars,
-        shard_tokens=args.shard_tokens,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
+        **common_kwargs(args),
     )
 
 

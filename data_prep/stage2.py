@@ -22,9 +22,9 @@ from data_prep.common import (
     batched,
     check_messages,
     check_text,
+    common_kwargs,
     iter_source,
     limit,
-    load_tokenizer,
 )
 from longspec.data.manifest import Manifest
 
@@ -124,8 +124,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     prepare_stage2(
         sources=args.source,
-        tokenizer=load_tokenizer(args.tokenizer, trust_remote_code=args.trust_remote_code),
-        out=args.out,
         seq_len=args.seq_len,
         min_tokens=args.min_tokens,
         max_tokens=args.max_tokens,
@@ -133,11 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         messages_field=args.messages_field,
         split=args.split,
         hf_config=args.hf_config,
-        max_rows=args.max_rows,
-        max_chars=args.max_chars,
-        shard_tokens=args.shard_tokens,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
+        **common_kwargs(args),
     )
 
 

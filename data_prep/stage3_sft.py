@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from data_prep.common import PrepRun, add_common_args, check_text, iter_source, limit, load_tokenizer
+from data_prep.common import PrepRun, add_common_args, check_text, common_kwargs, iter_source, limit
 from longspec.data.manifest import Manifest
 
 TEMPLATES = ("chat", "plain")
@@ -134,18 +134,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     prepare_stage3_sft(
         source=args.source,
-        tokenizer=load_tokenizer(args.tokenizer, trust_remote_code=args.trust_remote_code),
-        out=args.out,
         max_len=args.max_len,
         min_response_tokens=args.min_response_tokens,
         template=args.template,
         response_field=args.response_field,
         keep_unfinished=args.keep_unfinished,
-        max_rows=args.max_rows,
-        max_chars=args.max_chars,
-        shard_tokens=args.shard_tokens,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
+        **common_kwargs(args),
     )
 
 
