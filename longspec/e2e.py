@@ -195,7 +195,6 @@ PRESETS: dict[str, Preset] = {
         eval_max_samples=3,
         eval_min_prompt_tokens=512,
     ),
-    # One H200, one device call of <= 10 minutes (launch/gpu_e2e.sh): ~3 min pretraining, ~3 min drafter.
     "gpu": Preset(
         # Sized (not yet measured) for one device call of <= 10 min, install included: ~2.5 min pretraining,
         # ~3 min for the drafter's stages, ~2.5 min of evaluation. Tune with launch/gpu_e2e.sh --set ...
@@ -222,8 +221,8 @@ PRESETS: dict[str, Preset] = {
             micro_batch_size=32,
             lr=1e-3,
         ),
-        # One GPU: ZeRO-3 would only add gathers. The windowed self-attention trains on the math path on this
-        # GPU (no flash-attn): [rows, heads, T, T] fp32 scores, hence 2 rows of 8K per micro-batch.
+        # One GPU: ZeRO-3 would only add gathers. Without flash-attn the windowed self-attention trains on
+        # modules.attention.blocked_window_attention (fp32, O(T x window) memory, recomputed in the backward).
         stage2=StagePlan(
             config="tiny_stage2",
             seq_len=8192,
