@@ -196,12 +196,14 @@ PRESETS: dict[str, Preset] = {
         eval_min_prompt_tokens=512,
     ),
     "gpu": Preset(
-        # Sized (not yet measured) for one device call of <= 10 min, install included: ~2.5 min pretraining,
-        # ~3 min for the drafter's stages, ~2.5 min of evaluation. Tune with launch/gpu_e2e.sh --set ...
+        # Sized for one device call of <= 10 min, install included, from a smoke run's step times on the H200
+        # (docs/BENCHMARKS.md): ~2.5 min pretraining (2 min budget + start-up, eval, save), ~4 min for the
+        # drafter's three stages (~25 s start-up each; stage 1 ~0.42 s/step, stage 2 ~1.5 s/step), ~2.5 min of
+        # evaluation (3 runs, ~30 s load + warm-up each). Tune with launch/gpu_e2e.sh --set ...
         name="gpu",
         target=None,
         pretrain_preset="gpu100m",
-        pretrain_minutes=2.5,
+        pretrain_minutes=2.0,
         pretrain_seq_len=16384,  # trained at the longest evaluated context (16K bucket), same tokens per step
         pretrain_batch_size=4,
         anchor_max_len=15360,  # the paper's MAX_LEN for 16K-context targets
@@ -216,7 +218,7 @@ PRESETS: dict[str, Preset] = {
         stage1=StagePlan(
             config="tiny_stage1",
             seq_len=1024,
-            num_steps=200,
+            num_steps=150,
             global_batch_size=32,
             micro_batch_size=32,
             lr=1e-3,
@@ -226,7 +228,7 @@ PRESETS: dict[str, Preset] = {
         stage2=StagePlan(
             config="tiny_stage2",
             seq_len=8192,
-            num_steps=40,
+            num_steps=30,
             global_batch_size=4,
             micro_batch_size=2,
             lr=3e-4,
@@ -235,7 +237,7 @@ PRESETS: dict[str, Preset] = {
         stage3=StagePlan(
             config="tiny_stage3",
             seq_len=4096,
-            num_steps=40,
+            num_steps=30,
             global_batch_size=8,
             micro_batch_size=4,
             lr=3e-4,
@@ -247,10 +249,10 @@ PRESETS: dict[str, Preset] = {
         regen_batch_size=64,
         evals=(  # most important first: the budget watchdog may stop the last one
             EvalPlan(name="t0", methods=("longspec", "vanilla_hf", "vanilla_fa", "ar", "pld")),
-            EvalPlan(name="t1", methods=("longspec", "vanilla_fa"), temperature=1.0, required=False),
             EvalPlan(
                 name="t0_graphs", methods=("longspec", "ar"), extra=("cuda_graphs=true",), required=False
             ),
+            EvalPlan(name="t1", methods=("longspec", "vanilla_fa"), temperature=1.0, required=False),
         ),
         eval_max_new_tokens=128,
         eval_max_samples=2,
@@ -389,29 +391,36 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
     regen_cmd = [py, "-m", "data_prep.stage3_regenerate", "--target", target, "--source", prompts,
                  "--out", regenerated, "--template", "plain", "--max-new-tokens", str(preset.regen_max_new_tokens),
                  "--batch-size", str(preset.regen_batch_size), "--no-progress"]  # fmt: skip
-    steps.append(
-        Step(name="stage3_regenerate", cmd=regen_cmd, outputs=[regenerated], fn=_unlink_partial(regenerated))
+    regenerate = Step(
+        name="stage3_regenerate", cmd=regen_cmd, outputs=[regenerated], fn=_unlink_partial(regenerated)
     )
-    steps.append(
-        Step(
-            name="data_stage3",
-            cmd=[py, "-m", "data_prep.stage3_sft", "--source", regenerated, "--out", s3, "--template", "plain",
-                 "--max-len", str(preset.stage3.seq_len), "--keep-unfinished", *common],
-            outputs=[os.path.join(s3, "manifest.json")],
-        )
+    data_stage3 = Step(
+        name="data_stage3",
+        cmd=[py, "-m", "data_prep.stage3_sft", "--source", regenerated, "--out", s3, "--template", "plain",
+             "--max-len", str(preset.stage3.seq_len), "--keep-unfinished", *common],
+        outputs=[os.path.join(s3, "manifest.json")],
     )  # fmt: skip
 
     overrides = target_overrides(preset, target)
+    training: list[list[Step]] = []
     previous_export = None
     for index, (stage, stage_data) in enumerate(
         ((preset.stage1, s1), (preset.stage2, s2), (preset.stage3, s3)), 1
     ):
         run_dir = os.path.join(out, "runs", f"stage{index}")
-        steps += stage_steps(
+        training.append(stage_steps(
             preset, f"stage{index}", stage, target_overrides=overrides, data_path=stage_data, run_dir=run_dir,
             init_from=previous_export,
-        )  # fmt: skip
+        ))  # fmt: skip
         previous_export = os.path.join(run_dir, "export")
+    if preset.cpu:
+        # Two cores: every step gets them all, one after another.
+        steps += [regenerate, data_stage3, *training[0], *training[1], *training[2]]
+    else:
+        # A GPU has room for both: the target writes the stage-3 responses while stage 1 trains, and stage 3 is
+        # tokenized (CPU) while stage 2 trains. Each background step is joined when that training step ends.
+        regenerate.background = data_stage3.background = True
+        steps += [regenerate, *training[0], data_stage3, *training[1], *training[2]]
 
     if preset.eval_buckets:
         sources = [os.path.join(data_dir, f"lcc_{_k(b)}.jsonl") for b in preset.eval_buckets]

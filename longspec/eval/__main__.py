@@ -129,8 +129,15 @@ def run_eval(cfg: EvalConfig) -> dict:
     engine.reserve(longest + cfg.max_new_tokens + round_slack)
     if cfg.warmup:
         warm = dataclasses.replace(gen_config, max_new_tokens=min(8, cfg.max_new_tokens))
-        for method in methods:
-            run_method(method, list(range(16)), warm, target=target, engine=engine)
+        # On a GPU, kernel selection is per shape (cuDNN attention plans, Triton autotuning by context length):
+        # measured on the H200, the first 64 tokens at a new context length ran 6x slower for SDPA decoding
+        # (benchmarks/decode_methods.py). Warm up at each data source's first prompt, not at a toy length.
+        warm_prompts = [list(range(16))]
+        if device.type == "cuda":
+            warm_prompts += [samples[0].prompt_ids for _, samples in datasets if samples]
+        for prompt in warm_prompts:
+            for method in methods:
+                run_method(method, prompt, warm, target=target, engine=engine)
 
     for dataset, samples in datasets:
         bar = tqdm(samples, desc=dataset, unit="sample", dynamic_ncols=True)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -84,17 +85,30 @@ def hf_generate(
         stats.prefill_s = _now(device) - start
         hf_model.set_attn_implementation(attn_implementation)
         start = _now(device)
-        while len(emitted) < config.max_new_tokens and emitted[-1] not in config.eos_token_ids:
-            logits = hf_model(token.reshape(1, 1), use_cache=True, **{cache_arg: cache}).logits[0, -1]
-            token = pick(logits)
-            emitted.append(int(token))  # host sync: the stopping test needs the token
-            stats.record_round(0)
+        with _sdpa_backends(attn_implementation, device):
+            while len(emitted) < config.max_new_tokens and emitted[-1] not in config.eos_token_ids:
+                logits = hf_model(token.reshape(1, 1), use_cache=True, **{cache_arg: cache}).logits[0, -1]
+                token = pick(logits)
+                emitted.append(int(token))  # host sync: the stopping test needs the token
+                stats.record_round(0)
         stats.decode_s = _now(device) - start
         stats.verify_s = stats.decode_s
     finally:
         hf_model.set_attn_implementation(previous)
     stats.num_new_tokens = len(emitted)
     return GenerationResult(tokens=emitted, stats=stats)
+
+
+def _sdpa_backends(attn_implementation: str, device: torch.device):
+    """SDPA standing in for flash-attn on a GPU decodes with the flash / memory-efficient kernels only. PyTorch
+    may otherwise pick cuDNN attention, which builds a plan per key length: every decode step is a new length, and
+    on the H200 that made the first 64 tokens at a context ~6x slower than the flash kernel's steady state
+    (benchmarks/decode_methods.py) -- a baseline slowed by set-up, not by attention."""
+    if attn_implementation != "sdpa" or device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def run_method(

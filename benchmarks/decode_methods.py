@@ -1,0 +1,84 @@
+"""Decode speed of the target-only methods the eval harness compares, on a random target of a preset's shape.
+
+    PYTHONPATH=. python benchmarks/decode_methods.py [--preset gpu100m] [--contexts 4096 8192 16384] [--tokens 64]
+    PYTHONPATH=. python benchmarks/decode_methods.py --preset smoke --contexts 64 --tokens 8     # CPU smoke
+
+For each context length and method (vanilla_hf = HF eager, vanilla_fa = HF SDPA / flash-attn, ar = our engine,
+ar_graphs = our engine replaying CUDA graphs) it generates --tokens tokens from a random prompt --repeats times
+and prints tokens/s of each repeat: the first repeat at a new context length shows what shape-dependent set-up
+(kernel selection, autotuning, graph capture) costs, the later ones the steady state the harness should report.
+With --no-cudnn-sdp the SDPA baseline runs with PyTorch's cuDNN attention backend disabled.
+Writes JSON to $OUT/decode_methods.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+from longspec.infer.baselines import run_method
+from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.testing import random_target
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch"))
+from pretrain_target import MODEL_PRESETS  # noqa: E402  (launch/pretrain_target.py)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="gpu100m", choices=sorted(MODEL_PRESETS))
+    parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 8192, 16384])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", default=["vanilla_hf", "vanilla_fa", "ar", "ar_graphs"])
+    parser.add_argument("--no-cudnn-sdp", action="store_true")
+    args = parser.parse_args(argv)
+
+    from transformers import LlamaConfig
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if args.no_cudnn_sdp and cuda:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    shape = dict(MODEL_PRESETS[args.preset])
+    shape["max_position_embeddings"] = max(shape["max_position_embeddings"], max(args.contexts) + args.tokens)
+    config = LlamaConfig(vocab_size=args.vocab_size, attn_implementation="sdpa", **shape)
+    target = random_target(config, device, dtype)
+    engine = SpeculativeEngine(target)
+    engine.reserve(max(args.contexts) + args.tokens + 8)
+    generator = torch.Generator().manual_seed(0)
+
+    rows = []
+    for context in args.contexts:
+        prompt = torch.randint(0, args.vocab_size, (context,), generator=generator).tolist()
+        for method in args.methods:
+            graphs = method == "ar_graphs"
+            if graphs and not cuda:
+                continue
+            config_ = GenerationConfig(max_new_tokens=args.tokens, cuda_graphs=graphs)
+            speeds = []
+            for _ in range(args.repeats):
+                result = run_method(
+                    "ar" if graphs else method, prompt, config_, target=target, engine=engine
+                )
+                speeds.append(result.stats.tokens_per_s)
+            rows.append({"context": context, "method": method, "tokens_per_s": speeds})
+            print(
+                f"context {context:>6} {method:<11} tok/s per repeat: "
+                + " ".join(f"{s:8.1f}" for s in speeds),
+                flush=True,
+            )
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "decode_methods.json"), "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
