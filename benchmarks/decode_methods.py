@@ -64,9 +64,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             config_ = GenerationConfig(max_new_tokens=args.tokens, cuda_graphs=graphs)
             speeds = []
             for _ in range(args.repeats):
-                result = run_method(
-                    "ar" if graphs else method, prompt, config_, target=target, engine=engine
-                )
+                result = run_method("ar" if graphs else method, prompt, config_, target=target, engine=engine)
                 speeds.append(result.stats.tokens_per_s)
             rows.append({"context": context, "method": method, "tokens_per_s": speeds})
             print(

@@ -68,7 +68,7 @@ kill "$watchdog" 2>/dev/null  # its sleep runs out on its own; it no longer stop
 python -m longspec.e2e --preset gpu --out "$WORK/e2e" --data "$DATA" --report-only "$@" > "$OUT/e2e_table.txt" 2>&1
 cp "$WORK/e2e/report.md" "$WORK/e2e/e2e_summary.json" "$OUT/" 2>/dev/null
 tar -czf "$OUT/e2e_logs.tar.gz" -C "$WORK/e2e" --exclude='checkpoints' --exclude='*.safetensors' \
-    --exclude='data' --exclude='target' logs runs eval_t0 eval_t0_graphs eval_t1 e2e_manifest.json \
+    --exclude='data' --exclude='target' logs runs eval_t0 eval_t0_graphs eval_t1_graphs e2e_manifest.json \
     target_summary.json training_loss.png 2>/dev/null
 grep -E "done in|FAILED|skipped|fallback|budget" "$OUT/e2e.log"  # one line per step
 cat "$OUT/e2e_table.txt"

@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from longspec.eval.report import identical_text
+
 __all__ = [
     "StagePlan",
     "EvalPlan",
@@ -249,10 +251,20 @@ PRESETS: dict[str, Preset] = {
         regen_batch_size=64,
         evals=(  # most important first: the budget watchdog may stop the last one
             EvalPlan(name="t0", methods=("longspec", "vanilla_hf", "vanilla_fa", "ar", "pld")),
+            # Our two engine methods replaying CUDA graphs, next to the paper's baseline measured in the same run.
             EvalPlan(
-                name="t0_graphs", methods=("longspec", "ar"), extra=("cuda_graphs=true",), required=False
+                name="t0_graphs",
+                methods=("longspec", "ar", "vanilla_fa"),
+                extra=("cuda_graphs=true",),
+                required=False,
             ),
-            EvalPlan(name="t1", methods=("longspec", "vanilla_fa"), temperature=1.0, required=False),
+            EvalPlan(
+                name="t1_graphs",
+                methods=("longspec", "ar", "vanilla_fa"),
+                temperature=1.0,
+                extra=("cuda_graphs=true",),
+                required=False,
+            ),
         ),
         eval_max_new_tokens=128,
         eval_max_samples=2,
@@ -851,6 +863,7 @@ def eval_rows(out: str, preset: Preset) -> list[dict]:
                     "run": ev.name or "eval", "temperature": ev.temperature, "dataset": dataset, "method": method,
                     "tau": s.get("mean_accept_length"), "tokens_per_s": s.get("tokens_per_s"),
                     "speedup": speedup, "identical": s.get("identical_to_greedy"),
+                    "identical_text": identical_text(s), "unexplained": s.get("unexplained_divergences"),
                     "prompt_len": s.get("mean_prompt_len"), "num_samples": s.get("num_samples"),
                 })  # fmt: skip
     return rows
@@ -871,9 +884,7 @@ def results_table(rows: list[dict]) -> str:
         cells = [r["run"], f"{r['temperature']:g}", r["dataset"], _fmt(r["prompt_len"], ".0f"), r["method"],
                  _fmt(r["tau"], ".2f"), _fmt(r["tokens_per_s"], ".1f")]  # fmt: skip
         cells += [_fmt(r["speedup"].get(b), ".2f") + ("x" if b in r["speedup"] else "") for b in baselines]
-        cells.append(
-            "–" if identical is None else ("yes" if identical == 1 else f"{identical:.0%} of samples")
-        )
+        cells.append("–" if identical is None else r["identical_text"])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -1050,9 +1061,13 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + results_table(rows) if rows else "\nno evaluation results")
     print(f"\nreport: {os.path.join(out, 'report.md')} ({wall_s:.0f} s this invocation)")
     greedy = [r for r in rows if r["temperature"] == 0 and r["identical"] is not None]
-    if any(r["identical"] != 1 for r in greedy):
-        print("LOSSLESS CHECK FAILED: an output differs from the target's greedy output", file=sys.stderr)
+    if any(r["unexplained"] for r in greedy):
+        print("LOSSLESS CHECK FAILED: an output differs from the target's greedy output where the target's two "
+              "tokens are not a numerical near-tie", file=sys.stderr)  # fmt: skip
         return 1
+    if any(r["identical"] != 1 for r in greedy):
+        print("lossless check passed: every greedy output equals the reference, or leaves it only at a near-tie "
+              "of the target's logits (<= 2 ulp in its dtype; see the eval logs)")  # fmt: skip
     return 0
 
 

@@ -73,10 +73,16 @@ def test_gpu_plan_pretrains_and_evaluates_buckets(tmp_path):
     pretrain = _cmd(steps["pretrain_target"])
     assert pretrain[pretrain.index("--preset") + 1] == "gpu100m"
     assert steps["train_stage1"].env == {}  # DeepSpeed on the GPU
-    for name in ("eval_t0", "eval_t0_graphs", "eval_t1"):
+    for name in ("eval_t0", "eval_t0_graphs", "eval_t1_graphs"):
         assert any(a.startswith("data.name=[") and "lcc_16k.jsonl" in a for a in _cmd(steps[name]))
-    assert "temperature=1.0" in _cmd(steps["eval_t1"])
-    assert steps["eval_t0"].required and not steps["eval_t1"].required
+    assert "temperature=1.0" in _cmd(steps["eval_t1_graphs"])
+    assert "cuda_graphs=true" in _cmd(steps["eval_t1_graphs"])
+    assert steps["eval_t0"].required and not steps["eval_t1_graphs"].required
+    # the GPU runs the target's stage-3 responses while stage 1 trains, and tokenizes stage 3 while stage 2 trains
+    order = list(steps)
+    assert steps["stage3_regenerate"].background and steps["data_stage3"].background
+    assert order.index("stage3_regenerate") + 1 == order.index("train_stage1")
+    assert order.index("data_stage3") + 1 == order.index("train_stage2")
     with pytest.raises(ValueError, match="--data"):
         plan(PRESETS["gpu"], str(tmp_path / "out"))
 

@@ -22,7 +22,8 @@ import torch
 
 from longspec.eval.config import EvalConfig, load_eval_config
 from longspec.eval.datasets import load_samples
-from longspec.eval.report import summarise, write_report
+from longspec.eval.divergence import analyse_divergence
+from longspec.eval.report import GREEDY_REFERENCES, summarise, write_report
 from longspec.infer.baselines import run_method
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 
@@ -139,6 +140,9 @@ def run_eval(cfg: EvalConfig) -> dict:
             for method in methods:
                 run_method(method, prompt, warm, target=target, engine=engine)
 
+    greedy_reference = (
+        next((m for m in GREEDY_REFERENCES if m in methods), None) if cfg.temperature == 0 else None
+    )
     for dataset, samples in datasets:
         bar = tqdm(samples, desc=dataset, unit="sample", dynamic_ncols=True)
         for sample in bar:
@@ -164,6 +168,8 @@ def run_eval(cfg: EvalConfig) -> dict:
                 bar.set_postfix_str(
                     f"{method}: τ {stats.mean_accept_length:.2f}, {stats.tokens_per_s:.1f} tok/s"
                 )
+            if greedy_reference is not None:
+                _check_against_reference(results["methods"], dataset, greedy_reference, sample, target)
 
     results["summary"] = summarise(results["methods"], greedy=cfg.temperature == 0)
     os.makedirs(cfg.output_dir, exist_ok=True)
@@ -171,6 +177,35 @@ def run_eval(cfg: EvalConfig) -> dict:
         json.dump(_json_safe(results), f, indent=1, allow_nan=False)
     write_report(results, cfg.output_dir)
     return results
+
+
+def _check_against_reference(methods: dict, dataset: str, reference: str, sample, target) -> None:
+    """T = 0: each method's output for the sample just generated vs the reference method's; a difference gets a
+    `divergence` entry (first position, the two tokens, the target's logit gap there, near-tie or not)."""
+    ref_tokens = methods[reference][dataset][-1]["output_ids"]
+    for method, per_dataset in methods.items():
+        record = per_dataset[dataset][-1]
+        if method == reference:
+            continue
+        divergence = analyse_divergence(target.model, sample.prompt_ids, record["output_ids"], ref_tokens)
+        if divergence is None:
+            continue
+        record["divergence"] = divergence.to_dict()
+        log = logger.warning if divergence.near_tie else logger.error
+        log(
+            "%s %s sample %s differs from %s at token %d (%s vs %s): target logit gap %s, %s",
+            dataset,
+            method,
+            sample.id,
+            reference,
+            divergence.index,
+            divergence.token,
+            divergence.reference_token,
+            "n/a" if divergence.gap is None else f"{divergence.gap:.4g}",
+            f"a near-tie (|gap| <= {divergence.tolerance:.3g}, 2 ulp)"
+            if divergence.near_tie
+            else "NOT a near-tie",
+        )
 
 
 def _json_safe(obj):

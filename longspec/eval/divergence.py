@@ -1,0 +1,73 @@
+"""Why a greedy output differs from the target's greedy reference: a logic error, or a numerical near-tie.
+
+Speculative decoding is lossless in exact arithmetic. In bf16/fp16 the same target computed by different kernels
+(one token per step vs a 69-node tree per step, SDPA vs eager vs our Triton attention) rounds differently, and
+where the target's two best tokens are within rounding of each other the argmax can flip -- two target-only
+baselines flip against each other the same way. So at the first position where an output leaves the reference,
+the target is run once more on the reference prefix and the logit gap between the two tokens is measured:
+a gap within `tolerance` (2 units in the last place of the top logit, in the model's dtype) is a near-tie;
+anything larger is a real divergence that the lossless check reports as a failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+__all__ = ["Divergence", "analyse_divergence", "first_divergence", "tie_tolerance"]
+
+
+@dataclass
+class Divergence:
+    index: int  # first generated position where the output differs from the reference
+    reference_token: int | None  # None: the reference ended there (EOS / length)
+    token: int | None  # None: the output ended there
+    gap: float | None  # target logit[reference_token] - logit[token] on the reference prefix
+    tolerance: float | None
+    near_tie: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def first_divergence(output: list[int], reference: list[int]) -> int | None:
+    """Index of the first differing token (a length difference counts at the shorter end); None if equal."""
+    for i, (a, b) in enumerate(zip(output, reference, strict=False)):
+        if a != b:
+            return i
+    return None if len(output) == len(reference) else min(len(output), len(reference))
+
+
+def tie_tolerance(top_logit: float, dtype: torch.dtype) -> float:
+    """Two units in the last place of `top_logit` in `dtype`: the rounding two implementations can disagree by."""
+    eps = torch.finfo(dtype).eps
+    return 2.0 * eps * max(abs(top_logit), 1.0)
+
+
+@torch.no_grad()
+def analyse_divergence(
+    hf_model, prompt_ids: list[int], output: list[int], reference: list[int]
+) -> Divergence | None:
+    """Compare `output` with the greedy `reference` (both continuations of `prompt_ids`) -> None when identical.
+
+    One forward of the target (SDPA, its own dtype) over prompt + reference[:index] gives the logits both
+    tokens competed on at the first differing position."""
+    index = first_divergence(output, reference)
+    if index is None:
+        return None
+    ref_token = reference[index] if index < len(reference) else None
+    token = output[index] if index < len(output) else None
+    if ref_token is None or token is None:  # one stopped early: not a tie between two tokens
+        return Divergence(index, ref_token, token, None, None, near_tie=False)
+    device = next(hf_model.parameters()).device
+    ids = torch.tensor([*prompt_ids, *reference[:index]], dtype=torch.long, device=device)[None]
+    previous = hf_model.config._attn_implementation
+    hf_model.set_attn_implementation("sdpa")  # eager would materialise H x L x L scores for a long prompt
+    try:
+        logits = hf_model(ids, use_cache=False, logits_to_keep=1).logits[0, -1]
+    finally:
+        hf_model.set_attn_implementation(previous)
+    gap = float(logits[ref_token].float() - logits[token].float())
+    tolerance = tie_tolerance(float(logits.float().max()), logits.dtype)
+    return Divergence(index, ref_token, token, gap, tolerance, near_tie=abs(gap) <= tolerance)

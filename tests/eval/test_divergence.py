@@ -1,0 +1,94 @@
+"""Divergence analysis (longspec.eval.divergence) and how summaries and the e2e table count near-ties."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from longspec.e2e import results_table
+from longspec.eval.divergence import analyse_divergence, first_divergence, tie_tolerance
+from longspec.eval.report import identical_text, summarise
+from longspec.testing import make_tiny_hf_model
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 5, 3], [1, 2, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2  # one stopped early
+    assert first_divergence([], []) is None
+
+
+def test_tie_tolerance_is_two_ulp_of_the_top_logit():
+    assert tie_tolerance(16.0, torch.bfloat16) == pytest.approx(2 * 2**-7 * 16)
+    assert tie_tolerance(0.1, torch.float32) == pytest.approx(2 * 2**-23)  # floor at |logit| 1
+
+
+def _greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def test_gap_is_the_targets_logit_difference_on_the_reference_prefix():
+    model = make_tiny_hf_model("llama")
+    prompt = [3, 17, 42, 9, 11, 5]
+    reference = _greedy(model, prompt, 6)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + reference[:3]])).logits[0, -1]
+    runner_up = int(logits.topk(2).indices[1])
+    output = reference[:3] + [runner_up] + reference[4:]
+
+    divergence = analyse_divergence(model, prompt, output, reference)
+    assert (divergence.index, divergence.reference_token, divergence.token) == (3, reference[3], runner_up)
+    assert divergence.gap == pytest.approx(float(logits[reference[3]] - logits[runner_up]), abs=1e-5)
+    assert divergence.gap > divergence.tolerance and not divergence.near_tie  # fp32: a real difference
+    assert analyse_divergence(model, prompt, reference, reference) is None
+    early = analyse_divergence(model, prompt, reference[:2], reference)
+    assert early.index == 2 and early.token is None and not early.near_tie
+
+
+def test_an_exact_tie_is_a_near_tie():
+    model = make_tiny_hf_model("llama")
+    prompt = [3, 17, 42, 9, 11, 5]
+    reference = _greedy(model, prompt, 3)
+    twin = (reference[1] + 1) % model.config.vocab_size
+    with torch.no_grad():  # the twin's output row copies the chosen token's: their logits are equal everywhere
+        model.lm_head.weight[twin] = model.lm_head.weight[reference[1]]
+    output = [reference[0], twin, reference[2]]
+    divergence = analyse_divergence(model, prompt, output, reference)
+    assert divergence.index == 1 and divergence.gap == 0.0 and divergence.near_tie
+
+
+def _record(sample_id: str, output: list[int], divergence: dict | None = None) -> dict:
+    record = {"id": sample_id, "prompt_len": 10, "output_ids": output, "num_new_tokens": len(output),
+              "rounds": len(output), "accepted": [0] * len(output), "decode_s": 1.0, "draft_s": 0.0,
+              "verify_s": 1.0, "overhead_s": 0.0}  # fmt: skip
+    if divergence is not None:
+        record["divergence"] = divergence
+    return record
+
+
+def test_summary_counts_near_ties_apart_from_unexplained_differences():
+    tie = {"index": 1, "reference_token": 2, "token": 7, "gap": 0.0625, "tolerance": 0.25, "near_tie": True}
+    real = {**tie, "gap": 3.0, "near_tie": False}
+    methods = {
+        "ar": {"d": [_record("a", [1, 2, 3]), _record("b", [4, 5, 6]), _record("c", [7, 8, 9])]},
+        "longspec": {"d": [_record("a", [1, 7, 3], tie), _record("b", [4, 5, 6]), _record("c", [7, 1, 9], real)]},
+        "pld": {"d": [_record("a", [1, 2, 3]), _record("b", [4, 9, 6]), _record("c", [7, 8, 9])]},  # no analysis
+    }  # fmt: skip
+    summary = summarise(methods, greedy=True)["d"]
+    assert summary["ar"]["identical_to_greedy"] == 1 and summary["ar"]["unexplained_divergences"] == 0
+    spec = summary["longspec"]
+    assert spec["identical_to_greedy"] == pytest.approx(1 / 3)
+    assert (spec["near_ties"], spec["unexplained_divergences"], spec["max_tie_gap"]) == (1, 1, 0.0625)
+    assert summary["pld"]["unexplained_divergences"] == 1  # a difference nobody analysed is not excused
+    assert identical_text(summary["ar"]) == "yes"
+    assert identical_text(spec) == "33% (1 near-tie, |gap| <= 0.0625; 1 NOT a near-tie)"
+    assert identical_text(summarise(methods, greedy=False)["d"]["longspec"]) == "n/a"
+
+    rows = [{"run": "t0", "temperature": 0.0, "dataset": "d", "method": m, "tau": 1.0, "tokens_per_s": 1.0,
+             "speedup": {}, "identical": s["identical_to_greedy"], "identical_text": identical_text(s),
+             "prompt_len": 10, "num_samples": 3} for m, s in summary.items()]  # fmt: skip
+    assert "33% (1 near-tie" in results_table(rows)
