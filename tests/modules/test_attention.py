@@ -374,7 +374,7 @@ def test_blocked_window_attention_matches_masked_math_with_grads(window, T, hkv)
     grad_out = torch.randn_like(out)
     ref_grads = torch.autograd.grad((ref_out * grad_out).sum(), (q, k, v))
     grads = torch.autograd.grad((out * grad_out).sum(), (q, k, v))
-    for got, want in zip(grads, ref_grads):
+    for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
