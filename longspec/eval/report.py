@@ -66,7 +66,8 @@ def summarise(methods: dict[str, dict[str, list[dict]]], *, greedy: bool) -> dic
 
 
 def identical_text(agg: dict) -> str:
-    """ "yes" / "50% (1 near-tie, |gap| 0.0625)" / "50% (1 NOT a near-tie)" / "n/a" (sampling)."""
+    """'yes' / '50% (1 near-tie, logit gap <= 0.0625)' / '50% (1 NOT a near-tie)' / 'n/a' (sampling). No pipe
+    characters: the text goes into markdown table cells."""
     ident = agg.get("identical_to_greedy")
     if ident is None:
         return "n/a"
@@ -75,7 +76,7 @@ def identical_text(agg: dict) -> str:
     notes = []
     if agg.get("near_ties"):
         notes.append(
-            f"{agg['near_ties']} near-tie{'s' if agg['near_ties'] > 1 else ''}, |gap| <= {agg['max_tie_gap']:.3g}"
+            f"{agg['near_ties']} near-tie{'s' if agg['near_ties'] > 1 else ''}, logit gap <= {agg['max_tie_gap']:.3g}"
         )
     if agg.get("unexplained_divergences", 1):
         notes.append(f"{agg.get('unexplained_divergences', '?')} NOT a near-tie")

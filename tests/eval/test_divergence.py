@@ -85,7 +85,7 @@ def test_summary_counts_near_ties_apart_from_unexplained_differences():
     assert (spec["near_ties"], spec["unexplained_divergences"], spec["max_tie_gap"]) == (1, 1, 0.0625)
     assert summary["pld"]["unexplained_divergences"] == 1  # a difference nobody analysed is not excused
     assert identical_text(summary["ar"]) == "yes"
-    assert identical_text(spec) == "33% (1 near-tie, |gap| <= 0.0625; 1 NOT a near-tie)"
+    assert identical_text(spec) == "33% (1 near-tie, logit gap <= 0.0625; 1 NOT a near-tie)"
     assert identical_text(summarise(methods, greedy=False)["d"]["longspec"]) == "n/a"
 
     rows = [{"run": "t0", "temperature": 0.0, "dataset": "d", "method": m, "tau": 1.0, "tokens_per_s": 1.0,
