@@ -11,6 +11,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 if [ -f .dw/install.sh ]; then . .dw/install.sh; fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 git_rev=$(cat .git_rev 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
+export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-$git_rev}  # what every benchmark stamps (longspec/provenance.py)
 echo "commit $git_rev  $(date -u +%FT%TZ)  $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l)" | tee "$OUT/suite.log"
 
 STEPS=${STEPS:-gpu_tests verify_attention round_latency train_throughput train_zero3_2gpu}  # a subset: STEPS="..."

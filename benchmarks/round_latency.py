@@ -25,7 +25,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -36,6 +35,7 @@ from longspec.infer.accept import greedy_accept
 from longspec.infer.baselines import _cache_kwarg
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.tree import TreeLayout, chain_tree
+from longspec.provenance import git_commit
 from longspec.target import TargetModel
 from longspec.testing import llama31_8b_config, make_tiny_hf_model, random_target
 
@@ -242,12 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
     timer = Timer(device, warmup, iters)
     rows = [bench_context(target, drafter, engine, context, timer, capture) for context in contexts]
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = git_commit()
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])),

@@ -24,12 +24,12 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import time
 
 import torch
 import torch.distributed as dist
 
+from longspec.provenance import git_commit
 from longspec.testing import llama31_8b_config, random_target
 
 MATMUL_FLOPS_PER_S = 754e12
@@ -218,9 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
             # One row (micro-batch 1, as stage 2); one warm-up + one timed step: the question is whether it fits.
             name = f"stage2 {seq_len // 1024}K" if seq_len >= 1024 else f"stage2 {seq_len}"
             cases.append((name, 1, seq_len, False, 1, 1))
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = git_commit()
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -25,7 +25,6 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 import torch
@@ -34,6 +33,7 @@ from longspec.kernels.fused_mask_attn import fused_mask_attn, fused_mask_attn_na
 from longspec.kernels.split_kv_attn import split_kv_attn
 from longspec.kernels.split_kv_attn.triton import default_config
 from longspec.modules.attention import cache_attention, hybrid_attention, math_attention, merge_attention
+from longspec.provenance import git_commit
 
 HBM_BYTES_PER_S = 4.3e12
 MATMUL_FLOPS_PER_S = 754e12
@@ -252,11 +252,7 @@ def main(argv=None) -> int:
         rows.append(row)
         torch.cuda.empty_cache()
 
-    try:
-        git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-        commit = git.stdout.strip() if git.returncode == 0 else ""
-    except OSError:  # no git (e.g. a copied tree)
-        commit = ""
+    commit = git_commit(short=False)
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(),

@@ -17,6 +17,8 @@
 # inside the device call's limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The device's copy of the tree has no current .git: the commit comes from .git_rev (longspec/provenance.py).
+if [ -z "${LONGSPEC_COMMIT:-}" ] && [ -f .git_rev ]; then export LONGSPEC_COMMIT=$(cat .git_rev); fi
 BUNDLE=${BUNDLE:-.cache_target/gpu_e2e}
 
 if [ "${1:-}" = "--prepare" ]; then

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from longspec.eval.report import identical_text
+from longspec.provenance import git_commit
 
 __all__ = [
     "StagePlan",
@@ -936,18 +937,6 @@ def plot_training(summary: list[dict], path: str) -> bool:
     return True
 
 
-def _git_commit() -> str:
-    try:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
-        return (commit + ("+dirty" if dirty else "")) or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def write_report(out: str, preset: Preset, steps: list[Step], statuses: dict[str, str], wall_s: float) -> str:
     manifest = Manifest(out)
     rows = eval_rows(out, preset)
@@ -956,7 +945,7 @@ def write_report(out: str, preset: Preset, steps: list[Step], statuses: dict[str
     lines = [
         f"# longspec end to end: preset `{preset.name}`",
         "",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit `{_git_commit()}`; "
+        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit `{git_commit()}`; "
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         f"- command: `python -m longspec.e2e --preset {preset.name} --out {out}`; this invocation: {wall_s:.0f} s; "
         f"all steps (incl. ones done by earlier invocations): {sum(manifest.seconds(s.name) or 0 for s in steps):.0f} s",

@@ -6,10 +6,10 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import subprocess
 import sys
 
 from longspec.e2e import CODE_TARGET, PRESETS, Step
+from longspec.provenance import git_commit
 
 __all__ = ["BASE", "corpus_step", "prep_step", "read_metrics", "trailing_mean", "write_result"]
 
@@ -62,12 +62,7 @@ def trailing_mean(values: list[float], window: int) -> list[float]:
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        return "unknown"
+    return git_commit()
 
 
 def write_result(out: str, name: str, result: dict, table: str) -> str:

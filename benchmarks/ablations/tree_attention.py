@@ -20,13 +20,14 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import verify_attention  # noqa: E402  (benchmarks/verify_attention.py)
+
+from longspec.provenance import git_commit  # noqa: E402
 
 NUM_LAYERS = 32
 
@@ -82,12 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {t['hybrid'] / t['eager_masked'] - 1:+.0%} | {r['correct']} |"
         )
     table = "\n".join(lines)
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout
-    except OSError:
-        commit = ""
+    commit = git_commit()
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(),

@@ -54,7 +54,9 @@ def test_an_exact_tie_is_a_near_tie():
     prompt = [3, 17, 42, 9, 11, 5]
     reference = _greedy(model, prompt, 3)
     twin = (reference[1] + 1) % model.config.vocab_size
-    with torch.no_grad():  # the twin's output row copies the chosen token's: their logits are equal everywhere
+    with (
+        torch.no_grad()
+    ):  # the twin's output row copies the chosen token's: their logits are equal everywhere
         model.lm_head.weight[twin] = model.lm_head.weight[reference[1]]
     output = [reference[0], twin, reference[2]]
     divergence = analyse_divergence(model, prompt, output, reference)
