@@ -1,0 +1,30 @@
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "decode_methods.py")
+
+
+@pytest.fixture(scope="module")
+def decode_methods():
+    spec = importlib.util.spec_from_file_location("decode_methods", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smoke_preset_times_every_cpu_method(decode_methods, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    rows = decode_methods.main(["--preset", "smoke", "--vocab-size", "256", "--contexts", "48", "--tokens", "4",
+                                "--repeats", "2"])  # fmt: skip
+    saved = json.loads((tmp_path / "decode_methods.json").read_text())["rows"]
+    assert saved == rows
+    # ar_graphs needs CUDA: without it the three others run, each repeat timed
+    graphs = ["ar_graphs"] if torch.cuda.is_available() else []
+    assert [r["method"] for r in rows] == ["vanilla_hf", "vanilla_fa", "ar", *graphs]
+    for row in rows:
+        assert row["context"] == 48 and len(row["tokens_per_s"]) == 2
+        assert all(speed > 0 for speed in row["tokens_per_s"])
