@@ -1,19 +1,13 @@
-import importlib.util
 import json
-import os
 
 import pytest
 import torch
-
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "decode_methods.py")
+from infer_helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def decode_methods():
-    spec = importlib.util.spec_from_file_location("decode_methods", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("decode_methods")
 
 
 def test_smoke_preset_times_every_cpu_method(decode_methods, tmp_path, monkeypatch):

@@ -1,18 +1,12 @@
-import importlib.util
 import json
-import os
 
 import pytest
-
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "round_latency.py")
+from infer_helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def round_latency():
-    spec = importlib.util.spec_from_file_location("round_latency", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("round_latency")
 
 
 def test_tiny_mode_writes_a_complete_table(round_latency, tmp_path, monkeypatch, capsys):
