@@ -22,6 +22,7 @@ import torch
 
 from longspec.infer.baselines import run_method
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.provenance import run_info
 from longspec.testing import random_target
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch"))
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             )
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "decode_methods.json"), "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+            json.dump({**run_info(device=device, argv=argv), "args": vars(args), "rows": rows}, f, indent=1)
     return rows
 
 

@@ -21,11 +21,9 @@ Prints a markdown table last; writes JSON to $OUT/round_latency.json when OUT is
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import sys
 import time
 
 import torch
@@ -35,7 +33,7 @@ from longspec.infer.accept import greedy_accept
 from longspec.infer.baselines import _cache_kwarg
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.tree import TreeLayout, chain_tree
-from longspec.provenance import git_commit
+from longspec.provenance import run_info
 from longspec.target import TargetModel
 from longspec.testing import llama31_8b_config, make_tiny_hf_model, random_target
 
@@ -242,13 +240,8 @@ def main(argv: list[str] | None = None) -> dict:
     timer = Timer(device, warmup, iters)
     rows = [bench_context(target, drafter, engine, context, timer, capture) for context in contexts]
 
-    commit = git_commit()
     result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])),
-        "device": torch.cuda.get_device_name(device) if capture else "cpu",
-        "torch": torch.__version__,
-        "commit": commit,
+        **run_info(device=device, argv=argv),
         "dtype": str(dtype).removeprefix("torch."),
         "iters": iters,
         "rows": rows,

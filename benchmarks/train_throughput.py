@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
 import os
 import statistics
@@ -29,7 +28,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from longspec.provenance import git_commit
+from longspec.provenance import run_info
 from longspec.testing import llama31_8b_config, random_target
 
 MATMUL_FLOPS_PER_S = 754e12
@@ -218,16 +217,12 @@ def main(argv: list[str] | None = None) -> dict:
             # One row (micro-batch 1, as stage 2); one warm-up + one timed step: the question is whether it fits.
             name = f"stage2 {seq_len // 1024}K" if seq_len >= 1024 else f"stage2 {seq_len}"
             cases.append((name, 1, seq_len, False, 1, 1))
-    commit = git_commit()
     report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        **run_info(device=device, argv=argv),
         "world_size": dist_info.world_size,
         "zero_stage": args.zero_stage,
         "precision": precision,
-        "commit": commit,
         "tiny": args.tiny,
-        "torch": torch.__version__,
         "results": [],
     }
     out_dir = os.environ.get("OUT")

@@ -19,7 +19,6 @@ Prints a markdown table last; writes JSON to $OUT/verify_attention.json when OUT
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import itertools
 import json
@@ -33,7 +32,7 @@ from longspec.kernels.fused_mask_attn import fused_mask_attn, fused_mask_attn_na
 from longspec.kernels.split_kv_attn import split_kv_attn
 from longspec.kernels.split_kv_attn.triton import default_config
 from longspec.modules.attention import cache_attention, hybrid_attention, math_attention, merge_attention
-from longspec.provenance import git_commit
+from longspec.provenance import run_info
 
 HBM_BYTES_PER_S = 4.3e12
 MATMUL_FLOPS_PER_S = 754e12
@@ -252,14 +251,7 @@ def main(argv=None) -> int:
         rows.append(row)
         torch.cuda.empty_cache()
 
-    commit = git_commit(short=False)
-    meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "command": " ".join(["python", *sys.argv]),
-        "commit": commit or "unknown",
-    }
+    meta = run_info(argv=argv)
     table = markdown(rows)
     path = os.path.join(os.environ["OUT"], "verify_attention.json") if os.environ.get("OUT") else args.json
     with open(path, "w") as f:

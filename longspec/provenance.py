@@ -7,10 +7,12 @@ the tree (`git rev-parse HEAD > .git_rev`) when there is one.
 
 from __future__ import annotations
 
+import datetime
 import os
 import subprocess
+import sys
 
-__all__ = ["git_commit"]
+__all__ = ["git_commit", "run_info"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,3 +36,21 @@ def git_commit(*, short: bool = True, dirty: bool = True) -> str:
 def _git(*args: str) -> str:
     result = subprocess.run(["git", "-C", _ROOT, *args], capture_output=True, text=True, timeout=10)
     return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def run_info(*, device=None, argv: list[str] | None = None) -> dict:
+    """What every benchmark JSON starts with: UTC date, the command, the commit, torch and the device.
+
+    argv: the script's arguments when main() was called with its own list (default sys.argv[1:])."""
+    import torch
+
+    if device is None:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
+        "commit": git_commit(),
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }

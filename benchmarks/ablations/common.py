@@ -3,13 +3,12 @@ reading, result files. The runs go through the same CLIs and resumable runner as
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
 
 from longspec.e2e import CODE_TARGET, PRESETS, Step
-from longspec.provenance import git_commit
+from longspec.provenance import run_info
 
 __all__ = ["BASE", "corpus_step", "prep_step", "read_metrics", "trailing_mean", "write_result"]
 
@@ -61,16 +60,10 @@ def trailing_mean(values: list[float], window: int) -> list[float]:
     ]
 
 
-def _commit() -> str:
-    return git_commit()
-
-
 def write_result(out: str, name: str, result: dict, table: str) -> str:
     """OUT/<name>.json (+ the printed table) with date, command and commit."""
     result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "commit": _commit() or "unknown",
+        **run_info(),
         **result,
         "table": table,
     }

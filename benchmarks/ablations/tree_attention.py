@@ -17,7 +17,6 @@ Prints a table (per-round ms and the reduction vs eager); writes $OUT/tree_atten
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -27,7 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import verify_attention  # noqa: E402  (benchmarks/verify_attention.py)
 
-from longspec.provenance import git_commit  # noqa: E402
+from longspec.provenance import run_info  # noqa: E402
 
 NUM_LAYERS = 32
 
@@ -83,14 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {t['hybrid'] / t['eager_masked'] - 1:+.0%} | {r['correct']} |"
         )
     table = "\n".join(lines)
-    commit = git_commit()
-    meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "command": " ".join(["python", *sys.argv]),
-        "commit": commit.strip() or "unknown",
-    }
+    meta = run_info(argv=argv)
     path = os.path.join(os.environ["OUT"], "tree_attention.json") if os.environ.get("OUT") else args.json
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows, "table": table}, f, indent=1)
