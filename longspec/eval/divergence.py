@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from longspec.infer.baselines import using_attn_implementation
+
 __all__ = ["Divergence", "analyse_divergence", "first_divergence", "tie_tolerance"]
 
 
@@ -62,12 +64,8 @@ def analyse_divergence(
         return Divergence(index, ref_token, token, None, None, near_tie=False)
     device = next(hf_model.parameters()).device
     ids = torch.tensor([*prompt_ids, *reference[:index]], dtype=torch.long, device=device)[None]
-    previous = hf_model.config._attn_implementation
-    hf_model.set_attn_implementation("sdpa")  # eager would materialise H x L x L scores for a long prompt
-    try:
+    with using_attn_implementation(hf_model, "sdpa"):  # eager would materialise H x L x L scores
         logits = hf_model(ids, use_cache=False, logits_to_keep=1).logits[0, -1]
-    finally:
-        hf_model.set_attn_implementation(previous)
     gap = float(logits[ref_token].float() - logits[token].float())
     tolerance = tie_tolerance(float(logits.float().max()), logits.dtype)
     return Divergence(index, ref_token, token, gap, tolerance, near_tie=abs(gap) <= tolerance)

@@ -22,7 +22,14 @@ from longspec.infer.engine import GenerationConfig, GenerationResult, Speculativ
 from longspec.infer.stats import GenerationStats
 from longspec.modules.attention import HAS_FLASH_ATTN
 
-__all__ = ["ALL_METHODS", "HF_METHODS", "hf_attn_implementation", "hf_generate", "run_method"]
+__all__ = [
+    "ALL_METHODS",
+    "HF_METHODS",
+    "hf_attn_implementation",
+    "hf_generate",
+    "run_method",
+    "using_attn_implementation",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +65,10 @@ def hf_generate(
 
     device = next(hf_model.parameters()).device
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).flatten()
-    previous = hf_model.config._attn_implementation
     # Prefill is not what is compared (tokens/s exclude it) and eager attention over a 32K prompt would
     # materialise H x 32K x 32K scores: prefill with SDPA / flash, decode with the method's implementation.
     # The K/V written to the cache do not depend on the attention implementation.
     prefill_implementation = "flash_attention_2" if attn_implementation == "flash_attention_2" else "sdpa"
-    hf_model.set_attn_implementation(prefill_implementation)
     stats = GenerationStats(method=f"hf[{attn_implementation}]", prompt_len=prompt.numel())
     generator = torch.Generator().manual_seed(config.seed)
     cache_arg = _cache_kwarg(hf_model)
@@ -76,39 +81,46 @@ def hf_generate(
         )
         return sample_token(probs, generator)
 
-    try:
-        cache = DynamicCache(config=hf_model.config)
+    cache = DynamicCache(config=hf_model.config)
+    with using_attn_implementation(hf_model, prefill_implementation):
         start = _now(device)
         logits = hf_model(prompt[None], use_cache=True, logits_to_keep=1, **{cache_arg: cache}).logits[0, -1]
         token = pick(logits)
         emitted = [int(token)]  # host sync
         stats.prefill_s = _now(device) - start
-        hf_model.set_attn_implementation(attn_implementation)
+    with using_attn_implementation(hf_model, attn_implementation):
         start = _now(device)
-        with _sdpa_backends(attn_implementation, device):
-            while len(emitted) < config.max_new_tokens and emitted[-1] not in config.eos_token_ids:
-                logits = hf_model(token.reshape(1, 1), use_cache=True, **{cache_arg: cache}).logits[0, -1]
-                token = pick(logits)
-                emitted.append(int(token))  # host sync: the stopping test needs the token
-                stats.record_round(0)
+        while len(emitted) < config.max_new_tokens and emitted[-1] not in config.eos_token_ids:
+            logits = hf_model(token.reshape(1, 1), use_cache=True, **{cache_arg: cache}).logits[0, -1]
+            token = pick(logits)
+            emitted.append(int(token))  # host sync: the stopping test needs the token
+            stats.record_round(0)
         stats.decode_s = _now(device) - start
-        stats.verify_s = stats.decode_s
-    finally:
-        hf_model.set_attn_implementation(previous)
+    stats.verify_s = stats.decode_s
     stats.num_new_tokens = len(emitted)
     return GenerationResult(tokens=emitted, stats=stats)
 
 
-def _sdpa_backends(attn_implementation: str, device: torch.device):
-    """SDPA standing in for flash-attn on a GPU decodes with the flash / memory-efficient kernels only. PyTorch
-    may otherwise pick cuDNN attention, which builds a plan per key length: every decode step is a new length, and
-    on the H200 that made the first 64 tokens at a context ~6x slower than the flash kernel's steady state
-    (benchmarks/decode_methods.py) -- a baseline slowed by set-up, not by attention."""
-    if attn_implementation != "sdpa" or device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+@contextlib.contextmanager
+def using_attn_implementation(hf_model, implementation: str):
+    """HF forwards inside run with `implementation`; the model's own is restored on exit.
 
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    SDPA (standing in for flash-attn) on a GPU runs with the flash / memory-efficient kernels only. PyTorch may
+    otherwise pick cuDNN attention, which builds a plan per key length: every decode step is a new length, and on
+    the H200 that made the first 64 tokens at a context ~6x slower than the flash kernel's steady state
+    (benchmarks/decode_methods.py) -- a baseline slowed by set-up, not by attention."""
+    previous = hf_model.config._attn_implementation
+    hf_model.set_attn_implementation(implementation)
+    try:
+        if implementation == "sdpa" and next(hf_model.parameters()).is_cuda:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+                yield
+        else:
+            yield
+    finally:
+        hf_model.set_attn_implementation(previous)
 
 
 def run_method(

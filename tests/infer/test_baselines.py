@@ -2,7 +2,12 @@ import pytest
 import torch
 from infer_helpers import random_drafter, reference_greedy
 
-from longspec.infer.baselines import ALL_METHODS, hf_attn_implementation, run_method
+from longspec.infer.baselines import (
+    ALL_METHODS,
+    hf_attn_implementation,
+    run_method,
+    using_attn_implementation,
+)
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.testing import make_tiny_target
 
@@ -28,6 +33,12 @@ def test_hf_attention_choice_and_restore():
     assert target.model.config._attn_implementation == before
     with pytest.raises(ValueError, match="unknown method"):
         run_method("medusa", [1], GenerationConfig(max_new_tokens=2), target=target)
+    # the switch is undone on the way out, also when the forward inside raises
+    with pytest.raises(RuntimeError, match="boom"):
+        with using_attn_implementation(target.model, "eager"):
+            assert target.model.config._attn_implementation == "eager"
+            raise RuntimeError("boom")
+    assert target.model.config._attn_implementation == before
 
 
 def test_sampling_baselines_are_seeded():
