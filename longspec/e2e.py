@@ -111,9 +111,8 @@ class Preset:
     num_procs: int  # training processes (torchrun --nproc_per_node)
     cpu: bool  # DeepSpeed on CPU (DS_ACCELERATOR=cpu, gloo)
     window: int  # drafter sliding window (tokens before each token it self-attends to)
-    distill_weight: float = (
-        0.0  # KL(target || drafter) added to the CE in every stage (0 = the paper's CE only)
-    )
+    # KL(target || drafter) added to the CE in every stage (0 = the paper's CE only)
+    distill_weight: float = 0.0
     stage1_max_rows: int | None  # source documents read for stage 1 / 2 (None: the whole train split)
     stage2_max_rows: int | None
     stage2_min_tokens: int  # stage-2 documents shorter than this are rejected
@@ -128,9 +127,8 @@ class Preset:
     eval_max_new_tokens: int
     eval_max_samples: int  # per data source
     eval_min_prompt_tokens: int  # shorter LCC prompts are skipped
-    eval_buckets: tuple[
-        int, ...
-    ] = ()  # context lengths to cut held-out files to; () = heldout_lcc.jsonl as is
+    # context lengths to cut held-out files to; () = heldout_lcc.jsonl as is
+    eval_buckets: tuple[int, ...] = ()
     tree_widths: tuple[int, ...] = (4, 16, 16, 16, 16)
 
     def validate(self) -> None:
@@ -615,9 +613,8 @@ def write_bucket_rows(
     template_tokens = len(tokenizer(longbench_prompt("lcc", "", ""))["input_ids"])
     written = {}
     for bucket, path in buckets.items():
-        budget = (
-            bucket - reserve - template_tokens - 8
-        )  # 8: a token may merge across the cut and the template
+        # 8: a token may merge across the cut and the template
+        budget = bucket - reserve - template_tokens - 8
         if budget <= 0:
             raise ValueError(f"bucket {bucket} leaves no room for a prompt (reserve {reserve})")
         rows = []
@@ -883,11 +880,10 @@ def results_table(rows: list[dict]) -> str:
     head += [f"speedup vs {b}" for b in baselines] + ["identical to greedy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        identical = r["identical"]
         cells = [r["run"], f"{r['temperature']:g}", r["dataset"], _fmt(r["prompt_len"], ".0f"), r["method"],
                  _fmt(r["tau"], ".2f"), _fmt(r["tokens_per_s"], ".1f")]  # fmt: skip
         cells += [_fmt(r["speedup"].get(b), ".2f") + ("x" if b in r["speedup"] else "") for b in baselines]
-        cells.append("–" if identical is None else r["identical_text"])
+        cells.append(r["identical_text"])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -23,7 +23,7 @@ import torch
 from longspec.eval.config import EvalConfig, load_eval_config
 from longspec.eval.datasets import load_samples
 from longspec.eval.divergence import analyse_divergence
-from longspec.eval.report import GREEDY_REFERENCES, summarise, write_report
+from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.infer.baselines import run_method
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 
@@ -140,9 +140,7 @@ def run_eval(cfg: EvalConfig) -> dict:
             for method in methods:
                 run_method(method, prompt, warm, target=target, engine=engine)
 
-    greedy_reference = (
-        next((m for m in GREEDY_REFERENCES if m in methods), None) if cfg.temperature == 0 else None
-    )
+    reference = greedy_reference(methods) if cfg.temperature == 0 else None
     for dataset, samples in datasets:
         bar = tqdm(samples, desc=dataset, unit="sample", dynamic_ncols=True)
         for sample in bar:
@@ -168,8 +166,8 @@ def run_eval(cfg: EvalConfig) -> dict:
                 bar.set_postfix_str(
                     f"{method}: τ {stats.mean_accept_length:.2f}, {stats.tokens_per_s:.1f} tok/s"
                 )
-            if greedy_reference is not None:
-                _check_against_reference(results["methods"], dataset, greedy_reference, sample, target)
+            if reference is not None:
+                _check_against_reference(results["methods"], dataset, reference, sample, target)
 
     results["summary"] = summarise(results["methods"], greedy=cfg.temperature == 0)
     os.makedirs(cfg.output_dir, exist_ok=True)

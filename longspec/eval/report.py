@@ -6,7 +6,15 @@ from __future__ import annotations
 import math
 import os
 
-__all__ = ["BASELINES", "GREEDY_REFERENCES", "identical_text", "summarise", "write_report", "report_markdown"]
+__all__ = [
+    "BASELINES",
+    "GREEDY_REFERENCES",
+    "greedy_reference",
+    "identical_text",
+    "summarise",
+    "write_report",
+    "report_markdown",
+]
 
 # Methods a speedup can be quoted against, the paper's baseline (vanilla FlashAttention) first.
 BASELINES = ("vanilla_fa", "vanilla_hf", "ar", "pld")
@@ -45,7 +53,7 @@ def summarise(methods: dict[str, dict[str, list[dict]]], *, greedy: bool) -> dic
                 for base in BASELINES
                 if base in per_method and base != method and per_method[base]["tokens_per_s"] > 0
             }
-        reference = next((m for m in GREEDY_REFERENCES if m in per_method), None)
+        reference = greedy_reference(per_method)
         for method, agg in per_method.items():
             agg["greedy_reference"] = reference if greedy else None
             if not greedy or reference is None:
@@ -65,6 +73,11 @@ def summarise(methods: dict[str, dict[str, list[dict]]], *, greedy: bool) -> dic
     return summary
 
 
+def greedy_reference(methods) -> str | None:
+    """The target-only method whose output the others are checked against (None: the run has none)."""
+    return next((m for m in GREEDY_REFERENCES if m in methods), None)
+
+
 def identical_text(agg: dict) -> str:
     """'yes' / '50% (1 near-tie, logit gap <= 0.0625)' / '50% (1 NOT a near-tie)' / 'n/a' (sampling). No pipe
     characters: the text goes into markdown table cells."""
@@ -74,12 +87,11 @@ def identical_text(agg: dict) -> str:
     if ident == 1:
         return "yes"
     notes = []
-    if agg.get("near_ties"):
-        notes.append(
-            f"{agg['near_ties']} near-tie{'s' if agg['near_ties'] > 1 else ''}, logit gap <= {agg['max_tie_gap']:.3g}"
-        )
-    if agg.get("unexplained_divergences", 1):
-        notes.append(f"{agg.get('unexplained_divergences', '?')} NOT a near-tie")
+    if agg["near_ties"]:
+        plural = "s" if agg["near_ties"] > 1 else ""
+        notes.append(f"{agg['near_ties']} near-tie{plural}, logit gap <= {agg['max_tie_gap']:.3g}")
+    if agg["unexplained_divergences"]:
+        notes.append(f"{agg['unexplained_divergences']} NOT a near-tie")
     return f"{ident * 100:.0f}% ({'; '.join(notes)})"
 
 

@@ -80,9 +80,8 @@ class DraftTree:
             valid=torch.ones(n, dtype=torch.bool, device=device),
         )
         tree.tokens[0] = root_token
-        tree.ancestor_mask[0, :1].fill_(
-            True
-        )  # fill_, not setitem: setitem copies a host scalar (not graph-safe)
+        # fill_, not setitem: setitem copies a host scalar (not graph-safe)
+        tree.ancestor_mask[0, :1].fill_(True)
         return tree
 
     def set_level(self, level_slice: slice, parents: torch.Tensor, tokens: torch.Tensor) -> None:
