@@ -32,6 +32,8 @@ def _aggregate(records: list[dict]) -> dict:
         "num_samples": len(records),
         "mean_prompt_len": sum(r["prompt_len"] for r in records) / max(len(records), 1),
         "rounds": rounds,
+        # One round = one target forward: a decode step for the target-only methods, draft + verify for longspec.
+        "ms_per_round": 1000 * decode_s / rounds if rounds else math.nan,
         # τ over the whole dataset: tokens emitted per target forward (REFERENCE §5).
         "mean_accept_length": (accepted + rounds) / rounds if rounds else math.nan,
         # Decode throughput, prefill excluded, pooled over samples (long outputs weigh more, as in wall time).
@@ -136,9 +138,10 @@ def report_markdown(results: dict) -> str:
 
     lines += ["", "## Details per dataset", ""]
     lines += [
-        "| dataset | method | samples | mean prompt | rounds | draft / verify / overhead | speedups | identical to greedy |"
+        "| dataset | method | samples | mean prompt | rounds | ms / round | draft / verify / overhead | speedups "
+        "| identical to greedy |"
     ]
-    lines += ["|---|---|---|---|---|---|---|---|"]
+    lines += ["|---|---|---|---|---|---|---|---|---|"]
     for d in datasets:
         for method, agg in summary[d].items():
             split = agg["time_split"]
@@ -151,6 +154,7 @@ def report_markdown(results: dict) -> str:
                 ident_txt += f" (vs {agg['greedy_reference']})"
             lines.append(
                 f"| {d} | {method} | {agg['num_samples']} | {agg['mean_prompt_len']:.0f} | {agg['rounds']} | "
+                f"{_fmt(agg['ms_per_round'], '.1f')} | "
                 f"{split_txt} | {speedups} | {ident_txt} |"
             )
     skipped = [r for r in results["data"] if r["num_malformed"] or r["num_filtered_by_length"]]

@@ -82,6 +82,7 @@ def test_summary_counts_near_ties_apart_from_unexplained_differences():
     }  # fmt: skip
     summary = summarise(methods, greedy=True)["d"]
     assert summary["ar"]["identical_to_greedy"] == 1 and summary["ar"]["unexplained_divergences"] == 0
+    assert summary["ar"]["ms_per_round"] == pytest.approx(1000 * 3.0 / 9)  # 3 samples: 1 s, 3 rounds each
     spec = summary["longspec"]
     assert spec["identical_to_greedy"] == pytest.approx(1 / 3)
     assert (spec["near_ties"], spec["unexplained_divergences"], spec["max_tie_gap"]) == (1, 1, 0.0625)
