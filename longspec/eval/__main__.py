@@ -133,9 +133,10 @@ def run_eval(cfg: EvalConfig) -> dict:
         # On a GPU, kernel selection is per shape (cuDNN attention plans, Triton autotuning by context length):
         # measured on the H200, the first 64 tokens at a new context length ran 6x slower for SDPA decoding
         # (benchmarks/decode_methods.py). Warm up at each data source's first prompt, not at a toy length.
-        warm_prompts = [list(range(16))]
-        if device.type == "cuda":
-            warm_prompts += [samples[0].prompt_ids for _, samples in datasets if samples]
+        # (A CPU has no per-shape kernels: a short prompt initialises everything there.)
+        warm_prompts = [samples[0].prompt_ids for _, samples in datasets if samples]
+        if device.type != "cuda" or not warm_prompts:
+            warm_prompts = [list(range(16))]
         for prompt in warm_prompts:
             for method in methods:
                 run_method(method, prompt, warm, target=target, engine=engine)
