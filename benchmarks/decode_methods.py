@@ -1,10 +1,11 @@
 """Decode speed of the target-only methods the eval harness compares, on a random target of a preset's shape.
 
     PYTHONPATH=. python benchmarks/decode_methods.py [--preset gpu100m] [--contexts 4096 8192 16384] [--tokens 64]
+    PYTHONPATH=. python benchmarks/decode_methods.py --shape smollm2 --contexts 4096 8192  # SmolLM2-135M shape
     PYTHONPATH=. python benchmarks/decode_methods.py --preset smoke --contexts 64 --tokens 8     # CPU smoke
 
-For each context length and method (vanilla_hf = HF eager, vanilla_fa = HF SDPA / flash-attn, ar = our engine,
-ar_graphs = our engine replaying CUDA graphs) it generates --tokens tokens from a random prompt --repeats times
+For each context length and method (vanilla_hf = HF eager, vanilla_fa = HF SDPA / flash-attn, hf_compile = HF
+StaticCache + torch.compile, ar = our engine, ar_graphs = our engine replaying CUDA graphs) it generates --tokens tokens from a random prompt --repeats times
 and prints tokens/s of each repeat: the first repeat at a new context length shows what shape-dependent set-up
 (kernel selection, autotuning, graph capture) costs, the later ones the steady state the harness should report.
 With --no-cudnn-sdp the SDPA baseline runs with PyTorch's cuDNN attention backend disabled.
@@ -23,7 +24,7 @@ import torch
 from longspec.infer.baselines import run_method
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.provenance import run_info
-from longspec.testing import random_target
+from longspec.testing import llama31_8b_config, random_target, smollm2_135m_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch"))
 from pretrain_target import MODEL_PRESETS  # noqa: E402  (launch/pretrain_target.py)
@@ -32,11 +33,14 @@ from pretrain_target import MODEL_PRESETS  # noqa: E402  (launch/pretrain_target
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="gpu100m", choices=sorted(MODEL_PRESETS))
-    parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument(
+        "--shape", choices=["8b", "smollm2"], default=None, help="a real model's shape instead of --preset"
+    )
+    parser.add_argument("--vocab-size", type=int, default=8192, help="with --preset")
     parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--methods", nargs="+", default=["vanilla_hf", "vanilla_fa", "ar", "ar_graphs"])
+    parser.add_argument("--methods", nargs="+", default=["vanilla_hf", "vanilla_fa", "hf_compile", "ar", "ar_graphs"])
     parser.add_argument("--no-cudnn-sdp", action="store_true")
     args = parser.parse_args(argv)
 
@@ -47,9 +51,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     dtype = torch.bfloat16 if cuda else torch.float32
     if args.no_cudnn_sdp and cuda:
         torch.backends.cuda.enable_cudnn_sdp(False)
-    shape = dict(MODEL_PRESETS[args.preset])
-    shape["max_position_embeddings"] = max(shape["max_position_embeddings"], max(args.contexts) + args.tokens)
-    config = LlamaConfig(vocab_size=args.vocab_size, attn_implementation="sdpa", **shape)
+    longest = max(args.contexts) + args.tokens
+    if args.shape:
+        config = {"8b": llama31_8b_config, "smollm2": smollm2_135m_config}[args.shape](attn_implementation="sdpa")
+        config.max_position_embeddings = max(config.max_position_embeddings, longest)
+    else:
+        shape = dict(MODEL_PRESETS[args.preset])
+        shape["max_position_embeddings"] = max(shape["max_position_embeddings"], longest)
+        config = LlamaConfig(vocab_size=args.vocab_size, attn_implementation="sdpa", **shape)
     target = random_target(config, device, dtype)
     engine = SpeculativeEngine(target)
     engine.reserve(max(args.contexts) + args.tokens + 8)
@@ -57,7 +66,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     rows = []
     for context in args.contexts:
-        prompt = torch.randint(0, args.vocab_size, (context,), generator=generator).tolist()
+        prompt = torch.randint(0, config.vocab_size, (context,), generator=generator).tolist()
         for method in args.methods:
             graphs = method == "ar_graphs"
             if graphs and not cuda:

@@ -1,14 +1,18 @@
-"""Latency of one decode step and one speculative round at Llama-3.1-8B shapes, against the bytes floor.
+"""Latency of one decode step and one speculative round against the bytes floor, at a real model's shape.
 
-    PYTHONPATH=. python benchmarks/round_latency.py [--contexts 8192 32768] [--iters 20]   # CUDA, bf16
+    PYTHONPATH=. python benchmarks/round_latency.py [--contexts 8192 32768] [--iters 20]   # CUDA, bf16, 8B shape
+    PYTHONPATH=. python benchmarks/round_latency.py --shape smollm2 --contexts 4096 8192   # SmolLM2-135M shape
+    PYTHONPATH=. python benchmarks/round_latency.py --target DIR [--gguf-file F] --contexts 4096 8192  # real weights
     PYTHONPATH=. python benchmarks/round_latency.py --tiny                                 # CPU smoke test
 
-Builds an 8B-shaped Llama with random weights (meta-device build, then random init on the GPU: nothing is
-downloaded), fills the target KV cache with random K/V of `context` tokens (prefill is not what is measured),
+Builds a Llama of the --shape (8b: Llama-3.1-8B; smollm2: SmolLM2-135M-Instruct) with random weights (meta-device
+build, then random init on the GPU: nothing is downloaded), or loads --target, fills the target KV cache with random K/V of `context` tokens (prefill is not what is measured),
 and times, per context (CUDA events, median of --iters after --warmup):
 - AR step, HF: one token through the HF model (sdpa) on a DynamicCache holding the context;
 - AR step, ours: one token through our engine (static cache, our attention backends), eager;
 - AR step, ours + CUDA graph: the same step replayed from a captured graph;
+- AR step, HF static cache + torch.compile(mode="reduce-overhead"): transformers' own fastest decoding (the
+  cache is prefilled with `context` random tokens by the model itself; compilation happens in the warm-up);
 - speculative round: draft (dynamic beam tree, default widths -> 69 nodes, random drafter, window 512) and
   verify (one target forward over the tree), each eager and graph-captured, then accept (greedy, with the host
   sync it needs) -- the round = draft (graph) + verify (graph) + accept;
@@ -30,22 +34,28 @@ import torch
 
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.infer.accept import greedy_accept
-from longspec.infer.baselines import _cache_kwarg
+from longspec.infer.baselines import _cache_kwarg, _CompiledDecoder, using_attn_implementation
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.tree import TreeLayout, chain_tree
 from longspec.provenance import run_info
 from longspec.target import TargetModel
-from longspec.testing import llama31_8b_config, make_tiny_hf_model, random_target
+from longspec.testing import llama31_8b_config, make_tiny_hf_model, random_target, smollm2_135m_config
 
 HBM_BYTES_PER_S = 4.3e12
 
 
-def build_target(tiny: bool, device: torch.device, dtype: torch.dtype) -> TargetModel:
-    """8B-shaped random Llama built on the meta device and initialised in place on `device` (tiny: the test
-    config on CPU)."""
-    if tiny:
+SHAPES = {"8b": llama31_8b_config, "smollm2": smollm2_135m_config}
+
+
+def build_target(args, device: torch.device, dtype: torch.dtype) -> TargetModel:
+    """A random Llama of --shape built on the meta device and initialised in place on `device`, the real model at
+    --target, or (--tiny) the test config on CPU."""
+    if args.tiny:
         return TargetModel(make_tiny_hf_model("llama").to(device=device, dtype=dtype)).to(device)
-    return random_target(llama31_8b_config(attn_implementation="sdpa"), device, dtype)
+    if args.target:
+        kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
+        return TargetModel.from_pretrained(args.target, dtype=dtype, device=device, **kwargs)
+    return random_target(SHAPES[args.shape](attn_implementation="sdpa"), device, dtype)
 
 
 def fill_random_cache(engine: SpeculativeEngine, context: int, generator: torch.Generator) -> None:
@@ -74,6 +84,29 @@ def time_hf_step(timer, hf_model, token: torch.Tensor, cache) -> float:
     """One HF decode step (the cache grows by one token per run, as in HF decoding)."""
     kwargs = {_cache_kwarg(hf_model): cache, "use_cache": True}
     return timer(lambda: hf_model(token.reshape(1, 1), **kwargs).logits)
+
+
+def time_hf_compiled_step(timer, target: TargetModel, context: int, generator: torch.Generator) -> float:
+    """One decode step of transformers' StaticCache + torch.compile(mode="reduce-overhead") path
+    (longspec.infer.baselines.hf_compiled_generate's step), after the model itself prefilled `context` random
+    tokens; each timed step appends one token, as in decoding."""
+    hf_model, device = target.model, target.embed_tokens.weight.device
+    kwarg = _cache_kwarg(hf_model)
+    decoder = _CompiledDecoder(hf_model)
+    iters = timer.warmup + timer.iters
+    with using_attn_implementation(hf_model, "sdpa"):
+        cache = decoder.cache_for(hf_model, context + iters + 1)
+        prompt = torch.randint(0, target.vocab_size, (1, context), device=device, generator=generator)
+        hf_model(prompt, use_cache=True, logits_to_keep=1, **{kwarg: cache})
+        token = prompt[:, -1:]
+        position = torch.full((1, 1), context, dtype=torch.long, device=device)
+
+        def step():
+            nonlocal position
+            decoder.step(token, position_ids=position, use_cache=True, **{kwarg: cache})
+            position = position + 1
+
+        return timer(step)
 
 
 class Timer:
@@ -127,6 +160,10 @@ def bench_context(target, drafter, engine, context: int, timer: Timer, capture: 
         row["ar_static_vs_eager_max_abs_diff"] = float((eager.float() - static.float()).abs().max())
 
         row["ar_hf_ms"] = time_hf_step(timer, target.model, root, hf_cache(target, engine, context))
+        if capture:
+            _try_graph(
+                row, "ar_hf_compile_ms", lambda: time_hf_compiled_step(timer, target, context, generator)
+            )
         row["ar_ours_ms"] = timer(lambda: engine.verify(one))
         row["ar_ours_static_ms"] = timer(lambda: engine.verify(one, static=True, capture=False))
         if capture:
@@ -189,6 +226,7 @@ def table(rows: list[dict]) -> str:
         ("context", "context", "d"),
         ("ar_hf_ms", "AR HF ms", ".2f"),
         ("ar_ours_ms", "AR ours ms", ".2f"),
+        ("ar_hf_compile_ms", "AR HF static+compile ms", ".2f"),
         ("ar_ours_graph_ms", "AR ours+graph ms", ".2f"),
         ("draft_ms", "draft ms", ".2f"),
         ("draft_graph_ms", "draft+graph ms", ".2f"),
@@ -217,6 +255,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--tiny", action="store_true", help="tiny random Llama on CPU: a smoke test of this script"
     )
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="8b", help="random-weight model shape")
+    parser.add_argument("--target", default=None, help="a real target (HF dir) instead of random weights")
+    parser.add_argument("--gguf-file", default=None, help="with --target: a GGUF file inside it (or a path)")
     parser.add_argument("--json", default="round_latency.json", help="output path when $OUT is not set")
     args = parser.parse_args(argv)
 
@@ -230,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
         contexts, iters, warmup = args.contexts or [8192, 32768], args.iters or 20, args.warmup or 3
     capture = device.type == "cuda"
 
-    target = build_target(args.tiny, device, dtype)
+    target = build_target(args, device, dtype)
     window = 16 if args.tiny else 512
     drafter_config = DrafterConfig.from_target_config(target.config, window=window)
     drafter = (
@@ -243,6 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         **run_info(device=device, argv=argv),
         "dtype": str(dtype).removeprefix("torch."),
+        "model": "tiny" if args.tiny else (args.target or f"random {args.shape}"),
         "iters": iters,
         "rows": rows,
     }

@@ -197,6 +197,29 @@ def llama31_8b_config(attn_implementation: str | None = None):
     return config
 
 
+def smollm2_135m_config(attn_implementation: str | None = None):
+    """SmolLM2-135M-Instruct's architecture (Llama: 30 layers, width 576, 9 query / 3 key-value heads, tied
+    embeddings, rope theta 1e5) for benchmarks with random weights at its shape."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+    )
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
+    return config
+
+
 def random_target(hf_config, device: torch.device | str, dtype: torch.dtype):
     """A TargetModel of `hf_config` built on the meta device (no host copy of the weights), materialised on
     `device` and filled with seeded random values (RMSNorm weights 1, matrices N(0, 0.02))."""

@@ -16,9 +16,9 @@ def test_smoke_preset_times_every_cpu_method(decode_methods, tmp_path, monkeypat
                                 "--repeats", "2"])  # fmt: skip
     saved = json.loads((tmp_path / "decode_methods.json").read_text())["rows"]
     assert saved == rows
-    # ar_graphs needs CUDA: without it the three others run, each repeat timed
+    # ar_graphs needs CUDA: without it the four others run, each repeat timed
     graphs = ["ar_graphs"] if torch.cuda.is_available() else []
-    assert [r["method"] for r in rows] == ["vanilla_hf", "vanilla_fa", "ar", *graphs]
+    assert [r["method"] for r in rows] == ["vanilla_hf", "vanilla_fa", "hf_compile", "ar", *graphs]
     for row in rows:
         assert row["context"] == 48 and len(row["tokens_per_s"]) == 2
         assert all(speed > 0 for speed in row["tokens_per_s"])
