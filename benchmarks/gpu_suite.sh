@@ -8,13 +8,15 @@ OUT=${OUT:-outputs/gpu_suite}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-if [ -f .dw/install.sh ]; then . .dw/install.sh; fi
+# Packages the GPU image lacks (deepspeed, hydra, liger, gguf, ...): installed once per machine into /tmp/site.
+if [ -d /tmp/site/deepspeed ]; then export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+elif [ -f .dw/install.sh ]; then . .dw/install.sh; fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 git_rev=$(cat .git_rev 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
 export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-$git_rev}  # what every benchmark stamps (longspec/provenance.py)
 echo "commit $git_rev  $(date -u +%FT%TZ)  $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l)" | tee "$OUT/suite.log"
 
-STEPS=${STEPS:-gpu_tests verify_attention round_latency train_throughput train_zero3_2gpu}  # a subset: STEPS="..."
+STEPS=${STEPS:-gpu_tests verify_attention round_latency round_latency_smollm2 decode_methods_smollm2 train_throughput train_zero3_2gpu}  # a subset: STEPS="..."
 
 step() {  # step NAME SECONDS CMD...
   local name=$1 limit=$2; shift 2
@@ -32,6 +34,11 @@ step() {  # step NAME SECONDS CMD...
 step gpu_tests 100 python -m pytest -m gpu -o addopts="" -p no:cacheprovider -q tests
 step verify_attention 60 python benchmarks/verify_attention.py --json "$OUT/verify_attention.json"
 step round_latency 150 python benchmarks/round_latency.py --contexts 8192 32768 --json "$OUT/round_latency.json"
+# SmolLM2-135M-Instruct: its real weights when SMOLLM2_GGUF names the file, else random weights of its shape.
+smol=(--shape smollm2); [ -n "${SMOLLM2_GGUF:-}" ] && smol=(--target "$(dirname "$SMOLLM2_GGUF")" --gguf-file "$SMOLLM2_GGUF")
+step round_latency_smollm2 200 python benchmarks/round_latency.py "${smol[@]}" --contexts 4096 8192 \
+  --json "$OUT/round_latency_smollm2.json"
+step decode_methods_smollm2 200 python benchmarks/decode_methods.py --shape smollm2 --contexts 4096 8192 --tokens 64
 step train_throughput 130 python benchmarks/train_throughput.py --json "$OUT/train_throughput.json"
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   step train_zero3_2gpu 100 torchrun --standalone --nproc_per_node 2 benchmarks/train_throughput.py \
