@@ -203,9 +203,14 @@ class AdaptivePolicy:
             t: self.acceptance.expected_tokens(t) / self.costs.cost(t, context_len) for t in self.trees
         }
 
-    def choose(self, context_len: int) -> tuple[int, ...]:
+    def best(self, context_len: int) -> tuple[int, ...]:
+        """The candidate with the most expected tokens per second (first of equals: the cheaper end)."""
         rates = self.rates(context_len)
-        best = max(self.trees, key=lambda t: rates[t])  # first of equals: the cheaper end of the ladder
+        return max(self.trees, key=lambda t: rates[t])
+
+    def choose(self, context_len: int) -> tuple[int, ...]:
+        """`best`, except every `explore_every`-th consecutive round where it is no speculation."""
+        best = self.best(context_len)
         if best:
             self._plain_streak = 0
             return best
