@@ -259,7 +259,8 @@ def sample_path(
     rows = torch.arange(batch, device=device)
     ranks = sibling_ranks(parents, valid)  # [B, N]
     node = torch.zeros(batch, dtype=torch.long, device=device)
-    alive = torch.ones(batch, dtype=torch.bool, device=device)  # still walking: the last step accepted a child
+    # alive: still walking (the last step accepted a child)
+    alive = torch.ones(batch, dtype=torch.bool, device=device)
     path = torch.zeros(batch, depth + 1, dtype=torch.long, device=device)
     length = torch.ones(batch, dtype=torch.long, device=device)
     residual = target_probs[rows, node].double()  # the distribution the bonus comes from where the walk stops
@@ -299,7 +300,7 @@ def sample_path(
     # Walked to a leaf: nothing was proposed below it, the bonus comes from p there.
     residual = torch.where(alive[:, None], target_probs[rows, node].double(), residual)
     # Children holding ~all the mass are all rejected only through rounding: fall back to p itself.
-    empty = (residual.sum(-1, keepdim=True) <= 0)
+    empty = residual.sum(-1, keepdim=True) <= 0
     residual = torch.where(empty, target_probs[rows, node].double(), residual)
     return path, length, _inverse_cdf(residual, draws[:, -1])
 
@@ -307,6 +308,7 @@ def sample_path(
 def emitted_tokens(tokens: torch.Tensor, path: torch.Tensor, length: torch.Tensor, bonus: torch.Tensor):
     """The round's output on fixed shapes: [depth + 1] = tokens of path[1:length] then the bonus, padded with the
     bonus (only the first `length` entries count)."""
-    after_root = torch.roll(path, -1)  # path[1:], then path[0] in the last slot (never read: index >= length - 1)
+    # path[1:], then path[0] in the last slot (never read: its index is >= length - 1)
+    after_root = torch.roll(path, -1)
     index = torch.arange(path.shape[-1], device=path.device)
     return torch.where(index < length - 1, tokens[after_root], bonus)

@@ -230,7 +230,9 @@ class SpeculativeEngine:
         if method == "longspec" and widths:
             layout = TreeLayout(widths)
             with clock.phase("draft_s"):
-                tree = self.draft(root, layout, static=static, capture=capture, config=config, generator=generator)
+                tree = self.draft(
+                    root, layout, static=static, capture=capture, config=config, generator=generator
+                )
             depth, max_children = layout.depth, max(widths)
         elif method == "pld":
             with clock.phase("draft_s"):
@@ -251,6 +253,7 @@ class SpeculativeEngine:
             if method == "longspec":
                 self._drafter_commit(tree.tokens[path[:count]], self.cache.length - count)
         return out[:count], out[depth + 1 : depth + 1 + count], bonus
+
     def reserve(self, max_len: int) -> None:
         """Allocate the target cache for `max_len` tokens (prompt + new tokens + one round) up front, so later
         calls up to that size neither reallocate nor, with cuda_graphs, re-capture."""
@@ -489,7 +492,9 @@ class SpeculativeEngine:
             return self._draft_tree(root, layout, self.cache.length, shaping, *inputs[1:])
 
         def fn(root_buf, *noise_buf):
-            return self._draft_tree(root_buf[0], layout, self.cache.length_t, shaping, *noise_buf).dynamic_part()
+            return self._draft_tree(
+                root_buf[0], layout, self.cache.length_t, shaping, *noise_buf
+            ).dynamic_part()
 
         outputs = self._static_step(("draft", layout.widths, capture, shaping), fn, inputs, capture)
         return DraftTree.from_dynamic_part(layout, *outputs)

@@ -199,9 +199,7 @@ class AdaptivePolicy:
 
     def rates(self, context_len: int) -> dict[tuple[int, ...], float]:
         """Expected tokens per second of every candidate at this context length."""
-        return {
-            t: self.acceptance.expected_tokens(t) / self.costs.cost(t, context_len) for t in self.trees
-        }
+        return {t: self.acceptance.expected_tokens(t) / self.costs.cost(t, context_len) for t in self.trees}
 
     def best(self, context_len: int) -> tuple[int, ...]:
         """The candidate with the most expected tokens per second (first of equals: the cheaper end)."""

@@ -19,7 +19,8 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     overhead_s: float = 0.0  # acceptance, commits, bookkeeping
-    trees: dict[str, int] = field(default_factory=dict)  # rounds per tree ('ar' = no speculation; tree="auto")
+    # rounds per tree ("ar" = no speculation; with tree="auto" the tree may change every round)
+    trees: dict[str, int] = field(default_factory=dict)
 
     def record_round(self, num_accepted: int, tree: str | None = None) -> None:
         self.accepted.append(int(num_accepted))

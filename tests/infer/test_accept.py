@@ -232,8 +232,13 @@ def test_sample_path_matches_reference_when_the_target_is_certain():
         ref_path, ref_bonus = sample_accept(tree.tokens, tree.parents, probs, tree.valid, generator=gen)
         draws = torch.rand(1, layout.depth * max(layout.widths) + 1, generator=gen, dtype=torch.float64)
         path, length, bonus = sample_path(
-            tree.tokens[None], tree.parents[None], tree.valid[None], probs[None], draws,
-            depth=layout.depth, max_children=max(layout.widths),
+            tree.tokens[None],
+            tree.parents[None],
+            tree.valid[None],
+            probs[None],
+            draws,
+            depth=layout.depth,
+            max_children=max(layout.widths),
         )
         assert path[0, : int(length[0])].tolist() == ref_path.tolist() and int(bonus[0]) == int(ref_bonus)
 
@@ -249,7 +254,10 @@ def _two_level_trials(rule: str, trials: int, vocab: int, shaping: dict, seed: i
     tokens [trials, 2] (-1: only one emitted), p at the root [V] and p after each first token [V, V]."""
     gen = torch.Generator().manual_seed(seed)
     k1, k2 = 3, 2
-    logits_root, logits_next = torch.randn(vocab, generator=gen) * 1.5, torch.randn(vocab, vocab, generator=gen) * 1.5
+    logits_root, logits_next = (
+        torch.randn(vocab, generator=gen) * 1.5,
+        torch.randn(vocab, vocab, generator=gen) * 1.5,
+    )
     p_root, p_next = _probs(logits_root, **shaping), _probs(logits_next, **shaping)  # p_next: [token, V]
     # q: a perturbed copy of p's logits, itself truncated (support < k1 at the root: invalid children occur)
     q_root = _probs(logits_root + torch.randn(vocab, generator=gen), top_k=2)
@@ -275,7 +283,13 @@ def _two_level_trials(rule: str, trials: int, vocab: int, shaping: dict, seed: i
     target[:, 1 + k1 :] = 1.0 / vocab  # leaves' p: only the bonus after depth 2 reads it
     draws = torch.rand(trials, 2 * k1 + 1, generator=gen, dtype=torch.float64)
     path, length, bonus = verify(
-        tokens, parents, valid, target, draws, depth=2, max_children=k1,
+        tokens,
+        parents,
+        valid,
+        target,
+        draws,
+        depth=2,
+        max_children=k1,
         draft_probs=node_q if rule == "rrs" else None,
     )
     emitted = torch.cat([tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)  # [B, 3]
@@ -317,7 +331,9 @@ def test_sample_step_budgets_then_draws_without_replacement(chi_square):
     q = torch.tensor([[0.5, 0.3, 0.2, 0.0, 0.0], [0.1, 0.2, 0.3, 0.4, 0.0]])
     scores = torch.tensor([0.0, -0.8])
     gen = torch.Generator().manual_seed(0)
-    parent, tokens, new_scores, valid = sample_step(scores, q, torch.empty(2, 5).exponential_(generator=gen), 5)
+    parent, tokens, new_scores, valid = sample_step(
+        scores, q, torch.empty(2, 5).exponential_(generator=gen), 5
+    )
     # slot worths: p0: 0, -.69, -1.39 (support 3); p1: -.8, -1.49, ... -> p0 x3, p1 x2
     assert sorted(parent.tolist()) == [0, 0, 0, 1, 1] and valid.all()
     for p in (0, 1):

@@ -60,7 +60,9 @@ def test_policy_switches_when_acceptance_changes_and_explores_back():
         policy.observe(widths, [])
     assert policy.best(1000) == ()
     picks = [policy.choose(1000) for _ in range(8)]
-    assert picks.count((1,)) == 2 and picks.count(()) == 6  # every 4th plain round explores the cheapest chain
+    assert (
+        picks.count((1,)) == 2 and picks.count(()) == 6
+    )  # every 4th plain round explores the cheapest chain
     for _ in range(100):  # acceptance comes back; the exploring chain sees it and the policy leaves ()
         widths = policy.choose(1000)
         policy.observe(widths, [0] * len(widths))
@@ -166,7 +168,9 @@ def test_a_round_copies_to_the_host_once(monkeypatch, temperature):
     exactly once: the packed emitted tokens / path / count."""
     target = make_tiny_target("llama")
     engine = SpeculativeEngine(target, random_drafter(target))
-    config = GenerationConfig(max_new_tokens=8, temperature=temperature, tree_widths=(2, 3), static_shapes=True)
+    config = GenerationConfig(
+        max_new_tokens=8, temperature=temperature, tree_widths=(2, 3), static_shapes=True
+    )
     prompt = torch.randint(0, 256, (20,))
     engine.reserve(64)
     generator = torch.Generator().manual_seed(0)
