@@ -9,6 +9,9 @@ StaticCache + torch.compile, ar = our engine, ar_graphs = our engine replaying C
 and prints tokens/s of each repeat: the first repeat at a new context length shows what shape-dependent set-up
 (kernel selection, autotuning, graph capture) costs, the later ones the steady state the harness should report.
 With --no-cudnn-sdp the SDPA baseline runs with PyTorch's cuDNN attention backend disabled.
+longspec / longspec_graphs (opt in with --methods) decode with a random drafter and --tree (auto: the adaptive
+policy, its round costs measured first for the contexts given; or fixed widths like 4,16,16): each row then also
+records which trees ran.
 Writes JSON to $OUT/decode_methods.json when OUT is set.
 """
 
@@ -42,6 +45,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=["vanilla_hf", "vanilla_fa", "hf_compile", "ar", "ar_graphs"])
     parser.add_argument("--no-cudnn-sdp", action="store_true")
+    parser.add_argument("--tree", default="auto", help="longspec's tree: auto, or fixed widths like 4,16,16")
+    parser.add_argument("--window", type=int, default=512, help="the random drafter's window (longspec)")
     args = parser.parse_args(argv)
 
     from transformers import LlamaConfig
@@ -60,23 +65,37 @@ def main(argv: list[str] | None = None) -> list[dict]:
         shape["max_position_embeddings"] = max(shape["max_position_embeddings"], longest)
         config = LlamaConfig(vocab_size=args.vocab_size, attn_implementation="sdpa", **shape)
     target = random_target(config, device, dtype)
-    engine = SpeculativeEngine(target)
-    engine.reserve(max(args.contexts) + args.tokens + 8)
+    tree = "auto" if args.tree == "auto" else tuple(int(w) for w in args.tree.split(","))
+    drafter = None
+    if any(m.startswith("longspec") for m in args.methods):
+        from longspec.drafter import Drafter, DrafterConfig
+
+        drafter_config = DrafterConfig.from_target_config(target.config, window=args.window)
+        drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head).to(device=device, dtype=dtype)
+    engine = SpeculativeEngine(target, drafter)
+    engine.reserve(max(args.contexts) + args.tokens + GenerationConfig().max_round_nodes + 1)
     generator = torch.Generator().manual_seed(0)
 
     rows = []
     for context in args.contexts:
         prompt = torch.randint(0, config.vocab_size, (context,), generator=generator).tolist()
         for method in args.methods:
-            graphs = method == "ar_graphs"
+            graphs = method.endswith("_graphs")
             if graphs and not cuda:
                 continue
-            config_ = GenerationConfig(max_new_tokens=args.tokens, cuda_graphs=graphs)
-            speeds = []
+            config_ = GenerationConfig(max_new_tokens=args.tokens, cuda_graphs=graphs, tree=tree)
+            base = method.removesuffix("_graphs")
+            if base == "longspec" and config_.fixed_tree is None:  # untimed, like the eval's warm-up
+                engine.measure_round_costs(config_, [min(args.contexts), max(args.contexts) + args.tokens])
+            speeds, trees = [], {}
             for _ in range(args.repeats):
-                result = run_method("ar" if graphs else method, prompt, config_, target=target, engine=engine)
+                result = run_method(base, prompt, config_, target=target, engine=engine)
                 speeds.append(result.stats.tokens_per_s)
+                for name, count in result.stats.trees.items():
+                    trees[name] = trees.get(name, 0) + count
             rows.append({"context": context, "method": method, "tokens_per_s": speeds})
+            if trees:
+                rows[-1]["trees"] = trees
             print(
                 f"context {context:>6} {method:<11} tok/s per repeat: "
                 + " ".join(f"{s:8.1f}" for s in speeds),

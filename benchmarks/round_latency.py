@@ -35,7 +35,7 @@ import torch
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.infer.accept import greedy_accept
 from longspec.infer.baselines import _cache_kwarg, _CompiledDecoder, using_attn_implementation
-from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.infer.engine import DEFAULT_TREE_WIDTHS, SpeculativeEngine
 from longspec.infer.tree import TreeLayout, chain_tree
 from longspec.provenance import run_info
 from longspec.target import TargetModel
@@ -146,7 +146,7 @@ def _try_graph(row: dict, key: str, measure) -> None:
 def bench_context(target, drafter, engine, context: int, timer: Timer, capture: bool) -> dict:
     device = engine.device
     generator = torch.Generator(device=device).manual_seed(context)
-    layout = TreeLayout(GenerationConfig().tree_widths)
+    layout = TreeLayout(DEFAULT_TREE_WIDTHS)
     engine.reserve(context + layout.num_nodes + 8)
     fill_random_cache(engine, context, generator)
     root = torch.tensor(1234 % target.vocab_size, device=device)

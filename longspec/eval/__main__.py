@@ -94,7 +94,9 @@ def run_eval(cfg: EvalConfig) -> dict:
         top_k=cfg.top_k,
         top_p=cfg.top_p,
         eos_token_ids=_eos_ids(tokenizer, target),
-        tree_widths=tuple(cfg.tree_widths),
+        tree=cfg.tree,
+        tree_widths=None if cfg.tree_widths is None else tuple(cfg.tree_widths),
+        sampling_rule=cfg.sampling_rule,
         prefill_chunk=cfg.prefill_chunk,
         seed=cfg.seed,
         cuda_graphs=cfg.cuda_graphs,
@@ -126,8 +128,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     # Size the static cache once for the longest prompt, so no sample pays for a reallocation (or, with
     # cuda_graphs, a re-capture) inside its timed decode; then warm every method up untimed.
     longest = max((s.prompt_len for _, samples in datasets for s in samples), default=16)
-    round_slack = max(sum(cfg.tree_widths), gen_config.pld_num_draft) + 2
-    engine.reserve(longest + cfg.max_new_tokens + round_slack)
+    engine.reserve(longest + cfg.max_new_tokens + gen_config.max_round_nodes + 1)
     if cfg.warmup:
         warm = dataclasses.replace(gen_config, max_new_tokens=min(8, cfg.max_new_tokens))
         # On a GPU, kernel selection is per shape (cuDNN attention plans, Triton autotuning by context length):
@@ -140,6 +141,11 @@ def run_eval(cfg: EvalConfig) -> dict:
         for prompt in warm_prompts:
             for method in methods:
                 run_method(method, prompt, warm, target=target, engine=engine)
+        if "longspec" in methods and gen_config.fixed_tree is None:
+            # tree=auto: every candidate's round cost on this device, per context bucket of the run.
+            shortest = min((s.prompt_len for _, samples in datasets for s in samples), default=16)
+            costs = engine.measure_round_costs(gen_config, [shortest, longest + cfg.max_new_tokens])
+            results["round_costs_s"] = costs.to_dict()
 
     reference = greedy_reference(methods) if cfg.temperature == 0 else None
     for dataset, samples in datasets:
@@ -162,6 +168,7 @@ def run_eval(cfg: EvalConfig) -> dict:
                     "draft_s": stats.draft_s,
                     "verify_s": stats.verify_s,
                     "overhead_s": stats.overhead_s,
+                    "trees": stats.trees,
                 }
                 results["methods"][method].setdefault(dataset, []).append(record)
                 bar.set_postfix_str(

@@ -93,7 +93,9 @@ class EvalConfig:
     top_k: int | None = None  # top-k truncation of the target distribution (T > 0)
     max_new_tokens: int = 1024  # the paper's LongBench setting (math: 32K)
     max_samples: int | None = None  # per data source, after the length filter
-    tree_widths: list[int] = field(default_factory=lambda: [4, 16, 16, 16, 16])  # dynamic beam level widths
+    tree: str = "auto"  # longspec's tree: auto = adaptive per round (measured round costs, learned acceptance)
+    tree_widths: list[int] | None = None  # fixed dynamic-beam level widths, e.g. [4,16,16,16,16]; wins over tree
+    sampling_rule: str = "rrs"  # T > 0: rrs (children sampled from the drafter's q) | deterministic (top-k)
     prefill_chunk: int = 4096  # target prefill tokens per forward
     cuda_graphs: bool = False  # capture each round's target forward in a CUDA graph (CUDA only)
     warmup: bool = True  # one short untimed generation per method first (lazy init, kernel autotuning)
@@ -116,6 +118,11 @@ class EvalConfig:
             f"max_samples must be >= 1, got {self.max_samples}",
         )
         _check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
+        _check(self.tree == "auto", f"tree must be auto (fix the tree with tree_widths=[...]), got {self.tree!r}")
+        _check(
+            self.sampling_rule in ("rrs", "deterministic"),
+            f"sampling_rule must be rrs or deterministic, got {self.sampling_rule!r}",
+        )
         if "longspec" in methods and self.drafter.init == "pretrained":
             _check(
                 bool(self.drafter.path),

@@ -28,7 +28,12 @@ def _aggregate(records: list[dict]) -> dict:
     decode_s = sum(r["decode_s"] for r in records)
     tokens = sum(max(r["num_new_tokens"] - 1, 0) for r in records)
     split = {k: sum(r[k] for r in records) for k in ("draft_s", "verify_s", "overhead_s")}
+    trees: dict[str, int] = {}  # rounds per tree (longspec; tree=auto may change it every round)
+    for r in records:
+        for name, count in (r.get("trees") or {}).items():
+            trees[name] = trees.get(name, 0) + count
     return {
+        "trees": trees,
         "num_samples": len(records),
         "mean_prompt_len": sum(r["prompt_len"] for r in records) / max(len(records), 1),
         "rounds": rounds,
@@ -156,6 +161,15 @@ def report_markdown(results: dict) -> str:
                 f"| {d} | {method} | {agg['num_samples']} | {agg['mean_prompt_len']:.0f} | {agg['rounds']} | "
                 f"{_fmt(agg['ms_per_round'], '.1f')} | "
                 f"{split_txt} | {speedups} | {ident_txt} |"
+            )
+    tree_rows = [(d, m, agg["trees"]) for d in datasets for m, agg in summary[d].items() if agg.get("trees")]
+    if tree_rows:
+        lines += ["", "## Trees run (share of rounds; ar = no speculation)", ""]
+        for d, method, trees in tree_rows:
+            total = sum(trees.values())
+            shares = sorted(trees.items(), key=lambda kv: -kv[1])
+            lines.append(
+                f"- {d} / {method}: " + ", ".join(f"`{t}` {100 * c / total:.0f}%" for t, c in shares)
             )
     skipped = [r for r in results["data"] if r["num_malformed"] or r["num_filtered_by_length"]]
     if skipped:

@@ -8,13 +8,29 @@ The target's output at node i is its prediction for the token *after* node i, i.
 Both rules return `(path, bonus)`: `path` the accepted node indices from the root down (always starts with 0; the
 root itself was emitted last round), `bonus` the token the target emits after the deepest accepted node.
 Tokens emitted this round = tokens[path[1:]] + [bonus], so a round emits len(path) tokens for one target forward.
+
+`greedy_accept` / `sample_accept` are the plain references (variable-length path, host walk for sampling). The
+engine runs `greedy_path` / `sample_path`: the same rules on fixed-shape device tensors (path padded to
+[depth + 1] plus its length, no host value read), so a round needs no host sync until its emitted tokens are
+copied out. `sample_path` also runs recursive rejection sampling against the drafter's probabilities q
+(`draft_probs`), for trees whose children were SAMPLED from q without replacement (longspec.infer.tree.sample_step).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["target_distribution", "greedy_accept", "sample_accept", "sample_token", "children_lists"]
+__all__ = [
+    "target_distribution",
+    "greedy_accept",
+    "sample_accept",
+    "sample_token",
+    "children_lists",
+    "greedy_path",
+    "sample_path",
+    "sibling_ranks",
+    "emitted_tokens",
+]
 
 
 def target_distribution(
@@ -133,15 +149,166 @@ def sample_accept(
         node = chosen
 
 
+def uniforms(shape, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """float64 uniforms on `device`, drawn on the generator's own device (a CPU generator drives any device:
+    the draw is then one host-to-device copy, never a device-to-host sync)."""
+    source = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, dtype=torch.float64, device=source).to(device)
+
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Indices [...] drawn from unnormalised `weights` [..., V] with uniforms u [...] (device only)."""
+    cdf = torch.cumsum(weights.double(), dim=-1)
+    index = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True)
+    return index.squeeze(-1).clamp(max=weights.shape[-1] - 1)
+
+
 def _sample_index(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw from unnormalised `weights` [V] by inverse CDF with a CPU uniform, so one CPU generator
-    drives sampling on any device (torch.multinomial would need a generator on the weights' device)."""
-    cdf = torch.cumsum(weights.double(), dim=0)
-    u = torch.rand((), generator=generator, dtype=torch.float64).to(weights.device)
-    index = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True).clamp(max=weights.shape[0] - 1)
-    return index.squeeze(0)
+    """One draw from unnormalised `weights` [V] by inverse CDF (torch.multinomial would need a generator on
+    the weights' device)."""
+    return _inverse_cdf(weights, uniforms((), generator, weights.device))
 
 
 def sample_token(target_probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token from target_probs [V] (prefill and AR decoding use the same sampler as the tree)."""
     return _sample_index(target_probs, generator)
+
+
+# ---------------------------------------------------------------------------------------------- device-side rules
+def sibling_ranks(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """rank[..., i] = number of valid earlier siblings of node i (its place in the parent's candidate order);
+    parents / valid [..., N]. A [N, N] comparison: cheap for the trees' sizes, and fixed-shape."""
+    n = parents.shape[-1]
+    earlier = torch.ones(n, n, dtype=torch.bool, device=parents.device).tril(-1)  # [i, j]: j < i
+    same = (parents.unsqueeze(-1) == parents.unsqueeze(-2)) & valid.unsqueeze(-2) & earlier
+    return same.sum(-1)
+
+
+def _path_from_deepest(ancestor_mask: torch.Tensor, depths: torch.Tensor, deepest: torch.Tensor, depth: int):
+    """(path [depth + 1], length []) of node `deepest`: path[d] = its ancestor at depth d, padded with 0."""
+    levels = torch.arange(depth + 1, device=depths.device)
+    on_path = ancestor_mask[deepest][None, :] & (depths[None, :] == levels[:, None])  # [depth + 1, N]
+    return on_path.to(torch.int8).argmax(-1), depths[deepest] + 1
+
+
+def greedy_path(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depths: torch.Tensor,
+    ancestor_mask: torch.Tensor,
+    target_argmax: torch.Tensor,
+    valid: torch.Tensor,
+    depth: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`greedy_accept` on fixed shapes: (path [depth + 1] padded with 0, length [] long, bonus [] long), all on
+    the input device and computed without reading any device value on the host. `depth` = the tree's depth."""
+    match = (tokens == target_argmax[parents.clamp(min=0)]) & valid
+    match[0] = True
+    accepted = ~(ancestor_mask & ~match[None, :]).any(dim=-1)
+    deepest = torch.argmax(torch.where(accepted, depths, torch.full_like(depths, -1)))
+    path, length = _path_from_deepest(ancestor_mask, depths, deepest, depth)
+    return path, length, target_argmax[deepest]
+
+
+def sample_path(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    valid: torch.Tensor,
+    target_probs: torch.Tensor,
+    draws: torch.Tensor,
+    *,
+    depth: int,
+    max_children: int,
+    draft_probs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lossless sampling acceptance on fixed shapes, batched over independent trees (leading dims [B]).
+
+    tokens / parents / valid [B, N] (nodes level by level, a parent's children in its candidate order),
+    target_probs [B, N, V] (p at every node), draws [B, depth * max_children + 1] uniforms in [0, 1),
+    draft_probs [B, N, V] or None. Returns (path [B, depth + 1] padded with 0, length [B], bonus [B]).
+
+    Walk from the root; at node u with p = target_probs[u] and valid children x1..xk in candidate order:
+
+    * draft_probs None — deterministic candidates (the drafter's top choices; REFERENCE §4, `sample_accept`):
+      accept xi with probability p_i(xi) / sum p_i, where p_i = p with x1..x(i-1) zeroed; all rejected: the
+      bonus ~ p_(k+1). Exact by the telescoping product in `sample_accept`'s docstring.
+    * draft_probs given — recursive rejection sampling (Jeon et al. 2024) for children drawn from q = draft_probs[u]
+      WITHOUT replacement (x1 ~ q, x2 ~ q without x1, ...): p_1 = p, q_1 = q;
+      accept xi with probability min(1, p_i(xi) / q_i(xi)); on reject p_(i+1) = norm(max(p_i - q_i, 0)),
+      q_(i+1) = q_i with xi removed, renormalised; all k rejected: the bonus ~ p_(k+1).
+
+      Proof that the emitted token Y ~ p. Claim: given x1..x(i-1) and that step i is reached, Y ~ p_i. For i = k+1
+      Y ~ p_(k+1) by construction. Step i: given x1..x(i-1) (which fix p_i, q_i and p_(i+1)), xi ~ q_i, because
+      a draw without replacement is the next draw from q restricted to the unseen tokens, and rejecting earlier
+      candidates depended only on them and on independent uniforms. By the claim for i+1, after a rejection Y ~
+      p_(i+1) whatever xi was. So P(Y = y) = q_i(y) min(1, p_i(y)/q_i(y)) + (1 - sum_x min(q_i(x), p_i(x))) p_(i+1)(y)
+      = min(q_i(y), p_i(y)) + max(p_i(y) - q_i(y), 0) = p_i(y): ordinary speculative sampling. (When the
+      residual mass is 0, p_i = q_i on its support and acceptance is certain.) The claim at i = 1 is Y ~ p.
+      A node with no valid children emits from p itself (k = 0).
+
+    Descending into the accepted child repeats the argument with that child's p, which is the target's
+    distribution conditioned on the emitted prefix; so every emitted token is an exact target sample PROVIDED the
+    children of a node are a without-replacement sample from its q whose SIZE was fixed before they were drawn,
+    independently of the verifier's uniforms (longspec.infer.tree.sample_step fixes each node's child budget
+    from its parent level's path scores). A global top-W over the children's own draw values would break that:
+    the number of children a node keeps would depend on the values drawn, so its candidates would no longer be
+    a fixed-size without-replacement sample from q.
+    """
+    batch, num_nodes = tokens.shape
+    device = tokens.device
+    rows = torch.arange(batch, device=device)
+    ranks = sibling_ranks(parents, valid)  # [B, N]
+    node = torch.zeros(batch, dtype=torch.long, device=device)
+    # alive: still walking (the last step accepted a child)
+    alive = torch.ones(batch, dtype=torch.bool, device=device)
+    path = torch.zeros(batch, depth + 1, dtype=torch.long, device=device)
+    length = torch.ones(batch, dtype=torch.long, device=device)
+    residual = target_probs[rows, node].double()  # the distribution the bonus comes from where the walk stops
+    for level in range(depth):
+        p = target_probs[rows, node].double()  # [B, V]
+        q = draft_probs[rows, node].double() if draft_probs is not None else None
+        chosen = torch.full((batch,), -1, dtype=torch.long, device=device)
+        is_child = (parents == node[:, None]) & valid  # [B, N]
+        for k in range(max_children):
+            slot = is_child & (ranks == k)
+            active = alive & slot.any(-1) & (chosen < 0)
+            child = slot.to(torch.int8).argmax(-1)  # [B]
+            x = tokens[rows, child][:, None]  # [B, 1]
+            px = p.gather(-1, x)[:, 0]
+            u = draws[:, level * max_children + k]
+            if q is None:
+                accept = active & (u * p.sum(-1) < px)
+                rejected = (active & ~accept)[:, None]
+                p = torch.where(rejected, p.scatter(-1, x, 0.0), p)
+            else:
+                accept = active & (u * q.gather(-1, x)[:, 0] < px)  # u < min(1, p/q), q(x) > 0
+                rejected = (active & ~accept)[:, None]
+                rest = (p - q).clamp(min=0)
+                mass = rest.sum(-1, keepdim=True)
+                # mass 0 means p_i == q_i on its support: acceptance was certain, the branch is never taken.
+                p = torch.where(rejected & (mass > 0), rest / mass.clamp(min=1e-300), p)
+                q_rest = q.scatter(-1, x, 0.0)
+                q = torch.where(rejected, q_rest / q_rest.sum(-1, keepdim=True).clamp(min=1e-300), q)
+            chosen = torch.where(accept, child, chosen)
+        stepped = alive & (chosen >= 0)
+        stops = alive & ~stepped
+        residual = torch.where(stops[:, None], p, residual)
+        path[:, level + 1] = torch.where(stepped, chosen, 0)
+        length += stepped.long()
+        node = torch.where(stepped, chosen, node)
+        alive = stepped
+    # Walked to a leaf: nothing was proposed below it, the bonus comes from p there.
+    residual = torch.where(alive[:, None], target_probs[rows, node].double(), residual)
+    # Children holding ~all the mass are all rejected only through rounding: fall back to p itself.
+    empty = residual.sum(-1, keepdim=True) <= 0
+    residual = torch.where(empty, target_probs[rows, node].double(), residual)
+    return path, length, _inverse_cdf(residual, draws[:, -1])
+
+
+def emitted_tokens(tokens: torch.Tensor, path: torch.Tensor, length: torch.Tensor, bonus: torch.Tensor):
+    """The round's output on fixed shapes: [depth + 1] = tokens of path[1:length] then the bonus, padded with the
+    bonus (only the first `length` entries count)."""
+    # path[1:], then path[0] in the last slot (never read: its index is >= length - 1)
+    after_root = torch.roll(path, -1)
+    index = torch.arange(path.shape[-1], device=path.device)
+    return torch.where(index < length - 1, tokens[after_root], bonus)

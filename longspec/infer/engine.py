@@ -10,10 +10,13 @@ One round (REFERENCE §4), starting from the root = the last token emitted, at p
              plus its tree ancestors;
   2. verify: ONE target forward over the N nodes at positions n + depth; per layer the new K/V go to the cache's
              pending slots and attention = merge(cache part unmasked, tree part under the ancestor mask);
-  3. accept: greedy or lossless sampling (longspec.infer.accept) -> accepted path + bonus token;
+  3. accept: greedy or lossless sampling (longspec.infer.accept), on the device with fixed shapes -> accepted
+             path (padded) + its length + bonus token; then the round's ONE host sync: the emitted tokens, the
+             path and its length copied out together;
   4. commit: the path's K/V move into place for every layer (no re-feeding); the drafter's ring buffer takes
              the path's self-attention K/V; the bonus becomes the next root.
-Every round has the same shapes (N fixed, padded), which is what CUDA-graph capture needs.
+Every round of one tree shape has the same shapes (N fixed, padded), which is what CUDA-graph capture needs; with
+tree="auto" (longspec.infer.policy) the shape may change between rounds: one static / captured step per shape.
 """
 
 from __future__ import annotations
@@ -25,17 +28,33 @@ from dataclasses import dataclass, field
 
 import torch
 
-from longspec.infer.accept import greedy_accept, sample_accept, sample_token, target_distribution
+from longspec.infer.accept import (
+    emitted_tokens,
+    greedy_path,
+    sample_path,
+    sample_token,
+    target_distribution,
+    uniforms,
+)
 from longspec.infer.cache import StaticKVCache
 from longspec.infer.graphs import StaticStep
 from longspec.infer.pld import prompt_lookup
+from longspec.infer.policy import (
+    AUTO_TREES,
+    AdaptivePolicy,
+    FixedPolicy,
+    MeasuredCosts,
+    context_bucket,
+)
 from longspec.infer.stats import GenerationStats
-from longspec.infer.tree import DraftTree, TreeLayout, beam_step, chain_tree
+from longspec.infer.tree import DraftTree, TreeLayout, beam_step, chain_tree, sample_step, tree_name
 from longspec.modules import attention as attn_ops
 
-__all__ = ["GenerationConfig", "GenerationResult", "SpeculativeEngine", "METHODS"]
+__all__ = ["GenerationConfig", "GenerationResult", "SpeculativeEngine", "METHODS", "DEFAULT_TREE_WIDTHS"]
 
 METHODS = ("longspec", "ar", "pld")
+SAMPLING_RULES = ("rrs", "deterministic")
+DEFAULT_TREE_WIDTHS = (4, 16, 16, 16, 16)  # REFERENCE §4's dynamic beam, the largest tree="auto" candidate
 
 
 @dataclass(kw_only=True)
@@ -47,7 +66,13 @@ class GenerationConfig:
     top_k: int | None = None  # keep the k most likely target tokens (T > 0)
     top_p: float | None = None  # nucleus truncation of the target distribution (T > 0)
     eos_token_ids: tuple[int, ...] = ()  # stop after emitting any of these
-    tree_widths: tuple[int, ...] = (4, 16, 16, 16, 16)  # dynamic beam level widths (longspec)
+    # longspec's tree: "auto" (adaptive per round, longspec.infer.policy) or fixed level widths; a fixed
+    # `tree_widths` given by the user wins over `tree`.
+    tree: str | tuple[int, ...] = "auto"
+    tree_widths: tuple[int, ...] | None = None
+    # T > 0: "rrs" = children sampled from the drafter's q, recursive rejection sampling; "deterministic" = the
+    # drafter's top candidates, accepted by p alone (both lossless; longspec.infer.accept.sample_path).
+    sampling_rule: str = "rrs"
     pld_num_draft: int = 10  # PLD: tokens proposed per round
     pld_max_ngram: int = 3  # PLD: longest n-gram matched against the context
     prefill_chunk: int = 4096  # target prefill tokens per forward
@@ -68,9 +93,41 @@ class GenerationConfig:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.prefill_chunk < 1 or self.pld_num_draft < 1 or self.pld_max_ngram < 1:
             raise ValueError("prefill_chunk, pld_num_draft and pld_max_ngram must be >= 1")
-        self.tree_widths = tuple(int(w) for w in self.tree_widths)
         self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
-        TreeLayout(self.tree_widths)  # validates the widths
+        if self.tree_widths is not None:
+            self.tree_widths = tuple(int(w) for w in self.tree_widths)
+            TreeLayout(self.tree_widths)  # validates the widths
+        if isinstance(self.tree, str):
+            if self.tree != "auto":
+                raise ValueError(f"tree must be 'auto' or a list of level widths, got {self.tree!r}")
+        else:
+            self.tree = tuple(int(w) for w in self.tree)
+            TreeLayout(self.tree)
+        if self.sampling_rule not in SAMPLING_RULES:
+            raise ValueError(f"sampling_rule must be one of {SAMPLING_RULES}, got {self.sampling_rule!r}")
+
+    @property
+    def fixed_tree(self) -> tuple[int, ...] | None:
+        """The user's fixed widths (tree_widths, else a tuple `tree`), or None for tree="auto"."""
+        if self.tree_widths is not None:
+            return self.tree_widths
+        return None if self.tree == "auto" else self.tree
+
+    @property
+    def trees(self) -> tuple[tuple[int, ...], ...]:
+        """Every tree a longspec round may run."""
+        fixed = self.fixed_tree
+        return (fixed,) if fixed is not None else AUTO_TREES
+
+    @property
+    def max_round_nodes(self) -> int:
+        """The most tokens one round of any method verifies (sizes the cache's slack)."""
+        return max(1 + max(sum(t) for t in self.trees), 1 + self.pld_num_draft)
+
+    @property
+    def rrs(self) -> bool:
+        """Whether longspec's trees are sampled from the drafter's q (T > 0 with the "rrs" rule)."""
+        return self.temperature > 0 and self.sampling_rule == "rrs"
 
 
 @dataclass
@@ -84,9 +141,12 @@ class SpeculativeEngine:
     later calls (grown only when a call needs more than prompt + max_new_tokens + one round of slack); the
     drafter's ring buffer is allocated once (its size does not depend on the context)."""
 
-    def __init__(self, target, drafter=None):
+    def __init__(self, target, drafter=None, *, costs=None):
         self.target = target
         self.drafter = drafter
+        # tree="auto"'s round costs: a longspec.infer.policy.CostModel (tests inject one), else measured here
+        # on first need (`measure_round_costs`) and kept for later calls.
+        self.costs = costs
         self.device = target.embed_tokens.weight.device
         self.scales = [layer.self_attn.scaling for layer in target.layers]
         self.cache: StaticKVCache | None = None
@@ -115,10 +175,12 @@ class SpeculativeEngine:
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).flatten()
         if prompt.numel() == 0:
             raise ValueError("empty prompt")
-        layout = TreeLayout(config.tree_widths)
-        round_nodes = {"longspec": layout.num_nodes, "ar": 1, "pld": 1 + config.pld_num_draft}[method]
-        self._ensure_cache(prompt.numel() + config.max_new_tokens + round_nodes + 1)
-        generator = torch.Generator().manual_seed(config.seed)
+        self._ensure_cache(prompt.numel() + config.max_new_tokens + config.max_round_nodes + 1)
+        policy = None
+        if method == "longspec":  # may measure round costs: before any timing, on a scratch cache state
+            policy = self._policy(config, prompt.numel())
+        # On the device: a round's random draws need no host-to-device copy (and no host sync).
+        generator = torch.Generator(device=self.device).manual_seed(config.seed)
         stats = GenerationStats(method=method, prompt_len=prompt.numel())
 
         with _timer(stats, "prefill_s", self.device):
@@ -128,37 +190,69 @@ class SpeculativeEngine:
         emitted = [int(root)]  # host sync: the first token
         context = torch.cat([prompt, root.reshape(1)]) if method == "pld" else None
 
+        clock = _PhaseClock(self.device)
         decode_start = _now(self.device)
         finished = _finished(emitted, config, new=emitted)
         while not finished:
-            if method == "longspec":
-                with _timer(stats, "draft_s", self.device):
-                    tree = self.draft(root, layout, static=static, capture=config.cuda_graphs)
-            elif method == "pld":
-                with _timer(stats, "draft_s", self.device):
-                    draft = prompt_lookup(context, config.pld_num_draft, config.pld_max_ngram)
-                    tree = chain_tree(root, draft, draft.numel(), 1 + config.pld_num_draft)
-            else:
-                tree = chain_tree(root, root.new_empty(0), 0, 1)
-            with _timer(stats, "verify_s", self.device):
-                logits = self.verify(tree, static=static, capture=config.cuda_graphs)  # [N, V]
-            overhead_start = _now(self.device)
-            path, bonus = self._accept(tree, logits, config, generator)
-            self.cache.commit_path(path)
-            if method == "longspec":
-                self._drafter_commit(tree.tokens[path.to(self.device)], self.cache.length - path.numel())
-            new_tokens = tree.tokens[path[1:].to(self.device)].tolist() + [int(bonus)]  # host sync
-            stats.record_round(path.numel() - 1)
+            widths = policy.choose(self.cache.length) if policy is not None else ()
+            new_tokens, path_slots, root = self._round(
+                method, widths, root, config, generator, static=static, clock=clock, context=context
+            )
+            if policy is not None:
+                layout_ranks = _level_ranks(widths, path_slots)
+                policy.observe(widths, layout_ranks)
+            stats.record_round(len(new_tokens) - 1, tree_name(widths) if method == "longspec" else None)
             emitted.extend(new_tokens)
             if context is not None:
                 context = torch.cat([context, torch.tensor(new_tokens, device=self.device)])
-            root = bonus.to(self.device)
-            stats.overhead_s += _now(self.device) - overhead_start
             finished = _finished(emitted, config, new=new_tokens)
         stats.decode_s = _now(self.device) - decode_start
+        clock.add_to(stats)
         tokens = _truncate(emitted, config)
         stats.num_new_tokens = len(tokens)
         return GenerationResult(tokens=tokens, stats=stats)
+
+    def _round(
+        self,
+        method: str,
+        widths: tuple[int, ...],
+        root: torch.Tensor,
+        config: GenerationConfig,
+        generator: torch.Generator,
+        *,
+        static: bool,
+        clock: _PhaseClock,
+        context: torch.Tensor | None = None,
+    ) -> tuple[list[int], list[int], torch.Tensor]:
+        """One round (draft, verify, accept, commit) from `root`; widths () = one plain target step.
+        Returns (emitted tokens, accepted path's node slots, next root on the device) after ONE host copy."""
+        capture = config.cuda_graphs
+        if method == "longspec" and widths:
+            layout = TreeLayout(widths)
+            with clock.phase("draft_s"):
+                tree = self.draft(
+                    root, layout, static=static, capture=capture, config=config, generator=generator
+                )
+            depth, max_children = layout.depth, max(widths)
+        elif method == "pld":
+            with clock.phase("draft_s"):
+                draft = prompt_lookup(context, config.pld_num_draft, config.pld_max_ngram)
+                tree = chain_tree(root, draft, draft.numel(), 1 + config.pld_num_draft)
+            depth, max_children = config.pld_num_draft, 1
+        else:  # "ar", or longspec's "no speculation"
+            tree = chain_tree(root, root.new_empty(0), 0, 1)
+            depth, max_children = 0, 0
+        with clock.phase("verify_s"):
+            logits = self.verify(tree, static=static, capture=capture)  # [N, V]
+        with clock.phase("overhead_s"):
+            path, length, bonus = self._accept(tree, logits, config, generator, depth, max_children)
+            out = torch.cat([emitted_tokens(tree.tokens, path, length, bonus), path, length.reshape(1)])
+            out = out.tolist()  # host sync: the round's one copy (emitted tokens, path, count)
+            count = out[-1]
+            self.cache.commit_path(path[:count])
+            if method == "longspec":
+                self._drafter_commit(tree.tokens[path[:count]], self.cache.length - count)
+        return out[:count], out[depth + 1 : depth + 1 + count], bonus
 
     def reserve(self, max_len: int) -> None:
         """Allocate the target cache for `max_len` tokens (prompt + new tokens + one round) up front, so later
@@ -282,21 +376,88 @@ class SpeculativeEngine:
         )
         return sample_token(target_probs, generator)
 
-    def _accept(self, tree: DraftTree, logits: torch.Tensor, config: GenerationConfig, generator):
+    def _accept(
+        self,
+        tree: DraftTree,
+        logits: torch.Tensor,
+        config: GenerationConfig,
+        generator,
+        depth: int,
+        max_children: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(path [depth + 1] padded, length [], bonus []) on the device; nothing read on the host."""
         if config.temperature == 0:
-            path, bonus = greedy_accept(
+            return greedy_path(
                 tree.tokens,
                 tree.parents,
                 tree.depths,
                 tree.ancestor_mask,
                 torch.argmax(logits, dim=-1),
                 tree.valid,
+                depth,
             )
-            return path, bonus
         target_probs = target_distribution(
             logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
         )
-        return sample_accept(tree.tokens, tree.parents, target_probs, tree.valid, generator=generator)
+        draws = uniforms((1, depth * max_children + 1), generator, self.device)
+        draft_probs = None if tree.draft_probs is None else tree.draft_probs[None]
+        path, length, bonus = sample_path(
+            tree.tokens[None],
+            tree.parents[None],
+            tree.valid[None],
+            target_probs[None],
+            draws,
+            depth=depth,
+            max_children=max_children,
+            draft_probs=draft_probs,
+        )
+        return path[0], length[0], bonus[0]
+
+    # ------------------------------------------------------------------ tree="auto"
+    def _policy(self, config: GenerationConfig, prompt_len: int):
+        fixed = config.fixed_tree
+        if fixed is not None:
+            return FixedPolicy(fixed)
+        if self.costs is None or isinstance(self.costs, MeasuredCosts):
+            self.measure_round_costs(config, [prompt_len, prompt_len + config.max_new_tokens])
+        return AdaptivePolicy(self.costs, config.trees)
+
+    @torch.no_grad()
+    def measure_round_costs(self, config: GenerationConfig, context_lens, *, reps: int = 3) -> MeasuredCosts:
+        """Measure, on this device, the seconds of one real round (`_round`: draft + verify + accept + commit, on
+        the static / captured path when the config asks for it) of every tree="auto" candidate, per context
+        bucket between min(context_lens) and max(context_lens). The cache's content is whatever it holds (a
+        round's cost does not depend on it); its length is set to the bucket (within the reserved size). Only
+        missing buckets are measured; the cache and ring buffer are reset after. First use of a shape captures
+        its graphs here, outside any timed decode. Returns (and keeps) the table."""
+        if self.drafter is None:
+            raise ValueError("measuring longspec round costs needs a drafter")
+        static = config.static_shapes or config.cuda_graphs
+        mode = (config.temperature > 0, config.sampling_rule, static, config.cuda_graphs)
+        if not isinstance(self.costs, MeasuredCosts) or self.costs.mode != mode:
+            self.costs = MeasuredCosts(mode=mode)
+        low, high = context_bucket(min(context_lens)), context_bucket(max(context_lens))
+        buckets = [1 << e for e in range(low.bit_length() - 1, high.bit_length())]
+        missing = self.costs.missing(config.trees, buckets)
+        if not missing:
+            return self.costs
+        self._ensure_cache(max(context_lens) + config.max_round_nodes + 1)
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        root = torch.zeros((), dtype=torch.long, device=self.device)
+        clock = _PhaseClock(self.device)
+        self.drafter_cache.reset()
+        for bucket in missing:
+            length = max(1, min(bucket, self.cache.max_len - config.max_round_nodes - 1))
+            for widths in config.trees:
+                for rep in range(reps + 1):  # the first, untimed: lazy init, autotuning, graph capture
+                    if rep == 1:
+                        start = _now(self.device)
+                    self.cache.length = length
+                    self._round("longspec", widths, root, config, generator, static=static, clock=clock)
+                self.costs.seconds[(bucket, widths)] = (_now(self.device) - start) / reps
+        self.cache.reset()
+        self.drafter_cache.reset()
+        return self.costs
 
     # ------------------------------------------------------------------ drafter side
     def prefill_drafter(self, prompt: torch.Tensor) -> None:
@@ -307,23 +468,55 @@ class SpeculativeEngine:
         self.drafter.fill_cache(self.drafter_cache, prompt[None], positions)
 
     def draft(
-        self, root: torch.Tensor, layout: TreeLayout, *, static: bool = False, capture: bool = False
+        self,
+        root: torch.Tensor,
+        layout: TreeLayout,
+        *,
+        static: bool = False,
+        capture: bool = False,
+        config: GenerationConfig | None = None,
+        generator: torch.Generator | None = None,
     ) -> DraftTree:
         """The round's draft tree for `root` (at position cache.length): eager, or on static buffers (captured
-        in a CUDA graph when asked; the returned tensors are then the graph's, valid until the next call)."""
+        in a CUDA graph when asked; the returned tensors are then the graph's, valid until the next call).
+        With a config whose `rrs` is set, children are sampled from the drafter's q (noise from `generator`,
+        drawn outside the step so a graph replays fresh noise) and the tree carries q as `draft_probs`."""
+        shaping = None
+        inputs = (root.reshape(1),)
+        if config is not None and config.rrs:
+            shaping = (config.temperature, config.top_k, config.top_p)
+            rows = layout.num_nodes - layout.widths[-1]  # nodes that get children
+            noise = torch.empty(rows, self.target.vocab_size, device=self.device)
+            inputs += (noise.exponential_(generator=generator),)
         if not static:
-            return self._draft_tree(root, layout, self.cache.length)
-        fn = lambda root_buf: self._draft_tree(root_buf[0], layout, self.cache.length_t).dynamic_part()
-        outputs = self._static_step(("draft", layout.widths, capture), fn, (root.reshape(1),), capture)
+            return self._draft_tree(root, layout, self.cache.length, shaping, *inputs[1:])
+
+        def fn(root_buf, *noise_buf):
+            return self._draft_tree(
+                root_buf[0], layout, self.cache.length_t, shaping, *noise_buf
+            ).dynamic_part()
+
+        outputs = self._static_step(("draft", layout.widths, capture, shaping), fn, inputs, capture)
         return DraftTree.from_dynamic_part(layout, *outputs)
 
-    def _draft_tree(self, root: torch.Tensor, layout: TreeLayout, n: int | torch.Tensor) -> DraftTree:
+    def _draft_tree(
+        self,
+        root: torch.Tensor,
+        layout: TreeLayout,
+        n: int | torch.Tensor,
+        shaping: tuple | None = None,
+        noise: torch.Tensor | None = None,
+    ) -> DraftTree:
         """Dynamic beam search over `layout` (REFERENCE §4): one drafter step per level, all of a level's nodes
         at once; a node self-attends to the ring buffer (within its window) and to its tree ancestors, and
         cross-attends to the committed target prefix [0, n) (the root sits at position n). `n` may be a device
-        tensor (static shapes: no host value is read)."""
+        tensor (static shapes: no host value is read). With `shaping` = (temperature, top_k, top_p) and Exp(1)
+        `noise` [nodes with children, V], each level is `sample_step` from q = the drafter's distribution
+        shaped like the target's, instead of the beam."""
         drafter, dcache = self.drafter, self.drafter_cache
         tree = DraftTree.empty(layout, root)
+        if shaping is not None:
+            tree.draft_probs = torch.zeros(layout.num_nodes, self.target.vocab_size, device=self.device)
         # Self-attention K/V of every tree node, filled level by level: [1, Hkv, N, D].
         node_k = dcache.keys.new_zeros(1, dcache.keys.shape[1], layout.num_nodes, dcache.keys.shape[3])
         node_v = torch.zeros_like(node_k)
@@ -348,9 +541,18 @@ class SpeculativeEngine:
                 target_v,
                 n,
             )  # [1, P, Dm]
-            logprobs = torch.log_softmax(drafter.logits(hidden[0]).float(), dim=-1)  # [P, V]
-            parent_local, tokens, scores = beam_step(scores, logprobs, layout.widths[level])
-            tree.set_level(layout.level_slice(level + 1), parent_local + sl.start, tokens)
+            logits = drafter.logits(hidden[0]).float()  # [P, V]
+            child_slice = layout.level_slice(level + 1)
+            if shaping is None:
+                logprobs = torch.log_softmax(logits, dim=-1)
+                parent_local, tokens, scores = beam_step(scores, logprobs, layout.widths[level])
+            else:
+                temperature, top_k, top_p = shaping
+                q = target_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+                tree.draft_probs[sl] = q
+                parent_local, tokens, scores, valid = sample_step(scores, q, noise[sl], layout.widths[level])
+                tree.valid[child_slice] = valid
+            tree.set_level(child_slice, parent_local + sl.start, tokens)
         return tree
 
     def _drafter_commit(self, path_tokens: torch.Tensor, first_position: int) -> None:
@@ -393,6 +595,15 @@ def _static_window(
     return index, torch.cat([cache_part, new_part], dim=1)
 
 
+def _level_ranks(widths: tuple[int, ...], path_slots: list[int]) -> list[int]:
+    """Rank of each accepted node within its level (its slot minus the level's first slot): what the
+    acceptance model learns from. path_slots starts with the root."""
+    if not widths:
+        return []
+    layout = TreeLayout(widths)
+    return [slot - layout.level_slice(d).start for d, slot in enumerate(path_slots[1:], start=1)]
+
+
 def _truncate(emitted: list[int], config: GenerationConfig) -> list[int]:
     tokens = emitted[: config.max_new_tokens]
     for i, token in enumerate(tokens):
@@ -405,6 +616,38 @@ def _now(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # host sync: phase timing needs the GPU to have finished
     return time.perf_counter()
+
+
+class _PhaseClock:
+    """Time of the round's phases without host syncs: on CUDA, events recorded on the stream and read once at
+    the end (`add_to`); on the CPU, wall time."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.seconds: dict[str, float] = {}
+        self.events: list[tuple[str, object, object]] = []
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if not self.cuda:
+            start = time.perf_counter()
+            yield
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        self.events.append((name, start, end))
+
+    def add_to(self, stats: GenerationStats) -> None:
+        for name, start, end in self.events:
+            end.synchronize()
+            self.seconds[name] = self.seconds.get(name, 0.0) + start.elapsed_time(end) / 1000
+        self.events.clear()
+        for name, seconds in self.seconds.items():
+            setattr(stats, name, getattr(stats, name) + seconds)
+        self.seconds.clear()
 
 
 @contextmanager

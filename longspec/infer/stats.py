@@ -19,9 +19,13 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     overhead_s: float = 0.0  # acceptance, commits, bookkeeping
+    # rounds per tree ("ar" = no speculation; with tree="auto" the tree may change every round)
+    trees: dict[str, int] = field(default_factory=dict)
 
-    def record_round(self, num_accepted: int) -> None:
+    def record_round(self, num_accepted: int, tree: str | None = None) -> None:
         self.accepted.append(int(num_accepted))
+        if tree is not None:
+            self.trees[tree] = self.trees.get(tree, 0) + 1
 
     @property
     def rounds(self) -> int:

@@ -9,16 +9,21 @@ ancestor mask change. That is what keeps a round's shapes static (CUDA-graph fri
 Dynamic beam search (REFERENCE §4): the root's children are its top-widths[0] tokens; each next level is the global
 top-widths[d] over (current level nodes x vocab) scored by the path's cumulative draft log-prob. Nodes that get no
 children stay in the tree and are verified too.
+
+Sampling with recursive rejection (T > 0, `sample_step`): a node's children are drawn from the drafter's q without
+replacement (Gumbel-top-k), after each node's child budget was fixed from its parent level's path scores only;
+see longspec.infer.accept.sample_path for why the budget must not depend on the drawn values.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DraftTree", "TreeLayout", "beam_step", "chain_tree"]
+__all__ = ["DraftTree", "TreeLayout", "beam_step", "chain_tree", "sample_step", "tree_name"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class DraftTree:
     depths: torch.Tensor  # [N] long
     ancestor_mask: torch.Tensor  # [N, N] bool, row i: i and its ancestors
     valid: torch.Tensor  # [N] bool
+    draft_probs: torch.Tensor | None = None  # [N, V] q each node's children were sampled from (sampled trees)
 
     @classmethod
     def empty(cls, layout: TreeLayout, root_token: torch.Tensor) -> DraftTree:
@@ -97,19 +103,23 @@ class DraftTree:
     def num_nodes(self) -> int:
         return self.tokens.shape[0]
 
-    def dynamic_part(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """What changes between rounds of one layout: (tokens, parents, ancestor_mask)."""
-        return self.tokens, self.parents, self.ancestor_mask
+    def dynamic_part(self) -> tuple[torch.Tensor, ...]:
+        """What changes between rounds of one layout: (tokens, parents, ancestor_mask, valid[, draft_probs])."""
+        parts = (self.tokens, self.parents, self.ancestor_mask, self.valid)
+        return parts if self.draft_probs is None else (*parts, self.draft_probs)
 
     @classmethod
-    def from_dynamic_part(cls, layout: TreeLayout, tokens, parents, ancestor_mask) -> DraftTree:
+    def from_dynamic_part(
+        cls, layout: TreeLayout, tokens, parents, ancestor_mask, valid=None, draft_probs=None
+    ) -> DraftTree:
         """Rebuild a tree from `dynamic_part()` (e.g. a CUDA graph's static outputs) and the layout."""
         return cls(
             tokens=tokens,
             parents=parents,
             depths=layout.depths(tokens.device).clone(),
             ancestor_mask=ancestor_mask,
-            valid=torch.ones_like(tokens, dtype=torch.bool),
+            valid=torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid,
+            draft_probs=draft_probs,
         )
 
 
@@ -129,6 +139,50 @@ def beam_step(
     scores = (parent_scores[:, None] + draft_logprobs.float()).flatten()
     top_scores, flat = torch.topk(scores, width)
     return flat // vocab, flat % vocab, top_scores
+
+
+# A later child of the same parent is worth this factor less than the previous one when budgets are shared out
+# (a rough prior on how acceptance falls with a candidate's draw rank; any fixed rule keeps sampling lossless).
+_BUDGET_DECAY = math.log(2.0)
+
+
+def sample_step(
+    parent_scores: torch.Tensor, draft_probs: torch.Tensor, noise: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One level of a SAMPLED tree (T > 0, recursive rejection acceptance).
+
+    parent_scores [P] path log-q of the current level's nodes (-inf: invalid node), draft_probs [P, V] the q each
+    node's children are drawn from, noise [P, V] i.i.d. Exp(1). Returns (parent_local [W], tokens [W], scores [W],
+    valid [W]); a parent's children appear in draw order.
+
+    1. Budgets first, from parent_scores alone: slot (i, j) = "the j-th child of node i" is worth
+       parent_scores[i] - j * log 2; the level takes the W best slots (a parent's slots form a prefix 0..b_i - 1),
+       never more than q_i's support. Nothing drawn at this level enters the budget.
+    2. Then each node's children: the top-b_i of log q_i - log E (Gumbel-top-k, E ~ Exp(1)) are b_i draws from
+       q_i without replacement, in draw order (the "exponential race").
+    Slots past every parent's support are filled with invalid nodes (fixed shapes), never accepted.
+    """
+    num_parents, vocab = draft_probs.shape
+    k = min(width, vocab)
+    support = (draft_probs > 0).sum(-1)  # [P]
+    rank = torch.arange(k, device=draft_probs.device)
+    worth = parent_scores[:, None].float() - rank[None, :] * _BUDGET_DECAY  # [P, k]
+    worth = worth.masked_fill(rank[None, :] >= support[:, None], float("-inf"))
+    if width > num_parents * k:
+        raise ValueError(f"tree level width {width} exceeds {num_parents} nodes x {k} candidates")
+    slot_worth, flat = torch.topk(worth.flatten(), width)
+    parent_local, child_rank = flat // k, flat % k
+    log_q = torch.log(draft_probs.float())
+    draws = torch.topk(log_q - torch.log(noise), k, dim=-1).indices  # [P, k] draw order
+    tokens = draws[parent_local, child_rank]
+    valid = torch.isfinite(slot_worth)
+    scores = torch.where(valid, parent_scores[parent_local] + log_q[parent_local, tokens], float("-inf"))
+    return parent_local, tokens, scores, valid
+
+
+def tree_name(widths: tuple[int, ...]) -> str:
+    """'ar' for no speculation, else the widths joined by '-' (e.g. '4-16-16'): the stats' key for a tree."""
+    return "-".join(map(str, widths)) if widths else "ar"
 
 
 def chain_tree(

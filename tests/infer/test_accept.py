@@ -1,8 +1,16 @@
 import pytest
 import torch
 
-from longspec.infer.accept import greedy_accept, sample_accept, sample_token, target_distribution
-from longspec.infer.tree import DraftTree, TreeLayout, beam_step, chain_tree
+from longspec.infer.accept import (
+    emitted_tokens,
+    greedy_accept,
+    greedy_path,
+    sample_accept,
+    sample_path,
+    sample_token,
+    target_distribution,
+)
+from longspec.infer.tree import DraftTree, TreeLayout, beam_step, chain_tree, sample_step
 
 
 def _tree(tokens, parents) -> DraftTree:
@@ -167,3 +175,180 @@ def test_chain_tree_pads_and_truncates():
     short = chain_tree(torch.tensor(9), torch.tensor([1]), num_valid=1, num_nodes=4)
     assert short.tokens.tolist() == [9, 1, 0, 0] and short.valid.tolist() == [True, True, False, False]
     assert short.parents.tolist() == [-1, 0, 1, 2]
+
+
+# ------------------------------------------------------------------ device-side rules (fixed shapes)
+def _random_tree(layout: TreeLayout, vocab: int, gen: torch.Generator) -> DraftTree:
+    """A level-ordered tree on `layout` with random parents and distinct tokens among siblings."""
+    tree = DraftTree.empty(layout, torch.randint(0, vocab, (), generator=gen))
+    for level in range(1, layout.depth + 1):
+        parent_sl, sl = layout.level_slice(level - 1), layout.level_slice(level)
+        parents = torch.randint(parent_sl.start, parent_sl.stop, (sl.stop - sl.start,), generator=gen)
+        parents = parents.sort().values
+        # distinct tokens per parent: a random permutation shared by the level, indexed by sibling rank
+        perm = torch.randperm(vocab, generator=gen)
+        ranks = torch.tensor([int((parents[:i] == parents[i]).sum()) for i in range(parents.numel())])
+        tree.set_level(sl, parents, perm[ranks])
+    return tree
+
+
+def test_greedy_path_matches_reference_on_random_trees():
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        layout = TreeLayout(((1,), (2, 3), (4, 4, 4), (3, 1, 5, 2))[trial % 4])
+        tree = _random_tree(layout, vocab=6, gen=gen)
+        tree.valid = torch.rand(tree.num_nodes, generator=gen) > 0.1
+        tree.valid[0] = True
+        # the target mostly agrees with some child, so deep paths are common
+        argmax = torch.where(
+            torch.rand(tree.num_nodes, generator=gen) < 0.8,
+            tree.tokens[torch.randint(0, tree.num_nodes, (tree.num_nodes,), generator=gen)],
+            torch.randint(0, 6, (tree.num_nodes,), generator=gen),
+        )
+        ref_path, ref_bonus = greedy_accept(
+            tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, argmax, tree.valid
+        )
+        path, length, bonus = greedy_path(
+            tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, argmax, tree.valid, layout.depth
+        )
+        assert path.shape == (layout.depth + 1,)
+        assert path[: int(length)].tolist() == ref_path.tolist() and int(bonus) == int(ref_bonus)
+        emitted = emitted_tokens(tree.tokens, path, length, bonus)[: int(length)]
+        assert emitted.tolist() == tree.tokens[ref_path[1:]].tolist() + [int(ref_bonus)]
+
+
+def test_sample_path_matches_reference_when_the_target_is_certain():
+    """With one-hot target rows both sampling rules are deterministic: same path and bonus as the host walk."""
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(100):
+        layout = TreeLayout(((2, 3), (4, 4, 4))[trial % 2])
+        tree = _random_tree(layout, vocab=6, gen=gen)
+        choice = torch.where(
+            torch.rand(tree.num_nodes, generator=gen) < 0.7,
+            tree.tokens[torch.randint(0, tree.num_nodes, (tree.num_nodes,), generator=gen)],
+            torch.randint(0, 6, (tree.num_nodes,), generator=gen),
+        )
+        probs = torch.nn.functional.one_hot(choice, 6).float()
+        ref_path, ref_bonus = sample_accept(tree.tokens, tree.parents, probs, tree.valid, generator=gen)
+        draws = torch.rand(1, layout.depth * max(layout.widths) + 1, generator=gen, dtype=torch.float64)
+        path, length, bonus = sample_path(
+            tree.tokens[None],
+            tree.parents[None],
+            tree.valid[None],
+            probs[None],
+            draws,
+            depth=layout.depth,
+            max_children=max(layout.widths),
+        )
+        assert path[0, : int(length[0])].tolist() == ref_path.tolist() and int(bonus[0]) == int(ref_bonus)
+
+
+def _probs(logits: torch.Tensor, **shaping) -> torch.Tensor:
+    return target_distribution(logits, temperature=1.0, **shaping)
+
+
+def _two_level_trials(rule: str, trials: int, vocab: int, shaping: dict, seed: int, verify=sample_path):
+    """`trials` independent rounds on a two-level tree (root -> 3 children -> 2 children each), vectorised.
+    rrs: children drawn from the drafter's q without replacement (Gumbel-top-k); deterministic: q's top tokens.
+    p (the target) and q (the drafter) differ; both depend on the node's token. Returns the first two emitted
+    tokens [trials, 2] (-1: only one emitted), p at the root [V] and p after each first token [V, V]."""
+    gen = torch.Generator().manual_seed(seed)
+    k1, k2 = 3, 2
+    logits_root, logits_next = (
+        torch.randn(vocab, generator=gen) * 1.5,
+        torch.randn(vocab, vocab, generator=gen) * 1.5,
+    )
+    p_root, p_next = _probs(logits_root, **shaping), _probs(logits_next, **shaping)  # p_next: [token, V]
+    # q: a perturbed copy of p's logits, itself truncated (support < k1 at the root: invalid children occur)
+    q_root = _probs(logits_root + torch.randn(vocab, generator=gen), top_k=2)
+    q_next = _probs(logits_next + torch.randn(vocab, vocab, generator=gen), top_k=vocab - 1)
+
+    def draw(q: torch.Tensor, k: int) -> torch.Tensor:  # [B, V] -> [B, k] tokens
+        if rule == "deterministic":
+            return q.topk(k, dim=-1).indices
+        noise = torch.empty_like(q).exponential_(generator=gen)
+        return (q.log() - noise.log()).topk(k, dim=-1).indices
+
+    level1 = draw(q_root.expand(trials, -1), k1)  # [B, k1]
+    level2 = draw(q_next[level1.flatten()], k2).reshape(trials, k1 * k2)  # [B, k1 * k2]
+    tokens = torch.cat([torch.zeros(trials, 1, dtype=torch.long), level1, level2], 1)  # [B, N]
+    parents = torch.tensor([-1] + [0] * k1 + [1 + i // k2 for i in range(k1 * k2)]).expand(trials, -1)
+    node_q = torch.cat(
+        [q_root.expand(trials, 1, -1), q_next[level1], torch.zeros(trials, k1 * k2, vocab)], 1
+    )  # [B, N, V]: q each node's children were drawn from
+    parent_q = node_q.gather(1, parents.clamp(min=0)[..., None].expand(-1, -1, vocab))
+    valid = parent_q.gather(-1, tokens[..., None])[..., 0] > 0  # drawn past q's support: padding
+    valid[:, 0] = True
+    target = torch.cat([p_root.expand(trials, 1, -1), p_next[level1], torch.zeros(trials, k1 * k2, vocab)], 1)
+    target[:, 1 + k1 :] = 1.0 / vocab  # leaves' p: only the bonus after depth 2 reads it
+    draws = torch.rand(trials, 2 * k1 + 1, generator=gen, dtype=torch.float64)
+    path, length, bonus = verify(
+        tokens,
+        parents,
+        valid,
+        target,
+        draws,
+        depth=2,
+        max_children=k1,
+        draft_probs=node_q if rule == "rrs" else None,
+    )
+    emitted = torch.cat([tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)  # [B, 3]
+    first = torch.where(length > 1, emitted[:, 0], bonus)
+    second = torch.where(length > 2, emitted[:, 1], torch.where(length == 2, bonus, -1))
+    return torch.stack([first, second], 1), p_root, p_next, (length > 1).float().mean()
+
+
+@pytest.mark.parametrize("rule", ["rrs", "deterministic"])
+@pytest.mark.parametrize(
+    "vocab, shaping", [(4, {}), (6, {"top_k": 4}), (8, {"top_p": 0.8}), (8, {"top_k": 6, "top_p": 0.9})]
+)
+def test_sample_path_is_lossless(chi_square, rule, vocab, shaping):
+    """Chi-square over 20000 vectorised rounds: the first emitted token ~ p(root), and the second, given the
+    most frequent first token t, ~ p(. | t); q differs from p and is truncated, top-k / top-p shape p."""
+    out, p_root, p_next, accept_rate = _two_level_trials(rule, 20000, vocab, shaping, seed=vocab)
+    assert accept_rate > 0.2  # the accept branch runs, not only the residual
+    first = torch.bincount(out[:, 0], minlength=vocab).float()
+    assert chi_square(first, p_root) > 1e-3
+    t = int(first.argmax())
+    second = out[out[:, 0] == t, 1]
+    assert chi_square(torch.bincount(second, minlength=vocab).float(), p_next[t]) > 1e-3
+
+
+def test_the_chi_square_harness_catches_a_wrong_q(chi_square):
+    """Power check: verifying sampled children against a q they were not drawn from (uniform) is biased."""
+
+    def wrong_q(*args, draft_probs=None, **kwargs):
+        uniform = torch.full_like(draft_probs, 1.0 / draft_probs.shape[-1])
+        return sample_path(*args, draft_probs=uniform, **kwargs)
+
+    out, p_root, _, _ = _two_level_trials("rrs", 20000, 6, {}, seed=6, verify=wrong_q)
+    assert chi_square(torch.bincount(out[:, 0], minlength=6).float(), p_root) < 1e-6
+
+
+def test_sample_step_budgets_then_draws_without_replacement(chi_square):
+    """Budgets are a prefix of each parent's draw order, set by parent scores and q's support only; the first
+    child is a draw from q and the second from q without the first."""
+    q = torch.tensor([[0.5, 0.3, 0.2, 0.0, 0.0], [0.1, 0.2, 0.3, 0.4, 0.0]])
+    scores = torch.tensor([0.0, -0.8])
+    gen = torch.Generator().manual_seed(0)
+    parent, tokens, new_scores, valid = sample_step(
+        scores, q, torch.empty(2, 5).exponential_(generator=gen), 5
+    )
+    # slot worths: p0: 0, -.69, -1.39 (support 3); p1: -.8, -1.49, ... -> p0 x3, p1 x2
+    assert sorted(parent.tolist()) == [0, 0, 0, 1, 1] and valid.all()
+    for p in (0, 1):
+        kids = tokens[parent == p]
+        assert kids.unique().numel() == kids.numel() and bool((q[p, kids] > 0).all())
+    torch.testing.assert_close(new_scores, scores[parent] + q[parent, tokens].log())
+    _, _, _, valid = sample_step(torch.tensor([0.0]), q[:1], torch.ones(1, 5), 4)
+    assert valid.tolist() == [True, True, True, False]  # past the support: padding
+    first, second = torch.zeros(5), torch.zeros(5)
+    for _ in range(3000):
+        _, tokens, _, _ = sample_step(
+            torch.tensor([0.0]), q[1:], torch.empty(1, 5).exponential_(generator=gen), 2
+        )
+        first[tokens[0]] += 1
+        if tokens[0] == 3:
+            second[tokens[1]] += 1
+    assert chi_square(first, q[1]) > 1e-3
+    assert chi_square(second, q[1].index_fill(0, torch.tensor(3), 0.0)) > 1e-3

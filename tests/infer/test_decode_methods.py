@@ -22,3 +22,11 @@ def test_smoke_preset_times_every_cpu_method(decode_methods, tmp_path, monkeypat
     for row in rows:
         assert row["context"] == 48 and len(row["tokens_per_s"]) == 2
         assert all(speed > 0 for speed in row["tokens_per_s"])
+
+
+def test_longspec_with_tree_auto(decode_methods):
+    rows = decode_methods.main(["--preset", "smoke", "--vocab-size", "256", "--contexts", "48", "--tokens", "6",
+                                "--repeats", "1", "--methods", "longspec", "--window", "16"])  # fmt: skip
+    (row,) = rows
+    assert row["method"] == "longspec" and row["tokens_per_s"][0] > 0
+    assert sum(row["trees"].values()) >= 1  # which trees tree=auto ran

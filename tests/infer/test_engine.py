@@ -6,7 +6,7 @@ import torch
 from infer_helpers import WINDOW, random_drafter, reference_greedy
 
 from longspec.drafter import Drafter, DrafterConfig
-from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine
 from longspec.infer.tree import TreeLayout
 from longspec.testing import make_tiny_target
 
@@ -72,10 +72,12 @@ def test_forced_acceptance(llama, name, favour):
     sequence = prompt.tolist() + ref + [0] * 16
     config = DrafterConfig.from_target_config(llama.config, window=WINDOW)
     engine = SpeculativeEngine(llama, OracleDrafter(config, sequence, favour))
-    result = engine.generate(prompt, GenerationConfig(max_new_tokens=30), method="longspec")
+    fixed = GenerationConfig(max_new_tokens=30, tree_widths=DEFAULT_TREE_WIDTHS)
+    result = engine.generate(prompt, fixed, method="longspec")
     assert result.tokens == ref
+    assert result.stats.trees == {"4-16-16-16-16": result.stats.rounds}  # a fixed tree runs every round
     accepted = result.stats.accepted
-    depth = TreeLayout(GenerationConfig().tree_widths).depth
+    depth = len(DEFAULT_TREE_WIDTHS)
     if name == "all":
         assert accepted == [depth] * len(accepted)
         assert result.stats.mean_accept_length == depth + 1

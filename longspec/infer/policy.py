@@ -1,0 +1,222 @@
+"""Adaptive speculation (`tree="auto"`): each round, run the candidate tree with the most expected tokens per
+second, "no speculation" (one plain target step) included.
+
+    expected tokens(widths) = 1 + sum_d prod_{i <= d} P(accept at depth i | accepted above, width widths[i-1])
+    cost(widths, context)   = measured seconds of the engine's real round (draft + verify + accept + commit)
+    pick argmax expected tokens / cost
+
+Acceptance model (`AcceptanceModel`): for the accepted path's node at depth d, its RANK among the level's
+candidates (its slot in the level, best first) is observed; a level of width w accepts iff the rank is < w. The
+rank's distribution per depth is kept as discrete hazards over rank buckets [0,1) [1,2) [2,4) [4,8) [8,16)
+[16,...), h_j = P(rank in bucket j | rank >= bucket j's start), each a decayed success / trial count with a
+prior. A rejection at depth d with width w says only "rank >= w" (censored): it counts as a miss for the
+buckets below w and says nothing about the others, so one model serves every candidate, including trees that
+are not running (Kaplan-Meier style). Counts decay every round, so the estimate follows the text and
+unobserved depths drift back to the prior. While "no speculation" wins nothing is observed: every
+`explore_every`-th such round runs the cheapest speculating candidate instead, so the policy can come back.
+
+Cost model: anything with `cost(widths, context_len) -> seconds`. `MeasuredCosts` is the engine's table,
+measured at warm-up on the actual device per context bucket (SpeculativeEngine.measure_round_costs); tests
+inject a stub.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = [
+    "AUTO_TREES",
+    "AcceptanceModel",
+    "AdaptivePolicy",
+    "CostModel",
+    "FixedPolicy",
+    "MeasuredCosts",
+    "context_bucket",
+]
+
+# The candidates of tree="auto": no speculation, short chains, then beam trees up to REFERENCE §4's.
+AUTO_TREES: tuple[tuple[int, ...], ...] = (
+    (),
+    (1,),
+    (1, 1),
+    (1, 1, 1, 1),
+    (2, 2, 2),
+    (4, 4, 4),
+    (4, 8, 8, 8),
+    (4, 16, 16, 16),
+    (4, 16, 16, 16, 16),
+)
+
+RANK_EDGES = (1, 2, 4, 8, 16)  # bucket j = ranks [RANK_EDGES[j-1], RANK_EDGES[j]) (edge -1 = 0)
+MIN_BUCKET = 1024  # round costs barely change below this context length
+
+
+def context_bucket(context_len: int) -> int:
+    """The cost table's key for a context length: the next power of two, at least MIN_BUCKET."""
+    return max(MIN_BUCKET, 1 << max(int(context_len) - 1, 0).bit_length())
+
+
+class CostModel(Protocol):
+    def cost(self, widths: tuple[int, ...], context_len: int) -> float: ...
+
+
+@dataclass
+class MeasuredCosts:
+    """seconds[(bucket, widths)] of one round, measured on the device in one `mode` (greedy / sampling rule,
+    static shapes, CUDA graphs): a round's cost depends on it, so another mode is measured anew."""
+
+    mode: tuple = ()
+    seconds: dict[tuple[int, tuple[int, ...]], float] = field(default_factory=dict)
+
+    def cost(self, widths: tuple[int, ...], context_len: int) -> float:
+        bucket = context_bucket(context_len)
+        if (bucket, widths) in self.seconds:
+            return self.seconds[(bucket, widths)]
+        # Past the measured buckets (a longer call than the warm-up planned for): the nearest one measured.
+        measured = sorted(b for b, w in self.seconds if w == widths)
+        nearest = min(measured, key=lambda b: abs(math.log2(b) - math.log2(bucket)))
+        return self.seconds[(nearest, widths)]
+
+    def missing(self, trees: Sequence[tuple[int, ...]], buckets: Sequence[int]) -> list[int]:
+        return [b for b in buckets if any((b, w) not in self.seconds for w in trees)]
+
+    def to_dict(self) -> dict:
+        return {f"{b}:{'-'.join(map(str, w)) or 'ar'}": s for (b, w), s in sorted(self.seconds.items())}
+
+
+class AcceptanceModel:
+    """Per-depth rank hazards with a Beta prior and exponential decay (see the module docstring)."""
+
+    def __init__(
+        self,
+        max_depth: int,
+        *,
+        decay: float = 0.97,
+        prior_first: float = 0.5,
+        prior_rest: float = 0.25,
+        prior_weight: float = 2.0,
+    ):
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self.decay = decay
+        prior = [prior_first] + [prior_rest] * (len(RANK_EDGES) - 1)
+        self.prior_hits = [[prior_weight * p for p in prior] for _ in range(max_depth)]
+        self.prior_trials = [[prior_weight] * len(RANK_EDGES) for _ in range(max_depth)]
+        self.hits = [[0.0] * len(RANK_EDGES) for _ in range(max_depth)]
+        self.trials = [[0.0] * len(RANK_EDGES) for _ in range(max_depth)]
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.hits)
+
+    def hazard(self, depth: int, bucket: int) -> float:
+        """P(rank in bucket | rank >= bucket start) at tree depth `depth` (1-based)."""
+        d = depth - 1
+        return (self.hits[d][bucket] + self.prior_hits[d][bucket]) / (
+            self.trials[d][bucket] + self.prior_trials[d][bucket]
+        )
+
+    def accept_prob(self, depth: int, width: int) -> float:
+        """P(rank < width) at `depth`, from the buckets entirely below `width` (conservative between edges)."""
+        miss = 1.0
+        for j, edge in enumerate(RANK_EDGES):
+            if edge > width:
+                break
+            miss *= 1.0 - self.hazard(depth, j)
+        return 1.0 - miss
+
+    def expected_tokens(self, widths: tuple[int, ...]) -> float:
+        """Expected tokens a round of `widths` emits (accepted drafts + the bonus)."""
+        total, reach = 1.0, 1.0
+        for depth, width in enumerate(widths[: self.max_depth], start=1):
+            reach *= self.accept_prob(depth, width)
+            total += reach
+        return total
+
+    def observe(self, widths: tuple[int, ...], ranks: Sequence[int]) -> None:
+        """One speculating round: ranks[d-1] = rank of the accepted node at depth d (len = accepted drafts);
+        if fewer than len(widths) were accepted, the next depth saw rank >= its width."""
+        for row_hits, row_trials in zip(self.hits, self.trials, strict=True):
+            for j in range(len(RANK_EDGES)):
+                row_hits[j] *= self.decay
+                row_trials[j] *= self.decay
+        for depth, rank in enumerate(ranks[: self.max_depth], start=1):
+            self._record(depth, rank, censored=False)
+        if len(ranks) < min(len(widths), self.max_depth):
+            self._record(len(ranks) + 1, widths[len(ranks)], censored=True)
+
+    def _record(self, depth: int, rank: int, *, censored: bool) -> None:
+        hits, trials = self.hits[depth - 1], self.trials[depth - 1]
+        low = 0
+        for j, edge in enumerate(RANK_EDGES):
+            if censored and edge > rank:  # only "rank >= `rank`" is known: bucket j is undecided
+                return
+            if not censored and rank < low:
+                return
+            trials[j] += 1.0
+            if not censored and rank < edge:
+                hits[j] += 1.0
+                return
+            low = edge
+
+
+class FixedPolicy:
+    """The user's fixed tree: every round the same, nothing learned."""
+
+    def __init__(self, widths: tuple[int, ...]):
+        self.widths = tuple(widths)
+
+    def choose(self, context_len: int) -> tuple[int, ...]:
+        return self.widths
+
+    def observe(self, widths: tuple[int, ...], ranks: Sequence[int]) -> None:
+        pass
+
+
+class AdaptivePolicy:
+    """tree="auto": argmax over `trees` of expected tokens / cost, with exploration out of "no speculation"."""
+
+    def __init__(
+        self,
+        costs: CostModel,
+        trees: Sequence[tuple[int, ...]] = AUTO_TREES,
+        *,
+        explore_every: int = 16,
+        acceptance: AcceptanceModel | None = None,
+    ):
+        self.trees = tuple(tuple(t) for t in trees)
+        if not self.trees:
+            raise ValueError("the adaptive policy needs at least one candidate tree")
+        self.costs = costs
+        self.explore_every = explore_every
+        self.acceptance = acceptance or AcceptanceModel(max(len(t) for t in self.trees) or 1)
+        speculating = [t for t in self.trees if t]
+        self._explore_tree = min(speculating, key=lambda t: (sum(t), len(t))) if speculating else ()
+        self._plain_streak = 0
+
+    def rates(self, context_len: int) -> dict[tuple[int, ...], float]:
+        """Expected tokens per second of every candidate at this context length."""
+        return {t: self.acceptance.expected_tokens(t) / self.costs.cost(t, context_len) for t in self.trees}
+
+    def best(self, context_len: int) -> tuple[int, ...]:
+        """The candidate with the most expected tokens per second (first of equals: the cheaper end)."""
+        rates = self.rates(context_len)
+        return max(self.trees, key=lambda t: rates[t])
+
+    def choose(self, context_len: int) -> tuple[int, ...]:
+        """`best`, except every `explore_every`-th consecutive round where it is no speculation."""
+        best = self.best(context_len)
+        if best:
+            self._plain_streak = 0
+            return best
+        self._plain_streak += 1
+        if self.explore_every and self._plain_streak % self.explore_every == 0:
+            return self._explore_tree
+        return best
+
+    def observe(self, widths: tuple[int, ...], ranks: Sequence[int]) -> None:
+        if widths:
+            self.acceptance.observe(widths, ranks)

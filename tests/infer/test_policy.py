@@ -1,0 +1,211 @@
+"""tree="auto": the adaptive policy with a stubbed cost model, its acceptance model, and the engine running it
+(lossless with the tree changing between rounds, eager and static shapes; the round's one host copy)."""
+
+import pytest
+import torch
+from infer_helpers import random_drafter, reference_greedy
+from test_engine import OracleDrafter
+
+from longspec.drafter import DrafterConfig
+from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.infer.policy import (
+    AUTO_TREES,
+    AcceptanceModel,
+    AdaptivePolicy,
+    MeasuredCosts,
+    context_bucket,
+)
+from longspec.testing import make_tiny_target
+
+BIG = (4, 16, 16, 16, 16)
+
+
+class NodeCosts:
+    """Stub cost model: a round costs one AR step, plus `draft` of one for drafting at all and `per_node` of one
+    per drafted node."""
+
+    def __init__(self, per_node: float = 0.02, draft: float = 0.2):
+        self.per_node, self.draft = per_node, draft
+
+    def cost(self, widths, context_len):
+        return 1.0 + (self.draft if widths else 0.0) + self.per_node * sum(widths)
+
+
+def test_low_acceptance_picks_plain_decoding_high_picks_the_big_tree():
+    policy = AdaptivePolicy(NodeCosts())
+    for _ in range(60):
+        policy.observe(BIG, [])  # nothing accepted, even at width 4
+    assert policy.best(4096) == ()
+    # Every level accepts, but the target's token is often not the drafter's first choice: the big tree.
+    policy = AdaptivePolicy(NodeCosts(per_node=0.005))
+    ranks = [[0, 1, 0, 5, 2], [1, 0, 3, 0, 12], [2, 6, 0, 1, 0], [0, 0, 0, 0, 0]]
+    for i in range(60):
+        policy.observe(BIG, ranks[i % 4])
+    assert policy.choose(4096) == BIG
+    # Always the first choice: a chain gets the same tokens for fewer nodes.
+    policy = AdaptivePolicy(NodeCosts(per_node=0.005))
+    for _ in range(60):
+        policy.observe(BIG, [0, 0, 0, 0, 0])
+    assert policy.choose(4096) == (1, 1, 1, 1)
+
+
+def test_policy_switches_when_acceptance_changes_and_explores_back():
+    policy = AdaptivePolicy(NodeCosts(), explore_every=4)
+    for _ in range(60):
+        policy.observe(BIG, [0, 1, 0, 2, 0])
+    speculating = policy.choose(1000)
+    assert len(speculating) >= 3
+    for _ in range(200):  # the text changed: nothing accepted any more
+        widths = policy.choose(1000)
+        policy.observe(widths, [])
+    assert policy.best(1000) == ()
+    picks = [policy.choose(1000) for _ in range(8)]
+    assert (
+        picks.count((1,)) == 2 and picks.count(()) == 6
+    )  # every 4th plain round explores the cheapest chain
+    for _ in range(100):  # acceptance comes back; the exploring chain sees it and the policy leaves ()
+        widths = policy.choose(1000)
+        policy.observe(widths, [0] * len(widths))
+    assert len(policy.choose(1000)) >= 3
+
+
+def test_costs_move_the_choice():
+    """Same acceptance; expensive nodes favour a chain, free nodes the big tree."""
+    accept = AcceptanceModel(5)
+    for _ in range(50):
+        accept.observe(BIG, [0, 3, 1, 9])
+    cheap = AdaptivePolicy(NodeCosts(per_node=0.0), acceptance=accept).choose(2048)
+    costly = AdaptivePolicy(NodeCosts(per_node=0.2), acceptance=accept).choose(2048)
+    assert sum(cheap) > sum(costly) and costly != ()
+
+
+def test_acceptance_model_censoring_and_rank_buckets():
+    model = AcceptanceModel(2, decay=1.0, prior_weight=1e-9)  # ~no prior: plain frequencies
+    for _ in range(3):
+        model.observe((4, 4), [0, 5])  # depth 2: rank 5 (bucket [4, 8))
+    model.observe((1, 1), [])  # depth 1 rejected at width 1: rank >= 1, nothing said about rank < 4
+    assert model.accept_prob(1, 1) == pytest.approx(0.75)
+    # The censored round is a miss for bucket [0, 1) only; buckets [1, 2) and [2, 4) were never tried and keep
+    # their prior hazard 0.25: P(rank < 4) = 1 - 1/4 * 3/4 * 3/4.
+    assert model.accept_prob(1, 4) == pytest.approx(1 - 0.25 * 0.75 * 0.75)
+    assert model.accept_prob(2, 4) == pytest.approx(0.0, abs=1e-6)
+    assert model.accept_prob(2, 8) == pytest.approx(1.0)
+    assert model.accept_prob(1, 3) == model.accept_prob(1, 2)  # between edges: conservative
+    assert model.expected_tokens((1, 8)) == pytest.approx(1 + 0.75 + 0.75)
+    assert model.expected_tokens(()) == 1.0
+
+
+def test_measured_costs_lookup():
+    costs = MeasuredCosts(seconds={(1024, (1,)): 1.0, (4096, (1,)): 2.0})
+    assert context_bucket(10) == 1024 and context_bucket(1025) == 2048 and context_bucket(4096) == 4096
+    assert costs.cost((1,), 3000) == 2.0 and costs.cost((1,), 100_000) == 2.0 and costs.cost((1,), 5) == 1.0
+    assert costs.missing([(1,), (2,)], [1024]) == [1024]
+
+
+def test_generation_config_tree_fields():
+    assert GenerationConfig().fixed_tree is None and GenerationConfig().trees == AUTO_TREES
+    assert GenerationConfig(tree=[2, 2]).fixed_tree == (2, 2)
+    assert GenerationConfig(tree="auto", tree_widths=[3]).fixed_tree == (3,)  # tree_widths wins
+    assert GenerationConfig().max_round_nodes == 1 + sum(BIG)
+    for bad in ({"tree": "big"}, {"tree": [0]}, {"sampling_rule": "greedy"}):
+        with pytest.raises(ValueError):
+            GenerationConfig(**bad)
+
+
+class CyclingCosts:
+    """Stub cost model that makes a different candidate the cheapest at every cache length, so consecutive
+    rounds run different tree shapes (what the lossless tests below need)."""
+
+    def cost(self, widths, context_len):
+        return 1.0 if AUTO_TREES.index(widths) == context_len % len(AUTO_TREES) else 1000.0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+def test_auto_greedy_equals_target_greedy_with_mixed_trees(family):
+    target = make_tiny_target(family)
+    prompt = torch.randint(0, 256, (40,))
+    ref = reference_greedy(target, prompt, 24)
+    engine = SpeculativeEngine(target, random_drafter(target), costs=CyclingCosts())
+    for static in (False, True):
+        result = engine.generate(prompt, GenerationConfig(max_new_tokens=24, static_shapes=static))
+        assert result.tokens == ref, static
+        assert len(result.stats.trees) >= 4 and sum(result.stats.trees.values()) == result.stats.rounds
+
+
+def test_auto_follows_the_drafter(tmp_path):
+    """Oracle drafters (measured costs on this CPU): always right -> mostly speculating with deep trees;
+    never right -> mostly plain decoding. Output equals the target's greedy output either way."""
+    target = make_tiny_target("llama")
+    prompt = torch.randint(0, 256, (20,))
+    ref = reference_greedy(target, prompt, 60)
+    sequence = prompt.tolist() + ref + [0] * 16
+    config = DrafterConfig.from_target_config(target.config, window=8)
+    costs = NodeCosts(per_node=0.01)
+    for favour, expect_plain in ((lambda p: True, False), (lambda p: False, True)):
+        engine = SpeculativeEngine(target, OracleDrafter(config, sequence, favour), costs=costs)
+        result = engine.generate(prompt, GenerationConfig(max_new_tokens=60))
+        assert result.tokens == ref
+        plain = result.stats.trees.get("ar", 0) / result.stats.rounds
+        assert (plain > 0.5) if expect_plain else (plain == 0 and result.stats.mean_accept_length > 3)
+
+
+def test_round_costs_are_measured_per_bucket_and_reused():
+    target = make_tiny_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target))
+    config = GenerationConfig(max_new_tokens=4)
+    costs = engine.measure_round_costs(config, [10, 1500], reps=1)
+    assert {b for b, _ in costs.seconds} == {1024, 2048}
+    assert {w for _, w in costs.seconds} == set(AUTO_TREES) and min(costs.seconds.values()) > 0
+    assert engine.cache.length == 0 and int(engine.drafter_cache.num_appended.sum()) == 0
+    before = dict(costs.seconds)
+    engine.generate(torch.randint(0, 256, (12,)), config)  # bucket 1024 is known: nothing re-measured
+    assert engine.costs.seconds == before
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_round_copies_to_the_host_once(monkeypatch, temperature):
+    """The static-shape round (draft, verify, device-side acceptance, commit) reads device values on the host
+    exactly once: the packed emitted tokens / path / count."""
+    target = make_tiny_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target))
+    config = GenerationConfig(
+        max_new_tokens=8, temperature=temperature, tree_widths=(2, 3), static_shapes=True
+    )
+    prompt = torch.randint(0, 256, (20,))
+    engine.reserve(64)
+    generator = torch.Generator().manual_seed(0)
+    root = engine.prefill(prompt, config, generator)
+    engine.prefill_drafter(prompt)
+    from longspec.infer import engine as engine_module
+
+    clock = engine_module._PhaseClock(engine.device)
+    engine._round("longspec", (2, 3), root, config, generator, static=True, clock=clock)  # builds the steps
+    reads = []
+    for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    tokens, path, _ = engine._round("longspec", (2, 3), root, config, generator, static=True, clock=clock)
+    monkeypatch.undo()
+    assert reads == ["tolist"] and 1 <= len(tokens) == len(path) <= 3
+
+
+@pytest.mark.parametrize("rule", ["rrs", "deterministic"])
+def test_auto_sampling_static_equals_eager(rule):
+    """T = 1 with mixed trees: the static-shape path (what graphs capture) draws and accepts exactly as eager."""
+    target = make_tiny_target("qwen3")
+    engine = SpeculativeEngine(target, random_drafter(target), costs=CyclingCosts())
+    prompt = torch.randint(0, 256, (30,))
+    outputs = []
+    for static in (False, True):
+        config = GenerationConfig(
+            max_new_tokens=16, temperature=1.0, top_p=0.9, sampling_rule=rule, static_shapes=static, seed=3
+        )
+        result = engine.generate(prompt, config)
+        assert len(result.stats.trees) >= 4
+        outputs.append(result.tokens)
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 16
