@@ -137,7 +137,8 @@ class Preset:
     eval_min_prompt_tokens: int  # shorter LCC prompts are skipped
     # context lengths to cut held-out files to; () = heldout_lcc.jsonl as is
     eval_buckets: tuple[int, ...] = ()
-    tree_widths: tuple[int, ...] = (4, 16, 16, 16, 16)
+    # () = the eval's default, tree=auto (the tree, or no speculation, picked each round); widths fix the tree
+    tree_widths: tuple[int, ...] = ()
 
     def validate(self) -> None:
         """Called once the preset is final (after --set overrides), not per intermediate replace()."""
@@ -570,7 +571,8 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
                      *([f"drafter.path={drafter}"] if drafter and "longspec" in methods else []),
                      *data_overrides, f"method=[{','.join(methods)}]", f"temperature={ev.temperature}",
                      f"max_new_tokens={preset.eval_max_new_tokens}", f"max_samples={preset.eval_max_samples}",
-                     f"tree_widths=[{','.join(map(str, preset.tree_widths))}]", f"output_dir={eval_dir}",
+                     *([f"tree_widths=[{','.join(map(str, preset.tree_widths))}]"] if preset.tree_widths else []),
+                     f"output_dir={eval_dir}",
                      *ev.extra],
                 outputs=[os.path.join(eval_dir, "results.json"), os.path.join(eval_dir, "report.md")],
                 needs=[os.path.join(target, "config.json")] + ([drafter] if drafter else []),
