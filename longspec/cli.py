@@ -1,8 +1,10 @@
 """How every `python -m ...` entry point reports a user error: one line on stderr, exit status 2, no traceback.
 
-    def main(argv: list[str]) -> int | None: ...      # raises UserError / ValueError / FileNotFoundError ...
+    def _main(argv: list[str]) -> int | None: ...     # raises UserError / ValueError / FileNotFoundError ...
+    def main(argv: list[str] | None = None) -> int:  # the console script and `python -m` both come here
+        return run_cli(_main, argv)
     if __name__ == "__main__":
-        sys.exit(run_cli(main))
+        sys.exit(main())
 
 A traceback is for bugs; a wrong path, a bad flag value or an input with no usable row is the user's to fix, and
 the fix is in the message. `--debug` (anywhere on the command line, removed before `main` sees it) or
@@ -11,11 +13,12 @@ the fix is in the message. `--debug` (anywhere on the command line, removed befo
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["UserError", "USER_ERRORS", "run_cli", "one_line"]
+__all__ = ["UserError", "USER_ERRORS", "ArgumentParser", "run_cli", "one_line"]
 
 
 class UserError(Exception):
@@ -35,6 +38,14 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors (a missing argument, a bad value) are UserErrors, so `run_cli` prints them as
+    the same one line as every other user error instead of the usage block; `--help` is unchanged."""
+
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message} (see --help)")
+
+
 def one_line(error: BaseException) -> str:
     """The error as one line: its message with inner newlines folded (a multi-line message is still one error)."""
     text = " ".join(part.strip() for part in str(error).splitlines() if part.strip())
@@ -47,7 +58,7 @@ def _debug_requested(argv: Sequence[str]) -> bool:
 
 def run_cli(fn: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> int:
     """Run `fn(argv)` and return the process exit status: `fn`'s own (None = 0), or 2 after printing
-    `error: <message>` for a user error. `argparse`'s own usage errors (SystemExit 2) pass through unchanged."""
+    `error: <message>` for a user error (the usage errors of `ArgumentParser` included)."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = _debug_requested(args)
     args = [a for a in args if a != "--debug"]

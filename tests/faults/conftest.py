@@ -50,9 +50,7 @@ def changed_paths(before: dict[str, str], after: dict[str, str]) -> set[str]:
     return {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
 
 
-def assert_only_changed(
-    root: str | os.PathLike, before: dict[str, str], allowed: Iterable[str] = ()
-) -> None:
+def assert_only_changed(root: str | os.PathLike, before: dict[str, str], allowed: Iterable[str] = ()) -> None:
     """Everything below `root` is as in `before`, except paths at or below one of `allowed` (relative to root)."""
     allowed = [a.rstrip("/") for a in allowed]
     changed = {
@@ -72,8 +70,9 @@ class CliResult:
 
 def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 120) -> CliResult:
     """`python -m module args...` in a subprocess (the real entry point, exit status and stderr included)."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
-    full_env.pop("HYDRA_FULL_ERROR", None) if not (env and "HYDRA_FULL_ERROR" in env) else None
+    # HYDRA_FULL_ERROR from the caller's shell would turn the one-line errors under test into tracebacks.
+    full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    full_env.update({"PYTHONPATH": str(REPO_ROOT), **(env or {})})
     proc = subprocess.run(
         [sys.executable, "-m", module, *map(str, args)],
         capture_output=True,
