@@ -119,11 +119,14 @@ def check_out_dir(run_dir: str, out_dir: str, *, overwrite: bool) -> None:
 
 
 def _remove_stale_temps(out_dir: str) -> None:
-    """Temp / old-export dirs next to OUT_DIR left by an export that was killed (its pid no longer runs)."""
+    """Temp / old-export dirs next to OUT_DIR left by an export that was killed (its pid no longer runs). Only a
+    directory holding export files (and safetensors' own `.tmp*` files) is ours to remove."""
     prefix = glob.escape(out_dir)
     for path in glob.glob(prefix + ".tmp-*") + glob.glob(prefix + ".old-*"):
         m = re.search(r"\.(?:tmp|old)-(\d+)$", path)
-        if not m or not os.path.isdir(path) or set(os.listdir(path)) - EXPORT_FILES:
+        if not m or not os.path.isdir(path):
+            continue
+        if any(name not in EXPORT_FILES and not name.startswith(".tmp") for name in os.listdir(path)):
             continue
         if int(m.group(1)) != os.getpid() and _pid_alive(int(m.group(1))):
             continue  # another export into the same OUT_DIR is running
