@@ -17,6 +17,7 @@ from data_prep.common import (
     PrepRun,
     add_common_args,
     batched,
+    check_source,
     check_text,
     common_kwargs,
     iter_source,
@@ -45,6 +46,7 @@ def prepare_stage1(
 ) -> Manifest:
     if seq_len < 2:
         raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+    check_source(source)  # before PrepRun creates --out
     run = PrepRun(
         out=out,
         stage="stage1",

@@ -21,6 +21,7 @@ from data_prep.common import (
     add_common_args,
     batched,
     check_messages,
+    check_source,
     check_text,
     common_kwargs,
     iter_source,
@@ -54,6 +55,8 @@ def prepare_stage2(
         raise ValueError(f"max_tokens ({max_tokens}) < min_tokens ({min_tokens})")
     if not sources:
         raise ValueError("give at least one --source")
+    for source in sources:  # before PrepRun creates --out
+        check_source(source)
     run = PrepRun(
         out=out,
         stage="stage2",
@@ -111,6 +114,7 @@ def prepare_stage2(
             # One dead source silently changes the mix (a domain vanishes): refuse, naming it and why.
             rejected = run.stats.rejected - rejected_before
             reasons = ", ".join(f"{k}: {v}" for k, v in sorted(rejected.items())) or "no rows at all"
+            run.bar.close()
             raise UserError(f"source {source!r} has no usable row ({reasons}); fix or drop it from --source")
     return run.finish(
         tail_tokens_dropped=packer.tail_tokens,

@@ -15,7 +15,15 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from data_prep.common import PrepRun, add_common_args, check_text, common_kwargs, iter_source, limit
+from data_prep.common import (
+    PrepRun,
+    add_common_args,
+    check_source,
+    check_text,
+    common_kwargs,
+    iter_source,
+    limit,
+)
 from longspec.cli import ArgumentParser, run_cli
 from longspec.data.manifest import Manifest
 
@@ -72,6 +80,7 @@ def prepare_stage3_sft(
     progress: bool = True,
 ) -> Manifest:
     check_template(tokenizer, template)
+    check_source(source)  # before PrepRun creates --out
     run = PrepRun(
         out=out,
         stage="stage3_sft",

@@ -88,9 +88,8 @@ def assert_one_line_error(stderr: str, pattern: str, *, exclusive: bool = True) 
 
 
 def run_in_process(main, argv: list[str], capsys) -> tuple[int, str]:
-    """`run_cli(main, argv)` in this process (no interpreter start-up): -> (exit status, stderr)."""
-    from longspec.cli import run_cli
-
+    """A CLI's `main(argv)` in this process (no interpreter start-up): -> (exit status, stderr). `main` is the
+    entry point itself (console script and `python -m` alike), so a traceback escaping it fails the test."""
     capsys.readouterr()
-    status = run_cli(main, argv)
+    status = main(argv)
     return status, capsys.readouterr().err
