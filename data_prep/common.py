@@ -28,6 +28,7 @@ __all__ = [
     "TEXT_EXTENSIONS",
     "SourceRow",
     "iter_source",
+    "check_source",
     "check_text",
     "check_messages",
     "load_tokenizer",
@@ -116,6 +117,7 @@ def iter_source(
     max_file_bytes: int = 64 << 20,
 ) -> Iterator[SourceRow]:
     """Rows of `source` (file, directory or HF dataset id), see the module docstring."""
+    check_source(source)
     path = Path(source).expanduser()
     if path.is_dir():
         return _iter_directory(path, extensions, max_file_bytes)
@@ -123,14 +125,25 @@ def iter_source(
         suffix = path.suffix.lower()
         if suffix in (".jsonl", ".json"):
             return _iter_jsonl(path)
-        if suffix == ".parquet":
-            return _iter_parquet(path)
-        raise ValueError(
-            f"{source}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet, or a directory"
-        )
+        return _iter_parquet(path)
+    return _iter_hf(source, split, hf_config)
+
+
+def check_source(source: str) -> None:
+    """The checks of `iter_source` that need no reading: run before a prep creates its output, so a mistyped
+    path fails before anything is written."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix not in (".jsonl", ".json", ".parquet"):
+            raise ValueError(
+                f"{source}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet, or a directory"
+            )
+        return
     if source.startswith(("/", "./", "../", "~")) or source.endswith((".jsonl", ".json", ".parquet")):
         raise FileNotFoundError(f"source {source!r} does not exist")
-    return _iter_hf(source, split, hf_config)
 
 
 def check_text(value: Any, *, max_chars: int) -> tuple[str | None, str | None]:

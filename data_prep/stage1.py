@@ -10,18 +10,20 @@ tokenized as the target would see it (the tokenizer's own special tokens, e.g. B
 
 from __future__ import annotations
 
-import argparse
+import sys
 
 from data_prep.common import (
     Packer,
     PrepRun,
     add_common_args,
     batched,
+    check_source,
     check_text,
     common_kwargs,
     iter_source,
     limit,
 )
+from longspec.cli import ArgumentParser, run_cli
 from longspec.data.manifest import Manifest
 
 DEFAULT_SOURCE = "DKYoon/SlimPajama-6B"
@@ -44,6 +46,7 @@ def prepare_stage1(
 ) -> Manifest:
     if seq_len < 2:
         raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+    check_source(source)  # before PrepRun creates --out
     run = PrepRun(
         out=out,
         stage="stage1",
@@ -78,8 +81,8 @@ def prepare_stage1(
     return run.finish(tail_tokens_dropped=packer.tail_tokens, text_field=text_field)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _main(argv: list[str]) -> None:
+    parser = ArgumentParser(prog="python -m data_prep.stage1", description=__doc__.split("\n\n")[0])
     add_common_args(parser, default_source=DEFAULT_SOURCE)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--text-field", default="text")
@@ -94,5 +97,10 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: exit status 0, or 2 with one `error:` line on stderr for a user error (`--debug`: traceback)."""
+    return run_cli(_main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

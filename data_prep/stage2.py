@@ -12,7 +12,7 @@ EOS-separated and packed into rows of exactly --seq-len tokens (a long document 
 
 from __future__ import annotations
 
-import argparse
+import sys
 from collections import Counter
 
 from data_prep.common import (
@@ -21,11 +21,13 @@ from data_prep.common import (
     add_common_args,
     batched,
     check_messages,
+    check_source,
     check_text,
     common_kwargs,
     iter_source,
     limit,
 )
+from longspec.cli import ArgumentParser, UserError, run_cli
 from longspec.data.manifest import Manifest
 
 
@@ -53,6 +55,8 @@ def prepare_stage2(
         raise ValueError(f"max_tokens ({max_tokens}) < min_tokens ({min_tokens})")
     if not sources:
         raise ValueError("give at least one --source")
+    for source in sources:  # before PrepRun creates --out
+        check_source(source)
     run = PrepRun(
         out=out,
         stage="stage2",
@@ -91,6 +95,8 @@ def prepare_stage2(
                 yield text, True
 
     for source in sources:
+        kept_per_source[source] += 0  # a source with no usable row is listed (and refused below), not dropped
+        kept_before, rejected_before = kept_per_source[source], Counter(run.stats.rejected)
         for batch in batched(texts(source), 64):
             for text, add_special in batch:
                 ids = tokenizer(text, add_special_tokens=add_special)["input_ids"]
@@ -104,6 +110,12 @@ def prepare_stage2(
                 kept_per_source[source] += 1
                 for packed_row in packer.add(ids):
                     run.writer.add(packed_row)
+        if kept_per_source[source] == kept_before:
+            # One dead source silently changes the mix (a domain vanishes): refuse, naming it and why.
+            rejected = run.stats.rejected - rejected_before
+            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(rejected.items())) or "no rows at all"
+            run.bar.close()
+            raise UserError(f"source {source!r} has no usable row ({reasons}); fix or drop it from --source")
     return run.finish(
         tail_tokens_dropped=packer.tail_tokens,
         min_tokens=min_tokens,
@@ -112,8 +124,8 @@ def prepare_stage2(
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _main(argv: list[str]) -> None:
+    parser = ArgumentParser(prog="python -m data_prep.stage2", description=__doc__.split("\n\n")[0])
     add_common_args(parser, repeat_source=True)  # one stage-2 mix from several domains
     parser.set_defaults(max_chars=16_000_000)
     parser.add_argument("--seq-len", type=int, default=32768, help="row length (32768 or 65536 in the paper)")
@@ -135,5 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: exit status 0, or 2 with one `error:` line on stderr for a user error (`--debug`: traceback)."""
+    return run_cli(_main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,41 +9,83 @@ rendered with the target's chat template and answered by the target (greedy at -
 --top-p), in length-sorted batches. Output rows are the input row plus "response" and "finished" (False when
 --max-new-tokens cut the answer; stage3_sft rejects those). The output file is its own record of done ids
 (the row's "id", else its line number): rerunning the same command skips finished prompts and continues, and a
-half-written last line from a killed run is dropped first.
+half-written last line from a killed run is dropped first. An existing --out that is not this tool's output (or is
+the --source) is refused untouched. A row whose fields have the wrong type is counted and skipped.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
+import sys
 import zlib
 
 import torch
+from jinja2 import TemplateError
 from tqdm import tqdm
 
 from data_prep.common import batched, iter_source, limit, load_tokenizer
 from data_prep.stage3_sft import TEMPLATES, check_template, render_prompt, user_content
+from longspec.cli import ArgumentParser, UserError, run_cli
 from longspec.data.manifest import RowStats
 
 log = logging.getLogger("data_prep")
 
 
+def _is_output_row(record) -> bool:
+    """A row this tool wrote: the input row plus a str/int "id", a str "response" and a bool "finished"."""
+    return (
+        isinstance(record, dict)
+        and isinstance(record.get("id"), (str, int))
+        and isinstance(record.get("response"), str)
+        and isinstance(record.get("finished"), bool)
+    )
+
+
 def read_done_ids(path: str) -> set[str]:
-    """Ids already answered in `path`; truncates a trailing partial line left by a killed run."""
+    """Ids already answered in `path`, this tool's own output (a rerun resumes from it).
+
+    Every complete line is checked to be an output row BEFORE anything is written: any other file (a prompt
+    file, a user's JSONL) is refused untouched. Only then is a trailing partial line -- a row a killed run
+    was writing -- cut off, to be regenerated."""
     if not os.path.exists(path):
         return set()
-    with open(path, "rb+") as f:
+    if not os.path.isfile(path):
+        raise UserError(f"--out {path!r} is not a file")
+    with open(path, "rb") as f:
         data = f.read()
-        end = data.rfind(b"\n") + 1
-        if end != len(data):
-            f.truncate(end)  # the last row was cut mid-write: drop it, it is regenerated
+    end = data.rfind(b"\n") + 1
     done = set()
-    for line in data[:end].splitlines():
-        if line.strip():
-            done.add(str(json.loads(line)["id"]))
+    for number, line in enumerate(data[:end].splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            record = None
+        if not _is_output_row(record):
+            raise UserError(
+                f"--out {path!r} line {number} is not a stage3_regenerate output row (id, response, finished): "
+                "refusing to append to another file; choose a new --out"
+            )
+        done.add(str(record["id"]))
+    if end != len(data):
+        if not done:  # nothing shows the file is ours: a user's one-line file without a newline, say
+            raise UserError(
+                f"--out {path!r} holds no complete output row, only an unterminated line: not touching it; "
+                "delete it if a killed run left it"
+            )
+        with open(path, "rb+") as f:
+            f.truncate(end)  # the last row was cut mid-write: drop it, it is regenerated
     return done
+
+
+def _check_out_is_not_source(source: str, out: str) -> None:
+    if os.path.exists(out) and os.path.exists(source) and os.path.samefile(out, source):
+        raise UserError(f"--out {out!r} is the --source file: write the responses to a new file")
+    if os.path.isdir(source) and os.path.realpath(out).startswith(os.path.realpath(source) + os.sep):
+        raise UserError(f"--out {out!r} lies inside the --source directory {source!r}: choose another place")
 
 
 def regenerate(
@@ -69,6 +111,7 @@ def regenerate(
 
     if max_new_tokens < 1 or batch_size < 1 or temperature < 0 or not 0 < top_p <= 1:
         raise ValueError("need max_new_tokens >= 1, batch_size >= 1, temperature >= 0 and 0 < top_p <= 1")
+    _check_out_is_not_source(source, out)
     tokenizer = load_tokenizer(target, trust_remote_code=trust_remote_code)
     check_template(tokenizer, template)
     done = read_done_ids(out)
@@ -82,11 +125,22 @@ def regenerate(
         if reason is not None:
             stats.reject(reason)
             continue
+        system = row.record.get("system")
+        if system is not None and not isinstance(system, str):
+            stats.reject("wrong_type")  # as stage3_sft does: a row problem, not the run's
+            continue
         row_id = str(row.record.get("id", index))
         if row_id in done:
             stats.reject("already_done")
             continue
-        prompt = render_prompt(tokenizer, content, system=row.record.get("system"), template=template)
+        try:
+            prompt = render_prompt(tokenizer, content, system=system, template=template)
+        except (
+            TemplateError
+        ) as e:  # the template's own raise_exception (e.g. "no system role"): this row only
+            log.debug("row %s: chat template refused it: %s", row_id, e)
+            stats.reject("template_error")
+            continue
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             stats.reject("too_long")
@@ -151,8 +205,10 @@ def regenerate(
     return stats
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _main(argv: list[str]) -> None:
+    parser = ArgumentParser(
+        prog="python -m data_prep.stage3_regenerate", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--source", required=True, help="prompt rows: .jsonl/.parquet file or HF dataset id")
     parser.add_argument("--target", required=True, help="the target model (local dir or hub id)")
     parser.add_argument("--out", required=True, help="output .jsonl (appended to; rerun to resume)")
@@ -188,5 +244,10 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: exit status 0, or 2 with one `error:` line on stderr for a user error (`--debug`: traceback)."""
+    return run_cli(_main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

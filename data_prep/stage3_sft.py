@@ -12,10 +12,19 @@ Rows may come from `data_prep.stage3_regenerate` (responses written by the targe
 
 from __future__ import annotations
 
-import argparse
+import sys
 from typing import Any
 
-from data_prep.common import PrepRun, add_common_args, check_text, common_kwargs, iter_source, limit
+from data_prep.common import (
+    PrepRun,
+    add_common_args,
+    check_source,
+    check_text,
+    common_kwargs,
+    iter_source,
+    limit,
+)
+from longspec.cli import ArgumentParser, run_cli
 from longspec.data.manifest import Manifest
 
 TEMPLATES = ("chat", "plain")
@@ -71,6 +80,7 @@ def prepare_stage3_sft(
     progress: bool = True,
 ) -> Manifest:
     check_template(tokenizer, template)
+    check_source(source)  # before PrepRun creates --out
     run = PrepRun(
         out=out,
         stage="stage3_sft",
@@ -119,8 +129,8 @@ def prepare_stage3_sft(
     return run.finish(template=template, longest_row=longest)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _main(argv: list[str]) -> None:
+    parser = ArgumentParser(prog="python -m data_prep.stage3_sft", description=__doc__.split("\n\n")[0])
     add_common_args(parser)
     parser.add_argument("--max-len", type=int, default=32768, help="reject rows with more tokens")
     parser.add_argument("--min-response-tokens", type=int, default=1)
@@ -143,5 +153,10 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: exit status 0, or 2 with one `error:` line on stderr for a user error (`--debug`: traceback)."""
+    return run_cli(_main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

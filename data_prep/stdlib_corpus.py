@@ -30,6 +30,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from longspec.cli import run_cli
+
 # Directories never walked: installed third-party packages and bytecode caches are not the stdlib.
 SKIP_DIR_NAMES = frozenset({"site-packages", "dist-packages", "__pycache__"})
 # Test fixture folders ("tokenizedata", "test_email/data", "lib2to3/tests/data", ...) hold deliberately broken,
@@ -254,4 +256,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))  # user errors: one line, exit 2 (--debug: traceback)

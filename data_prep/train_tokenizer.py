@@ -18,6 +18,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from longspec.cli import run_cli
+
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 SPECIAL_TOKENS = [BOS, EOS, PAD, UNK]  # ids 0..3 in this order
 
@@ -116,4 +118,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))  # user errors: one line, exit 2 (--debug: traceback)

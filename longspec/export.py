@@ -1,6 +1,6 @@
 """Export a training run's drafter as a self-contained HF-style directory.
 
-    python -m longspec.export RUN_DIR OUT_DIR [--step N] [--dtype bfloat16] [--overwrite]
+    python -m longspec.export RUN_DIR OUT_DIR [--step N] [--dtype bfloat16] [--overwrite] [--debug]
 
 Takes the latest complete checkpoint of RUN_DIR (or step N) and writes OUT_DIR with
     config.json          DrafterConfig incl. the target fingerprint (shapes, RoPE, tokenizer hash)
@@ -9,21 +9,29 @@ Takes the latest complete checkpoint of RUN_DIR (or step N) and writes OUT_DIR w
 The weights are the ones `Drafter.save_pretrained` wrote at checkpoint time (ZeRO-3 shards already gathered), so
 export needs neither the target nor DeepSpeed. Load with `Drafter.from_pretrained(OUT_DIR, target, tokenizer)`,
 which refuses a target the drafter was not trained for; `init_from=OUT_DIR` starts the next stage from it.
+OUT_DIR may not be RUN_DIR or contain it (RUN_DIR/export is the usual place), and `--overwrite` replaces a previous
+export only. User errors are one line on stderr with exit status 2 (`--debug` for the traceback).
 """
 
 from __future__ import annotations
 
-import argparse
+import glob
 import json
 import os
 import re
 import shutil
+import sys
 
+from longspec.cli import ArgumentParser, UserError, run_cli
 from longspec.drafter import CONFIG_NAME, WEIGHTS_NAME
 
-__all__ = ["find_checkpoint", "export_drafter", "main"]
+__all__ = ["find_checkpoint", "export_drafter", "check_out_dir", "main"]
 
 _SHARED_PREFIXES = ("embed_tokens", "lm_head", "model.", "target.")
+_DTYPES = ("float32", "bfloat16", "float16")
+CARD_NAME = "README.md"
+# Everything an export directory holds: `--overwrite` replaces a directory of these names only, never anything else.
+EXPORT_FILES = frozenset((CONFIG_NAME, WEIGHTS_NAME, CARD_NAME))
 
 
 def find_checkpoint(run_dir: str, step: int | None = None) -> str:
@@ -76,12 +84,82 @@ drafter = Drafter.from_pretrained("THIS_DIR", target)  # raises ValueError for a
 """
 
 
+def _inside(path: str, root: str) -> bool:
+    """`path` is `root` or below it (both already resolved)."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def check_out_dir(run_dir: str, out_dir: str, *, overwrite: bool) -> None:
+    """Refuse an OUT_DIR whose replacement would destroy anything but a previous export, before touching a file.
+
+    OUT_DIR may not be RUN_DIR, contain it, or lie inside its checkpoints/ (the weights being exported);
+    RUN_DIR/export, the documented place, is fine. An existing non-empty OUT_DIR needs --overwrite, and even then
+    only a previous export (config.json, model.safetensors, README.md) is replaced, so a mistyped OUT_DIR such as
+    a home directory is never deleted."""
+    run, out = os.path.realpath(run_dir), os.path.realpath(out_dir)
+    if _inside(run, out):
+        raise UserError(
+            f"OUT_DIR {out_dir!r} is the run directory {run_dir!r} or contains it; exporting there would delete "
+            f"the run: choose another OUT_DIR, e.g. {os.path.join(run_dir, 'export')!r}"
+        )
+    if _inside(out, os.path.join(run, "checkpoints")):
+        raise UserError(f"OUT_DIR {out_dir!r} lies inside {run_dir!r}/checkpoints: choose another OUT_DIR")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"OUT_DIR {out_dir!r} exists and is not a directory")
+    if not os.path.isdir(out_dir) or not os.listdir(out_dir):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{out_dir!r} exists and is not empty; pass --overwrite to replace it")
+    foreign = sorted(set(os.listdir(out_dir)) - EXPORT_FILES)
+    if foreign:
+        raise UserError(
+            f"--overwrite replaces a previous export only, and {out_dir!r} also holds {foreign[:5]}: "
+            "choose another OUT_DIR or empty it yourself"
+        )
+
+
+def _remove_stale_temps(out_dir: str) -> None:
+    """Temp / old-export dirs next to OUT_DIR left by an export that was killed (its pid no longer runs). Only a
+    directory holding export files (and safetensors' own `.tmp*` files) is ours to remove."""
+    prefix = glob.escape(out_dir)
+    for path in glob.glob(prefix + ".tmp-*") + glob.glob(prefix + ".old-*"):
+        m = re.search(r"\.(?:tmp|old)-(\d+)$", path)
+        if not m or not os.path.isdir(path):
+            continue
+        if any(name not in EXPORT_FILES and not name.startswith(".tmp") for name in os.listdir(path)):
+            continue
+        if int(m.group(1)) != os.getpid() and _pid_alive(int(m.group(1))):
+            continue  # another export into the same OUT_DIR is running
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_file(path: str) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
 def export_drafter(
     run_dir: str, out_dir: str, *, step: int | None = None, dtype: str | None = None, overwrite: bool = False
 ) -> str:
-    from safetensors import safe_open
+    """Write the drafter of RUN_DIR's checkpoint to OUT_DIR. Every check runs before the first write; the files
+    go to OUT_DIR.tmp-PID, which is renamed into place (the old export moved aside first), so OUT_DIR holds either
+    the old export or the new one, whole, and a failure leaves no temp directory behind."""
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file, save_file
 
+    if dtype is not None and dtype not in _DTYPES:
+        raise UserError(f"--dtype {dtype!r} is not one of {list(_DTYPES)}")
+    check_out_dir(run_dir, out_dir, overwrite=overwrite)
     checkpoint = find_checkpoint(run_dir, step)
     source = os.path.join(checkpoint, "drafter")
     config_path, weights_path = os.path.join(source, CONFIG_NAME), os.path.join(source, WEIGHTS_NAME)
@@ -89,57 +167,83 @@ def export_drafter(
         raise FileNotFoundError(
             f"{source} lacks {CONFIG_NAME} / {WEIGHTS_NAME}: the checkpoint is incomplete"
         )
-    with open(config_path) as f:
-        config = json.load(f)
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+        with open(os.path.join(checkpoint, "trainer_state.json")) as f:
+            state = json.load(f)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{checkpoint}: unreadable JSON ({e}); the checkpoint is corrupt") from e
     if not config.get("target_fingerprint"):
         raise ValueError(
             f"{config_path} has no target fingerprint; refusing to export an unverifiable drafter"
         )
-    with open(os.path.join(checkpoint, "trainer_state.json")) as f:
-        state = json.load(f)
-    with safe_open(weights_path, framework="pt") as f:
-        keys = list(f.keys())
+    try:
+        with safe_open(weights_path, framework="pt") as f:
+            keys = list(f.keys())
+        weights = load_file(weights_path)
+    except (SafetensorError, OSError) as e:
+        raise UserError(
+            f"{weights_path} is not a readable safetensors file ({e}); the checkpoint is corrupt"
+        ) from e
     shared = [k for k in keys if k.startswith(_SHARED_PREFIXES)]
     assert not shared, (
         f"drafter checkpoint holds target weights {shared[:3]}: save_pretrained must store the block only"
     )
-
-    if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
-        raise FileExistsError(f"{out_dir!r} exists and is not empty; pass --overwrite to replace it")
-    tmp = f"{out_dir.rstrip(os.sep)}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    weights = load_file(weights_path)
     if dtype is not None:
         import torch
 
         weights = {k: v.to(getattr(torch, dtype)) for k, v in weights.items()}
-    save_file(weights, os.path.join(tmp, WEIGHTS_NAME), metadata={"format": "pt"})
-    shutil.copyfile(config_path, os.path.join(tmp, CONFIG_NAME))
-    num_params = sum(v.numel() for v in weights.values())
-    with open(os.path.join(tmp, "README.md"), "w") as f:
-        f.write(_model_card(config, state, num_params))
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
-    os.rename(tmp, out_dir)  # the export appears whole or not at all
+
+    out_dir = out_dir.rstrip(os.sep) or out_dir
+    _remove_stale_temps(out_dir)
+    tmp, old = f"{out_dir}.tmp-{os.getpid()}", f"{out_dir}.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        os.makedirs(tmp)
+        save_file(weights, os.path.join(tmp, WEIGHTS_NAME), metadata={"format": "pt"})
+        shutil.copyfile(config_path, os.path.join(tmp, CONFIG_NAME))
+        num_params = sum(v.numel() for v in weights.values())
+        with open(os.path.join(tmp, CARD_NAME), "w") as f:
+            f.write(_model_card(config, state, num_params))
+        for name in EXPORT_FILES:
+            _fsync_file(os.path.join(tmp, name))
+        # Swap by renames: at every instant OUT_DIR is the old export, absent, or the new one; never partial.
+        if os.path.exists(out_dir):
+            os.rename(out_dir, old)
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.isdir(old) and not os.path.exists(out_dir):
+            os.rename(old, out_dir)  # put the previous export back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
     return out_dir
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _main(argv: list[str]) -> None:
+    parser = ArgumentParser(prog="python -m longspec.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="a training run's output_dir")
     parser.add_argument("out_dir", help="where to write the drafter")
     parser.add_argument(
         "--step", type=int, default=None, help="export this step (default: the latest checkpoint)"
     )
-    parser.add_argument("--dtype", default=None, help="cast the weights, e.g. bfloat16 (default: as trained)")
+    parser.add_argument(
+        "--dtype", default=None, help=f"cast the weights: one of {_DTYPES} (default: as trained)"
+    )
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
+    checkpoint = find_checkpoint(args.run_dir, args.step)
     out = export_drafter(
         args.run_dir, args.out_dir, step=args.step, dtype=args.dtype, overwrite=args.overwrite
     )
-    print(f"exported {find_checkpoint(args.run_dir, args.step)} -> {out}")
+    print(f"exported {checkpoint} -> {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: exit status 0, or 2 with one `error:` line on stderr for a user error (`--debug`: traceback)."""
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

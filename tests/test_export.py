@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from longspec.cli import UserError
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.export import export_drafter, find_checkpoint, main
 from longspec.testing import build_byte_tokenizer, make_tiny_target
@@ -76,7 +77,11 @@ def test_export_mistakes_are_clear(tmp_path):
     (tmp_path / "busy" / "file").write_text("x")
     with pytest.raises(FileExistsError, match="--overwrite"):
         export_drafter(str(run), str(tmp_path / "busy"))
-    export_drafter(str(run), str(tmp_path / "busy"), overwrite=True)
+    with pytest.raises(UserError, match="previous export only"):  # not an export: never deleted
+        export_drafter(str(run), str(tmp_path / "busy"), overwrite=True)
+    assert (tmp_path / "busy" / "file").read_text() == "x"
+    export_drafter(str(run), str(tmp_path / "done"))
+    export_drafter(str(run), str(tmp_path / "done"), overwrite=True)  # a previous export is replaced
     empty = tmp_path / "empty_run"
     (empty / "checkpoints" / "step_00000001").mkdir(parents=True)  # no trainer_state.json: incomplete
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):

@@ -23,22 +23,32 @@ __all__ = [
     "RowStats",
     "tokenizer_fingerprint",
     "write_json_atomic",
+    "write_text_atomic",
 ]
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON to `path` via a temp file + fsync + rename: readers see the old file or the new one, never half."""
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` via a temp file + fsync + rename: readers see the old file or the new one, never half."""
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON to `path` atomically (see write_text_atomic)."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def tokenizer_fingerprint(tokenizer) -> dict[str, Any]:

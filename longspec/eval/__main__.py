@@ -20,12 +20,14 @@ import time
 
 import torch
 
+from longspec.cli import UserError, run_cli
+from longspec.data.manifest import write_text_atomic
 from longspec.eval.config import EvalConfig, load_eval_config
 from longspec.eval.datasets import load_samples
 from longspec.eval.divergence import analyse_divergence
 from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.infer.baselines import run_method
-from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.infer.engine import SpeculativeEngine
 
 __all__ = ["main", "run_eval"]
 
@@ -62,9 +64,9 @@ def _build_drafter(cfg: EvalConfig, target, tokenizer):
     ).eval()
 
 
-def _eos_ids(tokenizer, target) -> tuple[int, ...]:
+def _eos_ids(tokenizer, hf_config) -> tuple[int, ...]:
     ids = set()
-    for value in (getattr(target.config, "eos_token_id", None), tokenizer.eos_token_id):
+    for value in (getattr(hf_config, "eos_token_id", None), tokenizer.eos_token_id):
         if isinstance(value, int):
             ids.add(value)
         elif isinstance(value, (list, tuple)):
@@ -72,46 +74,48 @@ def _eos_ids(tokenizer, target) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def _check_positions(cfg: EvalConfig, max_positions: int | None, longest_prompt: int) -> None:
+    """Refuse, before any generation, a run whose output would pass the target's max_position_embeddings: past
+    it the target extrapolates silently, and every τ and speedup of the run would mean something else. (Draft
+    tokens a round proposes beyond max_new_tokens are discarded, so they do not count.)"""
+    if max_positions is None:
+        return
+    if cfg.data.context_len is not None and cfg.data.context_len > max_positions:
+        raise UserError(
+            f"data.context_len={cfg.data.context_len} exceeds the target's max_position_embeddings={max_positions}"
+        )
+    reach = longest_prompt + cfg.max_new_tokens
+    if reach > max_positions:
+        raise UserError(
+            f"the longest prompt ({longest_prompt} tokens) + max_new_tokens={cfg.max_new_tokens} = {reach} tokens, "
+            f"past the target's max_position_embeddings={max_positions}: lower max_new_tokens, or set "
+            f"data.context_margin >= max_new_tokens so that prompts leave room for the output"
+        )
+
+
 def run_eval(cfg: EvalConfig) -> dict:
-    """Run the evaluation described by `cfg`; returns the results dict also written to results.json."""
+    """Run the evaluation described by `cfg`; returns the results dict also written to results.json.
+
+    Everything that can be checked without the model's weights is checked first: the tokenizer and config, every
+    data source (a source with no usable sample is an error), and the positions the generation will reach."""
     from tqdm.auto import tqdm
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from longspec.target import TargetModel
 
     device, dtype = _device_and_dtype(cfg)
     methods = cfg.methods
-    target = TargetModel.from_pretrained(
-        cfg.target.path, dtype=dtype, device=device, trust_remote_code=cfg.target.trust_remote_code
-    )
-    target.to(device)  # the adapter's own rotary buffers too (else a host copy per step, which graphs forbid)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
-    drafter = _build_drafter(cfg, target, tokenizer) if "longspec" in methods else None
-    engine = SpeculativeEngine(target, drafter)
-    gen_config = GenerationConfig(
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_k=cfg.top_k,
-        top_p=cfg.top_p,
-        eos_token_ids=_eos_ids(tokenizer, target),
-        tree=cfg.tree,
-        tree_widths=None if cfg.tree_widths is None else tuple(cfg.tree_widths),
-        sampling_rule=cfg.sampling_rule,
-        prefill_chunk=cfg.prefill_chunk,
-        seed=cfg.seed,
-        cuda_graphs=cfg.cuda_graphs,
-    )
-    context_len = cfg.data.context_len or target.config.max_position_embeddings
+    trust = cfg.target.trust_remote_code
+    tokenizer = AutoTokenizer.from_pretrained(cfg.target.path, trust_remote_code=trust)
+    hf_config = AutoConfig.from_pretrained(cfg.target.path, trust_remote_code=trust)
+    max_positions = getattr(hf_config, "max_position_embeddings", None)
+    context_len = cfg.data.context_len or max_positions
+    if context_len is None:
+        raise UserError("the target's config has no max_position_embeddings: set data.context_len")
+    gen_config = cfg.generation_config(eos_token_ids=_eos_ids(tokenizer, hf_config))
 
-    results: dict = {
-        "config": _config_dict(cfg),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": str(dtype).removeprefix("torch."),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "data": [],
-        "methods": {m: {} for m in methods},
-    }
     datasets: list[tuple[str, list]] = []
+    data_reports = []
     for source in cfg.data.sources:
         samples, report = load_samples(
             source,
@@ -122,12 +126,27 @@ def run_eval(cfg: EvalConfig) -> dict:
             template=cfg.data.template,
         )
         samples = samples[: cfg.max_samples] if cfg.max_samples else samples
-        results["data"].append(report.to_dict())
-        datasets.append((samples[0].dataset if samples else source, samples))
+        data_reports.append(report.to_dict())
+        datasets.append((samples[0].dataset, samples))
+    longest = max(s.prompt_len for _, samples in datasets for s in samples)
+    _check_positions(cfg, max_positions, longest)
+
+    target = TargetModel.from_pretrained(cfg.target.path, dtype=dtype, device=device, trust_remote_code=trust)
+    target.to(device)  # the adapter's own rotary buffers too (else a host copy per step, which graphs forbid)
+    drafter = _build_drafter(cfg, target, tokenizer) if "longspec" in methods else None
+    engine = SpeculativeEngine(target, drafter)
+
+    results: dict = {
+        "config": _config_dict(cfg),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).removeprefix("torch."),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "data": data_reports,
+        "methods": {m: {} for m in methods},
+    }
 
     # Size the static cache once for the longest prompt, so no sample pays for a reallocation (or, with
     # cuda_graphs, a re-capture) inside its timed decode; then warm every method up untimed.
-    longest = max((s.prompt_len for _, samples in datasets for s in samples), default=16)
     engine.reserve(longest + cfg.max_new_tokens + gen_config.max_round_nodes + 1)
     if cfg.warmup:
         warm = dataclasses.replace(gen_config, max_new_tokens=min(8, cfg.max_new_tokens))
@@ -135,8 +154,8 @@ def run_eval(cfg: EvalConfig) -> dict:
         # measured on the H200, the first 64 tokens at a new context length ran 6x slower for SDPA decoding
         # (benchmarks/decode_methods.py). Warm up at each data source's first prompt, not at a toy length.
         # (A CPU has no per-shape kernels: a short prompt initialises everything there.)
-        warm_prompts = [samples[0].prompt_ids for _, samples in datasets if samples]
-        if device.type != "cuda" or not warm_prompts:
+        warm_prompts = [samples[0].prompt_ids for _, samples in datasets]
+        if device.type != "cuda":
             warm_prompts = [list(range(16))]
         for prompt in warm_prompts:
             for method in methods:
@@ -179,8 +198,10 @@ def run_eval(cfg: EvalConfig) -> dict:
 
     results["summary"] = summarise(results["methods"], greedy=cfg.temperature == 0)
     os.makedirs(cfg.output_dir, exist_ok=True)
-    with open(os.path.join(cfg.output_dir, "results.json"), "w") as f:
-        json.dump(_json_safe(results), f, indent=1, allow_nan=False)
+    write_text_atomic(
+        os.path.join(cfg.output_dir, "results.json"),
+        json.dumps(_json_safe(results), indent=1, allow_nan=False),
+    )
     write_report(results, cfg.output_dir)
     return results
 
@@ -229,21 +250,17 @@ def _config_dict(cfg: EvalConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = list(argv)
     config_name = "eval"
     for i, arg in enumerate(args):  # Hydra's own flag, kept for familiarity: --config-name NAME / =NAME
         if arg.startswith("--config-name"):
             config_name = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
             del args[i : i + (1 if "=" in arg else 2)]
             break
-    try:
-        cfg = load_eval_config(args, config_name=config_name)
-        results = run_eval(cfg)
-    except (ValueError, FileNotFoundError) as e:  # user mistakes: one clear line, no traceback
-        logger.error("%s", e)
-        return 2
+    cfg = load_eval_config(args, config_name=config_name)
+    results = run_eval(cfg)
     logger.info("wrote %s", os.path.join(cfg.output_dir, "results.json"))
     for dataset, per_method in results["summary"].items():
         for method, summary in per_method.items():
@@ -255,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
                 summary["tokens_per_s"],
             )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: exit status 0, or 2 with one `error:` line on stderr for a user error (a bad override, a missing
+    path, a source with no usable sample); `--debug` or HYDRA_FULL_ERROR=1 for the traceback."""
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

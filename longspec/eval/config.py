@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from longspec.eval.datasets import KNOWN_DATASETS
 from longspec.infer.baselines import ALL_METHODS
+from longspec.infer.engine import GenerationConfig
 from longspec.train.config import TargetConfig
 
 __all__ = ["EvalConfig", "DrafterEvalConfig", "DataEvalConfig", "load_eval_config"]
@@ -65,6 +66,22 @@ class DataEvalConfig:
         if _is_template(self):
             return
         _check(self.context_margin >= 0, f"data.context_margin must be >= 0, got {self.context_margin}")
+        _check(
+            self.min_prompt_tokens is None or self.min_prompt_tokens >= 0,
+            f"data.min_prompt_tokens must be >= 0, got {self.min_prompt_tokens}",
+        )
+        if self.context_len is not None:
+            _check(self.context_len >= 1, f"data.context_len must be >= 1, got {self.context_len}")
+            _check(
+                self.context_margin < self.context_len,
+                f"data.context_margin={self.context_margin} must be smaller than data.context_len="
+                f"{self.context_len}: it is the room kept for generation",
+            )
+            _check(
+                (self.min_prompt_tokens or 0) < self.context_len - self.context_margin,
+                f"no prompt length passes the filter {self.min_prompt_tokens} < tokens <= "
+                f"{self.context_len - self.context_margin} (data.context_len - data.context_margin)",
+            )
         for source in self.sources:
             if source not in KNOWN_DATASETS and not os.path.isfile(source):
                 raise (FileNotFoundError if self.path else ValueError)(
@@ -123,6 +140,9 @@ class EvalConfig:
             self.sampling_rule in ("rrs", "deterministic"),
             f"sampling_rule must be rrs or deterministic, got {self.sampling_rule!r}",
         )
+        # The decoding fields exactly as the engine will check them, but now: before a target (minutes for a
+        # 32B one) is loaded.
+        self.generation_config(eos_token_ids=())
         if "longspec" in methods and self.drafter.init == "pretrained":
             _check(
                 bool(self.drafter.path),
@@ -130,6 +150,22 @@ class EvalConfig:
             )
             if not os.path.isdir(self.drafter.path):
                 raise FileNotFoundError(f"drafter.path={self.drafter.path!r} is not a directory")
+
+    def generation_config(self, *, eos_token_ids: tuple[int, ...]) -> GenerationConfig:
+        """The engine's GenerationConfig of this run (raises ValueError for a bad field)."""
+        return GenerationConfig(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            eos_token_ids=eos_token_ids,
+            tree=self.tree,
+            tree_widths=None if self.tree_widths is None else tuple(self.tree_widths),
+            sampling_rule=self.sampling_rule,
+            prefill_chunk=self.prefill_chunk,
+            seed=self.seed,
+            cuda_graphs=self.cuda_graphs,
+        )
 
     @property
     def methods(self) -> list[str]:

@@ -2,12 +2,13 @@
 
 Every source becomes a list of `Sample`s (an id and the tokenised prompt) after the paper's length filter
 (REFERENCE §5): LongBench prompts with min_prompt_tokens < length <= context_len - context_margin (1200 and 2000 in
-the paper). Malformed JSONL rows are counted and skipped, never fatal, and listed in the run's report.
+the paper). Malformed rows (invalid JSON, not UTF-8, lone surrogates, untokenizable text, missing fields) are
+counted and skipped, never fatal, and listed (file line and reason) in the run's report; a source left with no
+sample at all is one clear error saying how many rows were malformed and how many were filtered by length.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -90,17 +91,20 @@ def read_jsonl(path: str) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]
         raise FileNotFoundError(
             f"data.path={path!r} is not a file (expected a JSONL in LongBench's row schema)"
         )
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:  # bytes: one line that is not UTF-8 is that row's problem, not the file's
         return _parse_jsonl(f)
 
 
-def _parse_jsonl(lines: Iterable[str]) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
+def _parse_jsonl(lines: Iterable[bytes | str]) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
     rows, malformed = [], []
     for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
+        except UnicodeDecodeError as e:
+            malformed.append((line_no, f"not UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start})"))
+            continue
         except json.JSONDecodeError as e:
             malformed.append((line_no, f"invalid JSON: {e.msg}"))
             continue
@@ -111,8 +115,22 @@ def _parse_jsonl(lines: Iterable[str]) -> tuple[list[tuple[int, dict]], list[tup
         if missing:
             malformed.append((line_no, f"missing or non-string field(s): {', '.join(missing)}"))
             continue
+        if reason := _not_text(row["context"], row["input"]):
+            malformed.append((line_no, reason))
+            continue
         rows.append((line_no, row))
     return rows, malformed
+
+
+def _not_text(*values: str) -> str | None:
+    """Why strings are not encodable text (JSON's "\\ud800" escapes decode to lone surrogates, which no
+    tokenizer accepts), or None."""
+    for value in values:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"not valid Unicode text ({e.reason} at character {e.start})"
+    return None
 
 
 def _longbench_rows(task: str) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
@@ -130,7 +148,7 @@ def _longbench_rows(task: str) -> tuple[list[tuple[int, dict]], list[tuple[int, 
 
             archive = hf_hub_download(LONGBENCH_HUB_ID, "data.zip", repo_type="dataset")
             with zipfile.ZipFile(archive) as zf, zf.open(f"data/{task}.jsonl") as f:
-                return _parse_jsonl(io.TextIOWrapper(f, encoding="utf-8"))
+                return _parse_jsonl(f)
         except Exception as e:
             raise ValueError(
                 f"could not load {LONGBENCH_HUB_ID}/{task} ({type(first).__name__}: {first}; then data.zip: "
@@ -194,6 +212,9 @@ def load_samples(
             if not isinstance(problem, str):
                 report.malformed.append((index, "no string `problem` / `question` field"))
                 continue
+            if reason := _not_text(problem):
+                report.malformed.append((index, reason))
+                continue
             candidates.append(Sample(str(row_id), source, _encode_chat(tokenizer, math_messages(problem))))
     else:
         minimum = 1200 if min_prompt_tokens is None else min_prompt_tokens
@@ -209,10 +230,22 @@ def load_samples(
             report.num_rows += 1
             task = template or default_task or row.get("dataset")
             prompt = longbench_prompt(task, row["context"], row["input"])
-            candidates.append(
-                Sample(str(row.get("_id", line)), dataset_name, _encode_text(tokenizer, prompt))
-            )
+            try:
+                ids = _encode_text(tokenizer, prompt)
+            except (
+                TypeError,
+                ValueError,
+                UnicodeError,
+            ) as e:  # text this tokenizer cannot encode: skip the row
+                report.malformed.append((line, f"untokenizable: {type(e).__name__}: {e}"))
+                continue
+            candidates.append(Sample(str(row.get("_id", line)), dataset_name, ids))
+        report.malformed.sort()
     maximum = context_len - context_margin
+    if maximum < 1:
+        raise ValueError(
+            f"data.context_margin={context_margin} leaves no room for a prompt in a {context_len}-token context"
+        )
     samples = [s for s in candidates if minimum < s.prompt_len <= maximum]
     report.num_filtered = len(candidates) - len(samples)
     report.num_kept = len(samples)
@@ -224,11 +257,21 @@ def load_samples(
             *report.malformed[0],
         )
     if not samples:
-        logger.warning(
-            "%s: no prompt passed the length filter %d < tokens <= %d (%d rows)",
-            source,
-            minimum,
-            maximum,
-            report.num_rows,
-        )
+        raise ValueError(_no_samples_message(report, minimum, maximum))
     return samples, report
+
+
+def _no_samples_message(report: DataReport, minimum: int, maximum: int) -> str:
+    """Why a source gave nothing to evaluate, by count: empty, malformed, or outside the length window."""
+    counts = (
+        f"{report.num_rows} rows: {len(report.malformed)} malformed, "
+        f"{report.num_filtered} outside the length filter {minimum} < tokens <= {maximum}"
+    )
+    if report.num_rows == 0:
+        hint = "the source is empty"
+    elif report.num_filtered == 0:
+        line, reason = report.malformed[0]
+        hint = f"every row is malformed (first: line {line}: {reason})"
+    else:
+        hint = "lower data.min_prompt_tokens (default 1200 for LongBench / JSONL) or data.context_margin"
+    return f"data source {report.source!r} has no sample to evaluate ({counts}); {hint}"

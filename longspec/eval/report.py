@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import os
 
+from longspec.data.manifest import write_text_atomic
+
 __all__ = [
     "BASELINES",
     "GREEDY_REFERENCES",
@@ -195,5 +197,4 @@ def write_report(results: dict, output_dir: str) -> None:
     from longspec.eval.plots import plot_by_context_length
 
     results["plots"] = plot_by_context_length(results["methods"], output_dir)
-    with open(os.path.join(output_dir, "report.md"), "w") as f:
-        f.write(report_markdown(results))
+    write_text_atomic(os.path.join(output_dir, "report.md"), report_markdown(results))

@@ -1,0 +1,125 @@
+"""Faults of `python -m longspec.eval`: bad bytes and lone surrogates in rows, sources with nothing to evaluate,
+bad config fields (caught before the target loads), and generation past the target's positions."""
+
+from __future__ import annotations
+
+import json
+from unittest import mock
+
+import pytest
+from fault_helpers import assert_one_line_error, assert_only_changed, run_in_process, tree_checksums
+
+from longspec.eval.__main__ import main
+from longspec.testing import save_tiny_target
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return save_tiny_target("llama", tmp_path_factory.mktemp("tiny_llama"))  # max_position_embeddings 4096
+
+
+def _row(i: int, context: str = "def f(x):\n    return x\n") -> bytes:
+    return (
+        json.dumps({"_id": f"r{i}", "context": context * 3, "input": "", "dataset": "lcc"}).encode() + b"\n"
+    )
+
+
+def _overrides(target_dir, data, out, *extra) -> list[str]:
+    return [
+        "target=tiny_llama",
+        f"target.path={target_dir}",
+        f"data.path={data}",
+        "data.min_prompt_tokens=0",
+        "method=ar",
+        "max_new_tokens=2",
+        "warmup=false",
+        f"output_dir={out}",
+        *extra,
+    ]
+
+
+def test_bad_bytes_and_lone_surrogates_are_skipped_with_their_line(tmp_path, target_dir, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(
+        _row(0)
+        + b'{"_id": "latin1", "context": "caf\xe9", "input": ""}\n'  # one non-UTF-8 byte
+        + json.dumps({"_id": "sur", "context": "x\ud800y", "input": ""}).encode()  # "\ud800" escape
+        + b"\n"
+        + _row(3)
+    )
+    before = tree_checksums(tmp_path)
+    status, _ = run_in_process(main, _overrides(target_dir, data, tmp_path / "out"), capsys)
+    assert status == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    (report,) = results["data"]
+    assert report["num_kept"] == 2
+    assert [(m["line"], m["reason"].split(" (")[0]) for m in report["malformed"]] == [
+        (2, "not UTF-8"),
+        (3, "not valid Unicode text"),
+    ]
+    assert [s["id"] for s in results["methods"]["ar"]["rows"]] == ["r0", "r3"]
+    assert_only_changed(tmp_path, before, allowed=["out"])
+
+
+@pytest.mark.parametrize(
+    "content, extra, pattern",
+    [
+        (b"", [], r"0 rows: 0 malformed, 0 outside .*; the source is empty"),
+        (b"{x\n[1]\n\xff\n", [], r"3 rows: 3 malformed, 0 outside .*every row is malformed \(first: line 1"),
+        # A user JSONL of short prompts under the default min_prompt_tokens (1200).
+        (
+            _row(0) + _row(1),
+            ["data.min_prompt_tokens=null"],
+            r"2 rows: 0 malformed, 2 outside .*1200 < tokens",
+        ),
+    ],
+    ids=["empty", "all_malformed", "all_filtered"],
+)
+def test_source_with_nothing_to_evaluate_is_one_error(tmp_path, target_dir, capsys, content, extra, pattern):
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(content)
+    before = tree_checksums(tmp_path)
+    with mock.patch("longspec.target.TargetModel.from_pretrained") as load:
+        status, err = run_in_process(main, _overrides(target_dir, data, tmp_path / "out", *extra), capsys)
+    assert status == 2 and not load.called  # refused before any model is loaded
+    assert_one_line_error(
+        err, r"data source '.*rows\.jsonl' has no sample to evaluate \(" + pattern, exclusive=False
+    )
+    assert_only_changed(tmp_path, before)  # no empty results.json
+
+
+@pytest.mark.parametrize(
+    "extra, pattern",
+    [
+        (["tree_widths=[4,0]"], r"tree widths must be positive"),
+        (["temperature=0.5", "top_p=1.5"], r"top_p must be in \(0, 1\]"),
+        (["top_k=0"], r"top_k must be >= 1"),
+        (["prefill_chunk=0"], r"prefill_chunk.* must be >= 1"),
+        (["data.context_len=2000", "data.context_margin=2000"], r"context_margin=2000 must be smaller"),
+        (["data.context_margin=5000"], r"context_margin=5000 leaves no room for a prompt in a 4096-token"),
+        (["data.context_len=8192"], r"context_len=8192 exceeds the target's max_position_embeddings=4096"),
+        (
+            ["max_new_tokens=5000", "data.context_margin=0"],
+            r"= 5128 tokens, past .*max_position_embeddings=4096",
+        ),
+    ],
+    ids=[
+        "tree_widths",
+        "top_p",
+        "top_k",
+        "prefill_chunk",
+        "margin_vs_len",
+        "margin_vs_model",
+        "len",
+        "positions",
+    ],
+)
+def test_config_errors_come_before_the_target_loads(tmp_path, target_dir, capsys, extra, pattern):
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(_row(0))
+    before = tree_checksums(tmp_path)
+    with mock.patch("longspec.target.TargetModel.from_pretrained") as load:
+        status, err = run_in_process(main, _overrides(target_dir, data, tmp_path / "out", *extra), capsys)
+    assert status == 2 and not load.called
+    assert_one_line_error(err, pattern, exclusive=False)  # eval logs its progress to stderr too
+    assert_only_changed(tmp_path, before)

@@ -1,0 +1,152 @@
+"""Faults of `python -m longspec.export`: overlapping paths, bad flags, corrupt checkpoints, SIGKILL mid-export."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+
+import pytest
+import torch
+from fault_helpers import (
+    assert_one_line_error,
+    assert_only_changed,
+    run_in_process,
+    run_module,
+    tree_checksums,
+)
+from safetensors.torch import load_file, save_file
+
+from longspec.drafter import Drafter, DrafterConfig
+from longspec.export import EXPORT_FILES, export_drafter, main
+from longspec.testing import make_tiny_target
+
+
+def _write_checkpoint(run, step: int, *, big_numel: int = 0) -> dict:
+    """RUN/checkpoints/step_N as the trainer writes it; `big_numel` adds a large tensor so an export takes long
+    enough to be killed in the middle of its writes."""
+    target = make_tiny_target("llama")
+    ckpt = run / "checkpoints" / f"step_{step:08d}"
+    torch.manual_seed(step)
+    drafter = Drafter(
+        DrafterConfig.from_target_config(target.config, window=8), target.embed_tokens, target.lm_head
+    )
+    drafter.save_pretrained(ckpt / "drafter")
+    weights = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
+    if big_numel:
+        weights["block.filler"] = torch.full((big_numel,), float(step))
+        save_file(weights, ckpt / "drafter" / "model.safetensors", metadata={"format": "pt"})
+    state = {"step": step, "total_steps": 4, "stage": "s1", "target": {"name": "tiny", "path": "/x"}}
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "config.yaml").write_text("stage: s1\n")
+    return weights
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """tmp/runs/{stage1,stage2}: two run dirs side by side, as `python -m longspec.e2e` lays them out."""
+    root = tmp_path / "runs"
+    for name in ("stage1", "stage2"):
+        _write_checkpoint(root / name, 2)
+    return root
+
+
+@pytest.mark.parametrize("where", ["run_dir", "parent", "grandparent", "checkpoints"])
+def test_out_overlapping_the_run_is_refused_untouched(tmp_path, runs, capsys, where):
+    run = runs / "stage1"
+    out = {
+        "run_dir": run,
+        "parent": runs,
+        "grandparent": tmp_path,
+        "checkpoints": run / "checkpoints" / "export",
+    }[where]
+    before = tree_checksums(tmp_path)
+    status, err = run_in_process(main, [str(run), str(out), "--overwrite"], capsys)
+    assert status == 2
+    assert_one_line_error(err, "run directory|inside .*checkpoints")
+    assert_only_changed(tmp_path, before)
+
+
+def test_bad_dtype_leaves_nothing_behind(tmp_path, runs, capsys):
+    before = tree_checksums(tmp_path)
+    status, err = run_in_process(
+        main, [str(runs / "stage1"), str(tmp_path / "out"), "--dtype", "foo"], capsys
+    )
+    assert status == 2
+    assert_one_line_error(err, r"--dtype 'foo' is not one of")
+    assert_only_changed(tmp_path, before)  # no out/, no out.tmp-PID/
+
+
+def test_overwrite_replaces_only_a_previous_export(tmp_path, runs, capsys):
+    home = tmp_path / "home"
+    (home / "notes").mkdir(parents=True)
+    (home / "notes" / "todo.txt").write_text("keep me")
+    (home / "config.json").write_text("{}")
+    before = tree_checksums(tmp_path)
+    status, err = run_in_process(main, [str(runs / "stage1"), str(home), "--overwrite"], capsys)
+    assert status == 2
+    assert_one_line_error(err, r"previous export only.*\['notes'\]")
+    assert_only_changed(tmp_path, before)
+
+
+def test_corrupt_checkpoint_weights_name_the_file(tmp_path, runs, capsys):
+    weights = runs / "stage1" / "checkpoints" / "step_00000002" / "drafter" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated by a full disk, say
+    before = tree_checksums(tmp_path)
+    status, err = run_in_process(main, [str(runs / "stage1"), str(tmp_path / "out")], capsys)
+    assert status == 2
+    assert_one_line_error(err, r"model\.safetensors is not a readable safetensors file")
+    assert_only_changed(tmp_path, before)
+
+
+def test_real_cli_is_one_line_and_debug_gives_the_traceback(tmp_path, runs):
+    """The installed entry point (a subprocess): exit status 2 and stderr the error line alone."""
+    before = tree_checksums(tmp_path)
+    result = run_module("longspec.export", runs / "stage1", runs, "--overwrite")
+    assert result.returncode == 2
+    assert_one_line_error(result.stderr, "is the run directory .* or contains it")
+    result = run_module("longspec.export", runs / "stage1", runs, "--overwrite", "--debug")
+    assert result.returncode == 1 and "Traceback" in result.stderr and "UserError" in result.stderr
+    assert_only_changed(tmp_path, before)
+
+
+def _export_is_whole(out) -> float:
+    """OUT holds exactly a complete export; -> the step its filler tensor came from."""
+    assert sorted(os.listdir(out)) == sorted(EXPORT_FILES)
+    json.loads((out / "config.json").read_text())
+    return float(load_file(out / "model.safetensors")["block.filler"][0])
+
+
+def test_sigkill_mid_export_leaves_the_old_or_the_new_export(tmp_path):
+    """Kill an `--overwrite` export at random instants (forked, so no interpreter start-up per kill): OUT_DIR is
+    always the previous export or the new one, whole; the rerun completes and clears the killed runs' temps."""
+    run = tmp_path / "run"
+    _write_checkpoint(run, 2, big_numel=1 << 22)  # 16 MB: the writes take a while
+    _write_checkpoint(run, 4, big_numel=1 << 22)
+    out = tmp_path / "export"
+    export_drafter(str(run), str(out), step=2)
+    start = time.perf_counter()
+    export_drafter(str(run), str(tmp_path / "timing"), step=4)
+    duration = time.perf_counter() - start
+    run_before = tree_checksums(run)
+    rng = random.Random(0)
+    for _ in range(5):
+        pid = os.fork()
+        if pid == 0:  # the child: one export, killed somewhere inside it
+            try:
+                export_drafter(str(run), str(out), step=4, overwrite=True)
+            finally:
+                os._exit(0)
+        time.sleep(rng.uniform(0, duration))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        if _export_is_whole(out) == 4.0:  # the kill came after the swap: start from the old export again
+            export_drafter(str(run), str(out), step=2, overwrite=True)
+    export_drafter(str(run), str(out), step=4, overwrite=True)
+    assert _export_is_whole(out) == 4.0
+    leftovers = [p for p in os.listdir(tmp_path) if ".tmp-" in p or ".old-" in p]
+    assert not leftovers, [(p, os.listdir(tmp_path / p)) for p in leftovers]
+    assert_only_changed(run, run_before)  # the run itself was never written
