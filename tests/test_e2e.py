@@ -66,25 +66,33 @@ def test_plan_overrides_validate_against_the_train_and_eval_schemas(tmp_path):
     assert cfg.temperature == 0 and cfg.max_new_tokens == PRESETS["cpu"].eval_max_new_tokens
 
 
-def test_gpu_plan_pretrains_and_evaluates_buckets(tmp_path):
+def test_smollm2_plan_converts_the_gguf_and_evaluates_the_suite(tmp_path):
     data = tmp_path / "data_in"
-    steps = {s.name: s for s in plan(PRESETS["gpu"], str(tmp_path / "out"), data=str(data))}
-    assert "corpus" not in steps  # prepared elsewhere and carried
-    pretrain = _cmd(steps["pretrain_target"])
-    assert pretrain[pretrain.index("--preset") + 1] == "gpu100m"
+    gguf = str(tmp_path / "model.gguf")
+    preset = apply_overrides(PRESETS["smollm2"], [f"target_gguf={gguf}"])
+    steps = {s.name: s for s in plan(preset, str(tmp_path / "out"), data=str(data))}
+    assert "corpus" not in steps and "stage3_prompts" not in steps  # prepared elsewhere and carried
+    convert = _cmd(steps["convert_target"])
+    assert convert[convert.index("longspec.convert_gguf") + 1] == gguf
+    target = convert[convert.index("longspec.convert_gguf") + 2]
+    assert f"--tokenizer {target}" in " ".join(_cmd(steps["data_stage1"]))  # its tokenizer comes with it
+    assert str(data / "corpus" / "long_docs.jsonl") in _cmd(steps["data_stage2"])
+    regenerate = _cmd(steps["stage3_regenerate"])
+    assert regenerate[regenerate.index("--template") + 1] == "chat"
+    assert regenerate[regenerate.index("--source") + 1] == str(data / "stage3_prompts.jsonl")
     assert steps["train_stage1"].env == {}  # DeepSpeed on the GPU
-    for name in ("eval_t0", "eval_t0_graphs", "eval_t1_graphs"):
-        assert any(a.startswith("data.name=[") and "lcc_16k.jsonl" in a for a in _cmd(steps[name]))
+    for name in ("eval_t0_graphs", "eval_t1_graphs"):
+        cmd = _cmd(steps[name])
+        assert any(a.startswith("data.name=[") and "qmsum_8k.jsonl" in a for a in cmd)
+        assert "cuda_graphs=true" in cmd and not any(a.startswith("tree_widths=") for a in cmd)  # tree=auto
     assert "temperature=1.0" in _cmd(steps["eval_t1_graphs"])
-    assert "cuda_graphs=true" in _cmd(steps["eval_t1_graphs"])
-    assert steps["eval_t0"].required and not steps["eval_t1_graphs"].required
     # the GPU runs the target's stage-3 responses while stage 1 trains, and tokenizes stage 3 while stage 2 trains
     order = list(steps)
     assert steps["stage3_regenerate"].background and steps["data_stage3"].background
     assert order.index("stage3_regenerate") + 1 == order.index("train_stage1")
     assert order.index("data_stage3") + 1 == order.index("train_stage2")
     with pytest.raises(ValueError, match="--data"):
-        plan(PRESETS["gpu"], str(tmp_path / "out"))
+        plan(preset, str(tmp_path / "out"))
 
 
 def test_apply_overrides():
@@ -150,27 +158,6 @@ def test_write_prefix_prompts(tmp_path):
         context = row["context"]
         assert 0 < len(context) <= 500 and not context.endswith("\n")
         assert any(t.startswith(context + "\n") for t in texts)  # a prefix cut at a line end
-
-
-def test_write_bucket_rows(tmp_path):
-    from transformers import AutoTokenizer
-
-    from longspec.eval.prompts import longbench_prompt
-
-    stdlib = sysconfig.get_paths()["stdlib"]
-    heldout = tmp_path / "heldout.jsonl"
-    with open(heldout, "w") as f:
-        for name in ("json/decoder.py", "json/encoder.py", "abc.py"):
-            with open(os.path.join(stdlib, name)) as src:
-                f.write(json.dumps({"text": src.read(), "path": name}) + "\n")
-    buckets = {512: str(tmp_path / "b512.jsonl"), 1 << 20: str(tmp_path / "huge.jsonl")}
-    written = e2e.write_bucket_rows(str(heldout), e2e.CODE_TARGET, buckets)
-    assert written[1 << 20] == 0 and written[512] >= 2  # abc.py and the json modules exceed 512 tokens
-    tokenizer = AutoTokenizer.from_pretrained(e2e.CODE_TARGET)
-    for line in open(buckets[512]):
-        row = json.loads(line)
-        length = len(tokenizer(longbench_prompt("lcc", row["context"], ""))["input_ids"])
-        assert 400 < length <= 512 and row["context"].endswith("\n") and row["answers"][0].strip()
 
 
 def test_results_table_and_report(tmp_path):
