@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     if "RANK" in os.environ:  # a worker of torchrun / deepspeed: die with the launcher, armed before slow imports
         die_with_launcher()
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get("HYDRA_FULL_ERROR") == "1"
+    debug = "--debug" in argv or os.environ.get("HYDRA_FULL_ERROR") == "1"  # as longspec.cli.run_cli
     # The deepspeed launcher appends --local_rank=N (LOCAL_RANK is in the environment as well).
     overrides = [a for a in argv if not a.startswith("--local_rank") and a != "--debug"]
     if any(a in ("-h", "--help") for a in overrides):
@@ -27,17 +27,20 @@ def main(argv: list[str] | None = None) -> None:
         return
     from omegaconf import OmegaConf
 
+    from longspec.cli import USER_ERRORS, one_line
     from longspec.train.config import load_config
     from longspec.train.trainer import Trainer
 
+    # Only set-up is a user's mistake (config, inputs, run directory); an error inside the training loop is a bug
+    # and keeps its traceback, which is why this is not `run_cli` around the whole of main.
     try:
         cfg = load_config(overrides)
         trainer = Trainer(cfg)
-    except (ValueError, OSError) as e:  # a user mistake: config, inputs, run directory
+    except USER_ERRORS as e:
         if debug:
             raise
         if os.environ.get("RANK", "0") == "0":  # every rank fails alike; one line is enough
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     try:
         if trainer.rank == 0:

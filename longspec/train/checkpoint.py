@@ -217,10 +217,12 @@ class CheckpointManager:
         if error is not None:
             raise CheckpointError(error)
 
-    def load(self, path: str, engine) -> dict[str, Any]:
+    def load(self, path: str, engine, *, verified: bool = False) -> dict[str, Any]:
         """Restore engine state and this rank's RNG from a checkpoint dir; returns the trainer state. The
-        checksums are verified first: DeepSpeed's ds/*.pt are pickles."""
-        self.verify(path)
+        checksums are verified first (DeepSpeed's ds/*.pt are pickles) unless the caller already did (`verified`:
+        the Trainer checks before it loads the model, under the run lock, so nothing rewrites them in between)."""
+        if not verified:
+            self.verify(path)
         load_path, _ = engine.load_checkpoint(
             path,
             tag="ds",

@@ -39,10 +39,9 @@ def _start_ticks(pid: int) -> int | None:
 
 def _holder_alive(holder: dict[str, Any]) -> bool:
     pid = int(holder.get("pid", -1))
-    if pid <= 0 or pid == os.getpid():  # our own pid: a restarted container reusing it, the holder is gone
+    if pid <= 0 or not _pid_alive(pid):
         return False
-    if not _pid_alive(pid):
-        return False
+    # Another start time: the pid was reused (e.g. a restarted container numbers its processes alike).
     ticks = holder.get("start_ticks")
     return ticks is None or _start_ticks(pid) in (None, ticks)
 

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
+from longspec.cli import USER_ERRORS
 from longspec.data.loader import IGNORE_INDEX, StepSampler
 from longspec.data.manifest import Manifest, tokenizer_fingerprint
 from longspec.data.shards import ShardReader
@@ -143,6 +144,7 @@ class Trainer:
             forced = self._agree(lambda: check_resume(resume_from, cfg, self.world_size))
             if forced:
                 log.warning("resume.force=true: resuming %s although %s", resume_from, "; ".join(forced))
+            self.checkpoints.verify(resume_from)  # before the model loads: a refusal costs seconds, not minutes
         self.zero3 = cfg.deepspeed.zero_stage == 3
         self.precision = resolve_precision(cfg.deepspeed.precision)
         self.dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
@@ -203,7 +205,7 @@ class Trainer:
         if self.rank == 0:
             try:
                 outcome[0] = check()
-            except (ValueError, OSError) as e:  # user errors: a bad path, config, lock or checkpoint
+            except USER_ERRORS as e:  # a bad path, config, lock or checkpoint
                 outcome[1] = str(e)
         if self.world_size > 1:
             dist.broadcast_object_list(outcome, src=0)
@@ -489,7 +491,7 @@ class Trainer:
 
     def _resume(self, path: str) -> None:
         # World size, target, data and stage were compared in __init__ (check_resume), before the model loaded.
-        state = self.checkpoints.load(path, self.engine)
+        state = self.checkpoints.load(path, self.engine, verified=True)
         if state["total_steps"] != self.total_steps:
             log.warning(
                 "%s was trained towards %d steps, this run towards %d: the LR schedule changes from here on",
