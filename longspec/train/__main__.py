@@ -16,7 +16,9 @@ from longspec.train.launcher import die_with_launcher
 
 
 def main(argv: list[str] | None = None) -> None:
-    if "RANK" in os.environ:  # a worker of torchrun / deepspeed: die with the launcher, armed before slow imports
+    if (
+        "RANK" in os.environ
+    ):  # a worker of torchrun / deepspeed: die with the launcher, armed before slow imports
         die_with_launcher()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("HYDRA_FULL_ERROR") == "1"  # as longspec.cli.run_cli

@@ -132,7 +132,9 @@ def verify_checkpoint(path: str) -> None:
     for rel, expected in sorted(listed.items()):
         full = os.path.join(path, rel)
         if rel not in present:
-            raise CheckpointError(f"{full} is missing (listed in {CHECKSUMS_NAME}): the checkpoint is incomplete")
+            raise CheckpointError(
+                f"{full} is missing (listed in {CHECKSUMS_NAME}): the checkpoint is incomplete"
+            )
         if os.path.getsize(full) != expected["bytes"] or _sha256(full) != expected["sha256"]:
             raise CheckpointError(
                 f"{full} does not match its checksum in {CHECKSUMS_NAME} (truncated or changed): refusing to resume"

@@ -296,7 +296,10 @@ class TrainConfig(_Schema):
             f"stop_at_step must be -1 or >= 1, got {self.stop_at_step}",
         )
         _check(bool(self.output_dir), "output_dir must be set")
-        _check(bool(self.target.name), "target.name must not be empty (it names the run and is checked on resume)")
+        _check(
+            bool(self.target.name),
+            "target.name must not be empty (it names the run and is checked on resume)",
+        )
         inputs = {"target.path": self.target.path, "data.path": self.data.path, "init_from": self.init_from}
         for name, path in inputs.items():
             # The run directory is written (config.yaml, train.log, checkpoints/): never one of the inputs.

@@ -154,7 +154,7 @@ def truncate_metrics(run_dir: str, last_step: int) -> list[int]:
 def _ranges(steps: list[int]) -> str:
     """[1, 2, 3, 7] -> '1-3, 7'."""
     parts, start = [], steps[0]
-    for prev, cur in zip(steps, steps[1:] + [None]):
+    for prev, cur in zip(steps, steps[1:] + [None], strict=True):
         if cur != prev + 1:
             parts.append(str(start) if start == prev else f"{start}-{prev}")
             start = cur

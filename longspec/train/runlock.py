@@ -108,7 +108,9 @@ class RunLock:
             f.flush()
             os.fsync(f.fileno())
         try:
-            os.link(tmp, self.path)  # atomic, and fails if the lock exists (O_EXCL semantics, content included)
+            os.link(
+                tmp, self.path
+            )  # atomic, and fails if the lock exists (O_EXCL semantics, content included)
             return True
         except FileExistsError:
             return False

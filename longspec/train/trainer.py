@@ -144,7 +144,9 @@ class Trainer:
             forced = self._agree(lambda: check_resume(resume_from, cfg, self.world_size))
             if forced:
                 log.warning("resume.force=true: resuming %s although %s", resume_from, "; ".join(forced))
-            self.checkpoints.verify(resume_from)  # before the model loads: a refusal costs seconds, not minutes
+            self.checkpoints.verify(
+                resume_from
+            )  # before the model loads: a refusal costs seconds, not minutes
         self.zero3 = cfg.deepspeed.zero_stage == 3
         self.precision = resolve_precision(cfg.deepspeed.precision)
         self.dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32

@@ -142,11 +142,15 @@ def killed_launcher(world) -> tuple[Path, list[int], subprocess.CompletedProcess
     )
     metrics = run / "metrics.jsonl"
     after = rng.randint(1, STEPS - 2)
-    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= after, proc, f"step {after}")
+    _wait_for(
+        lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= after, proc, f"step {after}"
+    )
     time.sleep(rng.uniform(0, 0.3))
     workers = child_pids(proc.pid)
     assert proc.poll() is None and len(workers) == 2, "the run ended before its launcher could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher's group; torch elastic put the workers in sessions of their own
+    os.killpg(
+        proc.pid, signal.SIGKILL
+    )  # the launcher's group; torch elastic put the workers in sessions of their own
     proc.wait()
     deadline = time.time() + 30
     while any(map(pid_running, workers)) and time.time() < deadline:
@@ -185,7 +189,12 @@ def test_killing_the_launcher_kills_its_workers_and_the_relaunch_resumes(killed_
 # ---- a run directory that is not this run's to write ---------------------------------------------------------
 def test_a_live_trainer_holds_the_run_directory(world, killed_in_checkpoint):
     run, _ = killed_in_checkpoint
-    lock = {"pid": os.getpid(), "host": socket.gethostname(), "started": 0, "start_ticks": _start_ticks(os.getpid())}
+    lock = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": 0,
+        "start_ticks": _start_ticks(os.getpid()),
+    }
     (run / LOCK_NAME).write_text(json.dumps(lock))  # this test process is alive: as good as a running trainer
     try:
         before = tree_checksums(world)
@@ -200,7 +209,10 @@ def test_a_live_trainer_holds_the_run_directory(world, killed_in_checkpoint):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("stage.name=tiny_stage2", r"holds another run \(step 4\): stage 'tiny_stage1' -> 'tiny_stage2'; pass resume"),
+        (
+            "stage.name=tiny_stage2",
+            r"holds another run \(step 4\): stage 'tiny_stage1' -> 'tiny_stage2'; pass resume",
+        ),
         ("target.name=tiny_qwen2", r"target.name 'tiny_llama' -> 'tiny_qwen2'; pass resume.force=true"),
         ("data.path=COPY", r"data.path '.*/d1' -> '.*/d1_copy'; pass resume.force=true"),
     ],
@@ -221,9 +233,13 @@ def test_resume_refuses_another_run(world, killed_in_checkpoint, override, messa
 def test_resume_force_resumes_another_stage_with_a_warning(world, killed_in_checkpoint):
     run, _ = killed_in_checkpoint
     before = tree_checksums(world)
-    result = _train(world, run.name, "stage.name=renamed", "resume.force=true")  # all steps done: loads, stops
+    result = _train(
+        world, run.name, "stage.name=renamed", "resume.force=true"
+    )  # all steps done: loads, stops
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "resume.force=true: resuming" in result.stderr and "stage 'tiny_stage1' -> 'renamed'" in result.stderr
+    assert (
+        "resume.force=true: resuming" in result.stderr and "stage 'tiny_stage1' -> 'renamed'" in result.stderr
+    )
     assert_only_changed(world, before, allowed=[f"{run.name}/train.log", f"{run.name}/config.yaml"])
 
 
@@ -250,7 +266,9 @@ def test_a_changed_checkpoint_is_refused_before_unpickling(world, killed_in_chec
         message = r"ds/mp_rank_00_model_states.pt does not match its checksum in checksums.json"
     else:
         (latest / "checksums.json").unlink()
-        message = r"checksums.json is missing: the checkpoint cannot be verified before DeepSpeed unpickles it"
+        message = (
+            r"checksums.json is missing: the checkpoint cannot be verified before DeepSpeed unpickles it"
+        )
     before = tree_checksums(world)
     result = _train(world, copy.name)
     assert result.returncode == 2
@@ -268,7 +286,9 @@ def test_a_truncated_target_safetensors_is_named(world):
     before = tree_checksums(world)
     result = _train(world, "run_truncated_target", f"target.path={target}")
     assert result.returncode == 2
-    assert_one_line_error(result.stderr, rf"{weights} is truncated or corrupt: its header describes \d+ bytes")
+    assert_one_line_error(
+        result.stderr, rf"{weights} is truncated or corrupt: its header describes \d+ bytes"
+    )
     assert_only_changed(world, before)
 
 
@@ -289,7 +309,10 @@ def test_a_truncated_init_from_drafter_is_named(world, killed_in_checkpoint):
     [
         ("data.path=MISSING", r"data.path='.*/no_such_data' is not a directory; run `python -m data_prep"),
         ("output_dir=DATA", r"output_dir '.*/d1' is the data.path: choose a directory of its own"),
-        ("stage.global_batch_size=7", r"stage.global_batch_size \(7\) must be a multiple of stage.micro_batch_size"),
+        (
+            "stage.global_batch_size=7",
+            r"stage.global_batch_size \(7\) must be a multiple of stage.micro_batch_size",
+        ),
     ],
 )
 def test_bad_inputs_fail_in_one_line_before_any_model_loads(world, override, message):
@@ -316,7 +339,9 @@ def test_lock_takeover_rules(tmp_path):
     taker.acquire()  # a reused pid is no holder: taken over
     taker.release()
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     stale = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": 0, "start_ticks": None}
     (tmp_path / LOCK_NAME).write_text(json.dumps(stale))
     taker = RunLock(str(tmp_path))
@@ -353,5 +378,10 @@ def test_truncate_metrics_keeps_each_step_once(tmp_path):
     text = "".join(json.dumps(r) + "\n" for r in lines) + '{"step": 6, "lo'  # and a half-written line
     (tmp_path / "metrics.jsonl").write_text(text)
     assert truncate_metrics(str(tmp_path), 4) == []
-    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+        3,
+        4,
+    ]
     assert truncate_metrics(str(tmp_path), 6) == [5, 6]  # reported, not invented
