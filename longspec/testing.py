@@ -24,6 +24,8 @@ __all__ = [
     "build_byte_tokenizer",
     "llama31_8b_config",
     "random_target",
+    "child_pids",
+    "pid_running",
 ]
 
 TINY_VOCAB_SIZE = 300  # > 256 bytes + 3 specials; not a power of two, so chunked losses see ragged edges
@@ -244,3 +246,26 @@ def random_target(hf_config, device: torch.device | str, dtype: torch.dtype):
         hf_model.model.rotary_emb = type(rotary)(config=hf_config).to(device)
     # .to(device) also moves the adapter's own rotary buffers, which CUDA-graph capture needs on the device.
     return TargetModel(hf_model.eval()).to(device)
+
+
+def child_pids(pid: int) -> list[int]:
+    """Pids whose parent is `pid` (Linux /proc): the workers of a launcher, for tests that kill it."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass  # gone while we looked
+    return found
+
+
+def pid_running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan nobody reaped yet has stopped running)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

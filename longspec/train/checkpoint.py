@@ -4,15 +4,23 @@ Layout of <run_dir>/checkpoints/step_00000200/:
     ds/                      DeepSpeed engine state: drafter weights, optimizer, LR scheduler (frozen target excluded)
     drafter/                 Drafter.save_pretrained of the weights at this step (what `longspec.export` ships)
     rng/rank_00000.json      every rank's torch / CUDA / numpy / python RNG states
-    trainer_state.json       step, tokens seen, data position, ... -- written last
+    trainer_state.json       step, tokens seen, data position, ... (what `preflight` compares on resume)
+    checksums.json           sha256 and size of every other file -- written last
 All ranks write into `.tmp-step_00000200`; after a barrier rank 0 renames it into place (atomic on POSIX), so a
 directory named step_* is always complete and a run killed mid-save (even by SIGKILL) resumes from the previous
 one. Old checkpoints are renamed to a temp name before deletion for the same reason.
+
+Trust: the RNG states and trainer state are JSON, the drafter weights safetensors, but DeepSpeed's `ds/*.pt`
+are pickles that `engine.load_checkpoint` unpickles (torch.load(weights_only=False)). Before anything is
+unpickled, `verify_checkpoint` checks every file against checksums.json and refuses a missing, changed, truncated
+or unlisted file. That catches corruption and files mixed in from elsewhere, not an attacker who can rewrite the
+run directory (checksums included): resume only run directories you trust (docs/ARCHITECTURE.md, failure model).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import os
@@ -27,15 +35,16 @@ import torch.distributed as dist
 
 from longspec.data.manifest import write_json_atomic
 
-__all__ = ["CheckpointManager", "rng_state", "set_rng_state"]
+__all__ = ["CheckpointManager", "CheckpointError", "rng_state", "set_rng_state", "verify_checkpoint"]
 
 log = logging.getLogger("longspec.train")
 STATE_NAME = "trainer_state.json"
+CHECKSUMS_NAME = "checksums.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
 def rng_state() -> dict[str, Any]:
-    """JSON-able RNG states of this process (no pickles: resume never unpickles)."""
+    """JSON-able RNG states of this process (JSON, not pickles; DeepSpeed's ds/*.pt are the only pickles)."""
     np_state = np.random.get_state()
     state = {
         "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
@@ -70,6 +79,66 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match its checksums (one line naming the file; no traceback)."""
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _files_under(root: str) -> list[str]:
+    """Every file below `root`, as sorted '/'-separated relative paths (the manifest excluded)."""
+    found = []
+    for directory, _, names in os.walk(root):
+        for name in names:
+            rel = os.path.relpath(os.path.join(directory, name), root).replace(os.sep, "/")
+            if rel != CHECKSUMS_NAME:
+                found.append(rel)
+    return sorted(found)
+
+
+def write_checksums(path: str) -> None:
+    """Record sha256 + size of every file of the checkpoint dir `path` (atomically; the last file written)."""
+    files = {}
+    for rel in _files_under(path):
+        full = os.path.join(path, rel)
+        files[rel] = {"sha256": _sha256(full), "bytes": os.path.getsize(full)}
+    write_json_atomic(os.path.join(path, CHECKSUMS_NAME), {"format": 1, "files": files})
+
+
+def verify_checkpoint(path: str) -> None:
+    """Raise CheckpointError unless every file of `path` is listed in its checksums.json with that content, and
+    every listed file exists. Reads bytes only: nothing is unpickled."""
+    manifest_path = os.path.join(path, CHECKSUMS_NAME)
+    try:
+        with open(manifest_path) as f:
+            listed = json.load(f)["files"]
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{manifest_path} is missing: the checkpoint cannot be verified before DeepSpeed unpickles it "
+            "(written by an older version, or not by this trainer); start a new output_dir with init_from= an "
+            "exported drafter"
+        ) from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{manifest_path} is not a valid checksum manifest ({e})") from None
+    present = _files_under(path)
+    for rel in present:
+        if rel not in listed:
+            raise CheckpointError(f"{os.path.join(path, rel)} is not in {CHECKSUMS_NAME}: refusing to resume")
+    for rel, expected in sorted(listed.items()):
+        full = os.path.join(path, rel)
+        if rel not in present:
+            raise CheckpointError(
+                f"{full} is missing (listed in {CHECKSUMS_NAME}): the checkpoint is incomplete"
+            )
+        if os.path.getsize(full) != expected["bytes"] or _sha256(full) != expected["sha256"]:
+            raise CheckpointError(
+                f"{full} does not match its checksum in {CHECKSUMS_NAME} (truncated or changed): refusing to resume"
+            )
 
 
 class CheckpointManager:
@@ -116,6 +185,7 @@ class CheckpointManager:
         _barrier()
         if self.rank == 0:
             write_json_atomic(os.path.join(tmp, STATE_NAME), {"step": step, **trainer_state})
+            write_checksums(tmp)
             _fsync_dir(tmp)
             if os.path.exists(final):  # the same step saved by an earlier, interrupted attempt
                 os.rename(final, os.path.join(self.root, f".tmp-old-{name}"))
@@ -133,8 +203,28 @@ class CheckpointManager:
             os.rename(path, doomed)  # atomic: never a half-deleted step_* dir
             shutil.rmtree(doomed)
 
-    def load(self, path: str, engine) -> dict[str, Any]:
-        """Restore engine state and this rank's RNG from a checkpoint dir; returns the trainer state."""
+    def verify(self, path: str) -> None:
+        """Collective: rank 0 checks the checksums of `path` (one reader, not world-size many), every rank raises
+        the same CheckpointError on a mismatch."""
+        error = None
+        if self.rank == 0:
+            try:
+                verify_checkpoint(path)
+            except CheckpointError as e:
+                error = str(e)
+        if dist.is_initialized():
+            box = [error]
+            dist.broadcast_object_list(box, src=0)
+            error = box[0]
+        if error is not None:
+            raise CheckpointError(error)
+
+    def load(self, path: str, engine, *, verified: bool = False) -> dict[str, Any]:
+        """Restore engine state and this rank's RNG from a checkpoint dir; returns the trainer state. The
+        checksums are verified first (DeepSpeed's ds/*.pt are pickles) unless the caller already did (`verified`:
+        the Trainer checks before it loads the model, under the run lock, so nothing rewrites them in between)."""
+        if not verified:
+            self.verify(path)
         load_path, _ = engine.load_checkpoint(
             path,
             tag="ds",

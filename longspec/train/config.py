@@ -24,6 +24,7 @@ __all__ = [
     "LossConfig",
     "DeepSpeedSettings",
     "CheckpointConfig",
+    "ResumeConfig",
     "LoggingConfig",
     "TrainConfig",
     "CONFIG_DIR",
@@ -108,6 +109,7 @@ class StageConfig(_Schema):
     micro_batch_size: int = 1  # sequences per rank per forward
 
     def validate(self) -> None:
+        _check(bool(self.name), "stage.name must not be empty (it names the run and is checked on resume)")
         _check(
             self.position_ids in ("anchor_offset", "plain"),
             f"stage.position_ids must be 'anchor_offset' or 'plain', got {self.position_ids!r}",
@@ -124,6 +126,15 @@ class StageConfig(_Schema):
         _check(
             self.global_batch_size >= self.micro_batch_size,
             f"stage.global_batch_size ({self.global_batch_size}) < stage.micro_batch_size ({self.micro_batch_size})",
+        )
+        _check(
+            self.global_batch_size % self.micro_batch_size == 0,
+            f"stage.global_batch_size ({self.global_batch_size}) must be a multiple of stage.micro_batch_size "
+            f"({self.micro_batch_size})",
+        )
+        _check(
+            self.position_ids != "anchor_offset" or self.num_anchors < self.seq_len,
+            f"stage.num_anchors ({self.num_anchors}) must be < stage.seq_len ({self.seq_len})",
         )
 
 
@@ -223,6 +234,17 @@ class CheckpointConfig(_Schema):
 
 
 @dataclass(kw_only=True)
+class ResumeConfig(_Schema):
+    """What a resume may override. A run directory is resumed only by the run that wrote it (same target, data,
+    stage and world size) and only while no other trainer holds its lock."""
+
+    force: bool = False  # resume despite another target / data path / stage, or take over another host's lock
+
+    def validate(self) -> None:
+        _check(isinstance(self.force, bool), f"resume.force must be true or false, got {self.force!r}")
+
+
+@dataclass(kw_only=True)
 class LoggingConfig(_Schema):
     """Console line + metrics.jsonl every step; optional Weights & Biases."""
 
@@ -233,6 +255,8 @@ class LoggingConfig(_Schema):
 
     def validate(self) -> None:
         _check(self.log_every >= 1, f"logging.log_every must be >= 1, got {self.log_every}")
+        _check(bool(self.wandb_project), "logging.wandb_project must not be empty")
+        _check(self.run_name is None or bool(self.run_name), "logging.run_name must not be empty (or null)")
         _check(
             self.wandb in ("disabled", "offline", "online"),
             f"logging.wandb must be disabled, offline or online, got {self.wandb!r}",
@@ -251,6 +275,7 @@ class TrainConfig(_Schema):
     loss: LossConfig = field(default_factory=LossConfig)
     deepspeed: DeepSpeedSettings = field(default_factory=DeepSpeedSettings)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     output_dir: str = MISSING  # run directory: checkpoints, metrics.jsonl, train.log, config.yaml
     init_from: str | None = (
@@ -271,6 +296,17 @@ class TrainConfig(_Schema):
             f"stop_at_step must be -1 or >= 1, got {self.stop_at_step}",
         )
         _check(bool(self.output_dir), "output_dir must be set")
+        _check(
+            bool(self.target.name),
+            "target.name must not be empty (it names the run and is checked on resume)",
+        )
+        inputs = {"target.path": self.target.path, "data.path": self.data.path, "init_from": self.init_from}
+        for name, path in inputs.items():
+            # The run directory is written (config.yaml, train.log, checkpoints/): never one of the inputs.
+            _check(
+                path is None or os.path.abspath(path) != os.path.abspath(self.output_dir),
+                f"output_dir {self.output_dir!r} is the {name}: choose a directory of its own for the run",
+            )
         if self.init_from is not None and not os.path.isdir(self.init_from):
             raise FileNotFoundError(
                 f"init_from={self.init_from!r} is not a directory; pass a drafter exported with "

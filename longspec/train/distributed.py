@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from longspec.train.launcher import die_with_launcher
+
 __all__ = ["DistInfo", "init_distributed"]
 
 
@@ -29,7 +31,9 @@ def init_distributed(backend: str = "auto") -> DistInfo:
     """Start torch.distributed through DeepSpeed. Without a launcher, runs as a single process (rank 0 of 1)."""
     import deepspeed
 
-    if "RANK" not in os.environ:
+    if "RANK" in os.environ:  # started by a launcher (torchrun / deepspeed): share its fate
+        die_with_launcher()
+    else:
         # A plain `python -m longspec.train`: a world of one (DeepSpeed would otherwise look for MPI).
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))

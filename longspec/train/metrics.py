@@ -36,6 +36,8 @@ def setup_logging(run_dir: str | None, rank: int) -> None:
 class MetricsSink(Protocol):
     def write(self, step: int, record: dict[str, Any]) -> None: ...
 
+    def sync(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -48,6 +50,10 @@ class JsonlSink:
     def write(self, step: int, record: dict[str, Any]) -> None:
         self._file.write(json.dumps({"step": step, **record}) + "\n")
         self._file.flush()
+
+    def sync(self) -> None:
+        """On disk before a checkpoint is committed: a checkpoint never claims steps metrics.jsonl lacks."""
+        os.fsync(self._file.fileno())
 
     def close(self) -> None:
         self._file.close()
@@ -68,6 +74,9 @@ class WandbSink:
     def write(self, step: int, record: dict[str, Any]) -> None:
         self._run.log(record, step=step)
 
+    def sync(self) -> None:
+        pass  # W&B buffers and retries on its own
+
     def close(self) -> None:
         self._run.finish()
 
@@ -84,6 +93,10 @@ class MetricsLogger:
             sink.write(step, record)
         if step % self.log_every == 0:
             log.info(format_line(step, record))
+
+    def sync(self) -> None:
+        for sink in self.sinks:
+            sink.sync()
 
     def close(self) -> None:
         for sink in self.sinks:
@@ -106,22 +119,43 @@ def format_line(step: int, r: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def truncate_metrics(run_dir: str, last_step: int) -> None:
-    """Drop records after `last_step` (steps redone after a resume) and a half-written last line."""
+def truncate_metrics(run_dir: str, last_step: int) -> list[int]:
+    """Make metrics.jsonl hold each step 1..`last_step` (the checkpoint resumed from) exactly once, in order.
+
+    Records past `last_step` are dropped (those steps are redone), and so are lines a killed run left half
+    written. Appends stay the cheap per-step write; this one rewrite (temp file + rename) runs at resume, so a kill
+    during it leaves the old file. A step written twice keeps its last record. Returns the steps <= `last_step`
+    that no record covers (logged as a warning: the metrics of those steps are lost, the training is not)."""
     path = os.path.join(run_dir, METRICS_NAME)
     if not os.path.exists(path):
-        return
-    kept = []
+        return list(range(1, last_step + 1))
+    by_step: dict[int, str] = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
-                break  # the line a killed run was writing
-            if record["step"] > last_step:
-                break
-            kept.append(line if line.endswith("\n") else line + "\n")
+                step = int(record["step"])
+            except (ValueError, TypeError, KeyError):
+                continue  # a line a killed run was writing
+            if 1 <= step <= last_step:
+                by_step[step] = json.dumps(record) + "\n"
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(kept)
+        f.writelines(by_step[step] for step in sorted(by_step))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    missing = [step for step in range(1, last_step + 1) if step not in by_step]
+    if missing:
+        log.warning("%s has no record of steps %s", path, _ranges(missing))
+    return missing
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7'."""
+    parts, start = [], steps[0]
+    for prev, cur in zip(steps, steps[1:] + [None], strict=True):
+        if cur != prev + 1:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ", ".join(parts)

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
+from longspec.cli import USER_ERRORS
 from longspec.data.loader import IGNORE_INDEX, StepSampler
 from longspec.data.manifest import Manifest, tokenizer_fingerprint
 from longspec.data.shards import ShardReader
@@ -43,6 +44,8 @@ from longspec.train.metrics import (
     truncate_metrics,
 )
 from longspec.train.model import DraftingModel
+from longspec.train.preflight import check_inputs, check_resume
+from longspec.train.runlock import RunLock
 
 __all__ = ["Trainer", "cosine_with_warmup", "check_data"]
 
@@ -121,10 +124,29 @@ class Trainer:
         self.dist = dist_info or init_distributed(cfg.deepspeed.backend)
         self.rank, self.world_size, self.device = self.dist.rank, self.dist.world_size, self.dist.device
         self.run_dir = os.path.abspath(cfg.output_dir)
-        if self.rank == 0:
-            os.makedirs(self.run_dir, exist_ok=True)
-        dist.barrier()
+        self.lock: RunLock | None = None
+        # Everything that can be a user error is checked here, before any model is loaded, by rank 0 (one reader
+        # of the file system, one message), and every rank raises the same one-line error.
+        self._agree(self._check_and_lock)
+        try:
+            self._build()
+        except BaseException:
+            self._release_lock()
+            raise
+
+    def _build(self) -> None:
+        cfg = self.cfg
         setup_logging(self.run_dir, self.rank)
+        self.checkpoints = CheckpointManager(self.run_dir, keep_last=cfg.checkpoint.keep_last, rank=self.rank)
+        self.checkpoints.remove_partial()
+        resume_from = self.checkpoints.latest() if cfg.checkpoint.resume == "auto" else None
+        if resume_from is not None:
+            forced = self._agree(lambda: check_resume(resume_from, cfg, self.world_size))
+            if forced:
+                log.warning("resume.force=true: resuming %s although %s", resume_from, "; ".join(forced))
+            self.checkpoints.verify(
+                resume_from
+            )  # before the model loads: a refusal costs seconds, not minutes
         self.zero3 = cfg.deepspeed.zero_stage == 3
         self.precision = resolve_precision(cfg.deepspeed.precision)
         self.dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
@@ -152,10 +174,8 @@ class Trainer:
 
         self.step = 0
         self.tokens_seen = 0
-        self.checkpoints = CheckpointManager(self.run_dir, keep_last=cfg.checkpoint.keep_last, rank=self.rank)
-        self.checkpoints.remove_partial()
-        if cfg.checkpoint.resume == "auto" and (latest := self.checkpoints.latest()) is not None:
-            self._resume(latest)
+        if resume_from is not None:
+            self._resume(resume_from)
         self.metrics = self._build_metrics()
         target_params = list(self.model.target.parameters())
         full = sum(getattr(p, "ds_numel", p.numel()) for p in target_params)
@@ -179,6 +199,34 @@ class Trainer:
             cfg.deepspeed.zero_stage,
             self.precision,
         )
+
+    # ---- run directory: checks, lock --------------------------------------------------------------------------
+    def _agree(self, check):
+        """Run `check()` on rank 0; every rank returns its result or raises its error as one ValueError."""
+        outcome: list[Any] = [None, None]
+        if self.rank == 0:
+            try:
+                outcome[0] = check()
+            except USER_ERRORS as e:  # a bad path, config, lock or checkpoint
+                outcome[1] = str(e)
+        if self.world_size > 1:
+            dist.broadcast_object_list(outcome, src=0)
+        if outcome[1] is not None:
+            raise ValueError(outcome[1])
+        return outcome[0]
+
+    def _check_and_lock(self) -> None:
+        """Rank 0: inputs whole, then the run directory locked for this run (released in close())."""
+        check_inputs(self.cfg)
+        os.makedirs(self.run_dir, exist_ok=True)
+        lock = RunLock(self.run_dir)
+        lock.acquire(force=self.cfg.resume.force)
+        self.lock = lock
+
+    def _release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     # ---- build ----------------------------------------------------------------------------------------------
     def _pad_id(self) -> int:
@@ -342,9 +390,12 @@ class Trainer:
                 self.save()
 
     def close(self) -> None:
-        """Release the engine's hooks and buffers (several runs in one process: tests)."""
-        self.metrics.close()
-        self.engine.destroy()
+        """Release the engine's hooks and buffers (several runs in one process: tests) and the run's lock."""
+        try:
+            self.metrics.close()
+            self.engine.destroy()
+        finally:
+            self._release_lock()
 
     def train_step(self) -> dict[str, Any]:
         start = time.perf_counter()
@@ -437,15 +488,12 @@ class Trainer:
             "init_from": self.cfg.init_from,
             "seed": self.cfg.seed,
         }
+        self.metrics.sync()  # the checkpoint's steps are in metrics.jsonl on disk before it is committed
         return self.checkpoints.save(self.step, self.engine, self._save_drafter, state)
 
     def _resume(self, path: str) -> None:
-        state = self.checkpoints.load(path, self.engine)
-        if state["world_size"] != self.world_size:
-            raise ValueError(
-                f"{path} was written by {state['world_size']} processes, this run has {self.world_size}: resume "
-                "with the same world size (or start a new output_dir with init_from= an exported drafter)"
-            )
+        # World size, target, data and stage were compared in __init__ (check_resume), before the model loaded.
+        state = self.checkpoints.load(path, self.engine, verified=True)
         if state["total_steps"] != self.total_steps:
             log.warning(
                 "%s was trained towards %d steps, this run towards %d: the LR schedule changes from here on",

@@ -24,7 +24,7 @@ from data_prep.stage1 import prepare_stage1
 from data_prep.stage2 import prepare_stage2
 from data_prep.stage3_sft import prepare_stage3_sft
 from longspec.export import export_drafter
-from longspec.testing import save_tiny_target
+from longspec.testing import child_pids, pid_running, save_tiny_target
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -145,8 +145,9 @@ def runs(tmp_path_factory):
         "first",
     )
 
-    # A run killed with SIGKILL right after its step-2 checkpoint, mid-step 3 or 4. Launched through the real
-    # entry point (`torchrun -m longspec.train ...`).
+    # A run whose torchrun launcher is killed with SIGKILL right after its step-2 checkpoint, mid-step 3 or 4.
+    # Launched through the real entry point (`torchrun -m longspec.train ...`). torch elastic starts the workers in
+    # sessions of their own, so killing the launcher's group does not reach them: they must die with it.
     proc = subprocess.Popen(
         _torchrun("-m", "longspec.train", *s1("s1_killed")),
         stdout=subprocess.DEVNULL,
@@ -159,10 +160,18 @@ def runs(tmp_path_factory):
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
             break
         time.sleep(0.01)
-    still_running = proc.poll() is None
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both workers: the group this test started
+    workers = child_pids(proc.pid)
+    still_running = proc.poll() is None and len(workers) == 2
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher's group (the workers are not in it)
     proc.wait()
     assert still_running, "the run finished before it could be killed; the SIGKILL test proved nothing"
+    deadline = time.time() + 30
+    while any(map(pid_running, workers)) and time.time() < deadline:
+        time.sleep(0.05)
+    survivors = [pid for pid in workers if pid_running(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)  # never leave them training next to the relaunch below
+    assert not survivors, f"workers {survivors} kept training after their launcher was killed"
 
     # The same global batch on one process (4 micro-batches of accumulation instead of 2 x 2 ranks). Without the
     # noisy lag (drawn per micro-step index) both see identical work per step.

@@ -1,0 +1,115 @@
+"""Checks a training launch runs BEFORE any model is loaded (minutes for a large target): the inputs exist and are
+whole, and a run directory being resumed belongs to this run. Each raises ValueError / FileNotFoundError with one
+line naming the file or the field; `__main__` prints it without a traceback.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import struct
+from typing import Any
+
+from longspec.train.config import TrainConfig
+
+__all__ = ["check_safetensors", "check_model_dir", "check_inputs", "resume_mismatches", "check_resume"]
+
+# A hub id: "name" or "org/name" (what transformers would try to download); anything else must be a directory.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def check_safetensors(path: str) -> None:
+    """Raise ValueError naming `path` unless its header parses and the file holds every byte the header promises
+    (a truncated copy otherwise fails deep inside the loader, without the file's name)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path} is truncated ({size} bytes): not a safetensors file; copy it again")
+        (header_len,) = struct.unpack("<Q", head)
+        if 8 + header_len > size:
+            raise ValueError(
+                f"{path} is truncated: its header alone needs {8 + header_len} bytes, the file has {size}"
+            )
+        try:
+            header = json.loads(f.read(header_len))
+            end = max(
+                (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0
+            )
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            raise ValueError(f"{path} is corrupt: its safetensors header does not parse") from None
+    if 8 + header_len + end != size:
+        raise ValueError(
+            f"{path} is truncated or corrupt: its header describes {8 + header_len + end} bytes, the file has {size}"
+        )
+
+
+def check_model_dir(directory: str, what: str) -> None:
+    """Every safetensors file of a local model directory is whole."""
+    for path in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
+        check_safetensors(path)
+    if what == "init_from" and not os.path.isfile(os.path.join(directory, "model.safetensors")):
+        raise FileNotFoundError(
+            f"init_from={directory!r} has no model.safetensors; pass a drafter exported with "
+            "`python -m longspec.export RUN_DIR OUT_DIR`"
+        )
+
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """The target, data and init_from exist and are whole (cheap: headers and sizes, no weights read)."""
+    path = cfg.target.path
+    if os.path.isdir(path):
+        check_model_dir(path, "target")
+    elif os.path.exists(path) or not _HUB_ID.match(path):
+        raise FileNotFoundError(f"target.path={path!r} is not a model directory (nor a hub id)")
+    if not os.path.isdir(cfg.data.path):
+        raise FileNotFoundError(
+            f"data.path={cfg.data.path!r} is not a directory; run `python -m data_prep.stage1|stage2|stage3_sft "
+            "... --out DIR` first"
+        )
+    if cfg.init_from is not None:
+        check_model_dir(cfg.init_from, "init_from")
+    if os.path.exists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
+        raise FileExistsError(f"output_dir={cfg.output_dir!r} exists and is not a directory")
+
+
+def resume_mismatches(state: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """What differs between the run that wrote `state` (trainer_state.json) and this config: target, data, stage."""
+    diffs = []
+
+    def differ(field: str, old: Any, new: Any) -> None:
+        if old != new:
+            diffs.append(f"{field} {old!r} -> {new!r}")
+
+    target = state.get("target", {})
+    differ("target.name", target.get("name"), cfg.target.name)
+    differ("target.path", _norm(target.get("path")), _norm(cfg.target.path))
+    differ("data.path", _norm(state.get("data", {}).get("path")), _norm(cfg.data.path))
+    differ("stage", state.get("stage"), cfg.stage.name)
+    return diffs
+
+
+def check_resume(checkpoint: str, cfg: TrainConfig, world_size: int) -> list[str]:
+    """Refuse (ValueError, one line) to resume `checkpoint` with another world size, or with another target, data
+    or stage unless resume.force; returns the forced differences (for a warning)."""
+    with open(os.path.join(checkpoint, "trainer_state.json")) as f:
+        state = json.load(f)
+    if state.get("world_size") != world_size:
+        # Not forcible: the optimizer state is sharded per rank, DeepSpeed cannot re-split it.
+        raise ValueError(
+            f"{checkpoint} was written by {state.get('world_size')} processes, this launch has {world_size}: "
+            f"relaunch with {state.get('world_size')}, or start a new output_dir with init_from= an exported drafter"
+        )
+    diffs = resume_mismatches(state, cfg)
+    if diffs and not cfg.resume.force:
+        raise ValueError(
+            f"output_dir {cfg.output_dir!r} holds another run (step {state.get('step')}): {'; '.join(diffs)}; "
+            "pass resume.force=true to resume it anyway, or choose another output_dir"
+        )
+    return diffs
+
+
+def _norm(path: Any) -> Any:
+    return os.path.abspath(path) if isinstance(path, str) and os.path.exists(path) else path
