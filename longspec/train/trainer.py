@@ -31,8 +31,9 @@ from longspec.data.shards import ShardReader
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.positions import anchor_offset_position_ids
 from longspec.target import TargetModel
+from longspec.target_source import load_config, load_tokenizer
 from longspec.train.checkpoint import CheckpointManager
-from longspec.train.config import TrainConfig
+from longspec.train.config import TargetConfig, TrainConfig
 from longspec.train.deepspeed_config import build_deepspeed_config, resolve_precision
 from longspec.train.distributed import DistInfo, init_distributed
 from longspec.train.metrics import (
@@ -87,14 +88,15 @@ def check_data(manifest: Manifest, cfg: TrainConfig, tokenizer) -> None:
             )
 
 
-def _load_tokenizer(path: str, trust_remote_code: bool):
-    from transformers import AutoTokenizer
-
+def _load_tokenizer(target: TargetConfig):
+    source = target.source()
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        return load_tokenizer(source, trust_remote_code=target.trust_remote_code)
     except (OSError, ValueError) as e:
+        if source.gguf_file:
+            raise  # a GGUF always carries its tokenizer: failing to read it is an error in the file
         # A target directory without a tokenizer (e.g. random weights): no data/tokenizer check is possible.
-        log.warning("no tokenizer at %s (%s): the data's tokenizer cannot be checked", path, e)
+        log.warning("no tokenizer at %s (%s): the data's tokenizer cannot be checked", source, e)
         return None
 
 
@@ -151,7 +153,7 @@ class Trainer:
         self.precision = resolve_precision(cfg.deepspeed.precision)
         self.dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
 
-        self.tokenizer = _load_tokenizer(cfg.target.path, cfg.target.trust_remote_code)
+        self.tokenizer = _load_tokenizer(cfg.target)
         self.reader = ShardReader(cfg.data.path)
         check_data(self.reader.manifest, cfg, self.tokenizer)
         self.pad_id = self._pad_id()
@@ -242,12 +244,9 @@ class Trainer:
         cfg = self.cfg
         hf_ds_config = None
         if self.zero3:
-            from transformers import AutoConfig
             from transformers.integrations import HfDeepSpeedConfig
 
-            import_model_class(
-                AutoConfig.from_pretrained(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
-            )
+            import_model_class(load_config(cfg.target.source(), trust_remote_code=cfg.target.trust_remote_code))
 
             # Makes transformers load the checkpoint shard by shard into ZeRO-3 partitions (never a full copy
             # per rank); must stay referenced until the model is built.
@@ -262,10 +261,13 @@ class Trainer:
         with init_ctx:
             target = TargetModel.from_pretrained(
                 cfg.target.path,
+                gguf_file=cfg.target.gguf_file,
                 dtype=self.dtype,
                 device=None if self.zero3 else self.device,
                 trust_remote_code=cfg.target.trust_remote_code,
             )
+        if self.tokenizer is not None:
+            target.check_tokenizer(self.tokenizer)
         max_pos = getattr(target.config, "max_position_embeddings", None)
         if (
             cfg.stage.position_ids == "anchor_offset"

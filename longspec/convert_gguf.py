@@ -1,0 +1,81 @@
+"""`python -m longspec.convert_gguf SRC OUT [--dtype bfloat16|float16|float32] [--overwrite]`: a GGUF target as an HF
+model directory (config.json, model.safetensors, tokenizer files, generation config).
+
+De-quantizing a GGUF takes a while (~40 s for a 135M Q4_1 model on a CPU) and happens on every load; the HF
+directory it becomes loads in a second and can be carried to a machine without the `gguf` package. The weights
+are what transformers de-quantizes (Q4_1 etc. -> float32), then cast to --dtype; the tokenizer is the one rebuilt
+from the file's metadata, so `target.path=OUT` and `target.gguf_file=SRC` give the same model, the same ids and
+the same target fingerprint.
+
+OUT is written as OUT.tmp-PID and renamed at the end: it appears whole or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+__all__ = ["convert_gguf", "main"]
+
+_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def convert_gguf(src: str, out: str, *, dtype: str = "bfloat16", overwrite: bool = False) -> str:
+    """Write the GGUF `src` (a path or pkg://PACKAGE/FILE) as an HF directory at `out`; returns `out`."""
+    import torch
+
+    from longspec.target import _check_model_type
+    from longspec.target_source import load_causal_lm, load_config, load_tokenizer, resolve_source
+
+    if dtype not in _DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    source = resolve_source(None, src)
+    out = os.path.abspath(os.path.expanduser(out))
+    if os.path.realpath(out) == os.path.realpath(source.repo):
+        raise ValueError(f"OUT {out!r} is the directory that holds {source}: choose another directory")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise FileExistsError(f"OUT {out!r} exists and is not a directory")
+    if os.path.isdir(out) and os.listdir(out) and not overwrite:
+        raise FileExistsError(f"OUT {out!r} exists and is not empty; pass --overwrite to replace it")
+    if os.path.realpath(source.gguf_path).startswith(os.path.realpath(out) + os.sep):
+        raise ValueError(f"OUT {out!r} contains the source {source}: replacing it would delete the source")
+
+    config = load_config(source)
+    _check_model_type(config)  # longspec targets only: a file of another family would convert but not load
+    tokenizer = load_tokenizer(source)  # before the slow part: a bad tokenizer fails in a second
+    model = load_causal_lm(source, config=config, dtype=getattr(torch, dtype))
+    tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("src", help="the GGUF file (a path, or pkg://PACKAGE/FILE for one inside a package)")
+    parser.add_argument("out", help="the HF model directory to write")
+    parser.add_argument("--dtype", default="bfloat16", choices=_DTYPES, help="weight dtype (default bfloat16)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    args = parser.parse_args(argv)
+    try:
+        out = convert_gguf(args.src, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    except (OSError, ValueError) as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

