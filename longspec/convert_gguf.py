@@ -13,6 +13,7 @@ OUT is written as OUT.tmp-PID and renamed at the end: it appears whole or not at
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -27,7 +28,7 @@ def convert_gguf(src: str, out: str, *, dtype: str = "bfloat16", overwrite: bool
     import torch
 
     from longspec.target import _check_model_type
-    from longspec.target_source import load_causal_lm, load_config, load_tokenizer, resolve_source
+    from longspec.target_source import GGUFError, load_causal_lm, load_config, load_tokenizer, resolve_source
 
     if dtype not in _DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
@@ -46,17 +47,40 @@ def convert_gguf(src: str, out: str, *, dtype: str = "bfloat16", overwrite: bool
     _check_model_type(config)  # longspec targets only: a file of another family would convert but not load
     tokenizer = load_tokenizer(source)  # before the slow part: a bad tokenizer fails in a second
     model = load_causal_lm(source, config=config, dtype=getattr(torch, dtype))
+    # transformers marks a model loaded from a GGUF as "quantized with gguf" and refuses to save it. For the
+    # families longspec runs every weight is de-quantized into a plain tensor (checked), so the mark is dropped
+    # and the directory loads as an ordinary checkpoint.
+    packed = [name for name, param in model.named_parameters() if not param.is_floating_point()]
+    if packed:
+        raise GGUFError(f"{source}: weights still packed after loading ({packed[:3]}...); cannot write them as HF")
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        _load_as_written(os.path.join(tmp, "tokenizer_config.json"))
         if os.path.isdir(out):
             shutil.rmtree(out)
         os.rename(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _load_as_written(tokenizer_config: str) -> None:
+    """Make the directory's tokenizer load as tokenizer.json says. transformers records a class per architecture
+    (e.g. Qwen2Tokenizer for a qwen2 file), and such a class rebuilds its own normalizer and pre-tokenizer on load
+    (Qwen2's NFC + split regex), which the GGUF's tokenizer does not have: other ids for some texts, and another
+    fingerprint. The generic backend takes tokenizer.json as it is."""
+    with open(tokenizer_config) as f:
+        data = json.load(f)
+    data["tokenizer_class"] = "TokenizersBackend"
+    with open(tokenizer_config, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def main(argv: list[str] | None = None) -> None:

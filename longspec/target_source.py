@@ -192,12 +192,34 @@ def load_tokenizer(
 
     source = path if isinstance(path, ModelSource) else resolve_source(path, gguf_file)
     if source.gguf_file is None:
+        if _declares_generic_backend(source.repo):
+            from transformers import TokenizersBackend
+
+            return TokenizersBackend.from_pretrained(source.repo)
         return AutoTokenizer.from_pretrained(source.repo, trust_remote_code=trust_remote_code)
     _require_gguf_package()
     try:
         return AutoTokenizer.from_pretrained(source.repo, gguf_file=source.gguf_file)
     except _READ_ERRORS as e:
         raise _wrap(source, "a tokenizer", e) from e
+
+
+def _declares_generic_backend(directory: str) -> bool:
+    """Whether a local directory's tokenizer_config.json asks for tokenizer.json as it is (`TokenizersBackend`).
+
+    AutoTokenizer overrides that for some model types (qwen2: Qwen2Tokenizer, which rebuilds its own NFC
+    normalizer and split regex), so a directory written by `longspec.convert_gguf` from a GGUF would load another
+    tokenizer than the file's. We honour the declaration."""
+    import json
+
+    config = os.path.join(directory, "tokenizer_config.json")
+    if not os.path.isfile(config):
+        return False
+    try:
+        with open(config) as f:
+            return json.load(f).get("tokenizer_class") == "TokenizersBackend"
+    except (OSError, ValueError):
+        return False
 
 
 def check_tokenizer_fits(tokenizer, embedding_rows: int) -> None:
