@@ -326,7 +326,9 @@ def add_common_args(parser, *, default_source: str | None = None, repeat_source:
             default=default_source,
             help=help_text + (f" (default: {default_source})" if default_source else ""),
         )
-    parser.add_argument("--tokenizer", required=True, help="the target's tokenizer (its model dir, hub id or .gguf file)")
+    parser.add_argument(
+        "--tokenizer", required=True, help="the target's tokenizer (its model dir, hub id or .gguf file)"
+    )
     parser.add_argument("--out", required=True, help="output directory (shards + manifest.json)")
     parser.add_argument("--split", default="train", help="HF dataset split")
     parser.add_argument("--hf-config", default=None, help="HF dataset configuration name")

@@ -52,7 +52,9 @@ def convert_gguf(src: str, out: str, *, dtype: str = "bfloat16", overwrite: bool
     # and the directory loads as an ordinary checkpoint.
     packed = [name for name, param in model.named_parameters() if not param.is_floating_point()]
     if packed:
-        raise GGUFError(f"{source}: weights still packed after loading ({packed[:3]}...); cannot write them as HF")
+        raise GGUFError(
+            f"{source}: weights still packed after loading ({packed[:3]}...); cannot write them as HF"
+        )
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -87,7 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("src", help="the GGUF file (a path, or pkg://PACKAGE/FILE for one inside a package)")
     parser.add_argument("out", help="the HF model directory to write")
-    parser.add_argument("--dtype", default="bfloat16", choices=_DTYPES, help="weight dtype (default bfloat16)")
+    parser.add_argument(
+        "--dtype", default="bfloat16", choices=_DTYPES, help="weight dtype (default bfloat16)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = parser.parse_args(argv)

@@ -89,7 +89,9 @@ def tokenizer_content(tokenizer) -> dict[str, Any]:
     `add_special_tokens=True` wraps around a text (the post-processor's effect, whatever its serialization)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer: longspec needs tokenizers' JSON")
+        raise ValueError(
+            f"{type(tokenizer).__name__} is not a fast tokenizer: longspec needs tokenizers' JSON"
+        )
     data = json.loads(backend.to_str())
     model = data.get("model") or {}
     model_type = model.get("type")
@@ -112,9 +114,7 @@ def tokenizer_content(tokenizer) -> dict[str, Any]:
         )
         for t in data.get("added_tokens") or []
     )
-    roles = {
-        role: getattr(tokenizer, f"{role}_token_id", None) for role in ("bos", "eos", "unk", "pad")
-    }
+    roles = {role: getattr(tokenizer, f"{role}_token_id", None) for role in ("bos", "eos", "unk", "pad")}
     probe = "a"
     with_special = tokenizer(probe, add_special_tokens=True)["input_ids"]
     plain = tokenizer(probe, add_special_tokens=False)["input_ids"]

@@ -110,7 +110,9 @@ def resolve_source(path: str | os.PathLike | None, gguf_file: str | os.PathLike 
     else:
         gguf_file = os.path.expanduser(gguf_file)
         if path is not None and not os.path.isabs(gguf_file) and not _looks_local(path):
-            return ModelSource(repo=path, gguf_file=gguf_file)  # a file inside a hub repo: transformers fetches it
+            return ModelSource(
+                repo=path, gguf_file=gguf_file
+            )  # a file inside a hub repo: transformers fetches it
         full = gguf_file if (path is None or os.path.isabs(gguf_file)) else os.path.join(path, gguf_file)
     full = os.path.abspath(full)
     if not os.path.isfile(full):
@@ -156,7 +158,9 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
 
             metadata, _ = read_gguf_metadata(source.gguf_path)
             arch = metadata["general.architecture"]
-            head_dim = metadata.get(f"{arch}.attention.key_length") or metadata.get(f"{arch}.rope.dimension_count")
+            head_dim = metadata.get(f"{arch}.attention.key_length") or metadata.get(
+                f"{arch}.rope.dimension_count"
+            )
             if head_dim and getattr(config, "head_dim", None) not in (None, head_dim):
                 config.head_dim = int(head_dim)
     except _READ_ERRORS as e:
@@ -172,7 +176,9 @@ def load_causal_lm(source: ModelSource, *, config=None, dtype=None, device_map=N
     config = config if config is not None else load_config(source, trust_remote_code=trust_remote_code)
     kwargs = dict(config=config, dtype=dtype if dtype is not None else "auto", device_map=device_map)
     if source.gguf_file is None:
-        return AutoModelForCausalLM.from_pretrained(source.repo, trust_remote_code=trust_remote_code, **kwargs)
+        return AutoModelForCausalLM.from_pretrained(
+            source.repo, trust_remote_code=trust_remote_code, **kwargs
+        )
     _require_gguf_package()
     try:
         return AutoModelForCausalLM.from_pretrained(source.repo, gguf_file=source.gguf_file, **kwargs)

@@ -174,9 +174,46 @@ def build_byte_tokenizer():
 # 40 byte-level BPE merges (GPT-2's alphabet, "Ġ" = space): with the 256 bytes and 4 specials, 300 tokens, the tiny
 # configs' vocab. Each merge joins two tokens that exist by then, so the list is a valid merge table.
 _TINY_MERGES = (
-    "h e", "i n", "e r", "a n", "r e", "o n", "Ġ t", "Ġt he", "Ġ a", "e n", "a t", "o r", "e s", "Ġ s",
-    "Ġ w", "i s", "i t", "Ġ c", "Ġ f", "e d", "a r", "Ġ p", "a l", "i c", "Ġ m", "l e", "Ġ in", "o u",
-    "Ġ d", "s t", "Ġ (", "d e", "r o", "Ġ =", "Ġ re", "Ġt o", "Ġ an", "s e", "l f", "se lf",
+    "h e",
+    "i n",
+    "e r",
+    "a n",
+    "r e",
+    "o n",
+    "Ġ t",
+    "Ġt he",
+    "Ġ a",
+    "e n",
+    "a t",
+    "o r",
+    "e s",
+    "Ġ s",
+    "Ġ w",
+    "i s",
+    "i t",
+    "Ġ c",
+    "Ġ f",
+    "e d",
+    "a r",
+    "Ġ p",
+    "a l",
+    "i c",
+    "Ġ m",
+    "l e",
+    "Ġ in",
+    "o u",
+    "Ġ d",
+    "s t",
+    "Ġ (",
+    "d e",
+    "r o",
+    "Ġ =",
+    "Ġ re",
+    "Ġt o",
+    "Ġ an",
+    "s e",
+    "l f",
+    "se lf",
 )
 # transformers' GGUF byte-level tokenizer adds <|endoftext|> when the vocabulary lacks it (GPT-2's default
 # special token), which would make it one token longer than the model's embedding: the tiny vocabulary has it.
@@ -200,7 +237,9 @@ def build_tiny_bpe_tokenizer():
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, _ENDOFTEXT)])
+    tok.add_special_tokens(
+        [AddedToken(t, normalized=False, special=True) for t in (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, _ENDOFTEXT)]
+    )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS_TOKEN,
@@ -212,7 +251,9 @@ def build_tiny_bpe_tokenizer():
     )
 
 
-def save_tiny_gguf(family: str, path: str | os.PathLike, *, seed: int = 0, dtype: str = "float32", **overrides):
+def save_tiny_gguf(
+    family: str, path: str | os.PathLike, *, seed: int = 0, dtype: str = "float32", **overrides
+):
     """Write a tiny random HF model of `family` (llama | qwen2 | qwen2-tied | mistral | qwen3) and the tiny BPE
     tokenizer as one GGUF file, the way llama.cpp's converter lays it out; returns the HF model it came from.
 
@@ -246,7 +287,9 @@ def save_tiny_gguf(family: str, path: str | os.PathLike, *, seed: int = 0, dtype
     tokens = [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
     writer.add_token_list(tokens)
     special = {BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, _ENDOFTEXT}
-    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    writer.add_token_types(
+        [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]
+    )
     writer.add_token_merges(list(_TINY_MERGES))
     writer.add_bos_token_id(BOS_ID)
     writer.add_eos_token_id(EOS_ID)
@@ -255,7 +298,9 @@ def save_tiny_gguf(family: str, path: str | os.PathLike, *, seed: int = 0, dtype
     writer.add_add_bos_token(False)
     writer.add_chat_template(_CHAT_TEMPLATE)
 
-    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), config.num_hidden_layers)
+    names = gguf.get_tensor_name_map(
+        next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), config.num_hidden_layers
+    )
     half = {"float32": np.float32, "float16": np.float16}[dtype]
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and config.tie_word_embeddings:
@@ -267,7 +312,11 @@ def save_tiny_gguf(family: str, path: str | os.PathLike, *, seed: int = 0, dtype
         if arch == "llama" and base.endswith(("q_proj", "k_proj")):
             heads = config.num_attention_heads if base.endswith("q_proj") else config.num_key_value_heads
             # llama.cpp's permute: HF's half-split rotary layout -> interleaved pairs
-            data = data.reshape(heads, 2, data.shape[0] // heads // 2, *data.shape[1:]).swapaxes(1, 2).reshape(data.shape)
+            data = (
+                data.reshape(heads, 2, data.shape[0] // heads // 2, *data.shape[1:])
+                .swapaxes(1, 2)
+                .reshape(data.shape)
+            )
         writer.add_tensor(f"{gguf_name}.{suffix}", data.astype(half if data.ndim > 1 else np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

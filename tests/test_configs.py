@@ -68,7 +68,9 @@ def test_smollm2_finds_its_gguf_in_the_installed_package(tmp_path, monkeypatch):
     assert cfg.target.anchor_max_len < 8192  # its context
     explicit = tmp_path / "copy.gguf"
     explicit.touch()
-    assert load_config([*overrides, f"target.gguf_file={explicit}"]).target.source().gguf_path == str(explicit)
+    assert load_config([*overrides, f"target.gguf_file={explicit}"]).target.source().gguf_path == str(
+        explicit
+    )
 
 
 @pytest.mark.parametrize("target", TARGETS)

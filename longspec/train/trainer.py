@@ -246,7 +246,9 @@ class Trainer:
         if self.zero3:
             from transformers.integrations import HfDeepSpeedConfig
 
-            import_model_class(load_config(cfg.target.source(), trust_remote_code=cfg.target.trust_remote_code))
+            import_model_class(
+                load_config(cfg.target.source(), trust_remote_code=cfg.target.trust_remote_code)
+            )
 
             # Makes transformers load the checkpoint shard by shard into ZeRO-3 partitions (never a full copy
             # per rank); must stay referenced until the model is built.

