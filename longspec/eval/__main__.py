@@ -106,9 +106,9 @@ def run_eval(cfg: EvalConfig) -> dict:
     device, dtype = _device_and_dtype(cfg)
     methods = cfg.methods
     trust = cfg.target.trust_remote_code
-    source = cfg.target.source()  # an HF directory / hub id, or a GGUF file
-    tokenizer = load_tokenizer(source, trust_remote_code=trust)
-    hf_config = load_config(source, trust_remote_code=trust)
+    model_source = cfg.target.source()  # an HF directory / hub id, or a GGUF file
+    tokenizer = load_tokenizer(model_source, trust_remote_code=trust)
+    hf_config = load_config(model_source, trust_remote_code=trust)
     check_tokenizer_fits(tokenizer, hf_config.vocab_size)  # the embedding's rows
     max_positions = getattr(hf_config, "max_position_embeddings", None)
     context_len = cfg.data.context_len or max_positions
@@ -134,7 +134,11 @@ def run_eval(cfg: EvalConfig) -> dict:
     _check_positions(cfg, max_positions, longest)
 
     target = TargetModel.from_pretrained(
-        source.repo, gguf_file=source.gguf_file, dtype=dtype, device=device, trust_remote_code=trust
+        model_source.repo,
+        gguf_file=model_source.gguf_file,
+        dtype=dtype,
+        device=device,
+        trust_remote_code=trust,
     )
     target.to(device)  # the adapter's own rotary buffers too (else a host copy per step, which graphs forbid)
     drafter = _build_drafter(cfg, target, tokenizer) if "longspec" in methods else None
