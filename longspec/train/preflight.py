@@ -86,6 +86,7 @@ def resume_mismatches(state: dict[str, Any], cfg: TrainConfig) -> list[str]:
     target = state.get("target", {})
     differ("target.name", target.get("name"), cfg.target.name)
     differ("target.path", _norm(target.get("path")), _norm(cfg.target.path))
+    differ("target.gguf_file", target.get("gguf_file"), cfg.target.gguf_file)
     differ("data.path", _norm(state.get("data", {}).get("path")), _norm(cfg.data.path))
     differ("stage", state.get("stage"), cfg.stage.name)
     return diffs

@@ -83,7 +83,7 @@ def check_data(manifest: Manifest, cfg: TrainConfig, tokenizer) -> None:
         expected = tokenizer_fingerprint(tokenizer)["sha256"]
         if manifest.tokenizer.get("sha256") != expected:
             raise ValueError(
-                f"{cfg.data.path} was tokenized with another tokenizer than the target's ({cfg.target.path}); "
+                f"{cfg.data.path} was tokenized with another tokenizer than the target's ({cfg.target.display}); "
                 "re-run the prep with --tokenizer pointing at the target (or set data.check_tokenizer=false)"
             )
 
@@ -190,7 +190,7 @@ class Trainer:
             "target %s (%s), drafter %.2fM params, data %s: %d rows; %d steps of %d sequences (grad accum %d x "
             "%d ranks), ZeRO-%d, %s",
             cfg.target.name,
-            cfg.target.path,
+            cfg.target.display,
             num_params / 1e6,
             cfg.data.path,
             len(self.reader),
@@ -483,7 +483,11 @@ class Trainer:
             "total_steps": self.total_steps,
             "world_size": self.world_size,
             "stage": self.cfg.stage.name,
-            "target": {"name": self.cfg.target.name, "path": self.cfg.target.path},
+            "target": {
+                "name": self.cfg.target.name,
+                "path": self.cfg.target.path,
+                "gguf_file": self.cfg.target.gguf_file,
+            },
             "data": {
                 "path": os.path.abspath(self.cfg.data.path),
                 "rows": len(self.reader),
