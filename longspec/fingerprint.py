@@ -72,6 +72,14 @@ def _canonical_component(node: Any) -> Any:
     return node
 
 
+def _is_byte_level(pre_tokenizer: Any) -> bool:
+    """Whether a canonical pre-tokenizer maps text to bytes (a ByteLevel step, alone or in a Sequence)."""
+    if not isinstance(pre_tokenizer, dict):
+        return False
+    steps = pre_tokenizer.get("items") if pre_tokenizer.get("type") == "Sequence" else [pre_tokenizer]
+    return any(isinstance(step, dict) and step.get("type") == "ByteLevel" for step in steps or [])
+
+
 def _merge_pair(merge: Any) -> list[str]:
     # tokenizers < 0.20 wrote merges as "a b", later versions as ["a", "b"].
     if isinstance(merge, str):
@@ -102,6 +110,12 @@ def tokenizer_content(tokenizer) -> dict[str, Any]:
     if model_type == "BPE":
         # tokenizers writes "" and None interchangeably for unset affixes.
         options = {**_BPE_DEFAULTS, **{k: (None if v == "" else v) for k, v in options.items()}}
+    pre_tokenizer = _canonical_component(data.get("pre_tokenizer"))
+    if model_type == "BPE" and _is_byte_level(pre_tokenizer):
+        # Byte-level BPE maps every byte to a vocab symbol, so no piece is ever unknown: the unknown-token options
+        # cannot change an id. Converters differ on them for the same tokenizer (transformers 5.17 writes
+        # byte_fallback / fuse_unk / unk_token for a GGUF's gpt2 tokenizer, 5.24 does not), so they are left out.
+        options = {k: v for k, v in options.items() if k not in ("unk_token", "byte_fallback", "fuse_unk")}
     added = sorted(
         (
             t["id"],
@@ -130,7 +144,7 @@ def tokenizer_content(tokenizer) -> dict[str, Any]:
             },
             "added_tokens": added,
             "normalizer": _canonical_component(data.get("normalizer")),
-            "pre_tokenizer": _canonical_component(data.get("pre_tokenizer")),
+            "pre_tokenizer": pre_tokenizer,
             "special_token_ids": roles,
             "special_wrapping": wrapping,
         }

@@ -205,9 +205,36 @@ def load_tokenizer(
         return AutoTokenizer.from_pretrained(source.repo, trust_remote_code=trust_remote_code)
     _require_gguf_package()
     try:
-        return AutoTokenizer.from_pretrained(source.repo, gguf_file=source.gguf_file)
+        tokenizer = AutoTokenizer.from_pretrained(source.repo, gguf_file=source.gguf_file)
+        _set_gguf_special_tokens(tokenizer, os.path.join(source.repo, source.gguf_file))
     except _READ_ERRORS as e:
         raise _wrap(source, "a tokenizer", e) from e
+    return tokenizer
+
+
+# GGUF metadata key -> the tokenizer's special-token role
+_GGUF_SPECIAL_TOKENS = {
+    "tokenizer.ggml.bos_token_id": "bos_token",
+    "tokenizer.ggml.eos_token_id": "eos_token",
+    "tokenizer.ggml.unknown_token_id": "unk_token",
+    "tokenizer.ggml.padding_token_id": "pad_token",
+}
+
+
+def _set_gguf_special_tokens(tokenizer, path: str) -> None:
+    """The special-token roles as the GGUF file states them. Not every transformers version maps them: 5.17
+    rebuilt SmolLM2's tokenizer with eos = <|im_start|> (the file says <|im_end|>), so generation would not stop
+    at the end of a chat turn."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    for key, role in _GGUF_SPECIAL_TOKENS.items():
+        field = reader.get_field(key)
+        if field is None:
+            continue
+        token = tokenizer.convert_ids_to_tokens(int(field.contents()))
+        if token is not None and getattr(tokenizer, role, None) != token:
+            setattr(tokenizer, role, token)
 
 
 def _declares_generic_backend(directory: str) -> bool:

@@ -42,6 +42,17 @@ def test_same_tokenizer_two_serializations_same_hash(tmp_path, build):
     assert tokenizer_hash(reloaded) == tokenizer_hash(tokenizer) == tokenizer_hash(legacy)
 
 
+def _unknown_token_options(data):
+    """What transformers 5.17 writes for a GGUF's byte-level BPE (5.24 does not): options about unknown pieces,
+    which a byte-level tokenizer never produces."""
+    data["model"].update(byte_fallback=True, fuse_unk=True, unk_token="<|pad|>")
+
+
+def test_unknown_piece_options_do_not_count_for_byte_level_bpe(tmp_path):
+    tokenizer = build_tiny_bpe_tokenizer()
+    assert tokenizer_hash(_saved(tokenizer, tmp_path / "a", _unknown_token_options)) == tokenizer_hash(tokenizer)
+
+
 def _swap_merge(data):
     merges = data["model"]["merges"]
     merges[3], merges[4] = merges[4], merges[3]  # same merges, other ranks: other ids for some texts

@@ -122,6 +122,20 @@ def test_tokenizer_comes_from_the_file(tiny_gguf):
     assert target_fingerprint(target.config, tokenizer) == target_fingerprint(hf_model.config, reference)
 
 
+def test_special_token_roles_are_the_files_whatever_transformers_maps(tiny_gguf):
+    """transformers 5.17 rebuilt SmolLM2's GGUF tokenizer with eos = <|im_start|>; the roles come from the file's
+    tokenizer.ggml.*_token_id metadata, not from the version's mapping."""
+    from longspec.target_source import _set_gguf_special_tokens
+
+    path, _ = tiny_gguf("llama")
+    tokenizer = load_tokenizer(path)
+    expected = tokenizer_hash(tokenizer)
+    tokenizer.eos_token = tokenizer.bos_token  # what a converter that loses the eos role leaves
+    assert tokenizer_hash(tokenizer) != expected
+    _set_gguf_special_tokens(tokenizer, str(path))
+    assert tokenizer.eos_token == "<|eos|>" and tokenizer_hash(tokenizer) == expected
+
+
 def test_a_tokenizer_larger_than_the_embedding_is_refused(tiny_gguf):
     path, _ = tiny_gguf("qwen2")
     target = TargetModel.from_pretrained(path)
