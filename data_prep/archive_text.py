@@ -25,7 +25,9 @@ PROSE_SUFFIXES = frozenset({".rst", ".md", ".txt", ".html", ".htm"})
 # Files that say who may copy the package, not what it does: a model learns nothing from a tenth MIT text.
 _LICENCE_STEMS = re.compile(r"^(licen[cs]e|copying|copyright|notice|authors|contributors)([._-].*)?$", re.I)
 # Packaging metadata that ends in .txt but is a list, not prose.
-_TXT_JUNK = re.compile(r"^(requirements.*|sources|top_level|dependency_links|entry_points|not-zip-safe)\.txt$", re.I)
+_TXT_JUNK = re.compile(
+    r"^(requirements.*|sources|top_level|dependency_links|entry_points|not-zip-safe)\.txt$", re.I
+)
 # Packaging metadata, VCS / tool folders (matched as .*), Sphinx build helpers, Pygments' lexer test inputs.
 _SKIP_DIRS = frozenset({"_static", "_templates", "_themes", "_build", "_sources", "examplefiles"})
 _DOC_DIR = re.compile(r"^(doc|docs|documentation|html)$", re.I)
@@ -38,7 +40,9 @@ _LICENCE_TEXT = re.compile(
 )
 
 
-def iter_archive(name: str, data: bytes, *, max_member_bytes: int = MAX_MEMBER_BYTES) -> Iterator[tuple[str, bytes | None]]:
+def iter_archive(
+    name: str, data: bytes, *, max_member_bytes: int = MAX_MEMBER_BYTES
+) -> Iterator[tuple[str, bytes | None]]:
     """(path, bytes) of every regular file in an archive (bytes None: larger than `max_member_bytes`).
 
     `name` picks the format: *.deb (ar with a data.tar.* member), *.whl / *.zip, else a tarball (any compression
@@ -96,7 +100,9 @@ def _deb_data_tar(name: str, data: bytes) -> bytes:
         body = data[pos + 60 : pos + 60 + size]
         if member.startswith("data.tar"):
             if member.endswith(".zst"):
-                raise ValueError(f"{name}: {member} is zstd-compressed, which the standard library cannot read")
+                raise ValueError(
+                    f"{name}: {member} is zstd-compressed, which the standard library cannot read"
+                )
             return body
         pos += 60 + size + (size & 1)  # members are 2-byte aligned
     raise ValueError(f"{name}: no data.tar member")
@@ -204,7 +210,9 @@ class TextFilter:
         if kind == "code":
             if "/migrations/" in f"/{path}":  # Django migrations: written by makemigrations, not by a person
                 return None, "migration"
-            text, reason = check_python_bytes(raw, path, max_bytes=self.max_file_bytes, check_syntax=self.check_syntax)
+            text, reason = check_python_bytes(
+                raw, path, max_bytes=self.max_file_bytes, check_syntax=self.check_syntax
+            )
             if reason is not None:
                 return None, reason
         else:
@@ -220,8 +228,10 @@ class TextFilter:
         if len(text.strip()) < self.min_chars:
             return None, "too_short"
         lines = text.splitlines()
-        # Minified / embedded data: one very long line, or lines that average far beyond what people write.
-        if max(map(len, lines)) > self.max_line_chars * 10 or len(text) / max(len(lines), 1) > self.max_line_chars // 5:
+        # Minified / embedded data: one very long line, or code lines that average far beyond what people write
+        # (prose may hold a paragraph per line: only the extreme single line counts there).
+        too_wide = kind == "code" and len(text) / max(len(lines), 1) > self.max_line_chars // 5
+        if max(map(len, lines)) > self.max_line_chars * 10 or too_wide:
             return None, "minified"
         if licence_only(text):
             return None, "licence_only"
@@ -241,7 +251,9 @@ def _decode_prose(raw: bytes, max_bytes: int) -> tuple[str | None, str | None]:
         return None, "not_utf8"
 
 
-def extract_text(path: str, raw: bytes | None, text_filter: TextFilter) -> tuple[str | None, str | None, str | None]:
+def extract_text(
+    path: str, raw: bytes | None, text_filter: TextFilter
+) -> tuple[str | None, str | None, str | None]:
     """(kind, text, reason): kind None = not a file the corpus reads (no reason, it is not counted)."""
     kind = classify(path)
     if kind is None:

@@ -17,8 +17,18 @@ from collections.abc import Callable
 
 from data_prep.stdlib_corpus import path_fraction
 
-__all__ = ["TASKS", "boundaries", "fit_prefix", "headings", "code_symbols", "question", "next_code_line", "doc_key",
-           "cut_task", "ordered"]
+__all__ = [
+    "TASKS",
+    "boundaries",
+    "fit_prefix",
+    "headings",
+    "code_symbols",
+    "question",
+    "next_code_line",
+    "doc_key",
+    "cut_task",
+    "ordered",
+]
 
 SUMMARY_INSTRUCTION = "Now, write a one-page summary of the document above."
 CODE_INSTRUCTION = "Continue this Python file from where it stops. Write only the code that comes next."
@@ -57,6 +67,23 @@ def fit_prefix(text: str, ends: list[int], count: Callable[[str], int], budget: 
     return text[: ends[lo]]
 
 
+def fit_document(text: str, kind: str, count: Callable[[str], int], budget: int) -> str | None:
+    """fit_prefix for a document: code at line ends; prose at paragraph ends, unless that leaves over a tenth
+    of the budget unused (long paragraphs), then at line ends, then (a paragraph per line) at sentence ends."""
+    if kind == "code":
+        return fit_prefix(text, boundaries(text, "code"), count, budget)
+    prefix = None
+    for ends in (boundaries(text, kind), boundaries(text, "code"), _sentence_ends(text)):
+        prefix = fit_prefix(text, ends, count, budget) if ends else None
+        if prefix is not None and (len(prefix) == len(text) or count(prefix) >= 0.9 * budget):
+            return prefix
+    return prefix
+
+
+def _sentence_ends(text: str) -> list[int]:
+    return [m.end() for m in re.finditer(r"[.!?:]\s", text)]
+
+
 def headings(text: str) -> list[tuple[int, str]]:
     """(line index, title) of the section headings: reST titles (a line underlined with =, -, ~, ...) and
     Markdown / HTML-converted '#' headings."""
@@ -74,7 +101,9 @@ def headings(text: str) -> list[tuple[int, str]]:
         ):
             found.append((i, line.strip()))
     # Titles that are markup rather than words (":mod:`os`" stays, "....." or "1." does not) make poor questions.
-    return [(i, t.strip("`*_ ")) for i, t in found if len(re.findall(r"[A-Za-z]{3,}", t)) >= 1 and len(t) <= 80]
+    return [
+        (i, t.strip("`*_ ")) for i, t in found if len(re.findall(r"[A-Za-z]{3,}", t)) >= 1 and len(t) <= 80
+    ]
 
 
 def code_symbols(text: str) -> list[tuple[str, str]]:
@@ -126,7 +155,9 @@ def next_code_line(text: str, cut: int) -> str | None:
 
 
 TASKS = ("code", "summary", "qa")
-QUESTION_RESERVE = 64  # tokens kept free for the question while the context is fitted
+QUESTION_RESERVE = (
+    16  # extra tokens kept free for a question about the prefix longer than the whole document's
+)
 
 
 def cut_task(task: str, doc: dict, count: Callable[[str, str], int], budget: int) -> dict | None:
@@ -150,18 +181,32 @@ def cut_task(task: str, doc: dict, count: Callable[[str, str], int], budget: int
     if task == "summary":
         if kind != "prose":
             return None
-        context = fit_prefix(text, boundaries(text, kind), lambda p: count(p, SUMMARY_INSTRUCTION), budget)
-        return None if context is None else {"context": context, "instruction": SUMMARY_INSTRUCTION, "answer": None}
+        context = fit_document(text, kind, lambda p: count(p, SUMMARY_INSTRUCTION), budget)
+        return (
+            None
+            if context is None
+            else {"context": context, "instruction": SUMMARY_INSTRUCTION, "answer": None}
+        )
     if task == "qa":
-        context = fit_prefix(text, boundaries(text, kind), lambda p: count(p, ""), budget - QUESTION_RESERVE)
+        # The question must be about the kept prefix, which depends on the room the question leaves: reserve
+        # the room of the whole document's question plus a margin, fit, then ask about the prefix.
+        whole = question(key, kind, text)
+        if whole is None:
+            return None
+        reserve = count("", _qa_instruction(whole)) - count("", "") + QUESTION_RESERVE
+        context = fit_document(text, kind, lambda p: count(p, ""), budget - reserve)
         asked = None if context is None else question(key, kind, context)
         if asked is None:
             return None
-        instruction = f"{QA_INSTRUCTION}\n\nQuestion: {asked}"
+        instruction = _qa_instruction(asked)
         if count(context, instruction) > budget:
             return None
         return {"context": context, "instruction": instruction, "answer": None}
     raise ValueError(f"unknown task {task!r}; one of {TASKS}")
+
+
+def _qa_instruction(asked: str) -> str:
+    return f"{QA_INSTRUCTION}\n\nQuestion: {asked}"
 
 
 def ordered(rows: list[dict], salt: str) -> list[dict]:

@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tokenizer = load_tokenizer(args.tokenizer)
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"tokenizer {args.tokenizer!r} has no chat template: stage-3 prompts are chat turns")
+            raise ValueError(
+                f"tokenizer {args.tokenizer!r} has no chat template: stage-3 prompts are chat turns"
+            )
         summary = build_prompts(corpus=args.corpus, tokenizer=tokenizer, out=args.out,
                                 max_prompt_tokens=args.max_prompt_tokens, min_prompt_tokens=args.min_prompt_tokens,
                                 num_prompts=args.num_prompts)  # fmt: skip

@@ -36,7 +36,9 @@ MIN_FILL = 0.8  # a prompt fills at least this share of its budget
 
 def read_rows(path: Path) -> list[dict]:
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found (build the corpus first: python -m data_prep.registry_corpus)")
+        raise FileNotFoundError(
+            f"{path} not found (build the corpus first: python -m data_prep.registry_corpus)"
+        )
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
@@ -99,7 +101,9 @@ def build_suite(*, corpus: Path, tokenizer, out: Path, buckets: list[int], per_b
             manifest["files"][name] = {"rows": len(rows), "prompt_tokens": [r["prompt_tokens"] for r in rows],
                                        "documents": [f"{r['source']}:{r['path']}" for r in rows]}  # fmt: skip
             if len(rows) < per_bucket:
-                manifest["shortfalls"][name] = f"{len(rows)} of {per_bucket}: too few held-out documents that long"
+                manifest["shortfalls"][name] = (
+                    f"{len(rows)} of {per_bucket}: too few held-out documents that long"
+                )
     files = ",".join(str(out / name) for name in manifest["files"] if manifest["files"][name]["rows"])
     manifest["eval_command"] = (
         f"python -m longspec.eval data.name=[{files}] data.context_margin={gen_room} "
@@ -111,7 +115,9 @@ def build_suite(*, corpus: Path, tokenizer, out: Path, buckets: list[int], per_b
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--corpus", type=Path, required=True, help="registry corpus dir (its heldout.jsonl is read)")
+    p.add_argument(
+        "--corpus", type=Path, required=True, help="registry corpus dir (its heldout.jsonl is read)"
+    )
     p.add_argument("--tokenizer", required=True, help="the target's tokenizer dir")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--buckets", default="2048,4096,8192", help="comma-separated prompt budgets in tokens")

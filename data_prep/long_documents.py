@@ -52,7 +52,9 @@ def build_long_documents(*, corpus: Path, tokenizer, out: Path, max_tokens: int 
         raise ValueError(f"need 0 < min_tokens <= max_tokens, got {min_tokens}, {max_tokens}")
     groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for row in read_rows(corpus / f"{split}.jsonl"):
-        groups[(row["source"], row["kind"], row["path"].rsplit("/", 1)[0] if "/" in row["path"] else "")].append(row)
+        groups[
+            (row["source"], row["kind"], row["path"].rsplit("/", 1)[0] if "/" in row["path"] else "")
+        ].append(row)
     order = sorted(groups, key=lambda g: path_fraction(":".join(g), salt="long-documents"))
     budget = max_tokens - 2  # room for the BOS / EOS stage 2 adds
     written = tokens_total = 0
@@ -61,7 +63,13 @@ def build_long_documents(*, corpus: Path, tokenizer, out: Path, max_tokens: int 
         def emit(parts: list[str], paths: list[str], tokens: int, source: str, kind: str) -> None:
             nonlocal written, tokens_total
             if tokens >= min_tokens and (max_docs is None or written < max_docs):
-                row = {"text": "".join(parts), "source": source, "kind": kind, "paths": paths, "tokens": tokens}
+                row = {
+                    "text": "".join(parts),
+                    "source": source,
+                    "kind": kind,
+                    "paths": paths,
+                    "tokens": tokens,
+                }
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
                 written += 1
                 tokens_total += tokens
@@ -73,7 +81,9 @@ def build_long_documents(*, corpus: Path, tokenizer, out: Path, max_tokens: int 
             texts = [_header(kind, r["path"]) + r["text"].rstrip("\n") + "\n\n" for r in rows]
             enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
             parts, paths, tokens = [], [], 0
-            for row, text, ids, offsets in zip(rows, texts, enc["input_ids"], enc["offset_mapping"], strict=True):
+            for row, text, ids, offsets in zip(
+                rows, texts, enc["input_ids"], enc["offset_mapping"], strict=True
+            ):
                 if len(ids) > budget:  # a long file is a document (or several) by itself
                     for piece in _pieces(text, offsets, budget):
                         n = len(tokenizer(piece, add_special_tokens=False)["input_ids"])

@@ -121,7 +121,9 @@ def build_registry_corpus(cfg: RegistryCorpusConfig) -> dict:
     manifest_sources = []
     try:
         for source in sources:
-            data = fetch(source, cfg.cache, index=cfg.index_url, mirror=cfg.debian_mirror, offline=cfg.offline)
+            data = fetch(
+                source, cfg.cache, index=cfg.index_url, mirror=cfg.debian_mirror, offline=cfg.offline
+            )
             members = dict(iter_archive(source.archive_name, data))
             stats = _SourceStats()
             for path, raw in members.items():
@@ -139,7 +141,11 @@ def build_registry_corpus(cfg: RegistryCorpusConfig) -> dict:
             log.info("%s %s: %s", source.name, source.version, stats.to_dict())
             manifest_sources.append(
                 source.to_dict()
-                | {"archive_bytes": len(data), "sha256_verified": True, "licence_metadata": metadata_licence(members)}
+                | {
+                    "archive_bytes": len(data),
+                    "sha256_verified": True,
+                    "licence_metadata": metadata_licence(members),
+                }
                 | stats.to_dict()
             )
         if cfg.stdlib:
@@ -187,7 +193,9 @@ def _add_stdlib(cfg: RegistryCorpusConfig, writer: _Writer, text_filter: TextFil
 
 
 def parse_args(argv: list[str] | None = None) -> RegistryCorpusConfig:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--sources", default="default", help="default | none | a JSON list of pinned sources")
     p.add_argument("--cache", type=Path, default=RegistryCorpusConfig.__dataclass_fields__["cache"].default,

@@ -53,21 +53,52 @@ def _pypi(name, version, sha256, licence):
 # Permissively licensed projects whose sdists ship their documentation sources next to the code; ~42 MB of
 # sdists plus the 12.6 MB Python 3.11 documentation package (HTML). Hashes are the index's (PEP 691 `hashes`).
 DEFAULT_SOURCES: tuple[RegistrySource, ...] = (
-    _pypi("django", "5.2.4", "a1228c384f8fa13eebc015196db7b3e08722c5058d4758d20cb287503a540d8f", "BSD-3-Clause"),
-    _pypi("sphinx", "8.2.3", "398ad29dee7f63a75888314e9424d40f52ce5a6a87ae88e7071e80af296ec348", "BSD-2-Clause"),
+    _pypi(
+        "django", "5.2.4", "a1228c384f8fa13eebc015196db7b3e08722c5058d4758d20cb287503a540d8f", "BSD-3-Clause"
+    ),
+    _pypi(
+        "sphinx", "8.2.3", "398ad29dee7f63a75888314e9424d40f52ce5a6a87ae88e7071e80af296ec348", "BSD-2-Clause"
+    ),
     _pypi("sqlalchemy", "2.0.41", "edba70118c4be3c2b1f90754d308d0b79c6fe2c0fdc52d8ddf603916f83f4db9", "MIT"),
     _pypi("pytest", "8.4.1", "7c67fd69174877359ed9371ec3af8a3d2b04741818c51e5e99cc1742251fa93c", "MIT"),
-    _pypi("click", "8.2.1", "27c491cc05d968d271d5a1db13e3b5a184636d9d930f148c50b038f0d0646202", "BSD-3-Clause"),
-    _pypi("flask", "3.1.1", "284c7b8f2f58cb737f0cf1c30fd7eaf0ccfcde196099d24ecede3fc2005aa59e", "BSD-3-Clause"),
-    _pypi("jinja2", "3.1.6", "0137fb05990d35f1275a587e9aee6d56da821fc83491a0fb838183be43f66d6d", "BSD-3-Clause"),
-    _pypi("werkzeug", "3.1.3", "60723ce945c19328679790e3282cc758aa4a6040e4bb330f53d30fa546d44746", "BSD-3-Clause"),
+    _pypi(
+        "click", "8.2.1", "27c491cc05d968d271d5a1db13e3b5a184636d9d930f148c50b038f0d0646202", "BSD-3-Clause"
+    ),
+    _pypi(
+        "flask", "3.1.1", "284c7b8f2f58cb737f0cf1c30fd7eaf0ccfcde196099d24ecede3fc2005aa59e", "BSD-3-Clause"
+    ),
+    _pypi(
+        "jinja2", "3.1.6", "0137fb05990d35f1275a587e9aee6d56da821fc83491a0fb838183be43f66d6d", "BSD-3-Clause"
+    ),
+    _pypi(
+        "werkzeug",
+        "3.1.3",
+        "60723ce945c19328679790e3282cc758aa4a6040e4bb330f53d30fa546d44746",
+        "BSD-3-Clause",
+    ),
     _pypi("attrs", "25.3.0", "75d7cefc7fb576747b2c81b4442d4d4a1ce0900973527c011d1030fd3bf4af1b", "MIT"),
-    _pypi("requests", "2.32.4", "27d0316682c8a29834d3264820024b62a36942083d52caf2f14c0591336d3422", "Apache-2.0"),
-    _pypi("docutils", "0.21.2", "3a6b18732edf182daa3cd12775bbb338cf5691468f91eeeb109deff6ebfa986f",
-          "BSD-2-Clause AND PSF-2.0 AND LicenseRef-Public-Domain"),  # fmt: skip
+    _pypi(
+        "requests", "2.32.4", "27d0316682c8a29834d3264820024b62a36942083d52caf2f14c0591336d3422", "Apache-2.0"
+    ),
+    _pypi(
+        "docutils",
+        "0.21.2",
+        "3a6b18732edf182daa3cd12775bbb338cf5691468f91eeeb109deff6ebfa986f",
+        "BSD-2-Clause AND PSF-2.0 AND LicenseRef-Public-Domain",
+    ),  # fmt: skip
     _pypi("alembic", "1.16.2", "e53c38ff88dadb92eb22f8b150708367db731d58ad7e9d417c9168ab516cbed8", "MIT"),
-    _pypi("markdown", "3.8.2", "247b9a70dd12e27f67431ce62523e675b866d254f900c4fe75ce3dda62237c45", "BSD-3-Clause"),
-    _pypi("pygments", "2.19.2", "636cb2477cec7f8952536970bc533bc43743542f70392ae026374600add5b887", "BSD-2-Clause"),
+    _pypi(
+        "markdown",
+        "3.8.2",
+        "247b9a70dd12e27f67431ce62523e675b866d254f900c4fe75ce3dda62237c45",
+        "BSD-3-Clause",
+    ),
+    _pypi(
+        "pygments",
+        "2.19.2",
+        "636cb2477cec7f8952536970bc533bc43743542f70392ae026374600add5b887",
+        "BSD-2-Clause",
+    ),
     RegistrySource(
         registry="debian",
         name="python3.11-doc",
@@ -112,7 +143,9 @@ def _pypi_url(source: RegistrySource, index: str) -> str:
         if entry["filename"] == source.filename:
             listed = entry.get("hashes", {}).get("sha256")
             if listed and listed != source.sha256:
-                raise ValueError(f"{source.filename}: the index lists sha256 {listed}, the pin says {source.sha256}")
+                raise ValueError(
+                    f"{source.filename}: the index lists sha256 {listed}, the pin says {source.sha256}"
+                )
             return entry["url"]
     raise ValueError(f"{source.filename} is not on {index}/{source.name}/")
 
@@ -145,7 +178,9 @@ def metadata_licence(members: dict[str, bytes | None]) -> dict:
     """What the package says about its licence: the PKG-INFO / METADATA fields (License-Expression, License,
     license classifiers), the licence files it ships, and for Debian packages the copyright file's License
     fields. Recorded in the manifest beside the pinned SPDX id, so a reader can check one against the other."""
-    found: dict = {"files": sorted(p for p in members if re.search(r"(^|/)(licen[cs]e|copying)[^/]*$", p, re.I))}
+    found: dict = {
+        "files": sorted(p for p in members if re.search(r"(^|/)(licen[cs]e|copying)[^/]*$", p, re.I))
+    }
     for path in ("PKG-INFO", *sorted(p for p in members if p.endswith(".dist-info/METADATA"))):
         raw = members.get(path)
         if not raw:

@@ -114,7 +114,9 @@ def read_source(path: Path, relpath: str, cfg: CorpusConfig) -> tuple[str | None
     """Return ``(text, None)`` for a usable file or ``(None, reason)``."""
     if in_test_data_dir(relpath):
         return None, "test_data_dir"
-    return check_python_bytes(path.read_bytes(), relpath, max_bytes=cfg.max_file_bytes, check_syntax=cfg.check_syntax)
+    return check_python_bytes(
+        path.read_bytes(), relpath, max_bytes=cfg.max_file_bytes, check_syntax=cfg.check_syntax
+    )
 
 
 def check_python_bytes(

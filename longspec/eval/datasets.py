@@ -176,7 +176,7 @@ def encode_row(tokenizer, row: dict, task: str | None) -> list[int]:
 def _encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
-            'this prompt uses the target\'s chat template (math, or a JSONL row with "chat": true), but its tokenizer has none'
+            "the prompt needs the target's chat template (math / a chat row), but its tokenizer has none"
         )
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding

@@ -7,7 +7,15 @@ the row's `context` and `input` fields and feeds it as raw text (no chat templat
 
 from __future__ import annotations
 
-__all__ = ["LONGBENCH_TEMPLATES", "NO_CHAT_TASKS", "GENERIC_TEMPLATE", "uses_chat", "MATH_INSTRUCTION", "longbench_prompt", "math_messages"]
+__all__ = [
+    "LONGBENCH_TEMPLATES",
+    "NO_CHAT_TASKS",
+    "GENERIC_TEMPLATE",
+    "uses_chat",
+    "MATH_INSTRUCTION",
+    "longbench_prompt",
+    "math_messages",
+]
 
 LONGBENCH_TEMPLATES: dict[str, str] = {
     "gov_report": (
