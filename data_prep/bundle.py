@@ -4,10 +4,11 @@ stage-3 prompts and the eval suite, gzip'd where the prep tools read gzip (issue
     python -m data_prep.bundle --corpus DIR --tokenizer T --out DIR --long-docs long.jsonl \
         --prompts prompts.jsonl --suite SUITE_DIR [--stage1-tokens 10000000]
 
-Writes stage1.jsonl.gz (train-split rows in a stable hash order up to --stage1-tokens tokens), stage2.jsonl.gz,
-stage3_prompts.jsonl.gz, suite/*.jsonl (plain: the eval reads them as they are) and manifest.json (files, bytes,
-token counts of every split of the corpus and of each bundled part). data_prep.stage1 / stage2 read the .gz files
-directly; stage3_regenerate reads the prompts once gunzip'd.
+The layout is the one `python -m longspec.e2e --preset smollm2 --data DIR` reads, gzip'd: corpus/train.jsonl.gz
+(train-split rows in a stable hash order up to --stage1-tokens tokens), corpus/long_docs.jsonl.gz (stage 2),
+stage3_prompts.jsonl.gz, suite/*.jsonl (plain) and manifest.json (files, bytes, token counts of every corpus split
+and of each bundled part). `gunzip -r DIR` restores plain JSONL; data_prep.stage1 / stage2 also read the .gz files
+as they are.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts
         manifest["corpus_tokens"][split] = count_tokens(tokenizer, (r["text"] for r in rows))
 
     taken = tokens = 0
-    with gzip.open(out / "stage1.jsonl.gz", "wt", encoding="utf-8", compresslevel=9) as f:
+    (out / "corpus").mkdir(exist_ok=True)
+    with gzip.open(out / "corpus" / "train.jsonl.gz", "wt", encoding="utf-8", compresslevel=9) as f:
         for batch in batched(ordered(train, salt="bundle-stage1"), 256):
             for row, ids in zip(batch, tokenizer([r["text"] for r in batch], add_special_tokens=False)["input_ids"],
                                 strict=True):  # fmt: skip
@@ -59,10 +61,10 @@ def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts
                 tokens += len(ids)
             if tokens >= stage1_tokens:
                 break
-    manifest["parts"]["stage1.jsonl.gz"] = {"rows": taken, "tokens": tokens}
+    manifest["parts"]["corpus/train.jsonl.gz"] = {"rows": taken, "tokens": tokens}
     long_rows = read_rows(long_docs)
-    _gzip_copy(long_docs, out / "stage2.jsonl.gz")
-    manifest["parts"]["stage2.jsonl.gz"] = {
+    _gzip_copy(long_docs, out / "corpus" / "long_docs.jsonl.gz")
+    manifest["parts"]["corpus/long_docs.jsonl.gz"] = {
         "rows": len(long_rows),
         "tokens": sum(r["tokens"] for r in long_rows),
     }

@@ -3,12 +3,13 @@
     python -m data_prep.instruct_suite --corpus DIR --tokenizer T --out DIR \
         [--buckets 2048,4096,8192] [--per-bucket 4] [--gen-room 512]
 
-Three tasks, each at every bucket (prompt length), one JSONL per task and bucket (`<task>_<N>k.jsonl`):
+Three tasks, each at every bucket (prompt length), one JSONL per task and bucket (`lcc_4k.jsonl`, `gov_report_4k`,
+`qmsum_4k`: named after the LongBench task each imitates):
 - `lcc` (LCC-like code completion): a held-out Python file's prefix cut at a line end; answer: the next line.
   LongBench's LCC template, as raw text with no chat template: LongBench's pred.py never chat-wraps code
   completion (the prompt is the text to continue), and an instruct target continues code that way too.
-- `doc_summary` (GovReport-like): a held-out document, "write a one-page summary"; no reference summary exists.
-- `doc_qa` (QMSum-like): a held-out document and a question about one of its sections / classes / functions.
+- `doc_summary` rows (GovReport-like, files gov_report_*): a held-out document, "write a one-page summary"; no reference summary exists.
+- `doc_qa` rows (QMSum-like, files qmsum_*): a held-out document and a question about one of its sections / classes / functions.
 Summary and QA rows carry `"chat": true`: longspec.eval renders them as one user turn of the target's chat
 template (LongBench's generic `{context}\\n\\n{input}` template inside it).
 
@@ -30,7 +31,10 @@ from data_prep.common import load_tokenizer
 from data_prep.doc_tasks import cut_task, doc_key, ordered
 from longspec.eval.datasets import encode_row
 
-SUITE_TASKS = {"lcc": "code", "doc_summary": "summary", "doc_qa": "qa"}  # dataset name -> doc_tasks task
+# file stem (the LongBench task each imitates; the eval names results by file) -> (row `dataset`, doc_tasks task).
+# Summary / QA rows are not `gov_report` / `qmsum` rows: those LongBench templates speak of government reports and
+# meeting transcripts, so they carry their own dataset names and LongBench's generic template.
+SUITE_TASKS = {"lcc": ("lcc", "code"), "gov_report": ("doc_summary", "summary"), "qmsum": ("doc_qa", "qa")}
 MIN_FILL = 0.8  # a prompt fills at least this share of its budget
 
 
@@ -70,7 +74,7 @@ def build_suite(*, corpus: Path, tokenizer, out: Path, buckets: list[int], per_b
     out.mkdir(parents=True, exist_ok=True)
     manifest: dict = {"corpus": str(corpus), "split": "heldout", "gen_room": gen_room, "min_fill": MIN_FILL,
                       "files": {}, "shortfalls": {}}  # fmt: skip
-    for dataset, task in SUITE_TASKS.items():
+    for stem, (dataset, task) in SUITE_TASKS.items():
         used: set[str] = set()  # a document serves one bucket of a task, so buckets differ in content
         for bucket in sorted(buckets):
             budget = bucket - gen_room
@@ -94,7 +98,7 @@ def build_suite(*, corpus: Path, tokenizer, out: Path, buckets: list[int], per_b
                     continue
                 used.add(doc_key(doc))
                 rows.append(suite_row(dataset, doc, cut, bucket=bucket, prompt_tokens=tokens))
-            name = f"{dataset}_{bucket // 1024}k.jsonl"
+            name = f"{stem}_{bucket // 1024}k.jsonl"
             with open(out / name, "w", encoding="utf-8") as f:
                 for row in rows:
                     f.write(json.dumps(row, ensure_ascii=False) + "\n")

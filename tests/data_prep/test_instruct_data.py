@@ -71,9 +71,9 @@ def test_suite_respects_buckets_uses_only_heldout_and_reads_back(corpus, tokeniz
     manifest = build_suite(corpus=corpus, tokenizer=tokenizer, out=out, buckets=[2048, 4096], per_bucket=2,
                            gen_room=512)  # fmt: skip
     assert not manifest["shortfalls"]
-    for dataset in SUITE_TASKS:
+    for stem, (dataset, _) in SUITE_TASKS.items():
         for bucket in (2048, 4096):
-            path = out / f"{dataset}_{bucket // 1024}k.jsonl"
+            path = out / f"{stem}_{bucket // 1024}k.jsonl"
             rows = [json.loads(line) for line in path.read_text().splitlines()]
             assert len(rows) == 2
             for row in rows:
@@ -140,3 +140,31 @@ def test_long_documents_fit_and_feed_stage2(corpus, tokenizer, tmp_path):
     manifest = prepare_stage2(sources=[str(out)], tokenizer=tokenizer, out=str(tmp_path / "s2"), seq_len=4096,
                               min_tokens=1024, progress=False)  # fmt: skip
     assert manifest.rows["kept"] == len(rows)
+
+
+def test_bundle_holds_every_part_gzipped_and_stage1_reads_it(corpus, tokenizer, tmp_path):
+    from data_prep.bundle import build_bundle
+    from data_prep.stage1 import prepare_stage1
+
+    build_long_documents(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "long.jsonl", max_tokens=4096,
+                         min_tokens=1024)  # fmt: skip
+    build_prompts(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "p.jsonl", max_prompt_tokens=3000,
+                  min_prompt_tokens=800, num_prompts=3)  # fmt: skip
+    build_suite(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "suite", buckets=[2048], per_bucket=1)
+    manifest = build_bundle(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "b", long_docs=tmp_path / "long.jsonl",
+                            prompts=tmp_path / "p.jsonl", suite=tmp_path / "suite", stage1_tokens=20_000)  # fmt: skip
+    stage1 = manifest["parts"]["corpus/train.jsonl.gz"]
+    assert (
+        20_000 <= stage1["tokens"] < 20_000 + 12_000 and stage1["rows"] < 12
+    )  # stops once the budget is met
+    assert manifest["parts"]["stage3_prompts.jsonl.gz"]["rows"] == 3
+    assert {"suite/lcc_2k.jsonl", "suite/gov_report_2k.jsonl", "suite/qmsum_2k.jsonl"} <= set(
+        manifest["bytes"]
+    )
+    assert manifest["corpus_tokens"]["train"] == sum(
+        len(tokenizer(json.loads(line)["text"], add_special_tokens=False)["input_ids"])
+        for line in (corpus / "train.jsonl").read_text().splitlines()
+    )
+    out = prepare_stage1(source=str(tmp_path / "b" / "corpus" / "train.jsonl.gz"), tokenizer=tokenizer,
+                         out=str(tmp_path / "s1"), seq_len=512, progress=False)  # fmt: skip
+    assert out.rows["kept"] == stage1["rows"]
