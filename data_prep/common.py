@@ -1,7 +1,7 @@
 """Shared pieces of the prep tools: reading rows from any source, validating fields, packing, the output run.
 
 Sources (one string, as the user typed it):
-- a local file: ``*.jsonl`` / ``*.json`` (one JSON object per line) or ``*.parquet``;
+- a local file: ``*.jsonl`` / ``*.json`` (one JSON object per line; gzip'd as ``*.jsonl.gz``) or ``*.parquet``;
 - a local directory: every text/code file below it (by extension) becomes one ``{"text", "path"}`` row;
 - anything else is a Hugging Face dataset id, streamed with ``datasets`` (nothing is downloaded up front).
 Every row is either kept or rejected with a reason (malformed_json, not_an_object, missing_field, wrong_type,
@@ -10,6 +10,7 @@ empty, non_text, too_long, too_short, ...); the counts go into the manifest and 
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
@@ -53,7 +54,7 @@ class SourceRow:
 
 
 def _iter_jsonl(path: Path) -> Iterator[SourceRow]:
-    with open(path, "rb") as f:
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
         for line in f:
             if not line.strip():
                 continue  # blank lines are layout, not rows
@@ -123,7 +124,7 @@ def iter_source(
         return _iter_directory(path, extensions, max_file_bytes)
     if path.is_file():
         suffix = path.suffix.lower()
-        if suffix in (".jsonl", ".json"):
+        if suffix in (".jsonl", ".json") or path.name.endswith((".jsonl.gz", ".json.gz")):
             return _iter_jsonl(path)
         return _iter_parquet(path)
     return _iter_hf(source, split, hf_config)
@@ -137,12 +138,15 @@ def check_source(source: str) -> None:
         return
     if path.is_file():
         suffix = path.suffix.lower()
-        if suffix not in (".jsonl", ".json", ".parquet"):
+        if suffix not in (".jsonl", ".json", ".parquet") and not path.name.endswith(
+            (".jsonl.gz", ".json.gz")
+        ):
             raise ValueError(
-                f"{source}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet, or a directory"
+                f"{source}: unsupported file type {suffix!r}; use .jsonl (.jsonl.gz), .json or .parquet, "
+                "or a directory"
             )
         return
-    if source.startswith(("/", "./", "../", "~")) or source.endswith((".jsonl", ".json", ".parquet")):
+    if source.startswith(("/", "./", "../", "~")) or source.endswith((".jsonl", ".json", ".parquet", ".gz")):
         raise FileNotFoundError(f"source {source!r} does not exist")
 
 

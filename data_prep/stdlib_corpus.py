@@ -114,10 +114,19 @@ def read_source(path: Path, relpath: str, cfg: CorpusConfig) -> tuple[str | None
     """Return ``(text, None)`` for a usable file or ``(None, reason)``."""
     if in_test_data_dir(relpath):
         return None, "test_data_dir"
-    raw = path.read_bytes()
+    return check_python_bytes(
+        path.read_bytes(), relpath, max_bytes=cfg.max_file_bytes, check_syntax=cfg.check_syntax
+    )
+
+
+def check_python_bytes(
+    raw: bytes, relpath: str, *, max_bytes: int, check_syntax: bool = True
+) -> tuple[str | None, str | None]:
+    """A Python file's bytes -> ``(text, None)`` if usable, else ``(None, reason)`` (shared with the registry
+    corpus, whose files come out of archives rather than off the disk)."""
     if not raw.strip():
         return None, "empty"
-    if len(raw) > cfg.max_file_bytes:
+    if len(raw) > max_bytes:
         return None, "too_large"
     if b"\x00" in raw:
         return None, "binary"
@@ -126,7 +135,7 @@ def read_source(path: Path, relpath: str, cfg: CorpusConfig) -> tuple[str | None
     except UnicodeDecodeError:
         return None, "not_utf8"
     text = text.removeprefix("\ufeff")  # a BOM is an encoding marker, not code
-    if cfg.check_syntax:
+    if check_syntax:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # invalid escape sequences in old code are not our concern

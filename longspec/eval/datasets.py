@@ -16,7 +16,7 @@ import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from longspec.eval.prompts import LONGBENCH_TEMPLATES, longbench_prompt, math_messages
+from longspec.eval.prompts import LONGBENCH_TEMPLATES, longbench_prompt, math_messages, uses_chat
 
 __all__ = [
     "Sample",
@@ -26,6 +26,7 @@ __all__ = [
     "KNOWN_DATASETS",
     "load_samples",
     "read_jsonl",
+    "encode_row",
 ]
 
 logger = logging.getLogger(__name__)
@@ -162,9 +163,21 @@ def _encode_text(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
+def encode_row(tokenizer, row: dict, task: str | None) -> list[int]:
+    """The prompt ids of a LongBench-schema row: the task's template filled with the row, as raw text, or -- a
+    row with `"chat": true` (the instruct suite, data_prep.instruct_suite) and a task LongBench chat-wraps --
+    as one user turn of the target's chat template plus its generation prompt."""
+    prompt = longbench_prompt(task, row["context"], row["input"])
+    if uses_chat(task, row.get("chat")):
+        return _encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+    return _encode_text(tokenizer, prompt)
+
+
 def _encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("math evaluation uses the target's chat template, but its tokenizer has none")
+        raise ValueError(
+            "the prompt needs the target's chat template (math / a chat row), but its tokenizer has none"
+        )
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
         ids = ids["input_ids"]
@@ -229,9 +242,13 @@ def load_samples(
         for line, row in rows:
             report.num_rows += 1
             task = template or default_task or row.get("dataset")
-            prompt = longbench_prompt(task, row["context"], row["input"])
+            if uses_chat(task, row.get("chat")) and not getattr(tokenizer, "chat_template", None):
+                # Not a bad row but the wrong target for this data: say so once, do not skip every row.
+                raise ValueError(
+                    f"{source}: rows ask for the target's chat template, but its tokenizer has none"
+                )
             try:
-                ids = _encode_text(tokenizer, prompt)
+                ids = encode_row(tokenizer, row, task)
             except (
                 TypeError,
                 ValueError,

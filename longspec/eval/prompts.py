@@ -7,7 +7,15 @@ the row's `context` and `input` fields and feeds it as raw text (no chat templat
 
 from __future__ import annotations
 
-__all__ = ["LONGBENCH_TEMPLATES", "GENERIC_TEMPLATE", "MATH_INSTRUCTION", "longbench_prompt", "math_messages"]
+__all__ = [
+    "LONGBENCH_TEMPLATES",
+    "NO_CHAT_TASKS",
+    "GENERIC_TEMPLATE",
+    "uses_chat",
+    "MATH_INSTRUCTION",
+    "longbench_prompt",
+    "math_messages",
+]
 
 LONGBENCH_TEMPLATES: dict[str, str] = {
     "gov_report": (
@@ -28,6 +36,10 @@ LONGBENCH_TEMPLATES: dict[str, str] = {
     "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
 }
 
+# LongBench's pred.py wraps every prompt in the model's chat template except these (few-shot and code-completion
+# tasks, whose prompt is itself the text to continue). Our instruct-target suite follows the same rule.
+NO_CHAT_TASKS = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
+
 # Local JSONL rows whose `dataset` is not a LongBench long-output task.
 GENERIC_TEMPLATE = "{context}\n\n{input}"
 
@@ -47,3 +59,11 @@ def longbench_prompt(task: str | None, context: str, question: str) -> str:
 def math_messages(problem: str) -> list[dict[str, str]]:
     """One user turn for the target's chat template."""
     return [{"role": "user", "content": problem + "\n" + MATH_INSTRUCTION}]
+
+
+def uses_chat(task: str | None, row_chat: bool | None) -> bool:
+    """Whether a JSONL row's prompt goes through the target's chat template: the row's own `chat` field when it
+    has one (the instruct suite writes it), else never (LongBench's raw-text protocol for base models)."""
+    if row_chat is None:
+        return False
+    return bool(row_chat) and (task or "").removesuffix("_e") not in NO_CHAT_TASKS

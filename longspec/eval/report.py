@@ -7,12 +7,14 @@ import math
 import os
 
 from longspec.data.manifest import write_text_atomic
+from longspec.eval.quality import MIN_DISTINCT_RATIO, assess
 
 __all__ = [
     "BASELINES",
     "GREEDY_REFERENCES",
     "greedy_reference",
     "identical_text",
+    "sample_quality",
     "summarise",
     "write_report",
     "report_markdown",
@@ -50,12 +52,43 @@ def _aggregate(records: list[dict]) -> dict:
     }
 
 
+def sample_quality(methods: dict[str, dict[str, list[dict]]], dataset: str) -> dict[str, dict]:
+    """id -> quality (longspec.eval.quality) of the target's own output for each sample of `dataset`: the
+    target-only reference method's output (greedy at T = 0, sampled at T > 0), else -- a run without one -- each
+    sample's output from the first method that has it."""
+    reference = greedy_reference([m for m in methods if dataset in methods[m]])
+    order = [reference] if reference else [m for m in methods if dataset in methods[m]]
+    quality: dict[str, dict] = {}
+    for method in order:
+        for record in methods[method][dataset]:
+            if record["id"] not in quality:
+                quality[record["id"]] = assess(record["output_ids"]).to_dict() | {"judged_on": method}
+    return quality
+
+
 def summarise(methods: dict[str, dict[str, list[dict]]], *, greedy: bool) -> dict[str, dict[str, dict]]:
-    """methods[method][dataset] = per-sample records -> summary[dataset][method]."""
+    """methods[method][dataset] = per-sample records -> summary[dataset][method].
+
+    The headline figures (τ, tokens/s, speedups) exclude samples whose target reference output is degenerate
+    (longspec.eval.quality): `degenerate_samples` aggregates those apart, `all_samples` everything together,
+    and `quality` holds every sample's distinct-token ratio and flag. The lossless check covers every sample."""
     datasets = sorted({d for per_dataset in methods.values() for d in per_dataset})
     summary: dict[str, dict[str, dict]] = {}
     for dataset in datasets:
-        per_method = {m: _aggregate(recs[dataset]) for m, recs in methods.items() if dataset in recs}
+        quality = sample_quality(methods, dataset)
+        degenerate = {i for i, q in quality.items() if q["degenerate"]}
+        per_method = {}
+        for m, recs in methods.items():
+            if dataset not in recs:
+                continue
+            kept = [r for r in recs[dataset] if r["id"] not in degenerate]
+            flagged = [r for r in recs[dataset] if r["id"] in degenerate]
+            per_method[m] = _aggregate(kept) | {
+                "num_degenerate": len(flagged),
+                "degenerate_samples": _aggregate(flagged) if flagged else None,
+                "all_samples": _aggregate(recs[dataset]),
+                "quality": quality,
+            }
         for method, agg in per_method.items():
             agg["speedup"] = {
                 base: agg["tokens_per_s"] / per_method[base]["tokens_per_s"]
@@ -121,7 +154,8 @@ def report_markdown(results: dict) -> str:
         f"temperature {cfg['temperature']} · max_new_tokens {cfg['max_new_tokens']} · started {results['started']}",
         "",
         f"τ = mean acceptance length (tokens per target forward); tokens/s exclude the prefill; speedup is vs "
-        f"`{main_base}` measured in this run."
+        f"`{main_base}` measured in this run. Samples whose target output is degenerate are excluded (see "
+        f"Output quality)."
         if main_base
         else "τ = mean acceptance length; tokens/s exclude prefill.",
         "",
@@ -173,6 +207,7 @@ def report_markdown(results: dict) -> str:
             lines.append(
                 f"- {d} / {method}: " + ", ".join(f"`{t}` {100 * c / total:.0f}%" for t, c in shares)
             )
+    lines += quality_markdown(summary)
     skipped = [r for r in results["data"] if r["num_malformed"] or r["num_filtered_by_length"]]
     if skipped:
         lines += ["", "## Data", ""]
@@ -190,6 +225,38 @@ def report_markdown(results: dict) -> str:
     if plots:
         lines += ["", "## Plots", ""] + [f"![{os.path.splitext(p)[0]}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def quality_markdown(summary: dict) -> list[str]:
+    """The quality guard's section: per dataset the distinct-token ratios of the target's reference outputs, the
+    degenerate samples (left out of the tables above) and the τ they would have reported."""
+    lines = ["", "## Output quality (target reference)", ""]
+    lines += [
+        f"Distinct-token ratio = distinct tokens / tokens of the target's own output per sample. A sample is "
+        f"degenerate (ratio < {MIN_DISTINCT_RATIO}, or its tail one short n-gram looping) and left out of every "
+        f"τ / tok/s / speedup above; its figures are listed here apart.",
+        "",
+        "| dataset | samples | degenerate | distinct ratio min / median / max | τ on degenerate samples |",
+        "|---|---|---|---|---|",
+    ]
+    for dataset, per_method in summary.items():
+        first = next(iter(per_method.values()))
+        quality = first["quality"]
+        ratios = sorted(q["distinct_ratio"] for q in quality.values() if q["distinct_ratio"] is not None)
+        spread = (
+            " / ".join(format(x, ".2f") for x in (ratios[0], ratios[len(ratios) // 2], ratios[-1]))
+            if ratios
+            else "–"
+        )
+        flagged = sorted(i for i, q in quality.items() if q["degenerate"])
+        tau_apart = ", ".join(
+            f"{m} {_fmt(agg['degenerate_samples']['mean_accept_length'], '.2f')}"
+            for m, agg in per_method.items()
+            if agg["degenerate_samples"] is not None
+        )
+        ids = f" ({', '.join(flagged[:8])}{', ...' if len(flagged) > 8 else ''})" if flagged else ""
+        lines.append(f"| {dataset} | {len(quality)} | {len(flagged)}{ids} | {spread} | {tau_apart or '–'} |")
+    return lines
 
 
 def write_report(results: dict, output_dir: str) -> None:

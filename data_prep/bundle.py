@@ -1,0 +1,111 @@
+"""A compact data bundle for one GPU run (a run carries at most 64 MiB): stage-1 text, stage-2 long documents,
+stage-3 prompts and the eval suite, gzip'd where the prep tools read gzip (issue 9).
+
+    python -m data_prep.bundle --corpus DIR --tokenizer T --out DIR --long-docs long.jsonl \
+        --prompts prompts.jsonl --suite SUITE_DIR [--stage1-tokens 10000000]
+
+The layout is the one `python -m longspec.e2e --preset smollm2 --data DIR` reads, gzip'd: corpus/train.jsonl.gz
+(train-split rows in a stable hash order up to --stage1-tokens tokens), corpus/long_docs.jsonl.gz (stage 2),
+stage3_prompts.jsonl.gz, suite/*.jsonl (plain) and manifest.json (files, bytes, token counts of every corpus split
+and of each bundled part). `gunzip -r DIR` restores plain JSONL; data_prep.stage1 / stage2 also read the .gz files
+as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from data_prep.common import batched, load_tokenizer
+from data_prep.doc_tasks import ordered
+from data_prep.instruct_suite import read_rows
+
+
+def count_tokens(tokenizer, texts) -> int:
+    return sum(
+        len(ids)
+        for batch in batched(texts, 256)
+        for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]
+    )
+
+
+def _gzip_copy(src: Path, dst: Path) -> None:
+    with open(src, "rb") as fin, gzip.open(dst, "wb", compresslevel=9) as fout:
+        shutil.copyfileobj(fin, fout)
+
+
+def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts: Path, suite: Path,
+                 stage1_tokens: int = 10_000_000) -> dict:  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    train = read_rows(corpus / "train.jsonl")
+    heldout = read_rows(corpus / "heldout.jsonl")
+    manifest: dict = {"corpus_tokens": {}, "corpus_files": {}, "parts": {}}
+    for split, rows in (("train", train), ("heldout", heldout)):
+        manifest["corpus_files"][split] = len(rows)
+        manifest["corpus_tokens"][split] = count_tokens(tokenizer, (r["text"] for r in rows))
+
+    taken = tokens = 0
+    (out / "corpus").mkdir(exist_ok=True)
+    with gzip.open(out / "corpus" / "train.jsonl.gz", "wt", encoding="utf-8", compresslevel=9) as f:
+        for batch in batched(ordered(train, salt="bundle-stage1"), 256):
+            for row, ids in zip(batch, tokenizer([r["text"] for r in batch], add_special_tokens=False)["input_ids"],
+                                strict=True):  # fmt: skip
+                if tokens >= stage1_tokens:
+                    break
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                taken += 1
+                tokens += len(ids)
+            if tokens >= stage1_tokens:
+                break
+    manifest["parts"]["corpus/train.jsonl.gz"] = {"rows": taken, "tokens": tokens}
+    long_rows = read_rows(long_docs)
+    _gzip_copy(long_docs, out / "corpus" / "long_docs.jsonl.gz")
+    manifest["parts"]["corpus/long_docs.jsonl.gz"] = {
+        "rows": len(long_rows),
+        "tokens": sum(r["tokens"] for r in long_rows),
+    }
+    prompt_rows = read_rows(prompts)
+    _gzip_copy(prompts, out / "stage3_prompts.jsonl.gz")
+    manifest["parts"]["stage3_prompts.jsonl.gz"] = {
+        "rows": len(prompt_rows),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in prompt_rows),
+        "max_prompt_tokens": max(r["prompt_tokens"] for r in prompt_rows),
+    }
+    (out / "suite").mkdir(exist_ok=True)
+    for path in sorted(suite.glob("*.json*")):
+        shutil.copy(path, out / "suite" / path.name)
+    manifest["bytes"] = {
+        p.relative_to(out).as_posix(): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()
+    }
+    manifest["total_bytes"] = sum(manifest["bytes"].values())
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--corpus", type=Path, required=True)
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--long-docs", type=Path, required=True, help="data_prep.long_documents output")
+    p.add_argument("--prompts", type=Path, required=True, help="data_prep.instruct_prompts output")
+    p.add_argument("--suite", type=Path, required=True, help="data_prep.instruct_suite output dir")
+    p.add_argument("--stage1-tokens", type=int, default=10_000_000)
+    args = p.parse_args(argv)
+    try:
+        manifest = build_bundle(corpus=args.corpus, tokenizer=load_tokenizer(args.tokenizer), out=args.out,
+                                long_docs=args.long_docs, prompts=args.prompts, suite=args.suite,
+                                stage1_tokens=args.stage1_tokens)  # fmt: skip
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: manifest[k] for k in ("corpus_tokens", "parts", "total_bytes")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Evaluation suite for an instruct target, from HELD-OUT corpus files only, in LongBench's row schema (issue 9).
+
+    python -m data_prep.instruct_suite --corpus DIR --tokenizer T --out DIR \
+        [--buckets 2048,4096,8192] [--per-bucket 4] [--gen-room 512]
+
+Three tasks, each at every bucket (prompt length), one JSONL per task and bucket (`lcc_4k.jsonl`, `gov_report_4k`,
+`qmsum_4k`: named after the LongBench task each imitates):
+- `lcc` (LCC-like code completion): a held-out Python file's prefix cut at a line end; answer: the next line.
+  LongBench's LCC template, as raw text with no chat template: LongBench's pred.py never chat-wraps code
+  completion (the prompt is the text to continue), and an instruct target continues code that way too.
+- `doc_summary` rows (GovReport-like, files gov_report_*): a held-out document, "write a one-page summary"; no reference summary exists.
+- `doc_qa` rows (QMSum-like, files qmsum_*): a held-out document and a question about one of its sections / classes / functions.
+Summary and QA rows carry `"chat": true`: longspec.eval renders them as one user turn of the target's chat
+template (LongBench's generic `{context}\\n\\n{input}` template inside it).
+
+The full rendered prompt -- template, chat markup and special tokens included, tokenised by
+longspec.eval.datasets.encode_row exactly as the eval will -- lies in [0.8, 1] x (bucket - gen_room) tokens and is
+recorded as `prompt_tokens` (`length` keeps LongBench's meaning: words of the context). Evaluate with
+`data.context_margin=<gen_room>` and `max_new_tokens <= gen_room` (see manifest.json's `eval_command`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from data_prep.common import load_tokenizer
+from data_prep.doc_tasks import cut_task, doc_key, ordered
+from longspec.eval.datasets import encode_row
+
+# file stem (the LongBench task each imitates; the eval names results by file) -> (row `dataset`, doc_tasks task).
+# Summary / QA rows are not `gov_report` / `qmsum` rows: those LongBench templates speak of government reports and
+# meeting transcripts, so they carry their own dataset names and LongBench's generic template.
+SUITE_TASKS = {"lcc": ("lcc", "code"), "gov_report": ("doc_summary", "summary"), "qmsum": ("doc_qa", "qa")}
+MIN_FILL = 0.8  # a prompt fills at least this share of its budget
+
+
+def read_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found (build the corpus first: python -m data_prep.registry_corpus)"
+        )
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def suite_row(dataset: str, doc: dict, cut: dict, *, bucket: int, prompt_tokens: int) -> dict:
+    return {
+        "_id": hashlib.sha256(f"{dataset}:{bucket}:{doc_key(doc)}".encode()).hexdigest()[:32],
+        "input": cut["instruction"],
+        "context": cut["context"],
+        "answers": [cut["answer"]] if cut["answer"] is not None else [],
+        "length": len(cut["context"].split()),  # LongBench's length: whitespace-separated words
+        "dataset": dataset,
+        "language": "python" if doc["kind"] == "code" else "en",
+        "all_classes": None,
+        "chat": dataset != "lcc",
+        "prompt_tokens": prompt_tokens,
+        "bucket": bucket,
+        "source": doc["source"],
+        "path": doc["path"],
+        "licence": doc.get("licence"),
+    }
+
+
+def build_suite(*, corpus: Path, tokenizer, out: Path, buckets: list[int], per_bucket: int = 4,
+                gen_room: int = 512) -> dict:  # fmt: skip
+    if per_bucket < 1 or gen_room < 1 or any(b <= gen_room for b in buckets):
+        raise ValueError("need per_bucket >= 1, gen_room >= 1 and every bucket > gen_room")
+    docs = read_rows(corpus / "heldout.jsonl")
+    out.mkdir(parents=True, exist_ok=True)
+    manifest: dict = {"corpus": str(corpus), "split": "heldout", "gen_room": gen_room, "min_fill": MIN_FILL,
+                      "files": {}, "shortfalls": {}}  # fmt: skip
+    for stem, (dataset, task) in SUITE_TASKS.items():
+        used: set[str] = set()  # a document serves one bucket of a task, so buckets differ in content
+        for bucket in sorted(buckets):
+            budget = bucket - gen_room
+
+            def count(context: str, instruction: str, dataset=dataset) -> int:
+                row = {"context": context, "input": instruction, "chat": dataset != "lcc"}
+                return len(encode_row(tokenizer, row, dataset))
+
+            rows = []
+            for doc in ordered(docs, salt=f"suite-{dataset}"):
+                if len(rows) == per_bucket:
+                    break
+                # Too few characters for the bucket's lower bound (~2 chars a token at the densest): skip early.
+                if doc_key(doc) in used or len(doc["text"]) < 2 * MIN_FILL * budget:
+                    continue
+                cut = cut_task(task, doc, count, budget)
+                if cut is None:
+                    continue
+                tokens = count(cut["context"], cut["instruction"])
+                if tokens < MIN_FILL * budget:
+                    continue
+                used.add(doc_key(doc))
+                rows.append(suite_row(dataset, doc, cut, bucket=bucket, prompt_tokens=tokens))
+            name = f"{stem}_{bucket // 1024}k.jsonl"
+            with open(out / name, "w", encoding="utf-8") as f:
+                for row in rows:
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            manifest["files"][name] = {"rows": len(rows), "prompt_tokens": [r["prompt_tokens"] for r in rows],
+                                       "documents": [f"{r['source']}:{r['path']}" for r in rows]}  # fmt: skip
+            if len(rows) < per_bucket:
+                manifest["shortfalls"][name] = (
+                    f"{len(rows)} of {per_bucket}: too few held-out documents that long"
+                )
+    files = ",".join(str(out / name) for name in manifest["files"] if manifest["files"][name]["rows"])
+    manifest["eval_command"] = (
+        f"python -m longspec.eval data.name=[{files}] data.context_margin={gen_room} "
+        f"max_new_tokens={min(gen_room, 512)} ..."
+    )
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--corpus", type=Path, required=True, help="registry corpus dir (its heldout.jsonl is read)"
+    )
+    p.add_argument("--tokenizer", required=True, help="the target's tokenizer dir")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--buckets", default="2048,4096,8192", help="comma-separated prompt budgets in tokens")
+    p.add_argument("--per-bucket", type=int, default=4, help="rows per task and bucket")
+    p.add_argument("--gen-room", type=int, default=512, help="tokens of each bucket left for generation")
+    args = p.parse_args(argv)
+    try:
+        buckets = [int(b) for b in args.buckets.split(",") if b.strip()]
+        manifest = build_suite(corpus=args.corpus, tokenizer=load_tokenizer(args.tokenizer), out=args.out,
+                               buckets=buckets, per_bucket=args.per_bucket, gen_room=args.gen_room)  # fmt: skip
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({name: info["rows"] for name, info in manifest["files"].items()}))
+    for name, why in manifest["shortfalls"].items():
+        print(f"warning: {name}: {why}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
