@@ -1,0 +1,64 @@
+"""The engine on a GPU (marker `gpu`: run on a CUDA machine, never in CI): what CUDA graphs capture computes
+what the eager reference computes. fp32, so the lossless check needs no near-tie allowance."""
+
+import pytest
+import torch
+from infer_helpers import random_drafter, reference_greedy
+from test_policy import CyclingCosts
+
+from longspec.infer.baselines import run_method
+from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.testing import make_tiny_target
+
+pytestmark = pytest.mark.gpu
+
+BIG = (4, 16, 16, 16, 16)
+
+
+def _cuda_target(family: str):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    return make_tiny_target(family).to("cuda")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+def test_graph_rounds_are_lossless_fixed_and_auto(family):
+    """T = 0: longspec replaying CUDA graphs (fixed big tree, and tree=auto with the tree changing between rounds)
+    and our graph AR equal the target's greedy output computed with plain full forwards."""
+    target = _cuda_target(family)
+    prompt = torch.randint(0, 256, (300,), generator=torch.Generator().manual_seed(1)).cuda()
+    ref = reference_greedy(target, prompt, 40)
+    fixed = SpeculativeEngine(target, random_drafter(target))
+    auto = SpeculativeEngine(target, random_drafter(target), costs=CyclingCosts())
+    for engine, method, kwargs in (
+        (fixed, "longspec", {"tree_widths": BIG}),
+        (auto, "longspec", {}),
+        (fixed, "ar", {}),
+    ):
+        result = engine.generate(
+            prompt, GenerationConfig(max_new_tokens=40, cuda_graphs=True, **kwargs), method=method
+        )
+        assert result.tokens == ref, (family, method, kwargs)
+    assert len(auto.generate(prompt, GenerationConfig(max_new_tokens=40, cuda_graphs=True)).stats.trees) >= 2
+
+
+@pytest.mark.parametrize("rule", ["rrs", "deterministic"])
+def test_graph_sampling_equals_eager(rule):
+    """T = 1: the captured rounds draw and accept exactly as the eager reference (same seed, same tokens)."""
+    target = _cuda_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target), costs=CyclingCosts())
+    prompt = torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(2)).cuda()
+    outputs = []
+    for graphs in (False, True):
+        config = GenerationConfig(
+            max_new_tokens=32, temperature=1.0, top_p=0.95, sampling_rule=rule, cuda_graphs=graphs, seed=5
+        )
+        outputs.append(engine.generate(prompt, config).tokens)
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 32
+
+
+def test_hf_compile_baseline_is_greedy():
+    target = _cuda_target("llama")
+    prompt = torch.randint(0, 256, (100,), generator=torch.Generator().manual_seed(3)).cuda()
+    result = run_method("hf_compile", prompt, GenerationConfig(max_new_tokens=24), target=target)
+    assert result.tokens == reference_greedy(target, prompt, 24)
