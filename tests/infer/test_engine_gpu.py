@@ -28,8 +28,8 @@ def test_graph_rounds_are_lossless_fixed_and_auto(family):
     target = _cuda_target(family)
     prompt = torch.randint(0, 256, (300,), generator=torch.Generator().manual_seed(1)).cuda()
     ref = reference_greedy(target, prompt, 40)
-    fixed = SpeculativeEngine(target, random_drafter(target))
-    auto = SpeculativeEngine(target, random_drafter(target), costs=CyclingCosts())
+    fixed = SpeculativeEngine(target, random_drafter(target).cuda())
+    auto = SpeculativeEngine(target, random_drafter(target).cuda(), costs=CyclingCosts())
     for engine, method, kwargs in (
         (fixed, "longspec", {"tree_widths": BIG}),
         (auto, "longspec", {}),
@@ -46,7 +46,7 @@ def test_graph_rounds_are_lossless_fixed_and_auto(family):
 def test_graph_sampling_equals_eager(rule):
     """T = 1: the captured rounds draw and accept exactly as the eager reference (same seed, same tokens)."""
     target = _cuda_target("llama")
-    engine = SpeculativeEngine(target, random_drafter(target), costs=CyclingCosts())
+    engine = SpeculativeEngine(target, random_drafter(target).cuda(), costs=CyclingCosts())
     prompt = torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(2)).cuda()
     outputs = []
     for graphs in (False, True):
