@@ -33,7 +33,7 @@ step() {  # step NAME SECONDS CMD...
 
 step gpu_tests 100 python -m pytest -m gpu -o addopts="" -p no:cacheprovider -q tests
 step verify_attention 60 python benchmarks/verify_attention.py --json "$OUT/verify_attention.json"
-step round_latency 150 python benchmarks/round_latency.py --contexts 8192 32768 --json "$OUT/round_latency.json"
+step round_latency 300 python benchmarks/round_latency.py --contexts 8192 32768 --json "$OUT/round_latency.json"
 # SmolLM2-135M-Instruct: its real weights when SMOLLM2_GGUF names the file, else random weights of its shape.
 smol=(--shape smollm2); [ -n "${SMOLLM2_GGUF:-}" ] && smol=(--target "$(dirname "$SMOLLM2_GGUF")" --gguf-file "$SMOLLM2_GGUF")
 step round_latency_smollm2 200 python benchmarks/round_latency.py "${smol[@]}" --contexts 4096 8192 \

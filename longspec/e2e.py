@@ -221,7 +221,7 @@ PRESETS: dict[str, Preset] = {
         stage2_max_rows=None,
         stage2_min_tokens=1024,
         stage1=StagePlan(
-            config="tiny_stage1", seq_len=2048, num_steps=300, global_batch_size=16, micro_batch_size=16, lr=1e-3
+            config="tiny_stage1", seq_len=2048, num_steps=250, global_batch_size=16, micro_batch_size=16, lr=1e-3
         ),
         stage2=StagePlan(
             config="tiny_stage2",
@@ -252,11 +252,27 @@ PRESETS: dict[str, Preset] = {
             EvalPlan(
                 name="t0_graphs", methods=("longspec", "ar", "vanilla_fa", "pld"), extra=("cuda_graphs=true",)
             ),
+            # T=1 against our graph AR (vanilla FA's speed does not depend on T: the T=0 run measures it)
             EvalPlan(
                 name="t1_graphs",
-                methods=("longspec", "ar", "vanilla_fa"),
+                methods=("longspec", "ar"),
                 temperature=1.0,
                 extra=("cuda_graphs=true",),
+                required=False,
+            ),
+            # The sampling rule before RRS (children as deterministic candidates), same drafter: τ side by side.
+            EvalPlan(
+                name="t1_deterministic",
+                methods=("longspec",),
+                temperature=1.0,
+                extra=("cuda_graphs=true", "sampling_rule=deterministic"),
+                required=False,
+            ),
+            # Lossless at T=0 with no near-tie allowance: float32 leaves no bf16 rounding ties to explain.
+            EvalPlan(
+                name="t0_fp32",
+                methods=("longspec", "ar"),
+                extra=("cuda_graphs=true", "dtype=float32"),
                 required=False,
             ),
         ),

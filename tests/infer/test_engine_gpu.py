@@ -62,3 +62,20 @@ def test_hf_compile_baseline_is_greedy():
     prompt = torch.randint(0, 256, (100,), generator=torch.Generator().manual_seed(3)).cuda()
     result = run_method("hf_compile", prompt, GenerationConfig(max_new_tokens=24), target=target)
     assert result.tokens == reference_greedy(target, prompt, 24)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_measured_round_costs_then_auto_generation(temperature):
+    """What the eval's warm-up does on a GPU: measure every candidate's captured round per context bucket, then
+    decode with tree=auto on those costs (greedy output still the target's)."""
+    target = _cuda_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target).cuda())
+    prompt = torch.randint(0, 256, (600,), generator=torch.Generator().manual_seed(4)).cuda()
+    config = GenerationConfig(max_new_tokens=24, temperature=temperature, cuda_graphs=True, seed=1)
+    engine.reserve(prompt.numel() + 24 + config.max_round_nodes + 1)
+    costs = engine.measure_round_costs(config, [prompt.numel()])
+    assert {w for _, w in costs.seconds} == set(config.trees) and min(costs.seconds.values()) > 0
+    result = engine.generate(prompt, config)
+    assert len(result.tokens) == 24 and sum(result.stats.trees.values()) == result.stats.rounds
+    if temperature == 0:
+        assert result.tokens == reference_greedy(target, prompt, 24)
