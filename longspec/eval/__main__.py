@@ -26,7 +26,7 @@ from longspec.eval.config import EvalConfig, load_eval_config
 from longspec.eval.datasets import load_samples
 from longspec.eval.divergence import analyse_divergence
 from longspec.eval.report import greedy_reference, summarise, write_report
-from longspec.infer.baselines import run_method
+from longspec.infer.baselines import reserve_hf_compiled, run_method
 from longspec.infer.engine import SpeculativeEngine
 
 __all__ = ["main", "run_eval"]
@@ -156,6 +156,8 @@ def run_eval(cfg: EvalConfig) -> dict:
     # Size the static cache once for the longest prompt, so no sample pays for a reallocation (or, with
     # cuda_graphs, a re-capture) inside its timed decode; then warm every method up untimed.
     engine.reserve(longest + cfg.max_new_tokens + gen_config.max_round_nodes + 1)
+    if "hf_compile" in methods:  # the same for HF's static cache: one compilation, in the warm-up
+        reserve_hf_compiled(target.model, longest + cfg.max_new_tokens)
     if cfg.warmup:
         warm = dataclasses.replace(gen_config, max_new_tokens=min(8, cfg.max_new_tokens))
         # On a GPU, kernel selection is per shape (cuDNN attention plans, Triton autotuning by context length):

@@ -31,6 +31,7 @@ __all__ = [
     "hf_attn_implementation",
     "hf_generate",
     "hf_compiled_generate",
+    "reserve_hf_compiled",
     "run_method",
     "using_attn_implementation",
 ]
@@ -113,7 +114,7 @@ class _CompiledDecoder:
         from transformers import StaticCache
 
         max_len = -(-needed // STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET
-        if self.cache is None or self.max_len != max_len:
+        if self.cache is None or self.max_len < needed:  # grow only: a new length is a new compilation
             self.cache = None  # free the old one first
             # Allocated lazily by the (uncompiled) prefill, on the model's device and dtype.
             self.cache = StaticCache(config=hf_model.config, max_cache_len=max_len)
@@ -124,6 +125,14 @@ class _CompiledDecoder:
 
 
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def reserve_hf_compiled(hf_model, max_len: int) -> None:
+    """Size hf_compile's StaticCache for `max_len` tokens up front (as SpeculativeEngine.reserve does for ours),
+    so every later call fits it and none recompiles inside a timed decode."""
+    if hf_model not in _COMPILED:
+        _COMPILED[hf_model] = _CompiledDecoder(hf_model)
+    _COMPILED[hf_model].cache_for(hf_model, max_len)
 
 
 @torch.no_grad()

@@ -21,6 +21,7 @@ tree="auto" (longspec.infer.policy) the shape may change between rounds: one sta
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -193,14 +194,26 @@ class SpeculativeEngine:
         clock = _PhaseClock(self.device)
         decode_start = _now(self.device)
         finished = _finished(emitted, config, new=emitted)
+        # Committed tokens whose K/V are in the drafter's ring buffer: positions < drafter_synced. A plain round
+        # ("no speculation") leaves the ring alone, so it costs what one AR step costs; the ring catches up
+        # (its last `window` tokens at most) when speculation resumes.
+        drafter_synced = self.cache.length
         while not finished:
-            widths = policy.choose(self.cache.length) if policy is not None else ()
+            context_len = self.cache.length
+            widths = policy.choose(context_len) if policy is not None else ()
+            if method == "longspec" and widths and drafter_synced < context_len:
+                self._drafter_catch_up(emitted, prompt.numel(), drafter_synced, context_len)
+            round_start = time.perf_counter()
             new_tokens, path_slots, root = self._round(
-                method, widths, root, config, generator, static=static, clock=clock, context=context
-            )
+                method, widths, root, config, generator, static=static, clock=clock, context=context,
+                commit_drafter=bool(widths),
+            )  # fmt: skip
             if policy is not None:
+                policy.observe_time(widths, context_len, time.perf_counter() - round_start)
                 layout_ranks = _level_ranks(widths, path_slots)
                 policy.observe(widths, layout_ranks)
+                if widths:
+                    drafter_synced = self.cache.length
             stats.record_round(len(new_tokens) - 1, tree_name(widths) if method == "longspec" else None)
             emitted.extend(new_tokens)
             if context is not None:
@@ -223,9 +236,12 @@ class SpeculativeEngine:
         static: bool,
         clock: _PhaseClock,
         context: torch.Tensor | None = None,
+        commit_drafter: bool = True,
     ) -> tuple[list[int], list[int], torch.Tensor]:
         """One round (draft, verify, accept, commit) from `root`; widths () = one plain target step.
-        Returns (emitted tokens, accepted path's node slots, next root on the device) after ONE host copy."""
+        Returns (emitted tokens, accepted path's node slots, next root on the device) after ONE host copy.
+        commit_drafter=False: longspec's accepted tokens do not enter the drafter's ring buffer (a plain round;
+        `_drafter_catch_up` adds them later)."""
         capture = config.cuda_graphs
         if method == "longspec" and widths:
             layout = TreeLayout(widths)
@@ -250,7 +266,7 @@ class SpeculativeEngine:
             out = out.tolist()  # host sync: the round's one copy (emitted tokens, path, count)
             count = out[-1]
             self.cache.commit_path(path[:count])
-            if method == "longspec":
+            if method == "longspec" and commit_drafter:
                 self._drafter_commit(tree.tokens[path[:count]], self.cache.length - count)
         return out[:count], out[depth + 1 : depth + 1 + count], bonus
 
@@ -420,10 +436,11 @@ class SpeculativeEngine:
             return FixedPolicy(fixed)
         if self.costs is None or isinstance(self.costs, MeasuredCosts):
             self.measure_round_costs(config, [prompt_len, prompt_len + config.max_new_tokens])
-        return AdaptivePolicy(self.costs, config.trees)
+        # Measured costs are refined by the rounds' observed times; an injected cost model is taken as given.
+        return AdaptivePolicy(self.costs, config.trees, learn_times=isinstance(self.costs, MeasuredCosts))
 
     @torch.no_grad()
-    def measure_round_costs(self, config: GenerationConfig, context_lens, *, reps: int = 3) -> MeasuredCosts:
+    def measure_round_costs(self, config: GenerationConfig, context_lens, *, reps: int = 8) -> MeasuredCosts:
         """Measure, on this device, the seconds of one real round (`_round`: draft + verify + accept + commit, on
         the static / captured path when the config asks for it) of every tree="auto" candidate, per context
         bucket between min(context_lens) and max(context_lens). The cache's content is whatever it holds (a
@@ -448,13 +465,22 @@ class SpeculativeEngine:
         self.drafter_cache.reset()
         for bucket in missing:
             length = max(1, min(bucket, self.cache.max_len - config.max_round_nodes - 1))
-            for widths in config.trees:
-                for rep in range(reps + 1):  # the first, untimed: lazy init, autotuning, graph capture
-                    if rep == 1:
-                        start = _now(self.device)
+            times: dict[tuple[int, ...], list[float]] = {w: [] for w in config.trees}
+            # Candidates interleaved rep by rep (a slow moment hits them all), each round timed on its own (it
+            # ends with its host copy), the median kept; the first rep is untimed: lazy init, autotuning,
+            # graph capture.
+            for rep in range(reps + 1):
+                for widths in config.trees:
                     self.cache.length = length
-                    self._round("longspec", widths, root, config, generator, static=static, clock=clock)
-                self.costs.seconds[(bucket, widths)] = (_now(self.device) - start) / reps
+                    start = time.perf_counter()
+                    self._round(
+                        "longspec", widths, root, config, generator, static=static, clock=clock,
+                        commit_drafter=bool(widths),
+                    )  # fmt: skip
+                    if rep:
+                        times[widths].append(time.perf_counter() - start)
+            for widths, seconds in times.items():
+                self.costs.seconds[(bucket, widths)] = statistics.median(seconds)
         self.cache.reset()
         self.drafter_cache.reset()
         return self.costs
@@ -554,6 +580,14 @@ class SpeculativeEngine:
                 tree.valid[child_slice] = valid
             tree.set_level(child_slice, parent_local + sl.start, tokens)
         return tree
+
+    def _drafter_catch_up(self, emitted: list[int], prompt_len: int, start: int, end: int) -> None:
+        """Committed positions [start, end) enter the ring buffer (after plain rounds skipped it); emitted[i]
+        sits at position prompt_len + i. Only the last `window` can survive in the ring."""
+        start = max(start, end - self.drafter_cache.window)
+        ids = torch.tensor(emitted[start - prompt_len : end - prompt_len], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, end, device=self.device)
+        self.drafter.fill_cache(self.drafter_cache, ids[None], positions)
 
     def _drafter_commit(self, path_tokens: torch.Tensor, first_position: int) -> None:
         """The accepted path (root first) enters the drafter's ring buffer. Its self K/V depend only on token and

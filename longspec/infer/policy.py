@@ -17,7 +17,12 @@ unobserved depths drift back to the prior. While "no speculation" wins nothing i
 
 Cost model: anything with `cost(widths, context_len) -> seconds`. `MeasuredCosts` is the engine's table,
 measured at warm-up on the actual device per context bucket (SpeculativeEngine.measure_round_costs); tests
-inject a stub.
+inject a stub. Two corrections make the choice robust to timing noise and to what a warm-up cannot see:
+- monotone: a tree never costs less than a tree it contains (fewer levels, each no wider), "no speculation"
+  included. A millisecond-scale measurement can invert two close candidates; the round's real work cannot.
+- online (`RoundTimes`): while decoding, each round's wall time (the round ends with its one host copy, so the
+  time is the round's whole cost) updates a decayed mean per (bucket, tree); a tree not run yet is priced at
+  its table cost times the median ratio observed / table of the trees that ran.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ __all__ = [
     "CostModel",
     "FixedPolicy",
     "MeasuredCosts",
+    "RoundTimes",
     "context_bucket",
 ]
 
@@ -63,6 +69,16 @@ class CostModel(Protocol):
     def cost(self, widths: tuple[int, ...], context_len: int) -> float: ...
 
 
+def contains(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
+    """Whether tree `small` is a sub-tree of `big`: no more levels, each level no wider."""
+    return len(small) <= len(big) and all(a <= b for a, b in zip(small, big, strict=False))
+
+
+def monotone(costs: dict[tuple[int, ...], float]) -> dict[tuple[int, ...], float]:
+    """Each tree's cost raised to the most expensive tree it contains (see the module docstring)."""
+    return {t: max(c for s, c in costs.items() if contains(s, t)) for t in costs}
+
+
 @dataclass
 class MeasuredCosts:
     """seconds[(bucket, widths)] of one round, measured on the device in one `mode` (greedy / sampling rule,
@@ -73,12 +89,12 @@ class MeasuredCosts:
 
     def cost(self, widths: tuple[int, ...], context_len: int) -> float:
         bucket = context_bucket(context_len)
-        if (bucket, widths) in self.seconds:
-            return self.seconds[(bucket, widths)]
-        # Past the measured buckets (a longer call than the warm-up planned for): the nearest one measured.
-        measured = sorted(b for b, w in self.seconds if w == widths)
-        nearest = min(measured, key=lambda b: abs(math.log2(b) - math.log2(bucket)))
-        return self.seconds[(nearest, widths)]
+        if (bucket, widths) not in self.seconds:
+            # Past the measured buckets (a longer call than the warm-up planned for): the nearest one measured.
+            measured = sorted(b for b, w in self.seconds if w == widths)
+            bucket = min(measured, key=lambda b: abs(math.log2(b) - math.log2(bucket)))
+        table = {w: s for (b, w), s in self.seconds.items() if b == bucket}
+        return monotone(table)[widths] if widths in table else self.seconds[(bucket, widths)]
 
     def missing(self, trees: Sequence[tuple[int, ...]], buckets: Sequence[int]) -> list[int]:
         return [b for b in buckets if any((b, w) not in self.seconds for w in trees)]
@@ -163,6 +179,34 @@ class AcceptanceModel:
             low = edge
 
 
+class RoundTimes:
+    """Round costs learned while decoding, on top of a table (`base`): a decayed mean of the observed wall time
+    per (context bucket, tree); unobserved trees get the table cost times the median observed / table ratio of
+    the trees that ran in that bucket; the result is made monotone (see the module docstring)."""
+
+    def __init__(self, base: CostModel, trees: Sequence[tuple[int, ...]], *, decay: float = 0.9):
+        self.base, self.trees, self.decay = base, tuple(trees), decay
+        self.mean: dict[tuple[int, tuple[int, ...]], float] = {}
+
+    def observe(self, widths: tuple[int, ...], context_len: int, seconds: float) -> None:
+        key = (context_bucket(context_len), tuple(widths))
+        old = self.mean.get(key)
+        self.mean[key] = seconds if old is None else self.decay * old + (1.0 - self.decay) * seconds
+
+    def costs(self, context_len: int) -> dict[tuple[int, ...], float]:
+        bucket = context_bucket(context_len)
+        table = {t: self.base.cost(t, context_len) for t in self.trees}
+        seen = {t: self.mean[(bucket, t)] for t in self.trees if (bucket, t) in self.mean}
+        if not seen:
+            return table  # the table as given (MeasuredCosts is monotone itself; a test stub need not be)
+        ratios = sorted(seen[t] / table[t] for t in seen if table[t] > 0)
+        scale = ratios[len(ratios) // 2] if ratios else 1.0
+        return monotone({t: seen.get(t, table[t] * scale) for t in self.trees})
+
+    def cost(self, widths: tuple[int, ...], context_len: int) -> float:
+        return self.costs(context_len)[tuple(widths)]
+
+
 class FixedPolicy:
     """The user's fixed tree: every round the same, nothing learned."""
 
@@ -173,6 +217,9 @@ class FixedPolicy:
         return self.widths
 
     def observe(self, widths: tuple[int, ...], ranks: Sequence[int]) -> None:
+        pass
+
+    def observe_time(self, widths: tuple[int, ...], context_len: int, seconds: float) -> None:
         pass
 
 
@@ -186,11 +233,14 @@ class AdaptivePolicy:
         *,
         explore_every: int = 16,
         acceptance: AcceptanceModel | None = None,
+        learn_times: bool = True,
     ):
         self.trees = tuple(tuple(t) for t in trees)
         if not self.trees:
             raise ValueError("the adaptive policy needs at least one candidate tree")
-        self.costs = costs
+        # learn_times=False: `costs` is authoritative (an injected model), observed round times are ignored.
+        self.costs = RoundTimes(costs, self.trees, decay=0.9 if learn_times else 1.0)
+        self.learn_times = learn_times
         self.explore_every = explore_every
         self.acceptance = acceptance or AcceptanceModel(max(len(t) for t in self.trees) or 1)
         speculating = [t for t in self.trees if t]
@@ -199,7 +249,8 @@ class AdaptivePolicy:
 
     def rates(self, context_len: int) -> dict[tuple[int, ...], float]:
         """Expected tokens per second of every candidate at this context length."""
-        return {t: self.acceptance.expected_tokens(t) / self.costs.cost(t, context_len) for t in self.trees}
+        costs = self.costs.costs(context_len)
+        return {t: self.acceptance.expected_tokens(t) / costs[t] for t in self.trees}
 
     def best(self, context_len: int) -> tuple[int, ...]:
         """The candidate with the most expected tokens per second (first of equals: the cheaper end)."""
@@ -220,3 +271,8 @@ class AdaptivePolicy:
     def observe(self, widths: tuple[int, ...], ranks: Sequence[int]) -> None:
         if widths:
             self.acceptance.observe(widths, ranks)
+
+    def observe_time(self, widths: tuple[int, ...], context_len: int, seconds: float) -> None:
+        """The wall time of a round just run (its whole cost: it ended with its host copy)."""
+        if self.learn_times:
+            self.costs.observe(widths, context_len, seconds)

@@ -209,3 +209,41 @@ def test_auto_sampling_static_equals_eager(rule):
         assert len(result.stats.trees) >= 4
         outputs.append(result.tokens)
     assert outputs[0] == outputs[1] and len(outputs[0]) == 16
+
+
+def _ring_by_position(cache) -> dict[int, torch.Tensor]:
+    return {int(p): cache.keys[0, :, slot] for slot, p in enumerate(cache.positions[0].tolist()) if p >= 0}
+
+
+def test_plain_rounds_skip_the_drafter_and_the_ring_catches_up():
+    """A "no speculation" round leaves the drafter's ring buffer alone (it costs one AR step); before the next
+    speculating round the ring receives the skipped tokens, exactly as if every round had committed them."""
+    target = make_tiny_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target))
+    engine.reserve(64)
+    prompt = torch.randint(0, 256, (20,))
+    emitted = torch.randint(0, 256, (11,)).tolist()
+    engine.prefill_drafter(prompt)
+    engine._drafter_catch_up(emitted, prompt.numel(), prompt.numel(), prompt.numel() + 10)
+    caught_up = _ring_by_position(engine.drafter_cache)
+    engine.prefill_drafter(torch.cat([prompt, torch.tensor(emitted[:10])]))
+    reference = _ring_by_position(engine.drafter_cache)
+    assert caught_up.keys() == reference.keys() == set(range(30 - engine.drafter_cache.window, 30))
+    for position, key in reference.items():
+        torch.testing.assert_close(caught_up[position], key)
+
+
+def test_measured_costs_are_monotone_and_learned_times_calibrate_the_rest():
+    costs = MeasuredCosts(seconds={(1024, ()): 3.0, (1024, (1,)): 2.5, (1024, (1, 1)): 2.8, (1024, BIG): 4.0})
+    # a chain never costs less than no speculation, whatever the (noisy) measurement said
+    assert costs.cost((1,), 1000) == 3.0 and costs.cost((1, 1), 1000) == 3.0 and costs.cost(BIG, 1000) == 4.0
+    trees = ((), (1,), (1, 1), BIG)
+    policy = AdaptivePolicy(costs, trees)
+    for _ in range(30):
+        policy.observe_time((), 1000, 1.0)  # plain rounds really take 1.0: a third of the table's figure
+    learned = policy.costs.costs(1000)
+    assert learned[()] == pytest.approx(1.0)
+    assert learned[BIG] == pytest.approx(4.0 / 3.0)  # unseen trees scaled by the observed / table ratio
+    frozen = AdaptivePolicy(costs, trees, learn_times=False)
+    frozen.observe_time((), 1000, 1.0)
+    assert frozen.costs.costs(1000)[()] == 3.0
