@@ -13,7 +13,9 @@ prior. A rejection at depth d with width w says only "rank >= w" (censored): it 
 buckets below w and says nothing about the others, so one model serves every candidate, including trees that
 are not running (Kaplan-Meier style). Counts decay every round, so the estimate follows the text and
 unobserved depths drift back to the prior. While "no speculation" wins nothing is observed: every
-`explore_every`-th such round runs the cheapest speculating candidate instead, so the policy can come back.
+`explore_every`-th such round runs the cheapest speculating candidate instead, so the policy can come back; an
+exploration that accepts nothing doubles the interval (up to MAX_EXPLORE_EVERY), one that accepts resets it, so
+a drafter that cannot help costs ever less.
 
 Cost model: anything with `cost(widths, context_len) -> seconds`. `MeasuredCosts` is the engine's table,
 measured at warm-up on the actual device per context bucket (SpeculativeEngine.measure_round_costs); tests
@@ -58,6 +60,7 @@ AUTO_TREES: tuple[tuple[int, ...], ...] = (
 
 RANK_EDGES = (1, 2, 4, 8, 16)  # bucket j = ranks [RANK_EDGES[j-1], RANK_EDGES[j]) (edge -1 = 0)
 MIN_BUCKET = 1024  # round costs barely change below this context length
+MAX_EXPLORE_EVERY = 64  # a useless drafter then costs at most one cheap chain round in 64
 
 
 def context_bucket(context_len: int) -> int:
@@ -74,9 +77,17 @@ def contains(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
     return len(small) <= len(big) and all(a <= b for a, b in zip(small, big, strict=False))
 
 
-def monotone(costs: dict[tuple[int, ...], float]) -> dict[tuple[int, ...], float]:
-    """Each tree's cost raised to the most expensive tree it contains (see the module docstring)."""
-    return {t: max(c for s, c in costs.items() if contains(s, t)) for t in costs}
+def monotone(
+    costs: dict[tuple[int, ...], float], below: dict[tuple[int, ...], list[tuple[int, ...]]] | None = None
+) -> dict[tuple[int, ...], float]:
+    """Each tree's cost raised to the most expensive tree it contains (see the module docstring). `below`:
+    the trees each one contains, precomputed (`contained_trees`) when called every round."""
+    below = below or contained_trees(costs)
+    return {t: max(costs[s] for s in below[t]) for t in costs}
+
+
+def contained_trees(trees) -> dict[tuple[int, ...], list[tuple[int, ...]]]:
+    return {t: [s for s in trees if contains(s, t)] for t in trees}
 
 
 @dataclass
@@ -86,6 +97,9 @@ class MeasuredCosts:
 
     mode: tuple = ()
     seconds: dict[tuple[int, tuple[int, ...]], float] = field(default_factory=dict)
+    # monotone table per bucket, rebuilt when `seconds` grows (measure_round_costs only adds buckets)
+    _tables: dict[int, dict[tuple[int, ...], float]] = field(default_factory=dict, repr=False)
+    _size: int = field(default=0, repr=False)
 
     def cost(self, widths: tuple[int, ...], context_len: int) -> float:
         bucket = context_bucket(context_len)
@@ -93,8 +107,11 @@ class MeasuredCosts:
             # Past the measured buckets (a longer call than the warm-up planned for): the nearest one measured.
             measured = sorted(b for b, w in self.seconds if w == widths)
             bucket = min(measured, key=lambda b: abs(math.log2(b) - math.log2(bucket)))
-        table = {w: s for (b, w), s in self.seconds.items() if b == bucket}
-        return monotone(table)[widths] if widths in table else self.seconds[(bucket, widths)]
+        if self._size != len(self.seconds):
+            self._tables, self._size = {}, len(self.seconds)
+        if bucket not in self._tables:
+            self._tables[bucket] = monotone({w: s for (b, w), s in self.seconds.items() if b == bucket})
+        return self._tables[bucket][widths]
 
     def missing(self, trees: Sequence[tuple[int, ...]], buckets: Sequence[int]) -> list[int]:
         return [b for b in buckets if any((b, w) not in self.seconds for w in trees)]
@@ -123,6 +140,7 @@ class AcceptanceModel:
         self.prior_trials = [[prior_weight] * len(RANK_EDGES) for _ in range(max_depth)]
         self.hits = [[0.0] * len(RANK_EDGES) for _ in range(max_depth)]
         self.trials = [[0.0] * len(RANK_EDGES) for _ in range(max_depth)]
+        self._expected: dict[tuple[int, ...], float] = {}  # valid until the next observation
 
     @property
     def max_depth(self) -> int:
@@ -146,6 +164,11 @@ class AcceptanceModel:
 
     def expected_tokens(self, widths: tuple[int, ...]) -> float:
         """Expected tokens a round of `widths` emits (accepted drafts + the bonus)."""
+        if widths not in self._expected:
+            self._expected[widths] = self._expected_tokens(widths)
+        return self._expected[widths]
+
+    def _expected_tokens(self, widths: tuple[int, ...]) -> float:
         total, reach = 1.0, 1.0
         for depth, width in enumerate(widths[: self.max_depth], start=1):
             reach *= self.accept_prob(depth, width)
@@ -155,6 +178,7 @@ class AcceptanceModel:
     def observe(self, widths: tuple[int, ...], ranks: Sequence[int]) -> None:
         """One speculating round: ranks[d-1] = rank of the accepted node at depth d (len = accepted drafts);
         if fewer than len(widths) were accepted, the next depth saw rank >= its width."""
+        self._expected.clear()
         for row_hits, row_trials in zip(self.hits, self.trials, strict=True):
             for j in range(len(RANK_EDGES)):
                 row_hits[j] *= self.decay
@@ -187,21 +211,31 @@ class RoundTimes:
     def __init__(self, base: CostModel, trees: Sequence[tuple[int, ...]], *, decay: float = 0.9):
         self.base, self.trees, self.decay = base, tuple(trees), decay
         self.mean: dict[tuple[int, tuple[int, ...]], float] = {}
+        self._below = contained_trees(self.trees)
+        self._cache: dict[int, dict[tuple[int, ...], float]] = {}  # per bucket; this runs every round
 
     def observe(self, widths: tuple[int, ...], context_len: int, seconds: float) -> None:
-        key = (context_bucket(context_len), tuple(widths))
+        bucket = context_bucket(context_len)
+        key = (bucket, tuple(widths))
         old = self.mean.get(key)
         self.mean[key] = seconds if old is None else self.decay * old + (1.0 - self.decay) * seconds
+        self._cache.pop(bucket, None)
 
     def costs(self, context_len: int) -> dict[tuple[int, ...], float]:
         bucket = context_bucket(context_len)
+        if bucket in self._cache:
+            return self._cache[bucket]
         table = {t: self.base.cost(t, context_len) for t in self.trees}
         seen = {t: self.mean[(bucket, t)] for t in self.trees if (bucket, t) in self.mean}
         if not seen:
             return table  # the table as given (MeasuredCosts is monotone itself; a test stub need not be)
+        self._cache[bucket] = self._calibrated(table, seen)
+        return self._cache[bucket]
+
+    def _calibrated(self, table: dict, seen: dict) -> dict[tuple[int, ...], float]:
         ratios = sorted(seen[t] / table[t] for t in seen if table[t] > 0)
         scale = ratios[len(ratios) // 2] if ratios else 1.0
-        return monotone({t: seen.get(t, table[t] * scale) for t in self.trees})
+        return monotone({t: seen.get(t, table[t] * scale) for t in self.trees}, self._below)
 
     def cost(self, widths: tuple[int, ...], context_len: int) -> float:
         return self.costs(context_len)[tuple(widths)]
@@ -246,6 +280,8 @@ class AdaptivePolicy:
         speculating = [t for t in self.trees if t]
         self._explore_tree = min(speculating, key=lambda t: (sum(t), len(t))) if speculating else ()
         self._plain_streak = 0
+        self._interval = explore_every  # grows while explorations fail (see the module docstring)
+        self._exploring = False
 
     def rates(self, context_len: int) -> dict[tuple[int, ...], float]:
         """Expected tokens per second of every candidate at this context length."""
@@ -264,13 +300,18 @@ class AdaptivePolicy:
             self._plain_streak = 0
             return best
         self._plain_streak += 1
-        if self.explore_every and self._plain_streak % self.explore_every == 0:
+        if self.explore_every and self._plain_streak % self._interval == 0:
+            self._exploring = True
             return self._explore_tree
         return best
 
     def observe(self, widths: tuple[int, ...], ranks: Sequence[int]) -> None:
         if widths:
             self.acceptance.observe(widths, ranks)
+        if self._exploring:
+            self._exploring = False
+            self._plain_streak = 0
+            self._interval = self.explore_every if ranks else min(2 * self._interval, MAX_EXPLORE_EVERY)
 
     def observe_time(self, widths: tuple[int, ...], context_len: int, seconds: float) -> None:
         """The wall time of a round just run (its whole cost: it ended with its host copy)."""

@@ -10,6 +10,7 @@ from longspec.drafter import DrafterConfig
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.policy import (
     AUTO_TREES,
+    MAX_EXPLORE_EVERY,
     AcceptanceModel,
     AdaptivePolicy,
     MeasuredCosts,
@@ -59,11 +60,18 @@ def test_policy_switches_when_acceptance_changes_and_explores_back():
         widths = policy.choose(1000)
         policy.observe(widths, [])
     assert policy.best(1000) == ()
-    picks = [policy.choose(1000) for _ in range(8)]
-    assert (
-        picks.count((1,)) == 2 and picks.count(()) == 6
-    )  # every 4th plain round explores the cheapest chain
-    for _ in range(100):  # acceptance comes back; the exploring chain sees it and the policy leaves ()
+    # explorations that accept nothing space out: the gap doubles from every 4th plain round up to the cap
+    gaps, since = [], 0
+    for _ in range(400):
+        widths = policy.choose(1000)
+        since += 1
+        if widths:
+            assert widths == (1,)  # the cheapest chain explores
+            gaps.append(since)
+            since = 0
+        policy.observe(widths, [])
+    assert gaps == sorted(gaps) and gaps[-1] == MAX_EXPLORE_EVERY
+    for _ in range(300):  # acceptance comes back; the exploring chain sees it and the policy leaves ()
         widths = policy.choose(1000)
         policy.observe(widths, [0] * len(widths))
     assert len(policy.choose(1000)) >= 3
