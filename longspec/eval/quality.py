@@ -9,7 +9,13 @@ A reference is degenerate when either
   hundred to a thousand tokens measure 0.15-0.6 (SmolLM2-135M-Instruct on long Python files: 0.18-0.31), a
   one-token loop ~0.01; or
 - its last LOOP_TAIL_FRACTION or more is one short n-gram (period <= MAX_LOOP_PERIOD tokens) repeated: a loop
-  of a few distinct tokens that the ratio alone misses on short outputs.
+  of a few distinct tokens that the ratio alone misses on short outputs; or
+- MAX_REPEATED_SHARE or more of its second half repeats itself: the REPEAT_NGRAM-gram starting there already
+  occurred earlier in the output. This catches the loops a small model falls into at long context that are
+  neither exactly periodic nor short: one sentence or paragraph again and again ("The document is a one-page
+  summary of ... " x 5, SmolLM2-135M-Instruct on a 4K-token summarisation prompt), lists that enumerate one
+  line with a counter. Measured on 285 windows of 128 tokens of the standard library's own code (SmolLM2's
+  tokenizer): median 0.0, 97th percentile 0.21, max 0.54; the loops seen score 1.0.
 Outputs shorter than MIN_TOKENS are never flagged (a one-line answer has too few tokens to judge).
 """
 
@@ -17,11 +23,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MIN_DISTINCT_RATIO", "MAX_LOOP_PERIOD", "LOOP_TAIL_FRACTION", "MIN_TOKENS", "Quality", "assess"]
+__all__ = [
+    "MIN_DISTINCT_RATIO",
+    "MAX_LOOP_PERIOD",
+    "LOOP_TAIL_FRACTION",
+    "REPEAT_NGRAM",
+    "MAX_REPEATED_SHARE",
+    "MIN_TOKENS",
+    "Quality",
+    "assess",
+    "repeated_share",
+]
 
 MIN_DISTINCT_RATIO = 0.1
 MAX_LOOP_PERIOD = 16
 LOOP_TAIL_FRACTION = 0.5
+REPEAT_NGRAM = 8
+MAX_REPEATED_SHARE = 0.5
 MIN_TOKENS = 32
 
 
@@ -31,8 +49,9 @@ class Quality:
     distinct_ratio: float | None  # None for an empty output
     loop_period: int | None  # the repeated n-gram's length when the tail loops
     loop_fraction: float  # share of the output covered by that loop (0 when none)
+    repeated_share: float  # share of the second half's n-grams seen earlier in the output
     degenerate: bool
-    reason: str | None  # "low_distinct_ratio" | "loop" | None
+    reason: str | None  # "low_distinct_ratio" | "loop" | "repetition" | None
 
     def to_dict(self) -> dict:
         return {
@@ -40,6 +59,7 @@ class Quality:
             "distinct_ratio": self.distinct_ratio,
             "loop_period": self.loop_period,
             "loop_fraction": self.loop_fraction,
+            "repeated_share": self.repeated_share,
             "degenerate": self.degenerate,
             "reason": self.reason,
         }
@@ -60,6 +80,18 @@ def periodic_tail(tokens: list[int], max_period: int = MAX_LOOP_PERIOD) -> tuple
     return best_period, best_len
 
 
+def repeated_share(tokens: list[int], n: int = REPEAT_NGRAM) -> float:
+    """Share of the n-grams starting in the second half of `tokens` that already started somewhere earlier."""
+    seen: set[tuple[int, ...]] = set()
+    repeats = []
+    for i in range(len(tokens) - n + 1):
+        gram = tuple(tokens[i : i + n])
+        repeats.append(gram in seen)
+        seen.add(gram)
+    half = repeats[len(repeats) // 2 :]
+    return sum(half) / len(half) if half else 0.0
+
+
 def assess(tokens: list[int], *, min_distinct_ratio: float = MIN_DISTINCT_RATIO,
            max_loop_period: int = MAX_LOOP_PERIOD, loop_tail_fraction: float = LOOP_TAIL_FRACTION,
            min_tokens: int = MIN_TOKENS) -> Quality:  # fmt: skip
@@ -67,10 +99,13 @@ def assess(tokens: list[int], *, min_distinct_ratio: float = MIN_DISTINCT_RATIO,
     ratio = len(set(tokens)) / n if n else None
     period, tail = periodic_tail(tokens, max_loop_period)
     fraction = tail / n if n else 0.0
+    repeated = repeated_share(tokens)
     reason = None
     if n >= min_tokens:
         if ratio < min_distinct_ratio:
             reason = "low_distinct_ratio"
         elif period is not None and fraction >= loop_tail_fraction:
             reason = "loop"
-    return Quality(n, ratio, period, fraction, reason is not None, reason)
+        elif repeated >= MAX_REPEATED_SHARE:
+            reason = "repetition"
+    return Quality(n, ratio, period, fraction, repeated, reason is not None, reason)

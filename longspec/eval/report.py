@@ -265,3 +265,43 @@ def write_report(results: dict, output_dir: str) -> None:
 
     results["plots"] = plot_by_context_length(results["methods"], output_dir)
     write_text_atomic(os.path.join(output_dir, "report.md"), report_markdown(results))
+
+
+def rescore(results_path: str, output_dir: str | None = None) -> dict:
+    """Summarise an existing results.json again with this version's rules (quality guard, speedup baselines)
+    and rewrite its summary, report.md and plots: a recorded run is re-read, never re-measured."""
+    import json
+
+    with open(results_path, encoding="utf-8") as f:
+        results = json.load(f)
+    if "methods" not in results or "config" not in results:
+        raise ValueError(f"{results_path} is not a longspec.eval results.json (no methods / config)")
+    output_dir = output_dir or os.path.dirname(os.path.abspath(results_path))
+    os.makedirs(output_dir, exist_ok=True)
+    results["summary"] = summarise(results["methods"], greedy=results["config"].get("temperature", 0) == 0)
+    write_text_atomic(os.path.join(output_dir, "results.json"), json.dumps(results, indent=1))
+    write_report(results, output_dir)
+    return results
+
+
+def _main(argv: list[str] | None) -> None:
+    from longspec.cli import ArgumentParser
+
+    parser = ArgumentParser(description="Re-summarise an eval results.json (quality guard, report.md, plots).")
+    parser.add_argument("results", help="a results.json written by python -m longspec.eval")
+    parser.add_argument("--out", default=None, help="directory for the rewritten files (default: beside it)")
+    args = parser.parse_args(argv)
+    rescore(args.results, args.out)
+    print(os.path.join(args.out or os.path.dirname(os.path.abspath(args.results)), "report.md"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from longspec.cli import run_cli
+
+    return run_cli(_main, argv)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

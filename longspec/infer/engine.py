@@ -68,7 +68,9 @@ class GenerationConfig:
     top_p: float | None = None  # nucleus truncation of the target distribution (T > 0)
     eos_token_ids: tuple[int, ...] = ()  # stop after emitting any of these
     # longspec's tree: "auto" (adaptive per round, longspec.infer.policy) or fixed level widths; a fixed
-    # `tree_widths` given by the user wins over `tree`.
+    # `tree_widths` given by the user wins over `tree`. At T > 0 every tree samples the target's distribution
+    # exactly, but with "auto" the trees chosen depend on measured round times (and on what earlier calls
+    # learned), so a seed does not pin the sample: fix the tree for reproducible sampling.
     tree: str | tuple[int, ...] = "auto"
     tree_widths: tuple[int, ...] | None = None
     # T > 0: "rrs" = children sampled from the drafter's q, recursive rejection sampling; "deterministic" = the
@@ -148,6 +150,10 @@ class SpeculativeEngine:
         # tree="auto"'s round costs: a longspec.infer.policy.CostModel (tests inject one), else measured here
         # on first need (`measure_round_costs`) and kept for later calls.
         self.costs = costs
+        # tree="auto" policies by (candidates, decoding mode): what they learned (acceptance per depth, round
+        # times) carries over to the next call, since drafter, target and device stay the same. A new call
+        # then starts from the last one's estimates instead of the prior (short outputs never leave it).
+        self._policies: dict[tuple, AdaptivePolicy] = {}
         self.device = target.embed_tokens.weight.device
         self.scales = [layer.self_attn.scaling for layer in target.layers]
         self.cache: StaticKVCache | None = None
@@ -436,8 +442,14 @@ class SpeculativeEngine:
             return FixedPolicy(fixed)
         if self.costs is None or isinstance(self.costs, MeasuredCosts):
             self.measure_round_costs(config, [prompt_len, prompt_len + config.max_new_tokens])
-        # Measured costs are refined by the rounds' observed times; an injected cost model is taken as given.
-        return AdaptivePolicy(self.costs, config.trees, learn_times=isinstance(self.costs, MeasuredCosts))
+        key = (tuple(config.trees), config.temperature > 0, config.sampling_rule, config.cuda_graphs, id(self.costs))
+        if key not in self._policies:
+            # Measured costs are refined by the rounds' observed times; an injected cost model is taken as given.
+            measured = isinstance(self.costs, MeasuredCosts)
+            self._policies[key] = AdaptivePolicy(self.costs, config.trees, learn_times=measured)
+        policy = self._policies[key]
+        policy.start()
+        return policy
 
     @torch.no_grad()
     def measure_round_costs(self, config: GenerationConfig, context_lens, *, reps: int = 8) -> MeasuredCosts:

@@ -283,6 +283,10 @@ class AdaptivePolicy:
         self._interval = explore_every  # grows while explorations fail (see the module docstring)
         self._exploring = False
 
+    def start(self) -> None:
+        """A new generation: what was learned stays, the exploration schedule starts over."""
+        self._plain_streak, self._interval, self._exploring = 0, self.explore_every, False
+
     def rates(self, context_len: int) -> dict[tuple[int, ...], float]:
         """Expected tokens per second of every candidate at this context length."""
         costs = self.costs.costs(context_len)

@@ -3,7 +3,7 @@
 import math
 import random
 
-from longspec.eval.quality import MIN_DISTINCT_RATIO, assess, periodic_tail
+from longspec.eval.quality import MIN_DISTINCT_RATIO, assess, periodic_tail, repeated_share
 from longspec.eval.report import report_markdown, summarise
 
 
@@ -23,6 +23,18 @@ def test_assess_flags_one_token_loops_short_ngram_loops_and_not_real_text():
     assert not assess(_real(300)).degenerate
     assert not assess([1, 1, 1]).degenerate  # too short to judge
     assert assess([]).distinct_ratio is None and not assess([]).degenerate
+
+
+def test_assess_flags_a_repeated_sentence_that_is_no_short_period():
+    """What SmolLM2-135M-Instruct wrote for a 4K-token summary prompt: one ~25-token sentence over and over, with
+    small variations, so neither the distinct ratio (0.17) nor a period <= 16 catches it."""
+    intro = _real(20, seed=1)
+    sentence = _real(25, seed=2)
+    looped = intro + [t for k in range(5) for t in sentence[:-1] + [3000 + k]]
+    quality = assess(looped)
+    assert quality.distinct_ratio > MIN_DISTINCT_RATIO and quality.loop_period is None
+    assert quality.reason == "repetition" and quality.repeated_share > 0.7
+    assert repeated_share(_real(300)) == 0.0 and not assess(_real(300)).degenerate
 
 
 def test_periodic_tail_matches_a_plain_scan():

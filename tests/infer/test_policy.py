@@ -255,3 +255,18 @@ def test_measured_costs_are_monotone_and_learned_times_calibrate_the_rest():
     frozen = AdaptivePolicy(costs, trees, learn_times=False)
     frozen.observe_time((), 1000, 1.0)
     assert frozen.costs.costs(1000)[()] == 3.0
+
+
+def test_what_a_call_learned_carries_to_the_next():
+    """The acceptance estimates survive between generate calls of one engine (same drafter and target), so a
+    short output does not spend its rounds re-learning from the prior."""
+    target = make_tiny_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target), costs=NodeCosts())
+    prompt = torch.randint(0, 256, (30,))
+    first = engine.generate(prompt, GenerationConfig(max_new_tokens=40))
+    (policy,) = engine._policies.values()
+    learned = policy.acceptance.hazard(1, 0)
+    assert learned != AcceptanceModel(5).hazard(1, 0)  # no longer the prior
+    second = engine.generate(prompt, GenerationConfig(max_new_tokens=40))
+    assert first.tokens == second.tokens  # greedy: the trees chosen never change the output
+    assert list(engine._policies.values()) == [policy]  # the same estimates, updated by the second call
