@@ -28,6 +28,7 @@ from longspec.eval.divergence import analyse_divergence
 from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.infer.baselines import reserve_hf_compiled, run_method
 from longspec.infer.engine import SpeculativeEngine
+from longspec.provenance import git_commit
 
 __all__ = ["main", "run_eval"]
 
@@ -149,6 +150,7 @@ def run_eval(cfg: EvalConfig) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": git_commit(),
         "data": data_reports,
         "methods": {m: {} for m in methods},
     }

@@ -151,7 +151,8 @@ def report_markdown(results: dict) -> str:
         "# LongSpec evaluation",
         "",
         f"target `{cfg['target']['path']}` · device {results['device']} · {results['dtype']} · "
-        f"temperature {cfg['temperature']} · max_new_tokens {cfg['max_new_tokens']} · started {results['started']}",
+        f"temperature {cfg['temperature']} · max_new_tokens {cfg['max_new_tokens']} · started {results['started']}"
+        + (f" · commit {results['commit']}" if results.get('commit') else ""),
         "",
         f"τ = mean acceptance length (tokens per target forward); tokens/s exclude the prefill; speedup is vs "
         f"`{main_base}` measured in this run. Samples whose target output is degenerate are excluded (see "
