@@ -17,7 +17,7 @@ and times, per context (CUDA events, median of --iters after --warmup):
   verify (one target forward over the tree), each eager and graph-captured, then accept (greedy, with the host
   sync it needs) -- the round = draft (graph) + verify (graph) + accept;
 - bytes floor: weights (all but the embedding table, of which a step reads one row per token) + the context's
-  K/V, read once at 4.3 TB/s (../shared DEVICE.md).
+  K/V, read once at 4.3 TB/s (the H200's HBM bandwidth).
 Goals (issue 4): round <= 1.5x the same engine's AR step; graph AR step within 1.5x of the floor.
 Prints a markdown table last; writes JSON to $OUT/round_latency.json when OUT is set, else to --json.
 """

@@ -10,7 +10,7 @@ Cases: stage 1 = 4 rows x 1024 tokens (4K tokens per step, anchor-offset positio
 of 64K tokens (plain positions), one timed step each ("does it fit"). The target's cost does not depend on its
 weights, so it is built on the meta device and materialised on the GPU with random values (no 16 GB download).
 MFU = (target forward + drafter forward/backward FLOPs) / step time / 754 TFLOP/s (the H200's measured bf16
-matmul ceiling, DEVICE.md); FLOPs count matmuls only: 2 x params x tokens for linear layers, causal attention
+matmul ceiling); FLOPs count matmuls only: 2 x params x tokens for linear layers, causal attention
 2 x T^2 x H x D per layer forward (half the square), sliding-window attention 4 x T x W x H x D, the LM head
 2 x T x V x Dm forward + the same backward (hidden-state gradient only: the head is frozen); backward = 2 x forward.
 Prints a markdown table last; writes JSON to $OUT/train_throughput.json when OUT is set, else to --json.

@@ -10,7 +10,7 @@ each run, median of --iters CUDA-graph replays after --warmup; the hybrid is als
   PyTorch masked attention over the tree tokens + the LSE merge;
 - eager masked: one HF-eager-style attention (repeat_kv, bf16 matmuls, fp32 softmax) over [cache ++ tree];
 - KV-read floor: bytes of K+V read once / 4.3 TB/s; compute floor: 4*H*Tq*Tk*D FLOPs / 754 TFLOP/s (the
-  measured bf16 matmul ceiling, ../shared DEVICE.md). With ~300 query rows per kv head this shape does ~300
+  measured bf16 matmul ceiling of the H200). With ~300 query rows per kv head this shape does ~300
   FLOP per byte of K/V, above the H200's ridge point, so the compute floor is the larger one.
 --sweep also times the split-KV cache part over launch configurations (the default comes from this).
 Prints a markdown table last; writes JSON to $OUT/verify_attention.json when OUT is set, else to --json.

@@ -1,4 +1,4 @@
-"""Stage-1 data: short documents -> tokenized, EOS-separated, packed 1024-token rows (REFERENCE §3, stage 1).
+"""Stage-1 data: short documents -> tokenized, EOS-separated, packed 1024-token rows (docs/ALGORITHM.md §3.5, stage 1).
 
     python -m data_prep.stage1 --tokenizer TARGET_DIR_OR_ID --out data/stage1 \
         [--source DKYoon/SlimPajama-6B | FILE.jsonl | FILE.parquet | DIR] [--seq-len 1024] [--max-rows N]

@@ -1,4 +1,4 @@
-"""Stage-2 data: long documents -> packed 32K/64K-token rows (REFERENCE §3, stage 2; ProLong-64k style).
+"""Stage-2 data: long documents -> packed 32K/64K-token rows (docs/ALGORITHM.md §3.5, stage 2; ProLong-64k style).
 
     python -m data_prep.stage2 --tokenizer TARGET_DIR_OR_ID --out data/stage2 \
         --source code.jsonl --source books.parquet --source tulu.jsonl [--seq-len 65536] [--min-tokens 4096]

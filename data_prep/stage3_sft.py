@@ -1,4 +1,4 @@
-"""Stage-3 data: long-context SFT rows -> tokenized rows with a loss mask on the response only (REFERENCE §3).
+"""Stage-3 data: long-context SFT rows -> tokenized rows with a loss mask on the response only (docs/ALGORITHM.md §3.5, stage 3).
 
     python -m data_prep.stage3_sft --tokenizer TARGET_DIR_OR_ID --source sft.jsonl --out data/stage3 \
         [--max-len 32768] [--template chat|plain]

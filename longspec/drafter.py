@@ -1,4 +1,4 @@
-"""The LongSpec drafter: one decoder block over the target's embeddings, KV and LM head (REFERENCE §2).
+"""The LongSpec drafter: one decoder block over the target's embeddings, KV and LM head (docs/ALGORITHM.md §2).
 
 Shape legend: B batch, T tokens (Tq new queries), Dm model width, H query heads, Hkv key/value heads, D head dim,
 W window (ring-buffer slots), S target KV length, F MLP width, V vocab.

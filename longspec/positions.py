@@ -1,4 +1,4 @@
-"""Anchor-offset position ids for stage-1 training (REFERENCE §3.1).
+"""Anchor-offset position ids for stage-1 training (docs/ALGORITHM.md §3.1).
 
 Short sequences (~1K tokens) are trained at positions spread over the long context the drafter will meet:
 the first `num_anchors` tokens keep positions 0..num_anchors-1 (attention sinks), every later token is shifted
@@ -31,7 +31,7 @@ def anchor_offset_position_ids(
     if max_len < seq_len:
         raise ValueError(
             f"max_len ({max_len}) must be >= seq_len ({seq_len}): positions must stay below the context the "
-            "target supports (REFERENCE §3.1: 15K for 16K-context targets, 30K for longer)"
+            "target supports (ALGORITHM §3.1: 15K for 16K-context targets, 30K for longer)"
         )
     offsets = torch.randint(0, max_len - seq_len + 1, (batch_size, 1), generator=generator)  # [B,1]
     positions = torch.arange(seq_len).expand(batch_size, seq_len)

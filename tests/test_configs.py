@@ -84,7 +84,7 @@ def test_every_stage_composes(tmp_path, stage):
     target = "tiny_llama" if stage.startswith("tiny") else "llama31_8b"
     cfg = load_config([f"stage={stage}", f"target={target}", *_required(tmp_path, target)])
     assert cfg.stage.name == stage
-    assert cfg.stage.flash_noisy  # flash noisy training in every stage (REFERENCE §3)
+    assert cfg.stage.flash_noisy  # flash noisy training in every stage (ALGORITHM §3.3)
 
 
 def test_eval_yamls_compose(tmp_path):

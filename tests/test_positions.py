@@ -1,4 +1,4 @@
-"""Anchor-offset position ids (REFERENCE §3.1)."""
+"""Anchor-offset position ids (ALGORITHM §3.1)."""
 
 import pytest
 import torch

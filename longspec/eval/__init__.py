@@ -1,2 +1,2 @@
 """The evaluation harness (`python -m longspec.eval`): LongBench / math / local JSONL data, every decoding method
-side by side in one run, results.json + report.md (the paper's Table 1 layout) + plots. REFERENCE §5."""
+side by side in one run, results.json + report.md (the paper's Table 1 layout) + plots. docs/ALGORITHM.md §5."""

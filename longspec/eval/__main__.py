@@ -3,7 +3,7 @@
     python -m longspec.eval target=llama31_8b drafter.path=DIR data.name=[gov_report,lcc] \
         method=[longspec,vanilla_fa,pld] max_samples=20 output_dir=outputs/eval/llama31_8b
 
-Speedups are ratios of decode throughput measured in this same run (REFERENCE §5). At temperature 0 every
+Speedups are ratios of decode throughput measured in this same run (docs/ALGORITHM.md §5). At temperature 0 every
 method's output is compared with the target's greedy output (a target-only method of the run: ar, vanilla_fa or
 vanilla_hf), which is the lossless check at evaluation scale.
 """

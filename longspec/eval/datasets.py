@@ -1,7 +1,7 @@
 """Evaluation data: LongBench long-output tasks, math sets, or a local JSONL in LongBench's row schema.
 
 Every source becomes a list of `Sample`s (an id and the tokenised prompt) after the paper's length filter
-(REFERENCE §5): LongBench prompts with min_prompt_tokens < length <= context_len - context_margin (1200 and 2000 in
+(docs/ALGORITHM.md §5): LongBench prompts with min_prompt_tokens < length <= context_len - context_margin (1200 and 2000 in
 the paper). Malformed rows (invalid JSON, not UTF-8, lone surrogates, untokenizable text, missing fields) are
 counted and skipped, never fatal, and listed (file line and reason) in the run's report; a source left with no
 sample at all is one clear error saying how many rows were malformed and how many were filtered by length.

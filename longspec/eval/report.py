@@ -43,7 +43,7 @@ def _aggregate(records: list[dict]) -> dict:
         "rounds": rounds,
         # One round = one target forward: a decode step for the target-only methods, draft + verify for longspec.
         "ms_per_round": 1000 * decode_s / rounds if rounds else math.nan,
-        # τ over the whole dataset: tokens emitted per target forward (REFERENCE §5).
+        # τ over the whole dataset: tokens emitted per target forward (ALGORITHM §5).
         "mean_accept_length": (accepted + rounds) / rounds if rounds else math.nan,
         # Decode throughput, prefill excluded, pooled over samples (long outputs weigh more, as in wall time).
         "tokens_per_s": tokens / decode_s if decode_s > 0 and tokens > 0 else math.nan,

@@ -1,4 +1,4 @@
-"""Lossless speculative decoding (REFERENCE §4): dynamic-beam tree drafting, hybrid verification on a static KV
+"""Lossless speculative decoding (docs/ALGORITHM.md §4): dynamic-beam tree drafting, hybrid verification on a static KV
 cache, greedy / lossless-sampling acceptance, and the baselines measured beside it.
 
     from longspec.infer import GenerationConfig, SpeculativeEngine

@@ -103,7 +103,7 @@ def sample_accept(
     *,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """T > 0, lossless for deterministic candidates (REFERENCE §4; not upstream's rule).
+    """T > 0, lossless for deterministic candidates (docs/ALGORITHM.md §4.3; not upstream's rule).
 
     At node u with target_probs p = target_probs[u] and candidate children c1..cm (distinct tokens, chosen by the
     drafter without sampling, so there are no draft_probs to correct for):
@@ -229,7 +229,7 @@ def sample_path(
 
     Walk from the root; at node u with p = target_probs[u] and valid children x1..xk in candidate order:
 
-    * draft_probs None — deterministic candidates (the drafter's top choices; REFERENCE §4, `sample_accept`):
+    * draft_probs None — deterministic candidates (the drafter's top choices; ALGORITHM §4.3, `sample_accept`):
       accept xi with probability p_i(xi) / sum p_i, where p_i = p with x1..x(i-1) zeroed; all rejected: the
       bonus ~ p_(k+1). Exact by the telescoping product in `sample_accept`'s docstring.
     * draft_probs given — recursive rejection sampling (Jeon et al. 2024) for children drawn from q = draft_probs[u]

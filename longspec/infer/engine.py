@@ -4,7 +4,7 @@ acceptance; the same engine also runs plain autoregressive decoding ("ar") and p
 Shape legend: B batch (= 1), T new tokens in one target forward, N tree nodes, n committed tokens (cache length),
 W drafter window, V vocabulary, Dm model width, H / Hkv query / key-value heads, D head dim.
 
-One round (REFERENCE §4), starting from the root = the last token emitted, at position n, not yet in any cache:
+One round (docs/ALGORITHM.md §4), starting from the root = the last token emitted, at position n, not yet in any cache:
   1. draft:  a dynamic-beam tree of N nodes (root + sum(widths)); every node cross-attends to the target's
              last-layer K/V < n and self-attends to the drafter's ring buffer (committed tokens in its window)
              plus its tree ancestors;
@@ -55,7 +55,7 @@ __all__ = ["GenerationConfig", "GenerationResult", "SpeculativeEngine", "METHODS
 
 METHODS = ("longspec", "ar", "pld")
 SAMPLING_RULES = ("rrs", "deterministic")
-DEFAULT_TREE_WIDTHS = (4, 16, 16, 16, 16)  # REFERENCE §4's dynamic beam, the largest tree="auto" candidate
+DEFAULT_TREE_WIDTHS = (4, 16, 16, 16, 16)  # ALGORITHM §4.1's dynamic beam, the largest tree="auto" candidate
 
 
 @dataclass(kw_only=True)
@@ -545,7 +545,7 @@ class SpeculativeEngine:
         shaping: tuple | None = None,
         noise: torch.Tensor | None = None,
     ) -> DraftTree:
-        """Dynamic beam search over `layout` (REFERENCE §4): one drafter step per level, all of a level's nodes
+        """Dynamic beam search over `layout` (ALGORITHM §4.1): one drafter step per level, all of a level's nodes
         at once; a node self-attends to the ring buffer (within its window) and to its tree ancestors, and
         cross-attends to the committed target prefix [0, n) (the root sits at position n). `n` may be a device
         tensor (static shapes: no host value is read). With `shaping` = (temperature, top_k, top_p) and Exp(1)

@@ -1,7 +1,7 @@
 """Steps with static shapes, optionally captured in a CUDA graph.
 
 Decoding at batch 1 is launch-bound: an 8B model's decode step is ~40 ms of Python and kernel launches over a
-~4 ms bytes floor (../shared DEVICE.md). A round has fixed shapes (N tree nodes, the ring buffer's W slots, the
+~4 ms bytes floor (measured on the H200, docs/BENCHMARKS.md). A round has fixed shapes (N tree nodes, the ring buffer's W slots, the
 cache length kept on the device), so its draft and its target forward can each be recorded once and replayed
 with a single launch.
 """

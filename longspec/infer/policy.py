@@ -45,7 +45,7 @@ __all__ = [
     "context_bucket",
 ]
 
-# The candidates of tree="auto": no speculation, short chains, then beam trees up to REFERENCE §4's.
+# The candidates of tree="auto": no speculation, short chains, then beam trees up to ALGORITHM §4.1's.
 AUTO_TREES: tuple[tuple[int, ...], ...] = (
     (),
     (1,),

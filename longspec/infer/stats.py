@@ -42,7 +42,7 @@ class GenerationStats:
 
     @property
     def mean_accept_length(self) -> float:
-        """τ = tokens emitted per target forward = (accepted + rounds) / rounds (REFERENCE §5)."""
+        """τ = tokens emitted per target forward = (accepted + rounds) / rounds (ALGORITHM §5)."""
         if not self.accepted:
             return float("nan")
         return (sum(self.accepted) + self.rounds) / self.rounds

@@ -6,7 +6,7 @@ A tree is stored level by level (root, then level 1, level 2, ...), so parents a
 node count, the depth of every slot and the level offsets are the same every round: only tokens, parents and the
 ancestor mask change. That is what keeps a round's shapes static (CUDA-graph friendly).
 
-Dynamic beam search (REFERENCE §4): the root's children are its top-widths[0] tokens; each next level is the global
+Dynamic beam search (docs/ALGORITHM.md §4.1): the root's children are its top-widths[0] tokens; each next level is the global
 top-widths[d] over (current level nodes x vocab) scored by the path's cumulative draft log-prob. Nodes that get no
 children stay in the tree and are verified too.
 

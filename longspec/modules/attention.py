@@ -474,7 +474,7 @@ def tree_attention(
 def merge_attention(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact merge of two attentions over disjoint key sets (REFERENCE §4):
+    """Exact merge of two attentions over disjoint key sets (docs/ALGORITHM.md §4.2):
     lse = log(e^lse_a + e^lse_b);  out = out_a * e^(lse_a - lse) + out_b * e^(lse_b - lse).
     Works when either side is fully masked (lse = -inf)."""
     lse = torch.logaddexp(lse_a, lse_b)
@@ -497,7 +497,7 @@ def hybrid_attention(
     scale: float | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Verify attention of the new (tree) tokens (REFERENCE §4): every query sees the whole cached prefix
+    """Verify attention of the new (tree) tokens (ALGORITHM §4.2): every query sees the whole cached prefix
     (no mask) plus the new tokens its `tree_mask` [Tq, Tq] / [B, Tq, Tq] allows. Exactly equal to one masked
     attention over [cache[:cache_len] ++ new]; computed as merge(cache part, tree part) so neither part needs
     the other's mask. `backend` picks the cache part's backend; the tree part uses Triton or math.

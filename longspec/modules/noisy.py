@@ -1,4 +1,4 @@
-"""Flash-noisy cross-attention (REFERENCE §3.3): the drafter attends to the target's KV with a lag.
+"""Flash-noisy cross-attention (docs/ALGORITHM.md §3.3): the drafter attends to the target's KV with a lag.
 
 Shape legend: B batch, H query heads, Hkv key/value heads, T tokens, D head dim.
 
@@ -50,7 +50,7 @@ def flash_noisy_attention(
 
 
 def sample_lag(num_draft_levels: int = 5, *, generator: torch.Generator | None = None) -> int:
-    """Draw the training lag j ~ U{1, ..., γ-1} for γ = `num_draft_levels` (REFERENCE §3.3: γ=5 → j in 1..4).
+    """Draw the training lag j ~ U{1, ..., γ-1} for γ = `num_draft_levels` (ALGORITHM §3.3: γ=5 → j in 1..4).
 
     A host-side int (it sets slice bounds); draw it from a CPU generator so no device sync happens."""
     if num_draft_levels < 2:

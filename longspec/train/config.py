@@ -102,7 +102,7 @@ class TargetConfig(_Schema):
 class DrafterSettings(_Schema):
     """Drafter shape choices that are not copied from the target."""
 
-    window: int = 512  # sliding self-attention: the token + `window` previous tokens (REFERENCE §2)
+    window: int = 512  # sliding self-attention: the token + `window` previous tokens (ALGORITHM §2)
 
     def validate(self) -> None:
         _check(self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
@@ -126,7 +126,7 @@ class DataConfig(_Schema):
 
 @dataclass(kw_only=True)
 class StageConfig(_Schema):
-    """One training stage (REFERENCE §3 / paper App. D)."""
+    """One training stage (ALGORITHM §3.5 / paper App. D)."""
 
     name: str = MISSING  # stage1_slimpajama | stage2_prolong | stage3_sft | a tiny variant
     position_ids: str = "plain"  # "anchor_offset" (stage 1) or "plain" (0..T-1, long stages)

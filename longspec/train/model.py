@@ -2,7 +2,7 @@
 
 Shape legend: B batch, T tokens, N valid (trained) tokens, Dm model width, Hkv kv heads, D head dim, V vocab.
 
-Per micro-batch (REFERENCE §3): the frozen target runs without grad at the batch's position ids and hands over its
+Per micro-batch (docs/ALGORITHM.md §3): the frozen target runs without grad at the batch's position ids and hands over its
 last layer's K/V (and final hidden state, for distillation); the drafter runs at the same positions with the
 flash-noisy lag; the loss is the fused cross-entropy of the drafter's hidden states through the shared LM head,
 summed over valid tokens -- the trainer divides by the GLOBAL number of valid tokens. Only rows with a label are

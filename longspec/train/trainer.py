@@ -254,7 +254,7 @@ class Trainer:
             # per rank); must stay referenced until the model is built.
             hf_ds_config = HfDeepSpeedConfig(self.ds_config)
         # Under ZeRO-3 the WHOLE wrapper (frozen target included) is built inside zero.Init, so every rank holds
-        # 1/world of the target and the parameter dtypes agree (CPU.md).
+        # 1/world of the target and the parameter dtypes agree.
         init_ctx = (
             deepspeed.zero.Init(config_dict_or_path=self.ds_config, dtype=self.dtype)
             if self.zero3

@@ -28,7 +28,7 @@ def random_tree(num_nodes: int, generator: torch.Generator | None = None) -> lis
 
 
 def beam_tree(widths=(4, 16, 16, 16, 16)) -> list[int]:
-    """The drafter's tree shape (REFERENCE §4): a root, then per level `w` nodes whose parents are spread over
+    """The drafter's tree shape (ALGORITHM §4.1): a root, then per level `w` nodes whose parents are spread over
     the previous level -- 1 + 68 = 69 nodes for the default widths."""
     parents, prev = [-1], [0]
     for w in widths:

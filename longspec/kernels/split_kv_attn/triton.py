@@ -7,11 +7,11 @@ Why: with ~70 tree tokens against a 32K-128K cache, parallelising over (heads x 
 dozen programs for 132 SMs. Here the GQA group is folded into the query rows (row r -> head kvh*G + r // Tq,
 query r % Tq), so all query heads of one kv head share each K/V tile, and the cache axis is cut into S splits
 that run as separate programs. Each writes a partial (o_s, lse_s) normalised over its own keys; the reduce
-merges them exactly (REFERENCE §4, generalised to S parts):
+merges them exactly (ALGORITHM §4.2, generalised to S parts):
 
     lse = log sum_s e^{lse_s},   out = sum_s e^{lse_s - lse} o_s.
 
-The reduce also folds in one more part (`merge_with`): hybrid verify attention (REFERENCE §4) passes the
+The reduce also folds in one more part (`merge_with`): hybrid verify attention (ALGORITHM §4.2) passes the
 tree tokens' fused_mask_attn result there, so the whole verify attention is three kernels with no separate
 merge. (Running the tree part as an extra split of the same launch was measured 1.8x slower at 128K on an
 H200: the masked branch's register and shared-memory needs slowed every split. docs/BENCHMARKS.md.)
