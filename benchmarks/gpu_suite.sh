@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
-# Every GPU check and benchmark of issues 2-4 in one device call (the device budget is 30 minutes a session):
-#   device run (kind nvidia-h200-x2 or nvidia-h200), carry [".dw"]:
+# Every GPU check and benchmark in one run on a CUDA machine (one or two GPUs):
 #     bash benchmarks/gpu_suite.sh                     (or STEPS="gpu_tests round_latency" bash ...)
-# Each step has its own time limit; logs go to $OUT/steps.log (the device returns at most 8 files); a failing step does not stop the next one.
+# Each step has its own time limit; logs go to $OUT/steps.log; a failing step does not stop the next one.
 set -u
 OUT=${OUT:-outputs/gpu_suite}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# Packages the GPU image lacks (deepspeed, hydra, liger, gguf, ...): installed once per machine into /tmp/site.
-if [ -d /tmp/site/deepspeed ]; then export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-elif [ -f .dw/install.sh ]; then . .dw/install.sh; fi
+# SETUP: a script sourced first, e.g. one that installs packages a GPU image lacks (deepspeed, hydra, liger, gguf).
+if [ -n "${SETUP:-}" ]; then . "$SETUP"; fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 git_rev=$(cat .git_rev 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
 export LONGSPEC_COMMIT=${LONGSPEC_COMMIT:-$git_rev}  # what every benchmark stamps (longspec/provenance.py)
