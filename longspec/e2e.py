@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from longspec.eval.report import identical_text
+from longspec.eval.report import BASELINES, identical_text
 from longspec.provenance import git_commit
 
 __all__ = [
@@ -131,7 +131,9 @@ class Preset:
     eval_max_new_tokens: int
     eval_max_samples: int  # per data source
     eval_min_prompt_tokens: int  # shorter LCC prompts are skipped
-    eval_context_len: int | None = None  # the suite's longest prompt + generation (None: the target's context)
+    eval_context_len: int | None = (
+        None  # the suite's longest prompt + generation (None: the target's context)
+    )
     # () = the eval's default, tree=auto (the tree, or no speculation, picked each round); widths fix the tree
     tree_widths: tuple[int, ...] = ()
 
@@ -812,16 +814,30 @@ def eval_rows(out: str, preset: Preset) -> list[dict]:
         with open(path) as f:
             summary = json.load(f)["summary"]
         for dataset, per_method in summary.items():
+            # The headline excludes samples whose target output is degenerate; when none is left, the figures
+            # over all samples are shown, marked (they measure the target's loop, not the drafter).
+            all_degenerate = all(not s.get("num_samples") for s in per_method.values())
+            figures = {m: (s.get("all_samples") or s) if all_degenerate else s for m, s in per_method.items()}
             for method, s in per_method.items():
-                speedup = s.get("speedup") or {}
+                f = figures[method]
+                speedup = {
+                    base: f["tokens_per_s"] / figures[base]["tokens_per_s"]
+                    for base in BASELINES
+                    if base != method and base in figures and (figures[base].get("tokens_per_s") or 0) > 0
+                }
                 rows.append({
                     "run": ev.name or "eval", "temperature": ev.temperature, "dataset": dataset, "method": method,
-                    "tau": s.get("mean_accept_length"), "tokens_per_s": s.get("tokens_per_s"),
+                    "tau": f.get("mean_accept_length"), "tokens_per_s": f.get("tokens_per_s"),
                     "speedup": speedup, "identical": s.get("identical_to_greedy"),
                     "identical_text": identical_text(s), "unexplained": s.get("unexplained_divergences"),
-                    "prompt_len": s.get("mean_prompt_len"), "num_samples": s.get("num_samples"),
+                    "prompt_len": f.get("mean_prompt_len"), "num_samples": s.get("num_samples"),
+                    "num_degenerate": s.get("num_degenerate", 0), "degenerate_figures": all_degenerate,
+                    "trees": f.get("trees") or {},
                 })  # fmt: skip
     return rows
+
+
+TARGET_ONLY = ("ar", "vanilla_hf", "vanilla_fa", "hf_compile")  # what "plain decoding" means in a report
 
 
 def _fmt(value, spec: str) -> str:
@@ -831,15 +847,42 @@ def _fmt(value, spec: str) -> str:
 def results_table(rows: list[dict]) -> str:
     """Markdown table: τ, tokens/s, speedup vs each baseline, identical to the target's greedy output."""
     baselines = [b for b in ("vanilla_hf", "vanilla_fa", "ar") if any(b in r["speedup"] for r in rows)]
-    head = ["run", "T", "dataset", "prompt tokens", "method", "τ", "tokens/s"]
+    head = ["run", "T", "dataset", "prompt tokens", "method", "samples", "τ", "tokens/s"]
     head += [f"speedup vs {b}" for b in baselines] + ["identical to greedy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["run"], f"{r['temperature']:g}", r["dataset"], _fmt(r["prompt_len"], ".0f"), r["method"],
-                 _fmt(r["tau"], ".2f"), _fmt(r["tokens_per_s"], ".1f")]  # fmt: skip
-        cells += [_fmt(r["speedup"].get(b), ".2f") + ("x" if b in r["speedup"] else "") for b in baselines]
+        mark = "*" if r.get("degenerate_figures") else ""
+        samples = f"{r['num_samples'] or 0}" + (
+            f" (+{r['num_degenerate']} degenerate)" if r.get("num_degenerate") else ""
+        )
+        cells = [r["run"], f"{r['temperature']:g}", r["dataset"], _fmt(r["prompt_len"], ".0f"), r["method"], samples,
+                 _fmt(r["tau"], ".2f") + mark, _fmt(r["tokens_per_s"], ".1f") + mark]  # fmt: skip
+        cells += [
+            _fmt(r["speedup"].get(b), ".2f") + ("x" if b in r["speedup"] else "") + mark for b in baselines
+        ]
         cells.append(r["identical_text"])
         lines.append("| " + " | ".join(cells) + " |")
+    for r in rows:  # a slower longspec says why, in one line
+        if r["method"] != "longspec" or r["tokens_per_s"] is None or not r["trees"]:
+            continue
+        others = [o for o in rows if o["run"] == r["run"] and o["dataset"] == r["dataset"]
+                  and o["method"] in TARGET_ONLY and o["tokens_per_s"] is not None]  # fmt: skip
+        best = max(others, key=lambda o: o["tokens_per_s"], default=None)
+        if best is not None and r["tokens_per_s"] < best["tokens_per_s"]:
+            plain = r["trees"].get("ar", 0) / max(sum(r["trees"].values()), 1)
+            lines.append("")
+            lines.append(
+                f"{r['run']} / {r['dataset']}: longspec at {r['tokens_per_s'] / best['tokens_per_s']:.2f}x of "
+                f"{best['method']}: tree=auto judged speculation not worth its round cost here and decoded without "
+                f"it in {plain:.0%} of rounds; the rest: rounds it speculated to learn (exploration, a call's first rounds) "
+                "and run-to-run timing variation."
+            )
+    if any(r.get("degenerate_figures") for r in rows):
+        lines.append("")
+        lines.append(
+            "\\* every sample of that dataset is degenerate (the target's own output loops: see the eval's "
+            "report.md, Output quality): figures over all samples, which measure the loop, not the drafter."
+        )
     return "\n".join(lines)
 
 

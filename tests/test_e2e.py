@@ -169,12 +169,25 @@ def test_results_table_and_report(tmp_path):
                          "identical_to_greedy": 1.0, "mean_prompt_len": 1500, "num_samples": 3},
             "vanilla_hf": {"mean_accept_length": 1.0, "tokens_per_s": 20.0, "speedup": {},
                            "identical_to_greedy": 1.0, "mean_prompt_len": 1500, "num_samples": 3},
-        }
+        },
+        # every sample degenerate: the headline is empty, the table falls back to all samples, marked; longspec
+        # slower than plain decoding says why
+        "looping": {
+            "longspec": {"mean_accept_length": None, "tokens_per_s": None, "speedup": {}, "num_samples": 0,
+                         "num_degenerate": 2, "identical_to_greedy": 1.0,
+                         "all_samples": {"mean_accept_length": 1.1, "tokens_per_s": 18.0, "mean_prompt_len": 900,
+                                         "trees": {"ar": 45, "1": 5}}},
+            "vanilla_hf": {"mean_accept_length": None, "tokens_per_s": None, "speedup": {}, "num_samples": 0,
+                           "num_degenerate": 2, "identical_to_greedy": 1.0,
+                           "all_samples": {"mean_accept_length": 1.0, "tokens_per_s": 20.0, "mean_prompt_len": 900}},
+        },
     }  # fmt: skip
     (tmp_path / "eval" / "results.json").write_text(json.dumps({"summary": summary}))
     rows = e2e.eval_rows(str(tmp_path), preset)
     table = e2e.results_table(rows)
-    assert "| longspec | 2.50 | 30.0 | 1.50x | yes |" in table
+    assert "| longspec | 3 | 2.50 | 30.0 | 1.50x | yes |" in table
+    assert "| longspec | 0 (+2 degenerate) | 1.10* | 18.0* | 0.90x* | yes |" in table
+    assert "eval / looping: longspec at 0.90x of vanilla_hf" in table and "in 90% of rounds" in table
     run_dir = tmp_path / "runs" / "stage1"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text(
