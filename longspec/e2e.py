@@ -863,7 +863,7 @@ def results_table(rows: list[dict]) -> str:
         cells.append(r["identical_text"])
         lines.append("| " + " | ".join(cells) + " |")
     for r in rows:  # a slower longspec says why, in one line
-        if r["method"] != "longspec" or r["tokens_per_s"] is None or not r["trees"]:
+        if r["method"] != "longspec" or r["tokens_per_s"] is None or not r.get("trees"):
             continue
         others = [o for o in rows if o["run"] == r["run"] and o["dataset"] == r["dataset"]
                   and o["method"] in TARGET_ONLY and o["tokens_per_s"] is not None]  # fmt: skip
