@@ -1,4 +1,4 @@
-"""Every YAML under configs/ composes and validates; the overrides users and scripts rely on work; mistakes give
+"""Every YAML under longspec/configs/ composes and validates; the overrides users and scripts rely on work; mistakes give
 clear errors; the DeepSpeed JSON follows from the typed fields."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from longspec.train.config import CONFIG_DIR, TrainConfig, load_config
+from longspec.config import CONFIG_DIR
+from longspec.train.config import TrainConfig, load_config
 from longspec.train.deepspeed_config import build_deepspeed_config
 
 CONFIGS = Path(CONFIG_DIR)
@@ -91,22 +92,9 @@ def test_eval_yamls_compose(tmp_path):
     """The eval engineer's YAMLs share the target group; they must compose into a valid EvalConfig too."""
     eval_config = pytest.importorskip("longspec.eval.config")
     assert eval_config.load_eval_config(["drafter.init=random"]).target.name
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    eval_config._register_schemas()
     for path in sorted((CONFIGS / "eval").glob("*.yaml")):
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
-            cfg = compose(config_name=f"eval/{path.stem}")
-        GlobalHydra.instance().clear()
-        # A primary config inside the eval/ group lands under an `eval:` key unless it declares its package.
-        node = cfg.eval if set(cfg.keys()) == {"eval"} else cfg
-        node = OmegaConf.merge(
-            OmegaConf.structured(eval_config.EvalConfig), node, {"drafter": {"init": "random"}}
-        )
-        assert isinstance(OmegaConf.to_object(node), eval_config.EvalConfig), path
+        cfg = eval_config.load_eval_config(["drafter.init=random"], config_name=f"eval/{path.stem}")
+        assert isinstance(cfg, eval_config.EvalConfig) and cfg.target.name, path
 
 
 def test_paper_hyperparameters_are_the_defaults(tmp_path):

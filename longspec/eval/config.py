@@ -1,9 +1,10 @@
-"""Typed schema of `python -m longspec.eval` (composed by Hydra from configs/eval.yaml, converted once in main).
+"""Typed schema of `python -m longspec.eval` (composed by Hydra from longspec/configs/eval.yaml, converted once in
+main).
 
     python -m longspec.eval target=llama31_8b drafter.path=runs/llama31_8b/export data.name=gov_report \
         method=[longspec,vanilla_fa,pld] output_dir=outputs/eval/llama31_8b
 
-The `target` group is the training configs' (configs/target/*.yaml, schema longspec.train.config.TargetConfig).
+The `target` group is the training configs' (longspec/configs/target/*.yaml, schema longspec.config.TargetConfig).
 """
 
 from __future__ import annotations
@@ -12,28 +13,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING
-
+from longspec.config import Schema, TargetConfig, check, compose
 from longspec.eval.datasets import KNOWN_DATASETS
 from longspec.infer.baselines import ALL_METHODS
 from longspec.infer.engine import GenerationConfig
-from longspec.train.config import TargetConfig
 
 __all__ = ["EvalConfig", "DrafterEvalConfig", "DataEvalConfig", "load_eval_config"]
 
 
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-def _is_template(obj) -> bool:
-    """Hydra's ConfigStore builds each schema once with required fields still '???': skip validation then."""
-    return any(value == MISSING for value in vars(obj).values())
-
-
 @dataclass(kw_only=True)
-class DrafterEvalConfig:
+class DrafterEvalConfig(Schema):
     """Which drafter the `longspec` method uses."""
 
     path: str | None = None  # directory written by Drafter.save_pretrained / longspec.export
@@ -41,16 +30,16 @@ class DrafterEvalConfig:
     window: int = 512  # ring-buffer window of a random drafter (a loaded one keeps its own)
     seed: int = 0  # random init seed
 
-    def __post_init__(self):
-        _check(
+    def validate(self) -> None:
+        check(
             self.init in ("pretrained", "random"),
             f"drafter.init must be pretrained or random, got {self.init!r}",
         )
-        _check(self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
+        check(self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
 
 
 @dataclass(kw_only=True)
-class DataEvalConfig:
+class DataEvalConfig(Schema):
     """What to evaluate on. `path` wins over `name`; `path` may also be a dataset name."""
 
     name: Any = "gov_report"  # a LongBench task / math set, or a list of them: KNOWN_DATASETS
@@ -62,22 +51,20 @@ class DataEvalConfig:
     context_margin: int = 2000  # and at most context_len - this many tokens (room to generate)
     context_len: int | None = None  # the target's context length (None: its max_position_embeddings)
 
-    def __post_init__(self):
-        if _is_template(self):
-            return
-        _check(self.context_margin >= 0, f"data.context_margin must be >= 0, got {self.context_margin}")
-        _check(
+    def validate(self) -> None:
+        check(self.context_margin >= 0, f"data.context_margin must be >= 0, got {self.context_margin}")
+        check(
             self.min_prompt_tokens is None or self.min_prompt_tokens >= 0,
             f"data.min_prompt_tokens must be >= 0, got {self.min_prompt_tokens}",
         )
         if self.context_len is not None:
-            _check(self.context_len >= 1, f"data.context_len must be >= 1, got {self.context_len}")
-            _check(
+            check(self.context_len >= 1, f"data.context_len must be >= 1, got {self.context_len}")
+            check(
                 self.context_margin < self.context_len,
                 f"data.context_margin={self.context_margin} must be smaller than data.context_len="
                 f"{self.context_len}: it is the room kept for generation",
             )
-            _check(
+            check(
                 (self.min_prompt_tokens or 0) < self.context_len - self.context_margin,
                 f"no prompt length passes the filter {self.min_prompt_tokens} < tokens <= "
                 f"{self.context_len - self.context_margin} (data.context_len - data.context_margin)",
@@ -93,12 +80,12 @@ class DataEvalConfig:
         if self.path:
             return [self.path]
         names = [self.name] if isinstance(self.name, str) else list(self.name)
-        _check(bool(names), "data.name must name at least one dataset")
+        check(bool(names), "data.name must name at least one dataset")
         return [str(n) for n in names]
 
 
 @dataclass(kw_only=True)
-class EvalConfig:
+class EvalConfig(Schema):
     """One evaluation run: every method on every sample, measured side by side."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
@@ -121,22 +108,20 @@ class EvalConfig:
     seed: int = 0  # sampling seed (T > 0)
     output_dir: str = "outputs/eval"  # results.json, report.md, *.png
 
-    def __post_init__(self):
-        if _is_template(self):
-            return
+    def validate(self) -> None:
         methods = self.methods
         unknown = [m for m in methods if m not in ALL_METHODS]
-        _check(not unknown, f"unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}")
-        _check(len(set(methods)) == len(methods), f"method lists a method twice: {methods}")
-        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
-        _check(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        _check(
+        check(not unknown, f"unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}")
+        check(len(set(methods)) == len(methods), f"method lists a method twice: {methods}")
+        check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        check(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        check(
             self.max_samples is None or self.max_samples >= 1,
             f"max_samples must be >= 1, got {self.max_samples}",
         )
-        _check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
-        _check(self.tree == "auto", f"tree must be auto (fix the tree with tree_widths=[...]), got {self.tree!r}")
-        _check(
+        check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
+        check(self.tree == "auto", f"tree must be auto (fix the tree with tree_widths=[...]), got {self.tree!r}")
+        check(
             self.sampling_rule in ("rrs", "deterministic"),
             f"sampling_rule must be rrs or deterministic, got {self.sampling_rule!r}",
         )
@@ -144,7 +129,7 @@ class EvalConfig:
         # 32B one) is loaded.
         self.generation_config(eos_token_ids=())
         if "longspec" in methods and self.drafter.init == "pretrained":
-            _check(
+            check(
                 bool(self.drafter.path),
                 "method longspec needs a drafter: pass drafter.path=DIR, or drafter.init=random for an untrained one",
             )
@@ -172,35 +157,16 @@ class EvalConfig:
         return [self.method] if isinstance(self.method, str) else [str(m) for m in self.method]
 
 
-def _register_schemas() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
-
-
 def load_eval_config(
     overrides: list[str] | None = None, *, config_name: str = "eval", config_dir: str | None = None
 ) -> EvalConfig:
-    """Compose configs/<config_name>.yaml (eval.yaml, or a preset such as eval/math_qwq) with Hydra overrides
-    and validate it into an EvalConfig."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from longspec.train.config import CONFIG_DIR
-
-    _register_schemas()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base=None):
-            cfg = compose(config_name=config_name, overrides=list(overrides or []))
-        cfg = OmegaConf.to_object(cfg)
-    except (HydraException, OmegaConfBaseException) as e:
-        detail = str(e) if e.__cause__ is None else f"{e}: {e.__cause__}"
-        raise ValueError(f"invalid eval config: {detail}") from e
-    finally:
-        GlobalHydra.instance().clear()
-    assert isinstance(cfg, EvalConfig), type(cfg)
-    return cfg
+    """Compose longspec/configs/<config_name>.yaml (eval.yaml, or a preset such as eval/math_qwq) with Hydra
+    overrides and validate it into an EvalConfig."""
+    return compose(
+        EvalConfig,
+        schema_name="eval_schema",
+        config_name=config_name,
+        overrides=overrides,
+        config_dir=config_dir,
+        what="eval config",
+    )

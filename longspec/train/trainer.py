@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
 from longspec.cli import USER_ERRORS
+from longspec.config import TargetConfig
 from longspec.data.loader import IGNORE_INDEX, StepSampler
 from longspec.data.manifest import Manifest, tokenizer_fingerprint
 from longspec.data.shards import ShardReader
@@ -33,7 +34,7 @@ from longspec.positions import anchor_offset_position_ids
 from longspec.target import TargetModel
 from longspec.target_source import load_config, load_tokenizer
 from longspec.train.checkpoint import CheckpointManager
-from longspec.train.config import TargetConfig, TrainConfig
+from longspec.train.config import TrainConfig
 from longspec.train.deepspeed_config import build_deepspeed_config, resolve_precision
 from longspec.train.distributed import DistInfo, init_distributed
 from longspec.train.metrics import (

