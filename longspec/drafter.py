@@ -28,12 +28,12 @@ import torch
 from torch import nn
 
 from longspec.fingerprint import fingerprint_mismatches, target_fingerprint
-from longspec.modules.attention import attention, cache_attention, tree_attention
+from longspec.modules.attention import attention, cache_attention, tree_attention, within_window
 from longspec.modules.layers import RMSNorm, SwiGLU
 from longspec.modules.noisy import flash_noisy_attention
 from longspec.modules.rope import RotaryEmbedding, apply_rotary, rope_config
 
-__all__ = ["DrafterConfig", "Drafter", "DrafterCache", "WEIGHTS_NAME", "CONFIG_NAME"]
+__all__ = ["DrafterConfig", "Drafter", "DrafterCache", "DraftNodes", "WEIGHTS_NAME", "CONFIG_NAME"]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -316,37 +316,41 @@ class Drafter(nn.Module):
         h2 = h1 + self.cross_attn.o_proj(_merge_heads(out))
         return self._mlp(h2)
 
-    def step(
+    def tree_level(
         self,
         input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
         cache: DrafterCache,
+        nodes: DraftNodes,
+        level: slice,
+        node_mask: torch.Tensor,
         target_k: torch.Tensor,
         target_v: torch.Tensor,
         cross_len: int | torch.Tensor,
-        *,
-        new_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Draft step over Tq new tokens against the ring buffer -> (h3 [B,Tq,Dm], new_k, new_v [B,Hkv,Tq,D]).
+    ) -> torch.Tensor:
+        """One draft step over the uncommitted tokens in `nodes` slots `level` -> h3 [B,P,Dm] (P = the level's
+        width): the one inference step, run by the engine per tree level and checked by the tests.
 
-        Keys are [ring ++ new]: a ring slot is visible within the window of the query's position; new token j is
-        visible to new token i iff new_mask[i, j] (default: causal by index; pass the tree's ancestor mask,
-        self included) and within the window. The cache is NOT modified: append the K/V of the tokens that get
-        committed (`cache.append(new_k[..., idx, :], ...)`) once they are accepted."""
-        if position_ids.dim() == 1:
-            position_ids = position_ids.expand(input_ids.shape[0], -1)
-        new_k, new_v = self.self_kv(input_ids, position_ids)
-        Tq = input_ids.shape[1]
-        if new_mask is None:
-            new_mask = torch.ones(Tq, Tq, dtype=torch.bool, device=input_ids.device).tril()
-        in_window = (position_ids[:, :, None] - position_ids[:, None, :]) <= self.config.window  # [B,Tq,Tq]
-        mask = torch.cat([cache.visible_mask(position_ids), new_mask & in_window], dim=-1)  # [B,Tq,W+Tq]
-        keys = torch.cat([cache.keys.to(new_k.dtype), new_k], dim=2)
-        values = torch.cat([cache.values.to(new_v.dtype), new_v], dim=2)
-        hidden = self.block(
-            self.embed(input_ids), position_ids, keys, values, mask, target_k, target_v, cross_len
+        input_ids [B,P] are the level's tokens, at positions `nodes.positions[:, level]`; their self K/V are
+        written into `nodes` (slots `level`), so later levels (and a commit: `cache.append(nodes.keys[:, :, idx],
+        ...)`) reuse them. Keys are [ring ++ nodes[:level.stop]]: a ring slot is visible within the window of
+        the query's position (`cache.visible_mask`); node j to query i iff node_mask[.., i, j] (the tree's
+        ancestor mask over nodes [0, level.stop), self included; [P, stop] or [B, P, stop]) and within the
+        window. cross_len: the visible target prefix, as in `block`. The ring is NOT modified."""
+        positions = nodes.positions[:, level]  # [B,P]
+        nodes.keys[:, :, level], nodes.values[:, :, level] = self.self_kv(input_ids, positions)
+        stop = level.stop
+        in_window = within_window(positions[:, :, None], nodes.positions[:, None, :stop], self.config.window)
+        self_mask = torch.cat([cache.visible_mask(positions), node_mask & in_window], dim=-1)  # [B,P,W+stop]
+        return self.block(
+            self.embed(input_ids),
+            positions,
+            torch.cat([cache.keys, nodes.keys[:, :, :stop]], dim=2),
+            torch.cat([cache.values, nodes.values[:, :, :stop]], dim=2),
+            self_mask,
+            target_k,
+            target_v,
+            cross_len,
         )
-        return hidden, new_k, new_v
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
     def save_pretrained(self, out_dir: str | os.PathLike) -> None:
@@ -462,4 +466,19 @@ class DrafterCache:
         """query_positions [B,Tq] -> bool [B,Tq,W]: slot visible iff filled and within the query's window."""
         pos = self.positions[:, None, :]  # [B,1,W]
         q = query_positions.to(pos.device)[:, :, None]  # [B,Tq,1]
-        return (pos >= 0) & (pos <= q) & (q - pos <= self.window)
+        return (pos >= 0) & (pos <= q) & within_window(q, pos, self.window)
+
+
+class DraftNodes:
+    """Self-attention K/V of the uncommitted draft tokens (a tree's nodes, or a chain) that a draft step sees
+    beside the ring buffer: `keys`/`values` [B,Hkv,N,D] in the ring's dtype, filled slot range by slot range by
+    `Drafter.tree_level`; `positions` [B,N] (or [N]) long: every node's position, known up front (the root's
+    position + the node's depth in a tree), possibly computed from a device tensor (no host value read)."""
+
+    def __init__(self, cache: DrafterCache, positions: torch.Tensor):
+        B, Hkv, _, D = cache.keys.shape
+        if positions.dim() == 1:
+            positions = positions.expand(B, -1)
+        self.positions = positions
+        self.keys = cache.keys.new_zeros(B, Hkv, positions.shape[1], D)
+        self.values = torch.zeros_like(self.keys)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from longspec.drafter import Drafter, DrafterCache, DrafterConfig
+from longspec.drafter import Drafter, DrafterCache, DrafterConfig, DraftNodes
 from longspec.testing import make_tiny_target
 
 B, T, WINDOW = 2, 30, 8  # T > WINDOW so the ring buffer wraps and the self-attention window binds
@@ -20,6 +20,16 @@ def _setup(variant="llama", window=WINDOW, seed=0):
     pos = torch.arange(T).expand(B, T) + torch.tensor([[0], [517]])
     out = target(ids, pos)
     return target, drafter, ids, pos, out.last_k, out.last_v
+
+
+def _draft(drafter, ids, pos, cache, tk, tv, cross_len):
+    """Tokens ids [B,Tq] at pos as ONE causal level of `Drafter.tree_level` (the engine's draft step) ->
+    (h [B,Tq,Dm], their self K/V [B,Hkv,Tq,D] for `cache.append`)."""
+    nodes = DraftNodes(cache, pos)
+    Tq = ids.shape[1]
+    causal = torch.ones(Tq, Tq, dtype=torch.bool).tril()
+    h = drafter.tree_level(ids, cache, nodes, slice(0, Tq), causal, tk, tv, cross_len)
+    return h, nodes.keys, nodes.values
 
 
 def test_config_mirrors_target():
@@ -175,7 +185,7 @@ def test_token_by_token_ring_decoding_equals_forward(variant, lag):
         steps = []
         for t in range(T):
             # Query t sees target KV at indices <= t - lag, i.e. a prefix of t + 1 - lag entries.
-            h, k, v = drafter.step(ids[:, t : t + 1], pos[:, t : t + 1], cache, tk, tv, max(t + 1 - lag, 0))
+            h, k, v = _draft(drafter, ids[:, t : t + 1], pos[:, t : t + 1], cache, tk, tv, max(t + 1 - lag, 0))
             cache.append(k, v, pos[:, t : t + 1])
             steps.append(h)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
@@ -192,15 +202,15 @@ def test_chunked_ring_decoding_with_per_query_cross_len_equals_forward():
             sl = slice(start, min(start + chunk, T))
             idx = torch.arange(sl.start, sl.stop)
             cross_len = (idx + 1 - lag).clamp(min=0).expand(B, -1)  # [B,Tq] per-query target prefix
-            h, k, v = drafter.step(ids[:, sl], pos[:, sl], cache, tk, tv, cross_len)
+            h, k, v = _draft(drafter, ids[:, sl], pos[:, sl], cache, tk, tv, cross_len)
             cache.append(k, v, pos[:, sl])
             steps.append(h)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
-def test_tree_step_equals_each_path_decoded_alone():
-    # A root r with two children a, b at the same position: with the ancestor mask, each child's output must
-    # equal decoding [r, child] as a plain sequence.
+def test_tree_levels_equal_each_path_decoded_alone():
+    # A root r (level 0) with two children a, b at the same position (level 1), drafted level by level as the
+    # engine does: with the ancestor mask, each child's output must equal decoding [r, child] as a plain chain.
     _, drafter, ids, pos, tk, tv = _setup("llama")
     with torch.no_grad():
         cache = DrafterCache(drafter.config, B)
@@ -209,13 +219,34 @@ def test_tree_step_equals_each_path_decoded_alone():
         r, a, b = ids[:, 20], ids[:, 21], (ids[:, 21] + 7) % 300
         p = pos[:, 20]
         tree_ids = torch.stack([r, a, b], dim=1)
-        tree_pos = torch.stack([p, p + 1, p + 1], dim=1)
+        nodes = DraftNodes(cache, torch.stack([p, p + 1, p + 1], dim=1))
         ancestors = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-        h_tree, _, _ = drafter.step(tree_ids, tree_pos, cache, tk, tv, 20, new_mask=ancestors)
-        for col, child in ((1, a), (2, b)):
+        h_root = drafter.tree_level(tree_ids[:, :1], cache, nodes, slice(0, 1), ancestors[:1, :1], tk, tv, 20)
+        h_kids = drafter.tree_level(tree_ids[:, 1:], cache, nodes, slice(1, 3), ancestors[1:], tk, tv, 20)
+        for col, child in ((0, a), (1, b)):
             path_ids = torch.stack([r, child], dim=1)
-            h_path, _, _ = drafter.step(path_ids, tree_pos[:, :2], cache, tk, tv, 20)
-            torch.testing.assert_close(h_tree[:, [0, col]], h_path, atol=1e-5, rtol=1e-5)
+            h_path, k_path, _ = _draft(drafter, path_ids, nodes.positions[:, :2], cache, tk, tv, 20)
+            torch.testing.assert_close(h_root[:, 0], h_path[:, 0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(h_kids[:, col], h_path[:, 1], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(nodes.keys[:, :, [0, col + 1]], k_path, atol=1e-6, rtol=1e-6)
+
+
+def test_tree_level_window_hides_far_ancestors():
+    # A chain drafted one level at a time, longer than the window: level t must see its ancestors (ring slots
+    # and earlier levels) only within the window, i.e. equal the full-sequence forward.
+    _, drafter, ids, pos, tk, tv = _setup("llama")
+    n = 4  # ring holds tokens 0..3; the chain is tokens 4..T-1 (T - n levels > window) at their positions
+    with torch.no_grad():
+        full = drafter(ids, pos, tk, tv, lag=0)
+        cache = DrafterCache(drafter.config, B)
+        drafter.fill_cache(cache, ids[:, :n], pos[:, :n])
+        nodes = DraftNodes(cache, pos[:, n:])
+        chain = torch.ones(T - n, T - n, dtype=torch.bool).tril()
+        for level in range(T - n):
+            sl = slice(level, level + 1)
+            t = n + level  # sees target KV <= t, as forward with lag 0
+            h = drafter.tree_level(ids[:, t, None], cache, nodes, sl, chain[sl, : sl.stop], tk, tv, t + 1)
+            torch.testing.assert_close(h[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
 
 
 def test_prefill_fills_only_the_window_and_matches_forward():
@@ -226,7 +257,7 @@ def test_prefill_fills_only_the_window_and_matches_forward():
         cache = DrafterCache(drafter.config, B)
         drafter.fill_cache(cache, ids[:, :n], pos[:, :n])
         assert cache.num_appended.tolist() == [WINDOW, WINDOW]
-        h, _, _ = drafter.step(ids[:, n : n + 1], pos[:, n : n + 1], cache, tk, tv, n + 1 - lag)
+        h, _, _ = _draft(drafter, ids[:, n : n + 1], pos[:, n : n + 1], cache, tk, tv, n + 1 - lag)
     torch.testing.assert_close(h[:, 0], full[:, n], atol=1e-5, rtol=1e-5)
 
 
@@ -234,8 +265,8 @@ def test_cross_len_zero_means_no_cross_attention():
     _, drafter, ids, pos, tk, tv = _setup("llama")
     with torch.no_grad():
         cache = DrafterCache(drafter.config, B)
-        h0, _, _ = drafter.step(ids[:, :1], pos[:, :1], cache, tk, tv, 0)
-        h_other, _, _ = drafter.step(ids[:, :1], pos[:, :1], cache, torch.randn_like(tk), tv, 0)
+        h0, _, _ = _draft(drafter, ids[:, :1], pos[:, :1], cache, tk, tv, 0)
+        h_other, _, _ = _draft(drafter, ids[:, :1], pos[:, :1], cache, torch.randn_like(tk), tv, 0)
     assert torch.equal(h0, h_other)
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from longspec.drafter import DraftNodes, DrafterCache
 from longspec.infer.accept import (
     emitted_tokens,
     greedy_path,
@@ -383,8 +384,6 @@ class SpeculativeEngine:
         self._steps = {}
         self.cache = StaticKVCache.for_target(self.target, max_len=needed)
         if self.drafter is not None and self.drafter_cache is None:
-            from longspec.drafter import DrafterCache
-
             # O(window) whatever the context: allocated once per engine (graphs keep its address).
             self.drafter_cache = DrafterCache(
                 self.drafter.config, 1, dtype=self.cache.keys.dtype, device=self.device
@@ -555,29 +554,14 @@ class SpeculativeEngine:
         tree = DraftTree.empty(layout, root)
         if shaping is not None:
             tree.draft_probs = torch.zeros(layout.num_nodes, self.target.vocab_size, device=self.device)
-        # Self-attention K/V of every tree node, filled level by level: [1, Hkv, N, D].
-        node_k = dcache.keys.new_zeros(1, dcache.keys.shape[1], layout.num_nodes, dcache.keys.shape[3])
-        node_v = torch.zeros_like(node_k)
+        # Self-attention K/V of every tree node, filled level by level; a node sits at position n + its depth.
+        nodes = DraftNodes(dcache, n + tree.depths)  # works for an int or a 0-d tensor n
         target_k, target_v = self.cache.keys[-1], self.cache.values[-1]  # last layer [1, Hkv, Tmax, D]
         scores = torch.zeros(1, device=self.device)  # cumulative draft log-prob of each current-level path
         for level in range(layout.depth):
             sl = layout.level_slice(level)
-            ids = tree.tokens[sl][None]  # [1, P]
-            positions = torch.zeros_like(ids) + (n + level)  # works for an int or a 0-d tensor n
-            node_k[:, :, sl], node_v[:, :, sl] = drafter.self_kv(ids, positions)
-            in_window = (level - tree.depths[: sl.stop]) <= drafter.config.window  # ancestors are shallower
-            self_mask = torch.cat(
-                [dcache.visible_mask(positions)[0], tree.ancestor_mask[sl, : sl.stop] & in_window], dim=1
-            )  # [P, W + nodes so far]
-            hidden = drafter.block(
-                drafter.embed(ids),
-                positions,
-                torch.cat([dcache.keys, node_k[:, :, : sl.stop]], dim=2),
-                torch.cat([dcache.values, node_v[:, :, : sl.stop]], dim=2),
-                self_mask,
-                target_k,
-                target_v,
-                n,
+            hidden = drafter.tree_level(
+                tree.tokens[sl][None], dcache, nodes, sl, tree.ancestor_mask[sl, : sl.stop], target_k, target_v, n
             )  # [1, P, Dm]
             logits = drafter.logits(hidden[0]).float()  # [P, V]
             child_slice = layout.level_slice(level + 1)

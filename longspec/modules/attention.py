@@ -48,6 +48,7 @@ __all__ = [
     "hybrid_attention",
     "visibility_mask",
     "math_attention",
+    "within_window",
 ]
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,13 @@ def _triton_auto(q: torch.Tensor, *tensors: torch.Tensor) -> bool:
 # --------------------------------------------------------------------------------------------------- math
 
 
+def within_window(query_pos, key_pos, window: int):
+    """The sliding-window rule, the one place it is written: the key at position j is within the window of the
+    query at position t iff t - j <= window ("the token + `window` previous tokens"). Positions are tensors
+    (broadcast against each other) or ints; causality (j <= t) is the caller's separate test."""
+    return (query_pos - key_pos) <= window
+
+
 def visibility_mask(
     num_queries: int, num_keys: int, *, causal: bool, window: int | None, device: torch.device | None = None
 ) -> torch.Tensor | None:
@@ -139,7 +147,7 @@ def visibility_mask(
     if causal:
         mask &= k_pos <= q_pos
     if window is not None:
-        mask &= (q_pos - k_pos) <= window
+        mask &= within_window(q_pos, k_pos, window)
     return mask
 
 
@@ -294,7 +302,7 @@ def blocked_window_attention(
         ks = max(0, s - window)
         q_pos = torch.arange(s, e, device=q.device)[:, None]
         k_pos = torch.arange(ks, e, device=q.device)[None, :]
-        mask = (k_pos <= q_pos) & (q_pos - k_pos <= window)
+        mask = (k_pos <= q_pos) & within_window(q_pos, k_pos, window)
         args = (q[:, :, s:e], k[:, :, ks:e], v[:, :, ks:e], mask, scale)
         if grad:
             out, lse = torch.utils.checkpoint.checkpoint(_window_block_attention, *args, use_reentrant=False)

@@ -42,6 +42,7 @@ class OracleDrafter:
         self.vocab = config.vocab_size
 
     fill_cache = Drafter.fill_cache  # the real ring-buffer bookkeeping, over this stub's self_kv
+    tree_level = Drafter.tree_level  # the real draft step (keys, masks), over this stub's self_kv and block
 
     def self_kv(self, input_ids, position_ids):
         shape = (1, self.config.num_kv_heads, input_ids.shape[1], self.config.head_dim)
