@@ -51,6 +51,7 @@ from longspec.infer.policy import (
 from longspec.infer.stats import GenerationStats
 from longspec.infer.tree import DraftTree, TreeLayout, beam_step, chain_tree, sample_step, tree_name
 from longspec.modules import attention as attn_ops
+from longspec.modules.attention import within_window
 
 __all__ = ["GenerationConfig", "GenerationResult", "SpeculativeEngine", "METHODS", "DEFAULT_TREE_WIDTHS"]
 
@@ -284,39 +285,54 @@ class SpeculativeEngine:
 
     # ------------------------------------------------------------------ target side
     def _target_forward(
-        self, tokens: torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor | None
+        self,
+        tokens: torch.Tensor,
+        offsets: torch.Tensor,
+        new_mask: torch.Tensor | None,
+        *,
+        static: bool = False,
     ) -> torch.Tensor:
-        """Target forward over T new tokens at positions cache.length + offsets [T]. new_mask [T, T] says which
-        new tokens see which (a tree's ancestor mask); None means a causal chunk (prefill). Every new token sees
-        the whole committed prefix (within a sliding window where the layer has one). K/V land in the cache's
-        pending slots; the caller commits. Returns hidden [T, Dm]."""
-        cache, n, T = self.cache, self.cache.length, tokens.shape[0]
-        positions = (n + offsets)[None]  # [1, T]
-        first_chunk = new_mask is None and n == 0
+        """Target forward over T new tokens at positions n + offsets [T], n = the committed length. new_mask
+        [T, T] says which new tokens see which (a tree's ancestor mask); None means a causal chunk (prefill).
+        Every new token sees the whole committed prefix (within a sliding window where the layer has one). K/V
+        land in the cache's pending slots; the caller commits. Returns hidden [T, Dm].
+
+        The cache length comes from the host (`cache.length`, eager) or, with static=True, from the device
+        (`cache.length_t`): no host value is read, new K/V go to slots n + i by index_copy_, and a
+        sliding-window layer gathers a fixed-size key window, so the forward can be captured in a CUDA graph."""
+        cache, T = self.cache, tokens.shape[0]
+        n = cache.length_t if static else cache.length
+        # Eager's fast case: the first prefill chunk is a square causal block, where the flash kernels apply.
+        first_chunk = not static and new_mask is None and n == 0
         if new_mask is None:
             new_mask = offsets[None, :] <= offsets[:, None]  # causal
-        windowed_masks: dict[int, tuple[int, torch.Tensor]] = {}
+        if static:
+            slots = n + torch.arange(T, device=tokens.device)
+
+            def write(layer_idx, k, v):
+                return cache.update_static(layer_idx, k, v, slots)
+
+        else:
+            write = cache.update
+        windowed: dict[int, tuple[slice | torch.Tensor, torch.Tensor]] = {}
 
         def attn_fn(layer_idx, q, k, v):
-            keys, values = cache.update(layer_idx, k, v)  # [B, Hkv, Tmax, D]
-            window = self.target.layer_windows[layer_idx]
-            scale = self.scales[layer_idx]
-            if first_chunk and window is None:  # a square causal block: the flash kernels apply
+            keys, values = write(layer_idx, k, v)  # [B, Hkv, Tmax, D]
+            window, scale = self.target.layer_windows[layer_idx], self.scales[layer_idx]
+            if first_chunk and window is None:
                 out, _ = attn_ops.attention(q, k, v, causal=True, scale=scale)
                 return out
             if window is None:  # cache part unmasked + new part under new_mask, merged by LSE
                 out, _ = attn_ops.hybrid_attention(q, k, v, keys, values, n, new_mask, scale=scale)
                 return out
             # Sliding-window layer: only keys within `window` of the queries matter; one explicit mask.
-            if window not in windowed_masks:
-                windowed_masks[window] = _window_mask(n, offsets, new_mask, window)
-            lo, mask = windowed_masks[window]
-            out, _ = attn_ops.tree_attention(
-                q, keys[:, :, lo : n + T], values[:, :, lo : n + T], mask, scale=scale
-            )
+            if window not in windowed:
+                windowed[window] = _window_keys(n, offsets, new_mask, window)
+            select, mask = windowed[window]
+            out, _ = attn_ops.tree_attention(q, _take(keys, select), _take(values, select), mask, scale=scale)
             return out
 
-        return self.target(tokens[None], positions, attn_fn=attn_fn).hidden[0]
+        return self.target(tokens[None], (n + offsets)[None], attn_fn=attn_fn).hidden[0]
 
     def prefill(self, prompt: torch.Tensor, config: GenerationConfig, generator=None) -> torch.Tensor:
         """Chunked prefill of the whole prompt into the (reserved) cache; returns the first generated token
@@ -349,30 +365,8 @@ class SpeculativeEngine:
     def _static_logits(
         self, tokens: torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor
     ) -> torch.Tensor:
-        """The round forward with no host values: the cache length is `cache.length_t` on the device, new K/V
-        go to slots length_t + i by index_copy_, the hybrid attention reads the length as a tensor, and a
-        sliding-window layer gathers a fixed-size key window (`_static_window`)."""
-        cache = self.cache
-        n = cache.length_t
-        slots = n + torch.arange(tokens.shape[0], device=tokens.device)
-        windows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-        def attn_fn(layer_idx, q, k, v):
-            keys, values = cache.update_static(layer_idx, k, v, slots)
-            window, scale = self.target.layer_windows[layer_idx], self.scales[layer_idx]
-            if window is None:
-                out, _ = attn_ops.hybrid_attention(q, k, v, keys, values, n, new_mask, scale=scale)
-                return out
-            if window not in windows:
-                windows[window] = _static_window(n, offsets, new_mask, window)
-            index, mask = windows[window]
-            out, _ = attn_ops.tree_attention(
-                q, keys.index_select(2, index), values.index_select(2, index), mask, scale=scale
-            )
-            return out
-
-        hidden = self.target(tokens[None], (n + offsets)[None], attn_fn=attn_fn).hidden[0]
-        return self.target.logits(hidden)
+        """The verify forward with no host values (what `_static_step` runs and captures) -> logits [T, V]."""
+        return self.target.logits(self._target_forward(tokens, offsets, new_mask, static=True))
 
     def _ensure_cache(self, needed: int) -> None:
         """Allocate the target cache once and reuse it across calls; grow (and drop captured graphs, which hold
@@ -597,32 +591,30 @@ def _finished(emitted: list[int], config: GenerationConfig, *, new: list[int]) -
     return len(emitted) >= config.max_new_tokens or any(t in config.eos_token_ids for t in new)
 
 
-def _window_mask(
-    n: int, offsets: torch.Tensor, new_mask: torch.Tensor, window: int
-) -> tuple[int, torch.Tensor]:
-    """(lo, mask [T, n - lo + T]) for a sliding-window layer: cached key j (lo <= j < n) is visible to a new
-    token at position n + offset iff n + offset - j <= window; new tokens follow new_mask within the window."""
-    lo = max(0, n - window)
-    cached = torch.arange(lo, n, device=offsets.device)
-    q_pos = n + offsets
-    cache_part = (q_pos[:, None] - cached[None, :]) <= window
-    new_part = new_mask & ((offsets[:, None] - offsets[None, :]) <= window)
-    return lo, torch.cat([cache_part, new_part], dim=1)
+def _window_keys(
+    n: int | torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor, window: int
+) -> tuple[slice | torch.Tensor, torch.Tensor]:
+    """(select, mask [T, K + T]) for a sliding-window layer's attention over the cache ++ T new tokens at
+    positions n + offsets: `select` picks the K cached keys that may be in a query's window and the new ones;
+    cached key j is visible iff it exists and within_window(n + offset, j); new tokens follow new_mask within
+    the window. Host n: the slice [max(0, n - window), n + T). Device n (static shapes, no host sync): slot
+    indices, the `window` slots before n (clamped at 0, masked when they do not exist) then the T new ones."""
+    T, device = offsets.shape[0], offsets.device
+    if isinstance(n, torch.Tensor):
+        cached = n - window + torch.arange(window, device=device)  # may be < 0: no such key
+        select = torch.cat([cached.clamp(min=0), n + torch.arange(T, device=device)])
+    else:
+        lo = max(0, n - window)
+        cached = torch.arange(lo, n, device=device)
+        select = slice(lo, n + T)
+    cache_part = (cached >= 0)[None, :] & within_window((n + offsets)[:, None], cached[None, :], window)
+    new_part = new_mask & within_window(offsets[:, None], offsets[None, :], window)
+    return select, torch.cat([cache_part, new_part], dim=1)
 
 
-def _static_window(
-    n: torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor, window: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fixed-shape keys for a sliding-window layer with the cache length n on the device: slot indices
-    [window + T] = the `window` slots before n (clamped at 0) then the T pending ones, and the mask [T, window + T].
-    Cached slot n - window + r is visible to the new token at offset o iff it exists and o <= r (i.e. the
-    distance n + o - (n - window + r) <= window); new tokens follow new_mask within the window."""
-    T = offsets.shape[0]
-    r = torch.arange(window, device=offsets.device)
-    index = torch.cat([(n - window + r).clamp(min=0), n + torch.arange(T, device=offsets.device)])
-    cache_part = (n - window + r >= 0)[None, :] & (offsets[:, None] <= r[None, :])
-    new_part = new_mask & ((offsets[:, None] - offsets[None, :]) <= window)
-    return index, torch.cat([cache_part, new_part], dim=1)
+def _take(keys: torch.Tensor, select: slice | torch.Tensor) -> torch.Tensor:
+    """keys [B, Hkv, Tmax, D] at the slots `select` (a slice, or an index tensor gathered on the device)."""
+    return keys[:, :, select] if isinstance(select, slice) else keys.index_select(2, select)
 
 
 def _level_ranks(widths: tuple[int, ...], path_slots: list[int]) -> list[int]:
