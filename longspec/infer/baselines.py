@@ -1,13 +1,9 @@
-"""Every decoding method behind one call, so the harness measures them side by side in the same run.
+"""Every decoding method behind one call (`run_method`), so the harness measures them side by side in the same
+run; the methods themselves are listed in `longspec.infer.methods`. The HF baselines live here:
 
-- "longspec":   tree speculative decoding with the drafter (longspec.infer.engine)
-- "ar":         our own autoregressive decoding on the same engine (static cache, our attention backends)
-- "pld":        prompt-lookup n-gram drafts verified on the same engine (lossless at any temperature)
-- "vanilla_hf": plain HF decoding, eager attention, HF DynamicCache (the unoptimised reference)
-- "vanilla_fa": plain HF decoding with FlashAttention (flash-attn when installed, else PyTorch SDPA) — the paper's
-                baseline: its speedups are reported against this one.
-- "hf_compile": HF's own fastest decoding, what a user who knows transformers would pick: a StaticCache and the
-                decode step under torch.compile(mode="reduce-overhead") (CUDA graphs on GPU), SDPA attention.
+- `hf_generate` ("vanilla_hf", "vanilla_fa"): plain HF decoding on a DynamicCache, eager or flash attention.
+- `hf_compiled_generate` ("hf_compile"): HF's own fastest decoding, what a user who knows transformers would
+  pick: a StaticCache and the decode step under torch.compile(mode="reduce-overhead") (CUDA graphs on GPU), SDPA.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ import torch
 
 from longspec.infer.accept import sample_token, target_distribution
 from longspec.infer.engine import GenerationConfig, GenerationResult, SpeculativeEngine
+from longspec.infer.methods import ALL_METHODS, HF_METHODS, get_method
 from longspec.infer.stats import GenerationStats
 from longspec.modules.attention import HAS_FLASH_ATTN
 
@@ -38,19 +35,15 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-HF_METHODS = ("vanilla_hf", "vanilla_fa")
-ALL_METHODS = ("longspec", "vanilla_hf", "vanilla_fa", "hf_compile", "ar", "pld")
 # A StaticCache's length is part of the compiled step's shapes: round it up so prompts of similar length share one
 # compilation (HF's static-cache attention reads all max_cache_len slots, so the bucket stays fine-grained).
 STATIC_CACHE_BUCKET = 1024
 
 
 def hf_attn_implementation(method: str, model) -> str:
-    """The HF attn_implementation a vanilla method runs with on this model."""
-    if method == "vanilla_hf":
+    """The HF attn_implementation a vanilla method (runner "hf") runs with on this model."""
+    if get_method(method, runner="hf").hf_attention == "eager":
         return "eager"
-    if method != "vanilla_fa":
-        raise ValueError(f"{method!r} is not an HF baseline; choose one of {HF_METHODS}")
     param = next(model.parameters())
     if HAS_FLASH_ATTN and param.is_cuda and param.dtype in (torch.float16, torch.bfloat16):
         return "flash_attention_2"
@@ -203,15 +196,14 @@ def using_attn_implementation(hf_model, implementation: str):
 def run_method(
     method: str, prompt_ids, config: GenerationConfig, *, target, engine: SpeculativeEngine | None = None
 ):
-    """Generate with any method in ALL_METHODS."""
-    if method == "hf_compile":
+    """Generate with any method in ALL_METHODS, by its registered runner."""
+    runner = get_method(method).runner
+    if runner == "hf_compile":
         return hf_compiled_generate(target.model, prompt_ids, config)
-    if method in HF_METHODS:
+    if runner == "hf":
         return hf_generate(
             target.model, prompt_ids, config, attn_implementation=hf_attn_implementation(method, target.model)
         )
-    if method not in ALL_METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALL_METHODS)}")
     if engine is None:
         engine = SpeculativeEngine(target)
     return engine.generate(prompt_ids, config, method=method)

@@ -40,6 +40,7 @@ from longspec.infer.accept import (
 )
 from longspec.infer.cache import StaticKVCache
 from longspec.infer.graphs import StaticStep
+from longspec.infer.methods import get_method
 from longspec.infer.pld import prompt_lookup
 from longspec.infer.policy import (
     AUTO_TREES,
@@ -53,9 +54,8 @@ from longspec.infer.tree import DraftTree, TreeLayout, beam_step, chain_tree, sa
 from longspec.modules import attention as attn_ops
 from longspec.modules.attention import within_window
 
-__all__ = ["GenerationConfig", "GenerationResult", "SpeculativeEngine", "METHODS", "DEFAULT_TREE_WIDTHS"]
+__all__ = ["GenerationConfig", "GenerationResult", "SpeculativeEngine", "DEFAULT_TREE_WIDTHS"]
 
-METHODS = ("longspec", "ar", "pld")
 SAMPLING_RULES = ("rrs", "deterministic")
 DEFAULT_TREE_WIDTHS = (4, 16, 16, 16, 16)  # ALGORITHM §4.1's dynamic beam, the largest tree="auto" candidate
 
@@ -173,11 +173,11 @@ class SpeculativeEngine:
     # ------------------------------------------------------------------ public API
     @torch.no_grad()
     def generate(self, prompt_ids, config: GenerationConfig, *, method: str = "longspec") -> GenerationResult:
-        """prompt_ids: [T] / [1, T] tensor or list of ints -> GenerationResult (tokens + stats)."""
-        if method not in METHODS:
-            raise ValueError(f"unknown engine method {method!r}; choose one of {', '.join(METHODS)}")
-        if method == "longspec" and self.drafter is None:
-            raise ValueError("method 'longspec' needs a drafter (pass one, or use drafter.init=random)")
+        """prompt_ids: [T] / [1, T] tensor or list of ints -> GenerationResult (tokens + stats); `method` is
+        one of the engine's (`longspec.infer.methods.ENGINE_METHODS`)."""
+        spec = get_method(method, runner="engine")
+        if spec.needs_drafter and self.drafter is None:
+            raise ValueError(f"method {method!r} needs a drafter (pass one, or use drafter.init=random)")
         static = config.static_shapes or config.cuda_graphs
         if config.cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs the target on a CUDA device")
@@ -186,7 +186,7 @@ class SpeculativeEngine:
             raise ValueError("empty prompt")
         self._ensure_cache(prompt.numel() + config.max_new_tokens + config.max_round_nodes + 1)
         policy = None
-        if method == "longspec":  # may measure round costs: before any timing, on a scratch cache state
+        if spec.needs_drafter:  # may measure round costs: before any timing, on a scratch cache state
             policy = self._policy(config, prompt.numel())
         # On the device: a round's random draws need no host-to-device copy (and no host sync).
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -194,10 +194,10 @@ class SpeculativeEngine:
 
         with _timer(stats, "prefill_s", self.device):
             root = self.prefill(prompt, config, generator)
-            if method == "longspec":
+            if spec.needs_drafter:
                 self.prefill_drafter(prompt)
         emitted = [int(root)]  # host sync: the first token
-        context = torch.cat([prompt, root.reshape(1)]) if method == "pld" else None
+        context = torch.cat([prompt, root.reshape(1)]) if spec.drafts == "ngram" else None
 
         clock = _PhaseClock(self.device)
         decode_start = _now(self.device)
@@ -209,7 +209,7 @@ class SpeculativeEngine:
         while not finished:
             context_len = self.cache.length
             widths = policy.choose(context_len) if policy is not None else ()
-            if method == "longspec" and widths and drafter_synced < context_len:
+            if spec.needs_drafter and widths and drafter_synced < context_len:
                 self._drafter_catch_up(emitted, prompt.numel(), drafter_synced, context_len)
             round_start = time.perf_counter()
             new_tokens, path_slots, root = self._round(
@@ -222,7 +222,7 @@ class SpeculativeEngine:
                 policy.observe(widths, layout_ranks)
                 if widths:
                     drafter_synced = self.cache.length
-            stats.record_round(len(new_tokens) - 1, tree_name(widths) if method == "longspec" else None)
+            stats.record_round(len(new_tokens) - 1, tree_name(widths) if spec.needs_drafter else None)
             emitted.extend(new_tokens)
             if context is not None:
                 context = torch.cat([context, torch.tensor(new_tokens, device=self.device)])
@@ -250,15 +250,15 @@ class SpeculativeEngine:
         Returns (emitted tokens, accepted path's node slots, next root on the device) after ONE host copy.
         commit_drafter=False: longspec's accepted tokens do not enter the drafter's ring buffer (a plain round;
         `_drafter_catch_up` adds them later)."""
-        capture = config.cuda_graphs
-        if method == "longspec" and widths:
+        capture, spec = config.cuda_graphs, get_method(method, runner="engine")
+        if spec.needs_drafter and widths:
             layout = TreeLayout(widths)
             with clock.phase("draft_s"):
                 tree = self.draft(
                     root, layout, static=static, capture=capture, config=config, generator=generator
                 )
             depth, max_children = layout.depth, max(widths)
-        elif method == "pld":
+        elif spec.drafts == "ngram":
             with clock.phase("draft_s"):
                 draft = prompt_lookup(context, config.pld_num_draft, config.pld_max_ngram)
                 tree = chain_tree(root, draft, draft.numel(), 1 + config.pld_num_draft)
@@ -274,7 +274,7 @@ class SpeculativeEngine:
             out = out.tolist()  # host sync: the round's one copy (emitted tokens, path, count)
             count = out[-1]
             self.cache.commit_path(path[:count])
-            if method == "longspec" and commit_drafter:
+            if spec.needs_drafter and commit_drafter:
                 self._drafter_commit(tree.tokens[path[:count]], self.cache.length - count)
         return out[:count], out[depth + 1 : depth + 1 + count], bonus
 
