@@ -185,7 +185,9 @@ def test_token_by_token_ring_decoding_equals_forward(variant, lag):
         steps = []
         for t in range(T):
             # Query t sees target KV at indices <= t - lag, i.e. a prefix of t + 1 - lag entries.
-            h, k, v = _draft(drafter, ids[:, t : t + 1], pos[:, t : t + 1], cache, tk, tv, max(t + 1 - lag, 0))
+            h, k, v = _draft(
+                drafter, ids[:, t : t + 1], pos[:, t : t + 1], cache, tk, tv, max(t + 1 - lag, 0)
+            )
             cache.append(k, v, pos[:, t : t + 1])
             steps.append(h)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)

@@ -15,8 +15,8 @@ from typing import Any
 
 from longspec.config import Schema, TargetConfig, check, compose
 from longspec.eval.datasets import KNOWN_DATASETS
-from longspec.infer.methods import ALL_METHODS
 from longspec.infer.engine import GenerationConfig
+from longspec.infer.methods import ALL_METHODS
 
 __all__ = ["EvalConfig", "DrafterEvalConfig", "DataEvalConfig", "load_eval_config"]
 

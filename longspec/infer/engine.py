@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from longspec.drafter import DraftNodes, DrafterCache
+from longspec.drafter import DrafterCache, DraftNodes
 from longspec.infer.accept import (
     emitted_tokens,
     greedy_path,
@@ -554,8 +554,9 @@ class SpeculativeEngine:
         scores = torch.zeros(1, device=self.device)  # cumulative draft log-prob of each current-level path
         for level in range(layout.depth):
             sl = layout.level_slice(level)
+            ancestors = tree.ancestor_mask[sl, : sl.stop]  # [P, nodes so far], self included
             hidden = drafter.tree_level(
-                tree.tokens[sl][None], dcache, nodes, sl, tree.ancestor_mask[sl, : sl.stop], target_k, target_v, n
+                tree.tokens[sl][None], dcache, nodes, sl, ancestors, target_k, target_v, n
             )  # [1, P, Dm]
             logits = drafter.logits(hidden[0]).float()  # [P, V]
             child_slice = layout.level_slice(level + 1)

@@ -23,7 +23,8 @@ class DecodingMethod:
     # What runs it: "engine" = SpeculativeEngine (our static cache and attention); "hf" = the HF model's own
     # forward on a DynamicCache (`baselines.hf_generate`); "hf_compile" = HF's StaticCache + torch.compile.
     runner: str
-    drafts: str | None = None  # what proposes tokens on the engine: "drafter" (the LongSpec tree), "ngram" (PLD)
+    # What proposes tokens on the engine: "drafter" (the LongSpec tree) or "ngram" (prompt lookup); None: nothing.
+    drafts: str | None = None
     hf_attention: str | None = None  # runner "hf": "eager", or "flash" (flash-attn when it fits, else SDPA)
 
     @property

@@ -252,7 +252,8 @@ def test_window_keys_host_and_device_select_the_same_visible_keys(n):
     window = 5
     offsets = torch.tensor([0, 1, 1, 2, 3])  # a tree: root, two children, a grandchild, its child
     new_mask = torch.tensor(
-        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]], dtype=torch.bool
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]],
+        dtype=torch.bool,
     )
     T = offsets.numel()
     # Absolute key position of cache slot s is s (s < n); new token k sits in slot n + k at position n + offsets[k].
@@ -260,7 +261,9 @@ def test_window_keys_host_and_device_select_the_same_visible_keys(n):
     for i in range(T):
         t = n + int(offsets[i])
         expected |= {(i, ("cache", j)) for j in range(n) if t - j <= window}
-        expected |= {(i, ("new", k)) for k in range(T) if new_mask[i, k] and offsets[i] - offsets[k] <= window}
+        expected |= {
+            (i, ("new", k)) for k in range(T) if new_mask[i, k] and offsets[i] - offsets[k] <= window
+        }
     for length in (n, torch.tensor(n)):
         select, mask = _window_keys(length, offsets, new_mask, window)
         slots = torch.arange(n + T)[select].tolist()

@@ -11,7 +11,8 @@ from longspec.testing import make_tiny_target
 
 
 def test_registry_partitions_the_methods_by_runner():
-    assert set(ENGINE_METHODS) == {"longspec", "ar", "pld"} and set(HF_METHODS) == {"vanilla_hf", "vanilla_fa"}
+    assert set(ENGINE_METHODS) == {"longspec", "ar", "pld"}
+    assert set(HF_METHODS) == {"vanilla_hf", "vanilla_fa"}
     assert {m.runner for m in METHODS.values()} == {"engine", "hf", "hf_compile"}
     assert [n for n, m in METHODS.items() if m.needs_drafter] == ["longspec"]
     assert get_method("pld").drafts == "ngram"
@@ -23,7 +24,9 @@ def test_engine_runs_only_its_methods_and_longspec_needs_a_drafter():
     target = make_tiny_target("llama")
     engine = SpeculativeEngine(target)
     config = GenerationConfig(max_new_tokens=2)
-    with pytest.raises(ValueError, match="unknown engine method 'vanilla_hf'; choose one of longspec, ar, pld"):
+    with pytest.raises(
+        ValueError, match="unknown engine method 'vanilla_hf'; choose one of longspec, ar, pld"
+    ):
         engine.generate([1, 2, 3], config, method="vanilla_hf")
     with pytest.raises(ValueError, match="'longspec' needs a drafter"):
         engine.generate([1, 2, 3], config, method="longspec")
@@ -32,5 +35,7 @@ def test_engine_runs_only_its_methods_and_longspec_needs_a_drafter():
 
 
 def test_eval_config_validates_against_the_registry():
-    with pytest.raises(ValueError, match=r"unknown method\(s\) \['medusa'\]; choose from " + ", ".join(ALL_METHODS)):
+    with pytest.raises(
+        ValueError, match=r"unknown method\(s\) \['medusa'\]; choose from " + ", ".join(ALL_METHODS)
+    ):
         EvalConfig(method=["medusa"])
