@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longspec.pipeline import results_table
 from longspec.eval.divergence import analyse_divergence, first_divergence, tie_tolerance
 from longspec.eval.report import identical_text, summarise
+from longspec.pipeline import results_table
 from longspec.testing import make_tiny_hf_model
 
 
