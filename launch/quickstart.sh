@@ -5,7 +5,7 @@
 #   2. runs the whole main job: stdlib corpus -> stage 1/2/3 data -> drafter training through the three stages
 #      under DeepSpeed (2 CPU processes) -> export -> speculative vs vanilla decoding on held-out code.
 # Prints τ, tokens/s, speedup and the lossless check; the report is OUT_DIR/report.md (+ PNGs). Rerunning continues
-# an interrupted run (finished steps are skipped). Extra arguments go to `python -m longspec.e2e`, e.g. --dry-run.
+# an interrupted run (finished steps are skipped). Extra arguments go to `python -m longspec.pipeline`, e.g. --dry-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-outputs/quickstart}
@@ -25,5 +25,5 @@ if [ "$(cat .venv/.quickstart-install 2>/dev/null)" != "$stamp" ]; then
 fi
 echo "install: $(( $(date +%s) - start )) s"
 export DS_ACCELERATOR=cpu WANDB_MODE=${WANDB_MODE:-disabled}
-python -m longspec.e2e --preset cpu --out "$OUT" "$@"
+python -m longspec.pipeline --preset cpu --out "$OUT" "$@"
 echo "quickstart total: $(( $(date +%s) - start )) s"

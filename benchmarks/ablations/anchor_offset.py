@@ -22,7 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import BASE, TARGET, corpus_step, prep_step, read_metrics, trailing_mean, write_result  # noqa: E402
 
-from longspec.e2e import StagePlan, run_pipeline, stage_steps, target_overrides  # noqa: E402
+from longspec.pipeline import StagePlan, run_pipeline, stage_steps, target_overrides  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

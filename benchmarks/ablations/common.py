@@ -1,5 +1,5 @@
 """Shared pieces of the CPU ablations (issue 5): steps that build data for the shipped code target, metrics
-reading, result files. The runs go through the same CLIs and resumable runner as `python -m longspec.e2e`."""
+reading, result files. The runs go through the same CLIs and resumable runner as `python -m longspec.pipeline`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from longspec.e2e import CODE_TARGET, PRESETS, Step
+from longspec.pipeline import CODE_TARGET, PRESETS, Step
 from longspec.provenance import run_info
 
 __all__ = ["BASE", "corpus_step", "prep_step", "read_metrics", "trailing_mean", "write_result"]

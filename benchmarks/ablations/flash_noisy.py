@@ -12,7 +12,7 @@ offsets; same data order and seed) except for the flash-noisy lag: j ~ U{1..4} p
 target's KV at positions <= t - j) vs none (lag 0: query t also sees the target's KV at t, which inference never
 has: the target has not verified the token yet). Each is evaluated with `python -m longspec.eval` on held-out code
 completion (greedy, lossless-checked against the target's own greedy output): τ and the change in τ. ~5 min on 2
-cores. Resumable (same runner as longspec.e2e).
+cores. Resumable (same runner as longspec.pipeline).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import BASE, TARGET, corpus_step, prep_step, read_metrics, trailing_mean, write_result  # noqa: E402
 
-from longspec.e2e import StagePlan, Step, run_pipeline, stage_steps, target_overrides  # noqa: E402
+from longspec.pipeline import StagePlan, Step, run_pipeline, stage_steps, target_overrides  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,13 +1,13 @@
-"""Divergence analysis (longspec.eval.divergence) and how summaries and the e2e table count near-ties."""
+"""Divergence analysis (longspec.eval.divergence) and how summaries and the pipeline table count near-ties."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from longspec.e2e import results_table
 from longspec.eval.divergence import analyse_divergence, first_divergence, tie_tolerance
 from longspec.eval.report import identical_text, summarise
+from longspec.pipeline import results_table
 from longspec.testing import make_tiny_hf_model
 
 

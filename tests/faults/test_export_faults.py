@@ -47,7 +47,7 @@ def _write_checkpoint(run, step: int, *, big_numel: int = 0) -> dict:
 
 @pytest.fixture
 def runs(tmp_path):
-    """tmp/runs/{stage1,stage2}: two run dirs side by side, as `python -m longspec.e2e` lays them out."""
+    """tmp/runs/{stage1,stage2}: two run dirs side by side, as `python -m longspec.pipeline` lays them out."""
     root = tmp_path / "runs"
     for name in ("stage1", "stage2"):
         _write_checkpoint(root / name, 2)

@@ -1,0 +1,36 @@
+"""The pipeline layer, the top floor above train / infer / eval: corpus -> stage 1/2/3 data -> three training
+stages -> export -> evaluation -> report, as a plan of the real CLI steps run by a resumable runner.
+
+    python -m longspec.pipeline --preset cpu --out outputs/quickstart
+
+- presets: `Preset` / `StagePlan` / `EvalPlan`, the `cpu` and `smollm2` presets, `--set` overrides
+- plan: `Step`, `plan()` (a preset -> ordered steps), `stage_steps()` / `target_overrides()` (one training stage)
+- runner: `run_pipeline()` and the run record that lets a rerun continue
+- report: the evaluation table, training summary and OUT/report.md
+
+This module is the public API that benchmarks/ablations builds its runs from.
+"""
+
+from longspec.pipeline.plan import Step, plan, stage_steps, target_overrides
+from longspec.pipeline.presets import CODE_TARGET, PRESETS, EvalPlan, Preset, StagePlan, apply_overrides
+from longspec.pipeline.report import eval_rows, results_table, write_report
+from longspec.pipeline.runner import RUN_RECORD_NAME, RunRecord, run_pipeline
+
+__all__ = [
+    "CODE_TARGET",
+    "PRESETS",
+    "RUN_RECORD_NAME",
+    "EvalPlan",
+    "Preset",
+    "RunRecord",
+    "StagePlan",
+    "Step",
+    "apply_overrides",
+    "eval_rows",
+    "plan",
+    "results_table",
+    "run_pipeline",
+    "stage_steps",
+    "target_overrides",
+    "write_report",
+]

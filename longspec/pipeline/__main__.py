@@ -1,0 +1,110 @@
+"""The main job end to end in one command: corpus -> stage 1/2/3 data -> three training stages -> export -> eval.
+
+    python -m longspec.pipeline --preset cpu --out outputs/quickstart            # README quickstart (2-core CPU)
+    python -m longspec.pipeline --preset smollm2 --out $OUT/e2e --data DATA_DIR  # launch/gpu_e2e.sh (one GPU)
+    python -m longspec.pipeline --preset cpu --out DIR --dry-run                 # print the plan, run nothing
+    python -m longspec.pipeline --preset cpu --out DIR --set stage1.num_steps=5 --set eval_max_samples=1
+
+Every step runs the real CLI a user would run (`python -m data_prep.stage1 ...`, `torchrun -m longspec.train ...`,
+`python -m longspec.export ...`, `python -m longspec.eval ...`); the command is printed first and its output goes
+to OUT/logs/NN_step.log. A finished step is recorded in OUT/e2e_manifest.json with its command: a rerun skips the
+steps whose record matches and whose outputs exist, so an interrupted run continues where it stopped (and a changed
+preset reruns from the first changed step on). At the end the evaluation's τ, tokens/s, speedup and lossless check
+are printed and OUT/report.md (+ training_loss.png, the eval's plots) is written.
+
+Presets: `cpu` drafts for the shipped code target (longspec/assets/code_target) with small stage lengths sized for
+a 2-core machine; `smollm2` drafts for the real SmolLM2-135M-Instruct (its GGUF, de-quantized once) on one GPU, from
+a bundle prepared beforehand (--data DIR: `launch/gpu_e2e.sh --prepare`, docs/DATA.md) and evaluates the held-out
+instruct suite at 2K/4K/8K-token prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from longspec.pipeline.plan import plan
+from longspec.pipeline.presets import PRESETS, apply_overrides
+from longspec.pipeline.report import eval_rows, fmt, results_table, write_report
+from longspec.pipeline.runner import RunRecord, run_pipeline
+
+__all__ = ["main"]
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--out", required=True, help="output directory (rerun with the same one to resume)")
+    parser.add_argument(
+        "--data", default=None, help="prepared data dir (corpus/, tokenizer/, tokens/): skips the corpus step"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a preset field (stage1.num_steps=5, eval_max_samples=1, ...)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and what would be skipped")
+    parser.add_argument("--force", action="store_true", help="rerun every step")
+    parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="go on after a failed step; evaluate with the latest drafter there is (or baselines)",
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="write the report from what exists, run nothing"
+    )
+    args = parser.parse_args(argv)  # fmt: skip
+    try:
+        preset = apply_overrides(PRESETS[args.preset], args.set)
+        if args.data is not None and not os.path.isdir(os.path.join(args.data, "corpus")):
+            raise FileNotFoundError(
+                f"--data {args.data!r} has no corpus/ (python -m data_prep.stdlib_corpus --out DIR/corpus)"
+            )
+        steps = plan(preset, args.out, data=args.data)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = os.path.abspath(args.out)
+    print(f"longspec e2e, preset {preset.name}: {len(steps)} steps -> {out} (interpreter {sys.executable})")
+    # SIGTERM (a job scheduler, a watchdog) stops the running step's process too, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
+    start = time.perf_counter()
+    if args.report_only:
+        recorded = RunRecord(out).data["steps"]
+        statuses = {s.name: recorded.get(s.name, {}).get("status", "not run") for s in steps}
+    else:
+        statuses = run_pipeline(
+            steps, out, dry_run=args.dry_run, force=args.force, keep_going=args.keep_going
+        )
+    if args.dry_run:
+        return 0
+    wall_s = time.perf_counter() - start
+    write_report(out, preset, steps, statuses, wall_s)
+    rows = eval_rows(out, preset)
+    run_record = RunRecord(out)
+    print("\nsteps: " + ", ".join(f"{s.name} {statuses.get(s.name, '?')} {fmt(run_record.seconds(s.name), '.0f')} s"
+                                  for s in steps))  # fmt: skip
+    print("\n" + results_table(rows) if rows else "\nno evaluation results")
+    print(f"\nreport: {os.path.join(out, 'report.md')} ({wall_s:.0f} s this invocation)")
+    greedy = [r for r in rows if r["temperature"] == 0 and r["identical"] is not None]
+    if any(r["unexplained"] for r in greedy):
+        print("LOSSLESS CHECK FAILED: an output differs from the target's greedy output where the target's two "
+              "tokens are not a numerical near-tie", file=sys.stderr)  # fmt: skip
+        return 1
+    if any(r["identical"] != 1 for r in greedy):
+        print("lossless check passed: every greedy output equals the reference, or leaves it only at a near-tie "
+              "of the target's logits (<= 2 ulp in its dtype; see the eval logs)")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The pipeline's plan: a preset -> the ordered steps (the exact CLI a user would run, or a small in-process glue
+call), and the training-stage steps the ablations reuse. Nothing is executed here."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from data_prep.prefix_prompts import write_prefix_prompts
+from longspec.pipeline.presets import Preset, StagePlan
+
+__all__ = ["Step", "plan", "stage_steps", "target_overrides"]
+
+
+@dataclass(kw_only=True)
+class Step:
+    """One pipeline step: a CLI run as a subprocess, or a small piece of in-process glue."""
+
+    name: str
+    outputs: list[str]  # every path must exist for the step to count as done
+    cmd: list[str] | None = None
+    fn: Callable[[], None] | None = None  # in-process glue (writing prompt / bucket files)
+    describe: str = ""  # what `fn` does, shown in place of a command (and part of its run-record key)
+    env: dict[str, str] = field(default_factory=dict)
+    required: bool = True  # a failed optional step is reported; the pipeline goes on
+    background: bool = False  # run concurrently with the next foreground step (joined when that one ends)
+    needs: list[str] = field(default_factory=list)  # inputs made by earlier steps
+    # --keep-going: used in order when `needs` are missing
+    alternatives: list[Step] = field(default_factory=list)
+
+    @property
+    def command(self) -> str:
+        """The run-record key and the printed line: the exact command (interpreter shown as `python`)."""
+        if self.cmd is None:
+            return f"[in-process] {self.describe}"
+        shown = ["python" if arg == sys.executable else arg for arg in self.cmd]
+        env = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + shlex.join(shown)
+
+
+def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
+    """The ordered steps of one run (nothing is executed here)."""
+    preset.validate()
+    py = sys.executable
+    out = os.path.abspath(out)
+    data = os.path.abspath(data) if data else None
+    corpus = os.path.join(data, "corpus") if data else os.path.join(out, "corpus")
+    train_jsonl = os.path.join(corpus, "train.jsonl")
+    steps: list[Step] = []
+    if data is None:
+        steps.append(
+            Step(
+                name="corpus",
+                cmd=[py, "-m", "data_prep.stdlib_corpus", "--out", corpus,
+                     "--lcc-max-context-chars", str(preset.lcc_max_context_chars)],
+                outputs=[os.path.join(corpus, name) for name in
+                         ("manifest.json", "train.jsonl", "heldout.jsonl", "heldout_lcc.jsonl")],
+            )
+        )  # fmt: skip
+    if preset.target is not None:
+        target = tokenizer = os.path.abspath(preset.target)
+    elif preset.target_gguf is not None:
+        # De-quantize once: every later step loads an HF directory instead of de-quantizing again (~40 s each).
+        stem = os.path.basename(preset.target_gguf).removesuffix(".gguf")
+        target = tokenizer = os.path.join(out, "target", stem)  # the run name comes from the directory name
+        steps.append(
+            Step(
+                name="convert_target",
+                cmd=[py, "-m", "longspec.convert_gguf", preset.target_gguf, target, "--dtype", preset.target_dtype,
+                     "--overwrite"],
+                outputs=[os.path.join(target, "config.json")],
+            )
+        )  # fmt: skip
+
+    data_dir = os.path.join(out, "data")
+    s1, s2, s3 = (os.path.join(data_dir, f"stage{i}") for i in (1, 2, 3))
+    prompts = (
+        os.path.join(data, preset.stage3_prompts)
+        if data and preset.stage3_prompts
+        else os.path.join(data_dir, "stage3_prompts.jsonl")
+    )
+    stage2_source = os.path.join(data, preset.stage2_source) if data and preset.stage2_source else train_jsonl
+    regenerated = os.path.join(data_dir, "stage3_regenerated.jsonl")
+    common = ["--tokenizer", tokenizer, "--overwrite", "--no-progress"]
+    cmd = [py, "-m", "data_prep.stage1", "--source", train_jsonl, "--out", s1,
+           "--seq-len", str(preset.stage1.seq_len), *common]  # fmt: skip
+    if preset.stage1_max_rows:
+        cmd += ["--max-rows", str(preset.stage1_max_rows)]
+    steps.append(Step(name="data_stage1", cmd=cmd, outputs=[os.path.join(s1, "manifest.json")]))
+    cmd = [py, "-m", "data_prep.stage2", "--source", stage2_source, "--out", s2, "--seq-len",
+           str(preset.stage2.seq_len), "--min-tokens", str(preset.stage2_min_tokens), *common]  # fmt: skip
+    if preset.stage2_max_rows:
+        cmd += ["--max-rows", str(preset.stage2_max_rows)]
+    steps.append(Step(name="data_stage2", cmd=cmd, outputs=[os.path.join(s2, "manifest.json")]))
+    if not (data and preset.stage3_prompts):
+        steps.append(
+            Step(
+                name="stage3_prompts",
+                fn=lambda: write_prefix_prompts(
+                    train_jsonl, prompts, num_prompts=preset.num_prompts, max_chars=preset.prompt_chars
+                ),
+                describe=f"write_prefix_prompts({train_jsonl}, {prompts}, num_prompts={preset.num_prompts}, "
+                f"max_chars={preset.prompt_chars})",
+                outputs=[prompts],
+            )
+        )
+    regen_cmd = [py, "-m", "data_prep.stage3_regenerate", "--target", target, "--source", prompts,
+                 "--out", regenerated, "--template", preset.stage3_template,
+                 "--max-new-tokens", str(preset.regen_max_new_tokens), "--max-rows", str(preset.num_prompts),
+                 "--batch-size", str(preset.regen_batch_size), "--no-progress"]  # fmt: skip
+    regenerate = Step(
+        name="stage3_regenerate", cmd=regen_cmd, outputs=[regenerated], fn=_unlink_partial(regenerated)
+    )
+    data_stage3 = Step(
+        name="data_stage3",
+        cmd=[py, "-m", "data_prep.stage3_sft", "--source", regenerated, "--out", s3,
+             "--template", preset.stage3_template,
+             "--max-len", str(preset.stage3.seq_len), "--keep-unfinished", *common],
+        outputs=[os.path.join(s3, "manifest.json")],
+    )  # fmt: skip
+
+    overrides = target_overrides(preset, target)
+    training: list[list[Step]] = []
+    previous_export = None
+    for index, (stage, stage_data) in enumerate(
+        ((preset.stage1, s1), (preset.stage2, s2), (preset.stage3, s3)), 1
+    ):
+        run_dir = os.path.join(out, "runs", f"stage{index}")
+        training.append(stage_steps(
+            preset, f"stage{index}", stage, target_overrides=overrides, data_path=stage_data, run_dir=run_dir,
+            init_from=previous_export,
+        ))  # fmt: skip
+        previous_export = os.path.join(run_dir, "export")
+    if preset.cpu:
+        # Two cores: every step gets them all, one after another.
+        steps += [regenerate, data_stage3, *training[0], *training[1], *training[2]]
+    else:
+        # A GPU has room for both: the target writes the stage-3 responses while stage 1 trains, and stage 3 is
+        # tokenized (CPU) while stage 2 trains. Each background step is joined when that training step ends.
+        regenerate.background = data_stage3.background = True
+        steps += [regenerate, *training[0], data_stage3, *training[1], *training[2]]
+
+    if preset.eval_suite:
+        if data is None:
+            raise ValueError(f"preset {preset.name!r} evaluates a prepared suite: pass --data DIR")
+        sources = [os.path.join(data, name) for name in preset.eval_suite]
+        data_overrides = [f"data.name=[{','.join(sources)}]", "data.min_prompt_tokens=0", "data.context_margin=0",
+                          *([f"data.context_len={preset.eval_context_len}"] if preset.eval_context_len else [])]  # fmt: skip
+    else:
+        data_overrides = [f"data.path={os.path.join(corpus, 'heldout_lcc.jsonl')}",
+                          f"data.min_prompt_tokens={preset.eval_min_prompt_tokens}"]  # fmt: skip
+    exports = [os.path.join(out, "runs", f"stage{i}", "export") for i in (3, 2, 1)]
+    for ev in preset.evals:
+        eval_dir = os.path.join(out, f"eval_{ev.name}" if ev.name else "eval")
+
+        def eval_step(drafter: str | None, ev=ev, eval_dir=eval_dir) -> Step | None:
+            methods = [m for m in ev.methods if drafter is not None or m != "longspec"]
+            if not methods:
+                return None
+            return Step(
+                name=f"eval_{ev.name}" if ev.name else "eval",
+                cmd=[py, "-m", "longspec.eval", *overrides,
+                     *([f"drafter.path={drafter}"] if drafter and "longspec" in methods else []),
+                     *data_overrides, f"method=[{','.join(methods)}]", f"temperature={ev.temperature}",
+                     f"max_new_tokens={preset.eval_max_new_tokens}", f"max_samples={preset.eval_max_samples}",
+                     *([f"tree_widths=[{','.join(map(str, preset.tree_widths))}]"] if preset.tree_widths else []),
+                     f"output_dir={eval_dir}",
+                     *ev.extra],
+                outputs=[os.path.join(eval_dir, "results.json"), os.path.join(eval_dir, "report.md")],
+                needs=[os.path.join(target, "config.json")] + ([drafter] if drafter else []),
+                required=ev.required,
+            )  # fmt: skip
+
+        step = eval_step(exports[0])
+        # --keep-going: an earlier stage's drafter when a later stage failed, else the baselines alone
+        step.alternatives = [
+            alt for alt in (*map(eval_step, exports[1:]), eval_step(None)) if alt is not None
+        ]
+        steps.append(step)
+    return steps
+
+
+def target_overrides(preset: Preset, target: str) -> list[str]:
+    """Hydra overrides naming the target for `longspec.train` / `longspec.eval`."""
+    return [
+        "target=tiny_llama",  # the tiny target group, pointed at our model (no hub id involved)
+        f"target.path={target}",
+        f"target.name={os.path.basename(target.rstrip('/'))}",
+        f"target.anchor_max_len={preset.anchor_max_len}",
+    ]
+
+
+def stage_steps(
+    preset: Preset,
+    name: str,
+    stage: StagePlan,
+    *,
+    target_overrides: list[str],
+    data_path: str,
+    run_dir: str,
+    init_from: str | None = None,
+) -> list[Step]:
+    """train_<name> (torchrun -m longspec.train) + export_<name> (python -m longspec.export RUN_DIR RUN_DIR/export).
+    Also used by benchmarks/ablations/."""
+    py = sys.executable
+    overrides = [*target_overrides, *stage.overrides(), f"drafter.window={preset.window}",
+                 f"loss.distill_weight={preset.distill_weight}", f"data.path={data_path}", f"output_dir={run_dir}",
+                 "checkpoint.resume=never"]  # fmt: skip
+    if init_from:
+        overrides.append(f"init_from={init_from}")
+    train = Step(
+        name=f"train_{name}",
+        cmd=[py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(preset.num_procs),
+             "-m", "longspec.train", *overrides],
+        env={"DS_ACCELERATOR": "cpu"} if preset.cpu else {},
+        outputs=[os.path.join(run_dir, "checkpoints", f"step_{stage.num_steps:08d}", "trainer_state.json")],
+        needs=[os.path.join(data_path, "manifest.json"), *([init_from] if init_from else [])],
+        fn=_clean_dir(run_dir),  # a half-finished run restarts from scratch (resume=never)
+    )  # fmt: skip
+    export = Step(
+        name=f"export_{name}",
+        cmd=[py, "-m", "longspec.export", run_dir, os.path.join(run_dir, "export"), "--overwrite"],
+        outputs=[os.path.join(run_dir, "export", "config.json")],
+        needs=[os.path.join(run_dir, "checkpoints")],
+    )
+    return [train, export]
+
+
+def _clean_dir(path: str) -> Callable[[], None]:
+    def clean() -> None:
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+
+    return clean
+
+
+def _unlink_partial(path: str) -> Callable[[], None]:
+    # stage3_regenerate appends to its output to resume; a step that reruns (e.g. after a preset change)
+    # must not mix old rows in.
+    def unlink() -> None:
+        if os.path.exists(path):
+            os.remove(path)
+
+    return unlink

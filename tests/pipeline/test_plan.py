@@ -1,0 +1,91 @@
+"""The pipeline's plan (longspec.pipeline.plan): the steps each preset runs and the overrides they pass."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from longspec.pipeline import PRESETS, Step, apply_overrides, plan
+
+
+def _cmd(step: Step) -> list[str]:
+    assert step.cmd is not None, step.name
+    return step.cmd
+
+
+def test_cpu_plan_chains_the_three_stages(tmp_path):
+    steps = plan(PRESETS["cpu"], str(tmp_path))
+    names = [s.name for s in steps]
+    assert names == [
+        "corpus", "data_stage1", "data_stage2", "stage3_prompts", "stage3_regenerate", "data_stage3",
+        "train_stage1", "export_stage1", "train_stage2", "export_stage2", "train_stage3", "export_stage3", "eval",
+    ]  # fmt: skip
+    by_name = {s.name: s for s in steps}
+    for index in (1, 2, 3):
+        train = _cmd(by_name[f"train_stage{index}"])
+        assert train[1:3] == ["-m", "torch.distributed.run"] and "longspec.train" in train
+        assert f"stage=tiny_stage{index}" in train
+        assert by_name[f"train_stage{index}"].env == {"DS_ACCELERATOR": "cpu"}
+        init = [a for a in train if a.startswith("init_from=")]
+        # each stage starts from the previous stage's export; stage 1 from scratch
+        assert init == ([] if index == 1 else [f"init_from={tmp_path}/runs/stage{index - 1}/export"])
+    assert "--keep-unfinished" in _cmd(by_name["data_stage3"])
+    assert f"drafter.path={tmp_path}/runs/stage3/export" in _cmd(by_name["eval"])
+    # the regenerated continuations are what stage 3 trains on
+    assert _cmd(by_name["data_stage3"])[_cmd(by_name["data_stage3"]).index("--source") + 1] == str(
+        tmp_path / "data" / "stage3_regenerated.jsonl"
+    )
+
+
+def test_plan_overrides_validate_against_the_train_and_eval_schemas(tmp_path):
+    """The Hydra overrides the plan writes compose into valid TrainConfig / EvalConfig objects."""
+    from longspec.eval.config import load_eval_config
+    from longspec.train.config import load_config
+
+    steps = {s.name: s for s in plan(PRESETS["cpu"], str(tmp_path))}
+    for index in (1, 2, 3):
+        os.makedirs(tmp_path / "runs" / f"stage{index}" / "export")
+    for index in (1, 2, 3):
+        train = _cmd(steps[f"train_stage{index}"])
+        cfg = load_config(train[train.index("longspec.train") + 1 :])
+        assert cfg.stage.name == f"tiny_stage{index}"
+        assert cfg.drafter.window == PRESETS["cpu"].window
+        assert cfg.stage.position_ids == ("anchor_offset" if index == 1 else "plain")
+        assert cfg.stage.flash_noisy
+        assert cfg.max_steps == getattr(PRESETS["cpu"], f"stage{index}").num_steps
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "heldout_lcc.jsonl").write_text("")
+    ev = _cmd(steps["eval"])
+    cfg = load_eval_config(ev[ev.index("longspec.eval") + 1 :])
+    assert cfg.methods == list(PRESETS["cpu"].evals[0].methods)
+    assert cfg.temperature == 0 and cfg.max_new_tokens == PRESETS["cpu"].eval_max_new_tokens
+
+
+def test_smollm2_plan_converts_the_gguf_and_evaluates_the_suite(tmp_path):
+    data = tmp_path / "data_in"
+    gguf = str(tmp_path / "model.gguf")
+    preset = apply_overrides(PRESETS["smollm2"], [f"target_gguf={gguf}"])
+    steps = {s.name: s for s in plan(preset, str(tmp_path / "out"), data=str(data))}
+    assert "corpus" not in steps and "stage3_prompts" not in steps  # prepared elsewhere and carried
+    convert = _cmd(steps["convert_target"])
+    assert convert[convert.index("longspec.convert_gguf") + 1] == gguf
+    target = convert[convert.index("longspec.convert_gguf") + 2]
+    assert f"--tokenizer {target}" in " ".join(_cmd(steps["data_stage1"]))  # its tokenizer comes with it
+    assert str(data / "corpus" / "long_docs.jsonl") in _cmd(steps["data_stage2"])
+    regenerate = _cmd(steps["stage3_regenerate"])
+    assert regenerate[regenerate.index("--template") + 1] == "chat"
+    assert regenerate[regenerate.index("--source") + 1] == str(data / "stage3_prompts.jsonl")
+    assert steps["train_stage1"].env == {}  # DeepSpeed on the GPU
+    for name in ("eval_t0_graphs", "eval_t1_graphs"):
+        cmd = _cmd(steps[name])
+        assert any(a.startswith("data.name=[") and "qmsum_8k.jsonl" in a for a in cmd)
+        assert "cuda_graphs=true" in cmd and not any(a.startswith("tree_widths=") for a in cmd)  # tree=auto
+    assert "temperature=1.0" in _cmd(steps["eval_t1_graphs"])
+    # the GPU runs the target's stage-3 responses while stage 1 trains, and tokenizes stage 3 while stage 2 trains
+    order = list(steps)
+    assert steps["stage3_regenerate"].background and steps["data_stage3"].background
+    assert order.index("stage3_regenerate") + 1 == order.index("train_stage1")
+    assert order.index("data_stage3") + 1 == order.index("train_stage2")
+    with pytest.raises(ValueError, match="--data"):
+        plan(preset, str(tmp_path / "out"))

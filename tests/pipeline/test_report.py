@@ -1,0 +1,50 @@
+"""The pipeline's report (longspec.pipeline.report): the results table, training summary and report files."""
+
+from __future__ import annotations
+
+import json
+
+from longspec.pipeline import PRESETS, eval_rows, plan, results_table, write_report
+
+
+def test_results_table_and_report(tmp_path):
+    preset = PRESETS["cpu"]
+    (tmp_path / "eval").mkdir()
+    summary = {
+        "heldout_lcc": {
+            "longspec": {"mean_accept_length": 2.5, "tokens_per_s": 30.0, "speedup": {"vanilla_hf": 1.5},
+                         "identical_to_greedy": 1.0, "mean_prompt_len": 1500, "num_samples": 3},
+            "vanilla_hf": {"mean_accept_length": 1.0, "tokens_per_s": 20.0, "speedup": {},
+                           "identical_to_greedy": 1.0, "mean_prompt_len": 1500, "num_samples": 3},
+        },
+        # every sample degenerate: the headline is empty, the table falls back to all samples, marked; longspec
+        # slower than plain decoding says why
+        "looping": {
+            "longspec": {"mean_accept_length": None, "tokens_per_s": None, "speedup": {}, "num_samples": 0,
+                         "num_degenerate": 2, "identical_to_greedy": 1.0,
+                         "all_samples": {"mean_accept_length": 1.1, "tokens_per_s": 18.0, "mean_prompt_len": 900,
+                                         "trees": {"ar": 45, "1": 5}}},
+            "vanilla_hf": {"mean_accept_length": None, "tokens_per_s": None, "speedup": {}, "num_samples": 0,
+                           "num_degenerate": 2, "identical_to_greedy": 1.0,
+                           "all_samples": {"mean_accept_length": 1.0, "tokens_per_s": 20.0, "mean_prompt_len": 900}},
+        },
+    }  # fmt: skip
+    (tmp_path / "eval" / "results.json").write_text(json.dumps({"summary": summary}))
+    rows = eval_rows(str(tmp_path), preset)
+    table = results_table(rows)
+    assert "| longspec | 3 | 2.50 | 30.0 | 1.50x | yes |" in table
+    assert "| longspec | 0 (+2 degenerate) | 1.10* | 18.0* | 0.90x* | yes |" in table
+    assert "eval / looping: longspec at 0.90x of vanilla_hf" in table and "in 90% of rounds" in table
+    run_dir = tmp_path / "runs" / "stage1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "loss": 9.0 - s, "ce": 5.0 - s, "acc": 0.1 * s, "tokens_seen": 100 * s})
+            + "\n"
+            for s in (1, 2)
+        )
+    )
+    text = write_report(str(tmp_path), preset, plan(preset, str(tmp_path)), {}, 12.0)
+    assert "| 1 | 2 | 200 | 4.000 | 3.000 | 20.0% |" in text
+    assert (tmp_path / "report.md").exists() and (tmp_path / "training_loss.png").exists()
+    assert json.loads((tmp_path / "e2e_summary.json").read_text())["eval"][0]["tau"] == 2.5
