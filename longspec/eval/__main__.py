@@ -55,7 +55,7 @@ def _build_drafter(cfg: EvalConfig, target, tokenizer):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.drafter.seed)
             config = DrafterConfig.from_target_config(
-                target.config, window=cfg.drafter.window, tokenizer=tokenizer
+                target.config, window=cfg.drafter.random_window, tokenizer=tokenizer
             )
             drafter = Drafter(config, target.embed_tokens, target.lm_head)
         return drafter.to(device=weight.device, dtype=weight.dtype).eval()

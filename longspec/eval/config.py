@@ -27,7 +27,9 @@ class DrafterEvalConfig(Schema):
 
     path: str | None = None  # directory written by Drafter.save_pretrained / longspec.export
     init: str = "pretrained"  # pretrained (load `path`) | random (no training: lossless still, τ ~ 1)
-    window: int = 512  # ring-buffer window of a random drafter (a loaded one keeps its own)
+    # ring-buffer window: a random drafter's (None: DEFAULT_RANDOM_WINDOW); a loaded drafter keeps the window it
+    # was trained with, so a value given with `path` must agree with it (it is an error, not silently ignored)
+    window: int | None = None
     seed: int = 0  # random init seed
 
     def validate(self) -> None:
@@ -35,7 +37,33 @@ class DrafterEvalConfig(Schema):
             self.init in ("pretrained", "random"),
             f"drafter.init must be pretrained or random, got {self.init!r}",
         )
-        check(self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
+        check(self.window is None or self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
+        if self.window is not None and self.init == "pretrained" and self.path:
+            trained = _saved_window(self.path)
+            check(
+                trained is None or trained == self.window,
+                f"drafter.window={self.window} but the drafter at {self.path} was trained with window {trained}: "
+                "drop drafter.window (a loaded drafter keeps its own)",
+            )
+
+    @property
+    def random_window(self) -> int:
+        return DEFAULT_RANDOM_WINDOW if self.window is None else self.window
+
+
+DEFAULT_RANDOM_WINDOW = 512
+
+
+def _saved_window(path: str) -> int | None:
+    """The window in an exported drafter's config.json (None when there is no readable one: loading reports it)."""
+    import json
+
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            window = json.load(f).get("window")
+    except (OSError, ValueError):
+        return None
+    return window if isinstance(window, int) else None
 
 
 @dataclass(kw_only=True)

@@ -123,3 +123,20 @@ def test_config_errors_come_before_the_target_loads(tmp_path, target_dir, capsys
     assert status == 2 and not load.called
     assert_one_line_error(err, pattern, exclusive=False)  # eval logs its progress to stderr too
     assert_only_changed(tmp_path, before)
+
+
+def test_a_window_that_contradicts_the_loaded_drafter_is_an_error(tmp_path, target_dir, capsys):
+    """drafter.window with drafter.path: the loaded drafter keeps the window it was trained with, so a different
+    value is a conflict, reported before the target loads (it used to be ignored without a word)."""
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(_row(0))
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({"window": 64}))
+    before = tree_checksums(tmp_path)
+    extra = ["drafter.init=pretrained", f"drafter.path={drafter}", "drafter.window=512", "method=[longspec]"]
+    with mock.patch("longspec.target.TargetModel.from_pretrained") as load:
+        status, err = run_in_process(main, _overrides(target_dir, data, tmp_path / "out", *extra), capsys)
+    assert status == 2 and not load.called
+    assert_one_line_error(err, r"drafter.window=512 but the drafter at .* was trained with window 64", exclusive=False)
+    assert_only_changed(tmp_path, before)
