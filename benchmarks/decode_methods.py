@@ -20,17 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import torch
 
 from longspec.infer.baselines import run_method
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.pipeline.code_target.presets import MODEL_PRESETS
 from longspec.provenance import run_info
 from longspec.testing import llama31_8b_config, random_target, smollm2_135m_config
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch"))
-from pretrain_target import MODEL_PRESETS  # noqa: E402  (launch/pretrain_target.py)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -3,18 +3,13 @@
 import json
 
 import pytest
-import torch
 
 from longspec.testing import save_tiny_target
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _one_thread():
-    """Tiny shapes: intra-op threads only add contention on the shared 2-core machines."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _one_thread(one_thread):
+    """Tiny shapes only: one intra-op thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")

@@ -26,9 +26,5 @@ def chi_square():
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _one_thread():
-    """Tiny shapes: intra-op threads only add contention on the shared 2-core machines (~10x slower)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _one_thread(one_thread):
+    """Tiny shapes only: one intra-op thread (tests/conftest.py)."""

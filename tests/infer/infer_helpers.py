@@ -1,8 +1,5 @@
 """Helpers shared by the inference tests (imported by name: tests/infer is on sys.path under pytest)."""
 
-import importlib.util
-import os
-
 import torch
 
 from longspec.drafter import Drafter, DrafterConfig
@@ -23,12 +20,3 @@ def random_drafter(target, window: int = WINDOW) -> Drafter:
     return Drafter(
         DrafterConfig.from_target_config(target.config, window=window), target.embed_tokens, target.lm_head
     )
-
-
-def load_benchmark(name: str):
-    """benchmarks/<name>.py as a module (the benchmarks are scripts, not a package)."""
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

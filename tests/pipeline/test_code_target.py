@@ -1,9 +1,8 @@
-"""The code target of issue 5: BPE tokenizer, pretraining recipe, and the shipped checkpoint."""
+"""The code target of issue 5 (longspec.pipeline.code_target): BPE tokenizer, pretraining recipe, and the shipped
+checkpoint."""
 
-import importlib.util
 import json
 import math
-import sys
 import sysconfig
 from pathlib import Path
 
@@ -14,22 +13,11 @@ from safetensors import safe_open
 
 from data_prep.stdlib_corpus import split_of
 from data_prep.train_tokenizer import SPECIAL_TOKENS, round_trip_failures, train_tokenizer
+from longspec.pipeline.code_target import data, evaluate, presets, trainer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "longspec" / "assets" / "code_target"
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
-
-
-def _load_recipe():
-    # launch/ holds scripts, not an installed package: load the module from its file.
-    spec = importlib.util.spec_from_file_location("pretrain_target", REPO / "launch" / "pretrain_target.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-recipe = _load_recipe()
 
 
 def _stdlib_texts(names):
@@ -62,7 +50,7 @@ def test_tokenizer_round_trip_and_specials(small_tokenizer, tmp_path):
     ]
     assert round_trip_failures(small_tokenizer, texts) == []
     small_tokenizer.save_pretrained(tmp_path / "tok")
-    reloaded = recipe.load_tokenizer(tmp_path / "tok")
+    reloaded = data.load_tokenizer(tmp_path / "tok")
     assert round_trip_failures(reloaded, texts) == []
     assert [reloaded.convert_ids_to_tokens(i) for i in range(4)] == SPECIAL_TOKENS
     assert (reloaded.bos_token, reloaded.eos_token, reloaded.pad_token, reloaded.unk_token) == tuple(
@@ -85,7 +73,7 @@ def test_tokenizer_rejects_bad_arguments(small_corpus):
 
 
 def test_token_cache_layout_and_staleness(small_corpus, small_tokenizer, tmp_path):
-    train_ids, heldout_ids = recipe.load_token_cache(tmp_path / "tok", small_tokenizer, small_corpus)
+    train_ids, heldout_ids = data.load_token_cache(tmp_path / "tok", small_tokenizer, small_corpus)
     assert train_ids.dtype == np.uint16
     bos, eos = small_tokenizer.bos_token_id, small_tokenizer.eos_token_id
     num_files = 2
@@ -94,12 +82,12 @@ def test_token_cache_layout_and_staleness(small_corpus, small_tokenizer, tmp_pat
     assert small_tokenizer.decode(first_doc.tolist()) == _stdlib_texts(["keyword.py"])[0]
     other = train_tokenizer(small_corpus / "train.jsonl", vocab_size=400)
     with pytest.raises(ValueError, match="another tokenizer"):
-        recipe.load_token_cache(tmp_path / "tok", other)
+        data.load_token_cache(tmp_path / "tok", other)
 
 
 def test_packed_stream_windows_are_shifted_slices():
     ids = torch.arange(1000)
-    stream = recipe.PackedStream(ids, seq_len=16, batch_size=5, generator=torch.Generator().manual_seed(0))
+    stream = data.PackedStream(ids, seq_len=16, batch_size=5, generator=torch.Generator().manual_seed(0))
     seen = set()
     for _ in range(stream.windows_per_epoch // 5):
         inputs, labels = stream.next_batch()
@@ -112,26 +100,26 @@ def test_packed_stream_windows_are_shifted_slices():
 
 
 def test_degeneracy_statistic():
-    assert recipe.degeneracy([7, 7, 7, 7]) == {"distinct_ratio": 0.25, "longest_run": 4}
-    assert recipe.degeneracy([1, 2, 2, 3, 2]) == {"distinct_ratio": 0.6, "longest_run": 2}
+    assert evaluate.degeneracy([7, 7, 7, 7]) == {"distinct_ratio": 0.25, "longest_run": 4}
+    assert evaluate.degeneracy([1, 2, 2, 3, 2]) == {"distinct_ratio": 0.6, "longest_run": 2}
 
 
 def test_recipe_loss_falls_and_checkpoint_round_trips(small_corpus, small_tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    train_ids, heldout_ids = recipe.load_token_cache(tmp_path / "tok", small_tokenizer, small_corpus)
-    cfg = recipe.PretrainConfig(
+    train_ids, heldout_ids = data.load_token_cache(tmp_path / "tok", small_tokenizer, small_corpus)
+    cfg = presets.PretrainConfig(
         tokenizer=tmp_path / "unused", tokens_dir=tmp_path / "tok", preset="smoke", seq_len=32, batch_size=4,
         lr=3e-2, warmup_steps=0, max_steps=3, log_every=1, eval_every=3, device="cpu",
         model_overrides=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1),
     )  # fmt: skip
-    model, summary = recipe.train(cfg, train_ids, heldout_ids, small_tokenizer)
+    model, summary = trainer.train(cfg, train_ids, heldout_ids, small_tokenizer)
     losses = [h["train_loss"] for h in summary["history"] if "train_loss" in h]
     assert len(losses) == 3 and losses[-1] < losses[0], losses
     assert summary["heldout"]["loss"] < math.log(len(small_tokenizer))  # better than uniform after 3 steps
     assert summary["steps"] == 3 and summary["num_parameters"] == sum(p.numel() for p in model.parameters())
 
-    weights = recipe.save_checkpoint(model, small_tokenizer, tmp_path / "ckpt", summary)
+    weights = trainer.save_checkpoint(model, small_tokenizer, tmp_path / "ckpt", summary)
     assert weights.is_file() and not (tmp_path / "ckpt.tmp").exists()
     reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt"), dtype=torch.float32)
     with safe_open(weights, framework="pt") as f:
@@ -144,35 +132,35 @@ def test_recipe_loss_falls_and_checkpoint_round_trips(small_corpus, small_tokeni
 
 
 def test_wall_clock_budget_stops_and_still_evaluates(small_corpus, small_tokenizer, tmp_path):
-    train_ids, heldout_ids = recipe.load_token_cache(tmp_path / "tok", small_tokenizer, small_corpus)
-    cfg = recipe.PretrainConfig(
+    train_ids, heldout_ids = data.load_token_cache(tmp_path / "tok", small_tokenizer, small_corpus)
+    cfg = presets.PretrainConfig(
         tokenizer=tmp_path / "unused", tokens_dir=tmp_path / "tok", preset="smoke", seq_len=32, batch_size=2,
         max_steps=10_000, max_minutes=1e-9, eval_every=10_000, device="cpu",
         model_overrides=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1),
     )  # fmt: skip
-    _, summary = recipe.train(cfg, train_ids, heldout_ids, small_tokenizer)
+    _, summary = trainer.train(cfg, train_ids, heldout_ids, small_tokenizer)
     assert summary["steps"] < 10_000 and summary["best_step"] == summary["steps"]
     assert math.isfinite(summary["heldout"]["loss"])
 
 
 def test_config_validation():
     with pytest.raises(ValueError, match="preset"):
-        recipe.PretrainConfig(tokenizer=Path("t"), tokens_dir=Path("d"), preset="huge")
+        presets.PretrainConfig(tokenizer=Path("t"), tokens_dir=Path("d"), preset="huge")
     with pytest.raises(ValueError, match="max_minutes"):
-        recipe.PretrainConfig(tokenizer=Path("t"), tokens_dir=Path("d"), max_minutes=0)
+        presets.PretrainConfig(tokenizer=Path("t"), tokens_dir=Path("d"), max_minutes=0)
 
 
 def test_presets_fit_their_budgets():
     from transformers import LlamaForCausalLM
 
-    tiny = recipe.build_model_config("tiny", 8192)
+    tiny = presets.build_model_config("tiny", 8192)
     # The shipped checkpoint travels back from the GPU machine: bf16 weights must stay under 16 MiB.
-    assert 2 * recipe.num_parameters(tiny) < 16 * 2**20
+    assert 2 * presets.num_parameters(tiny) < 16 * 2**20
     assert tiny.num_attention_heads // tiny.num_key_value_heads == 4 and not tiny.tie_word_embeddings
-    gpu = recipe.build_model_config("gpu100m", 8192)
-    assert 80e6 < recipe.num_parameters(gpu) < 120e6
+    gpu = presets.build_model_config("gpu100m", 8192)
+    assert 80e6 < presets.num_parameters(gpu) < 120e6
     with torch.device("meta"):
-        assert sum(p.numel() for p in LlamaForCausalLM(gpu).parameters()) == recipe.num_parameters(gpu)
+        assert sum(p.numel() for p in LlamaForCausalLM(gpu).parameters()) == presets.num_parameters(gpu)
 
 
 # ------------------------------------------------------------------------------------- the shipped checkpoint
@@ -197,7 +185,7 @@ def test_shipped_checkpoint_loads_and_continues_held_out_code():
     from transformers import AutoModelForCausalLM
 
     assert (SHIPPED / "model.safetensors").stat().st_size <= 16 * 2**20
-    tokenizer = recipe.load_tokenizer(SHIPPED)
+    tokenizer = data.load_tokenizer(SHIPPED)
     model = AutoModelForCausalLM.from_pretrained(str(SHIPPED), dtype=torch.float32)
     assert model.config.model_type == "llama" and model.config.vocab_size == len(tokenizer)
     ids = torch.tensor(tokenizer(_heldout_stdlib_text())["input_ids"][:384])
@@ -209,8 +197,8 @@ def test_shipped_checkpoint_loads_and_continues_held_out_code():
     loss = torch.nn.functional.cross_entropy(logits, ids[1:]).item()
     assert loss < 0.5 * math.log(len(tokenizer)), loss
 
-    continuation = recipe.greedy_continue(model, prefix, 48)
-    stats = recipe.degeneracy(continuation)
+    continuation = evaluate.greedy_continue(model, prefix, 48)
+    stats = evaluate.degeneracy(continuation)
     assert len(set(continuation)) > 1 and stats["longest_run"] < len(continuation) // 4, stats
     assert len(truth) == 128  # the prefix is followed by real held-out code (sanity of the slice)
 
@@ -223,8 +211,18 @@ def test_shipped_checkpoint_behind_the_target_adapter():
     target = target_mod.TargetModel.from_pretrained(SHIPPED, dtype=torch.float32)
     hf = AutoModelForCausalLM.from_pretrained(str(SHIPPED), dtype=torch.float32)
     assert (target.family, target.num_kv_heads, target.vocab_size) == ("llama", 2, 8192)
-    ids = torch.tensor(recipe.load_tokenizer(SHIPPED)(_heldout_stdlib_text()[:800])["input_ids"])[None]
+    ids = torch.tensor(data.load_tokenizer(SHIPPED)(_heldout_stdlib_text()[:800])["input_ids"])[None]
     out = target(ids)
     with torch.no_grad():
         ref = hf(input_ids=ids).logits
     torch.testing.assert_close(target.logits(out.hidden), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_cli_user_error_is_one_line(tmp_path, capsys):
+    from longspec.pipeline.code_target.__main__ import main
+
+    assert main(["--tokenizer", str(tmp_path / "no_tokenizer"), "--tokens-dir", str(tmp_path / "tok")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no tokenizer.json in") and err.count("\n") == 1, err
+    assert main(["--preset", "huge"]) == 2
+    assert "invalid choice" in capsys.readouterr().err

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,19 +17,16 @@ from longspec.testing import make_tiny_hf_model, make_tiny_target
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "train_throughput.py"
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("train_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def bench(load_benchmark):
+    return load_benchmark("train_throughput")
 
 
 def _linear_params(module: torch.nn.Module) -> int:
     return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
 
 
-def test_flop_model_counts_the_real_linear_layers():
-    bench = _bench()
+def test_flop_model_counts_the_real_linear_layers(bench):
     hf = make_tiny_hf_model("llama")
     cfg = hf.config
     tokens, H, D, L = 64, cfg.num_attention_heads, cfg.head_dim, cfg.num_hidden_layers

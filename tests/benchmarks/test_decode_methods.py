@@ -2,11 +2,10 @@ import json
 
 import pytest
 import torch
-from infer_helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
-def decode_methods():
+def decode_methods(load_benchmark):
     return load_benchmark("decode_methods")
 
 

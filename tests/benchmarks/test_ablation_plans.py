@@ -3,25 +3,18 @@ compose into valid training configs that differ only in the switch under study."
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
 
 from longspec.train.config import load_config
 
-ABLATIONS = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "ablations")
-
 
 class _Planned(Exception):
     """Raised in place of running the steps: the test only reads the plan."""
 
 
-def _plan_of(name: str, argv: list[str], monkeypatch) -> dict:
-    spec = importlib.util.spec_from_file_location(f"ablation_{name}", os.path.join(ABLATIONS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.syspath_prepend(ABLATIONS)  # the scripts import their sibling common.py
-    spec.loader.exec_module(module)
+def _plan_of(module, argv: list[str], monkeypatch) -> dict:
     planned = {}
 
     def capture(steps, out, **kwargs):
@@ -46,9 +39,13 @@ def corpus(tmp_path):
     return str(path)
 
 
-def test_anchor_offset_ablation_differs_only_in_stage1_positions(tmp_path, corpus, monkeypatch):
+def test_anchor_offset_ablation_differs_only_in_stage1_positions(
+    tmp_path, corpus, monkeypatch, load_benchmark
+):
     out = tmp_path / "out"
-    steps = _plan_of("anchor_offset", ["--out", str(out), "--corpus", corpus], monkeypatch)
+    steps = _plan_of(
+        load_benchmark("ablations/anchor_offset"), ["--out", str(out), "--corpus", corpus], monkeypatch
+    )
     assert "corpus" not in steps  # reused
     anchor, plain = _train_config(steps["train_stage1_anchor"]), _train_config(steps["train_stage1_plain"])
     assert (anchor.stage.position_ids, plain.stage.position_ids) == ("anchor_offset", "plain")
@@ -59,8 +56,12 @@ def test_anchor_offset_ablation_differs_only_in_stage1_positions(tmp_path, corpu
         assert stage2.stage.position_ids == "plain" and stage2.loss.distill_weight == 0.0  # the paper's loss
 
 
-def test_flash_noisy_ablation_differs_only_in_the_noisy_switch(tmp_path, corpus, monkeypatch):
-    steps = _plan_of("flash_noisy", ["--out", str(tmp_path / "out"), "--corpus", corpus], monkeypatch)
+def test_flash_noisy_ablation_differs_only_in_the_noisy_switch(tmp_path, corpus, monkeypatch, load_benchmark):
+    steps = _plan_of(
+        load_benchmark("ablations/flash_noisy"),
+        ["--out", str(tmp_path / "out"), "--corpus", corpus],
+        monkeypatch,
+    )
     noisy, lag0 = _train_config(steps["train_noisy"]), _train_config(steps["train_lag0"])
     assert (noisy.stage.flash_noisy, lag0.stage.flash_noisy) == (True, False)
     assert noisy.drafter == lag0.drafter and noisy.max_steps == lag0.max_steps

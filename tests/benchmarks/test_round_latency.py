@@ -1,11 +1,10 @@
 import json
 
 import pytest
-from infer_helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
-def round_latency():
+def round_latency(load_benchmark):
     return load_benchmark("round_latency")
 
 
