@@ -38,6 +38,7 @@ LAYERS: list[set[str]] = [
 # Importable from any layer; each may itself import only up to the layer given (-1: nothing of longspec).
 CROSS_CUTTING = {
     "longspec": -1,  # the package __init__
+    "longspec.atomic": -1,  # temp + fsync + rename writes: data manifests, checkpoints, eval results
     "longspec.cli": -1,
     "longspec.provenance": -1,
     "longspec.testing": 2,  # builds tiny random targets and drafters for tests and the demo

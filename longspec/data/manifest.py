@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from longspec.atomic import write_json_atomic
 from longspec.fingerprint import tokenizer_hash
 
 __all__ = [
@@ -22,33 +23,17 @@ __all__ = [
     "Manifest",
     "RowStats",
     "tokenizer_fingerprint",
-    "write_json_atomic",
-    "write_text_atomic",
+    "manifest_path",
 ]
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` via a temp file + fsync + rename: readers see the old file or the new one, never half."""
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON to `path` atomically (see write_text_atomic)."""
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+def manifest_path(directory: str | os.PathLike) -> str:
+    """Where a prepared dataset directory keeps its manifest (written last: its presence, complete, marks a
+    finished prep)."""
+    return os.path.join(os.fspath(directory), MANIFEST_NAME)
 
 
 def tokenizer_fingerprint(tokenizer) -> dict[str, Any]:
@@ -110,12 +95,12 @@ class Manifest:
         return sum(s["num_rows"] for s in self.shards)
 
     def save(self, directory: str | os.PathLike) -> None:
-        write_json_atomic(os.path.join(os.fspath(directory), MANIFEST_NAME), asdict(self))
+        write_json_atomic(manifest_path(directory), asdict(self))
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Manifest:
         directory = os.fspath(directory)
-        path = os.path.join(directory, MANIFEST_NAME)
+        path = manifest_path(directory)
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"{path} not found: {directory!r} is not a prepared dataset (run `python -m data_prep.stage1|stage2|"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from longspec.data.manifest import MANIFEST_NAME, Manifest
+from longspec.data.manifest import Manifest, manifest_path
 
 __all__ = ["ShardWriter", "ShardReader", "token_dtype_for", "prepare_output_dir"]
 
@@ -46,8 +46,8 @@ def prepare_output_dir(directory: str | os.PathLike, *, overwrite: bool) -> str:
     A finished prep (complete manifest) is kept unless `overwrite`; leftovers of an interrupted prep (shards,
     temp files, an incomplete manifest) are removed so the prep restarts from the beginning."""
     directory = os.fspath(directory)
-    manifest_path = os.path.join(directory, MANIFEST_NAME)
-    if os.path.isfile(manifest_path) and not overwrite:
+    manifest = manifest_path(directory)
+    if os.path.isfile(manifest) and not overwrite:
         try:
             Manifest.load(directory)
         except ValueError:
@@ -61,8 +61,8 @@ def prepare_output_dir(directory: str | os.PathLike, *, overwrite: bool) -> str:
             shutil.rmtree(path)
         else:
             os.remove(path)
-    if os.path.exists(manifest_path):
-        os.remove(manifest_path)
+    if os.path.exists(manifest):
+        os.remove(manifest)
     return directory
 
 

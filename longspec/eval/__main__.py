@@ -20,8 +20,8 @@ import time
 
 import torch
 
+from longspec.atomic import write_text_atomic
 from longspec.cli import UserError, run_cli
-from longspec.data.manifest import write_text_atomic
 from longspec.eval.config import EvalConfig, load_eval_config
 from longspec.eval.datasets import load_samples
 from longspec.eval.divergence import analyse_divergence

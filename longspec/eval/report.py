@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 
-from longspec.data.manifest import write_text_atomic
+from longspec.atomic import write_text_atomic
 from longspec.eval.quality import MIN_DISTINCT_RATIO, assess
 
 __all__ = [

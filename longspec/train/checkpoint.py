@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from longspec.data.manifest import write_json_atomic
+from longspec.atomic import write_json_atomic
 
 __all__ = ["CheckpointManager", "CheckpointError", "rng_state", "set_rng_state", "verify_checkpoint"]
 

@@ -1,0 +1,34 @@
+"""Atomic file writes: a temp file next to the target, fsync, rename. Readers (and a resumed run after a crash,
+even SIGKILL) see the old file or the new one, never a half-written one.
+
+Cross-cutting (tests/test_layers.py): data manifests, training checkpoints, eval results and reports all use it,
+and it imports nothing of longspec."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+__all__ = ["write_text_atomic", "write_json_atomic"]
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` via a temp file + fsync + rename: readers see the old file or the new one, never half."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON to `path` atomically (see write_text_atomic)."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
