@@ -24,8 +24,17 @@ import sys
 
 from longspec.cli import ArgumentParser, UserError, run_cli
 from longspec.drafter import CONFIG_NAME, WEIGHTS_NAME
+from longspec.train.checkpoint import checkpoints_root, drafter_dir, list_checkpoints, read_trainer_state
 
-__all__ = ["find_checkpoint", "export_drafter", "check_out_dir", "main"]
+__all__ = [
+    "EXPORT_FILES",
+    "default_out_dir",
+    "export_marker",
+    "find_checkpoint",
+    "export_drafter",
+    "check_out_dir",
+    "main",
+]
 
 _SHARED_PREFIXES = ("embed_tokens", "lm_head", "model.", "target.")
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -34,26 +43,34 @@ CARD_NAME = "README.md"
 EXPORT_FILES = frozenset((CONFIG_NAME, WEIGHTS_NAME, CARD_NAME))
 
 
+def default_out_dir(run_dir: str) -> str:
+    """RUN_DIR/export: the documented place for a run's export (the one OUT_DIR inside RUN_DIR that is allowed)."""
+    return os.path.join(run_dir, "export")
+
+
+def export_marker(out_dir: str) -> str:
+    """The file that shows OUT_DIR holds an export. OUT_DIR is swapped in whole by a rename, so any one of its
+    files proves all are there; the drafter config is the one `init_from` / `drafter.path` read first."""
+    return os.path.join(out_dir, CONFIG_NAME)
+
+
 def find_checkpoint(run_dir: str, step: int | None = None) -> str:
     """The checkpoint directory to export: RUN_DIR/checkpoints/step_N (latest complete one by default)."""
-    root = os.path.join(run_dir, "checkpoints")
+    root = checkpoints_root(run_dir)
     if not os.path.isdir(root):
         raise FileNotFoundError(
             f"{run_dir!r} has no checkpoints/ directory: is it a `python -m longspec.train` run?"
         )
-    steps = sorted(
-        int(m.group(1))
-        for name in os.listdir(root)
-        if (m := re.match(r"^step_(\d{8})$", name))
-        and os.path.isfile(os.path.join(root, name, "trainer_state.json"))
-    )
-    if not steps:
+    found = dict(list_checkpoints(run_dir))
+    if not found:
         raise FileNotFoundError(f"{root} holds no complete checkpoint yet")
     if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise FileNotFoundError(f"no complete checkpoint for step {step} in {root}; available: {steps}")
-    return os.path.join(root, f"step_{step:08d}")
+        step = max(found)
+    elif step not in found:
+        raise FileNotFoundError(
+            f"no complete checkpoint for step {step} in {root}; available: {sorted(found)}"
+        )
+    return found[step]
 
 
 def _model_card(config: dict, state: dict, num_params: int) -> str:
@@ -100,9 +117,9 @@ def check_out_dir(run_dir: str, out_dir: str, *, overwrite: bool) -> None:
     if _inside(run, out):
         raise UserError(
             f"OUT_DIR {out_dir!r} is the run directory {run_dir!r} or contains it; exporting there would delete "
-            f"the run: choose another OUT_DIR, e.g. {os.path.join(run_dir, 'export')!r}"
+            f"the run: choose another OUT_DIR, e.g. {default_out_dir(run_dir)!r}"
         )
-    if _inside(out, os.path.join(run, "checkpoints")):
+    if _inside(out, checkpoints_root(run)):
         raise UserError(f"OUT_DIR {out_dir!r} lies inside {run_dir!r}/checkpoints: choose another OUT_DIR")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UserError(f"OUT_DIR {out_dir!r} exists and is not a directory")
@@ -161,7 +178,7 @@ def export_drafter(
         raise UserError(f"--dtype {dtype!r} is not one of {list(_DTYPES)}")
     check_out_dir(run_dir, out_dir, overwrite=overwrite)
     checkpoint = find_checkpoint(run_dir, step)
-    source = os.path.join(checkpoint, "drafter")
+    source = drafter_dir(checkpoint)
     config_path, weights_path = os.path.join(source, CONFIG_NAME), os.path.join(source, WEIGHTS_NAME)
     if not (os.path.isfile(config_path) and os.path.isfile(weights_path)):
         raise FileNotFoundError(
@@ -170,8 +187,7 @@ def export_drafter(
     try:
         with open(config_path) as f:
             config = json.load(f)
-        with open(os.path.join(checkpoint, "trainer_state.json")) as f:
-            state = json.load(f)
+        state = read_trainer_state(checkpoint)
     except json.JSONDecodeError as e:
         raise UserError(f"{checkpoint}: unreadable JSON ({e}); the checkpoint is corrupt") from e
     if not config.get("target_fingerprint"):

@@ -22,6 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import BASE, TARGET, corpus_step, prep_step, read_metrics, trailing_mean, write_result  # noqa: E402
 
+from longspec.export import default_out_dir  # noqa: E402
 from longspec.pipeline import StagePlan, run_pipeline, stage_steps, target_overrides  # noqa: E402
 
 
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                              run_dir=os.path.join(runs, f"stage1_{variant}"))  # fmt: skip
         train2, _ = stage_steps(preset, f"stage2_from_{variant}", stage2, target_overrides=overrides, data_path=long,
                                 run_dir=os.path.join(runs, f"stage2_from_{variant}"),
-                                init_from=os.path.join(runs, f"stage1_{variant}", "export"))  # fmt: skip
+                                init_from=default_out_dir(os.path.join(runs, f"stage1_{variant}")))  # fmt: skip
         steps.append(train2)
     run_pipeline(steps, out)
 

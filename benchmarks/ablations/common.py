@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from longspec.data.manifest import manifest_path
 from longspec.pipeline import CODE_TARGET, PRESETS, Step
 from longspec.provenance import run_info
 
@@ -43,7 +44,7 @@ def prep_step(
         name=name,
         cmd=[sys.executable, "-m", f"data_prep.{module}", "--source", source, "--tokenizer", TARGET, "--out", out,
              "--seq-len", str(seq_len), "--max-rows", str(max_rows), "--overwrite", "--no-progress", *extra],
-        outputs=[os.path.join(out, "manifest.json")],
+        outputs=[manifest_path(out)],
     )  # fmt: skip
 
 

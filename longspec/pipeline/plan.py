@@ -11,7 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from data_prep.prefix_prompts import write_prefix_prompts
+from longspec.data.manifest import manifest_path
+from longspec.export import default_out_dir, export_marker
 from longspec.pipeline.presets import Preset, StagePlan
+from longspec.train.checkpoint import checkpoints_root, done_marker
 
 __all__ = ["Step", "plan", "stage_steps", "target_overrides"]
 
@@ -90,12 +93,12 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
            "--seq-len", str(preset.stage1.seq_len), *common]  # fmt: skip
     if preset.stage1_max_rows:
         cmd += ["--max-rows", str(preset.stage1_max_rows)]
-    steps.append(Step(name="data_stage1", cmd=cmd, outputs=[os.path.join(s1, "manifest.json")]))
+    steps.append(Step(name="data_stage1", cmd=cmd, outputs=[manifest_path(s1)]))
     cmd = [py, "-m", "data_prep.stage2", "--source", stage2_source, "--out", s2, "--seq-len",
            str(preset.stage2.seq_len), "--min-tokens", str(preset.stage2_min_tokens), *common]  # fmt: skip
     if preset.stage2_max_rows:
         cmd += ["--max-rows", str(preset.stage2_max_rows)]
-    steps.append(Step(name="data_stage2", cmd=cmd, outputs=[os.path.join(s2, "manifest.json")]))
+    steps.append(Step(name="data_stage2", cmd=cmd, outputs=[manifest_path(s2)]))
     if not (data and preset.stage3_prompts):
         steps.append(
             Step(
@@ -120,7 +123,7 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
         cmd=[py, "-m", "data_prep.stage3_sft", "--source", regenerated, "--out", s3,
              "--template", preset.stage3_template,
              "--max-len", str(preset.stage3.seq_len), "--keep-unfinished", *common],
-        outputs=[os.path.join(s3, "manifest.json")],
+        outputs=[manifest_path(s3)],
     )  # fmt: skip
 
     overrides = target_overrides(preset, target)
@@ -134,7 +137,7 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
             preset, f"stage{index}", stage, target_overrides=overrides, data_path=stage_data, run_dir=run_dir,
             init_from=previous_export,
         ))  # fmt: skip
-        previous_export = os.path.join(run_dir, "export")
+        previous_export = default_out_dir(run_dir)
     if preset.cpu:
         # Two cores: every step gets them all, one after another.
         steps += [regenerate, data_stage3, *training[0], *training[1], *training[2]]
@@ -153,7 +156,7 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
     else:
         data_overrides = [f"data.path={os.path.join(corpus, 'heldout_lcc.jsonl')}",
                           f"data.min_prompt_tokens={preset.eval_min_prompt_tokens}"]  # fmt: skip
-    exports = [os.path.join(out, "runs", f"stage{i}", "export") for i in (3, 2, 1)]
+    exports = [default_out_dir(os.path.join(out, "runs", f"stage{i}")) for i in (3, 2, 1)]
     for ev in preset.evals:
         eval_dir = os.path.join(out, f"eval_{ev.name}" if ev.name else "eval")
 
@@ -217,15 +220,15 @@ def stage_steps(
         cmd=[py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(preset.num_procs),
              "-m", "longspec.train", *overrides],
         env={"DS_ACCELERATOR": "cpu"} if preset.cpu else {},
-        outputs=[os.path.join(run_dir, "checkpoints", f"step_{stage.num_steps:08d}", "trainer_state.json")],
-        needs=[os.path.join(data_path, "manifest.json"), *([init_from] if init_from else [])],
+        outputs=[done_marker(run_dir, stage.num_steps)],
+        needs=[manifest_path(data_path), *([init_from] if init_from else [])],
         fn=_clean_dir(run_dir),  # a half-finished run restarts from scratch (resume=never)
     )  # fmt: skip
     export = Step(
         name=f"export_{name}",
-        cmd=[py, "-m", "longspec.export", run_dir, os.path.join(run_dir, "export"), "--overwrite"],
-        outputs=[os.path.join(run_dir, "export", "config.json")],
-        needs=[os.path.join(run_dir, "checkpoints")],
+        cmd=[py, "-m", "longspec.export", run_dir, default_out_dir(run_dir), "--overwrite"],
+        outputs=[export_marker(default_out_dir(run_dir))],
+        needs=[checkpoints_root(run_dir)],
     )
     return [train, export]
 

@@ -35,12 +35,73 @@ import torch.distributed as dist
 
 from longspec.atomic import write_json_atomic
 
-__all__ = ["CheckpointManager", "CheckpointError", "rng_state", "set_rng_state", "verify_checkpoint"]
+__all__ = [
+    "CheckpointManager",
+    "CheckpointError",
+    "checkpoints_root",
+    "checkpoint_dir",
+    "done_marker",
+    "drafter_dir",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "read_trainer_state",
+    "rng_state",
+    "set_rng_state",
+    "verify_checkpoint",
+]
 
 log = logging.getLogger("longspec.train")
+CHECKPOINTS_NAME = "checkpoints"
 STATE_NAME = "trainer_state.json"
 CHECKSUMS_NAME = "checksums.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+# ---- the layout: the one place that knows it (export, preflight and the pipeline call these) ----------------
+def checkpoints_root(run_dir: str) -> str:
+    """<run_dir>/checkpoints: every checkpoint of a run, and nothing else of it."""
+    return os.path.join(run_dir, CHECKPOINTS_NAME)
+
+
+def checkpoint_dir(run_dir: str, step: int) -> str:
+    """Where the checkpoint of optimizer step `step` lives (complete only once `done_marker` exists)."""
+    return os.path.join(checkpoints_root(run_dir), f"step_{step:08d}")
+
+
+def done_marker(run_dir: str, step: int) -> str:
+    """The file whose presence marks step `step`'s checkpoint complete: trainer_state.json, which is inside the temp
+    dir when that is renamed into place, so it exists only in a whole checkpoint."""
+    return os.path.join(checkpoint_dir(run_dir, step), STATE_NAME)
+
+
+def drafter_dir(checkpoint: str) -> str:
+    """The Drafter.save_pretrained directory inside a checkpoint dir (what `longspec.export` ships)."""
+    return os.path.join(checkpoint, "drafter")
+
+
+def list_checkpoints(run_dir: str) -> list[tuple[int, str]]:
+    """(step, path) of every complete checkpoint of `run_dir`, oldest first ([] when there is none)."""
+    root = checkpoints_root(run_dir)
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        match = _STEP_DIR.match(name)
+        if match and os.path.isfile(os.path.join(root, name, STATE_NAME)):
+            found.append((int(match.group(1)), os.path.join(root, name)))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str) -> str | None:
+    """The newest complete checkpoint dir of `run_dir`, or None."""
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def read_trainer_state(checkpoint: str) -> dict[str, Any]:
+    """The trainer state (step, tokens seen, target, data, stage, world size, ...) a checkpoint dir was saved with."""
+    with open(os.path.join(checkpoint, STATE_NAME)) as f:
+        return json.load(f)
 
 
 def rng_state() -> dict[str, Any]:
@@ -143,24 +204,13 @@ def verify_checkpoint(path: str) -> None:
 
 class CheckpointManager:
     def __init__(self, run_dir: str, *, keep_last: int, rank: int):
-        self.root = os.path.join(run_dir, "checkpoints")
+        self.run_dir = run_dir
+        self.root = checkpoints_root(run_dir)
         self.keep_last = keep_last
         self.rank = rank
 
-    def step_dirs(self) -> list[tuple[int, str]]:
-        """Complete checkpoints, oldest first."""
-        if not os.path.isdir(self.root):
-            return []
-        found = []
-        for name in os.listdir(self.root):
-            match = _STEP_DIR.match(name)
-            if match and os.path.isfile(os.path.join(self.root, name, STATE_NAME)):
-                found.append((int(match.group(1)), os.path.join(self.root, name)))
-        return sorted(found)
-
     def latest(self) -> str | None:
-        dirs = self.step_dirs()
-        return dirs[-1][1] if dirs else None
+        return latest_checkpoint(self.run_dir)
 
     def remove_partial(self) -> None:
         """Rank 0, at start-up: delete temp dirs left by a run killed while saving."""
@@ -172,14 +222,15 @@ class CheckpointManager:
 
     def save(self, step: int, engine, save_drafter, trainer_state: dict[str, Any]) -> str:
         """Collective: every rank calls it. `save_drafter(dir)` writes the drafter weights (rank 0 writes)."""
-        name = f"step_{step:08d}"
-        tmp, final = os.path.join(self.root, f".tmp-{name}"), os.path.join(self.root, name)
+        final = checkpoint_dir(self.run_dir, step)
+        name = os.path.basename(final)
+        tmp = os.path.join(self.root, f".tmp-{name}")
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(os.path.join(tmp, "rng"))
         _barrier()
         engine.save_checkpoint(tmp, tag="ds", save_latest=False, exclude_frozen_parameters=True)
-        save_drafter(os.path.join(tmp, "drafter"))
+        save_drafter(drafter_dir(tmp))
         with open(os.path.join(tmp, "rng", f"rank_{self.rank:05d}.json"), "w") as f:
             json.dump(rng_state(), f)
         _barrier()
@@ -198,7 +249,7 @@ class CheckpointManager:
         return final
 
     def _prune(self) -> None:
-        for _, path in self.step_dirs()[: -self.keep_last]:
+        for _, path in list_checkpoints(self.run_dir)[: -self.keep_last]:
             doomed = os.path.join(self.root, ".tmp-old-" + os.path.basename(path))
             os.rename(path, doomed)  # atomic: never a half-deleted step_* dir
             shutil.rmtree(doomed)
@@ -241,5 +292,4 @@ class CheckpointManager:
             )
         with open(rng_path) as f:
             set_rng_state(json.load(f))
-        with open(os.path.join(path, STATE_NAME)) as f:
-            return json.load(f)
+        return read_trainer_state(path)

@@ -12,6 +12,8 @@ import re
 import struct
 from typing import Any
 
+from longspec.drafter import WEIGHTS_NAME
+from longspec.train.checkpoint import read_trainer_state
 from longspec.train.config import TrainConfig
 
 __all__ = ["check_safetensors", "check_model_dir", "check_inputs", "resume_mismatches", "check_resume"]
@@ -50,9 +52,9 @@ def check_model_dir(directory: str, what: str) -> None:
     """Every safetensors file of a local model directory is whole."""
     for path in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
         check_safetensors(path)
-    if what == "init_from" and not os.path.isfile(os.path.join(directory, "model.safetensors")):
+    if what == "init_from" and not os.path.isfile(os.path.join(directory, WEIGHTS_NAME)):
         raise FileNotFoundError(
-            f"init_from={directory!r} has no model.safetensors; pass a drafter exported with "
+            f"init_from={directory!r} has no {WEIGHTS_NAME}; pass a drafter exported with "
             "`python -m longspec.export RUN_DIR OUT_DIR`"
         )
 
@@ -95,8 +97,7 @@ def resume_mismatches(state: dict[str, Any], cfg: TrainConfig) -> list[str]:
 def check_resume(checkpoint: str, cfg: TrainConfig, world_size: int) -> list[str]:
     """Refuse (ValueError, one line) to resume `checkpoint` with another world size, or with another target, data
     or stage unless resume.force; returns the forced differences (for a warning)."""
-    with open(os.path.join(checkpoint, "trainer_state.json")) as f:
-        state = json.load(f)
+    state = read_trainer_state(checkpoint)
     if state.get("world_size") != world_size:
         # Not forcible: the optimizer state is sharded per rank, DeepSpeed cannot re-split it.
         raise ValueError(
