@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
                 vocab=hf_config.vocab_size,
                 rank=dist_info.rank,
             )
-        except Exception as e:  # one device call: a failing case must not lose the others' numbers
+        except Exception as e:  # one GPU run: a failing case must not lose the others' numbers
             result = {
                 "case": name,
                 "rows": rows,

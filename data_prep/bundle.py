@@ -86,7 +86,7 @@ def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts
     return manifest
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--tokenizer", required=True)
@@ -96,15 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suite", type=Path, required=True, help="data_prep.instruct_suite output dir")
     p.add_argument("--stage1-tokens", type=int, default=10_000_000)
     args = p.parse_args(argv)
-    try:
-        manifest = build_bundle(corpus=args.corpus, tokenizer=load_tokenizer(args.tokenizer), out=args.out,
-                                long_docs=args.long_docs, prompts=args.prompts, suite=args.suite,
-                                stage1_tokens=args.stage1_tokens)  # fmt: skip
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    manifest = build_bundle(corpus=args.corpus, tokenizer=load_tokenizer(args.tokenizer), out=args.out,
+                            long_docs=args.long_docs, prompts=args.prompts, suite=args.suite,
+                            stage1_tokens=args.stage1_tokens)  # fmt: skip
     print(json.dumps({k: manifest[k] for k in ("corpus_tokens", "parts", "total_bytes")}))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from longspec.cli import run_cli  # one line on stderr and exit 2 for a user error, like every CLI here
+
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

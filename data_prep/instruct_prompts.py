@@ -68,7 +68,7 @@ def build_prompts(*, corpus: Path, tokenizer, out: Path, max_prompt_tokens: int 
             "mean_tokens": sum(lengths) / len(lengths)}  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", type=Path, required=True, help="registry corpus dir (its train.jsonl is read)")
     p.add_argument("--out", type=Path, required=True, help="output .jsonl of prompt rows")
@@ -77,20 +77,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-prompt-tokens", type=int, default=1024)
     p.add_argument("--num-prompts", type=int, default=256)
     args = p.parse_args(argv)
-    try:
-        tokenizer = load_tokenizer(args.tokenizer)
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
-                f"tokenizer {args.tokenizer!r} has no chat template: stage-3 prompts are chat turns"
-            )
-        summary = build_prompts(corpus=args.corpus, tokenizer=tokenizer, out=args.out,
-                                max_prompt_tokens=args.max_prompt_tokens, min_prompt_tokens=args.min_prompt_tokens,
-                                num_prompts=args.num_prompts)  # fmt: skip
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    tokenizer = load_tokenizer(args.tokenizer)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"tokenizer {args.tokenizer!r} has no chat template: stage-3 prompts are chat turns")
+    summary = build_prompts(corpus=args.corpus, tokenizer=tokenizer, out=args.out,
+                            max_prompt_tokens=args.max_prompt_tokens, min_prompt_tokens=args.min_prompt_tokens,
+                            num_prompts=args.num_prompts)  # fmt: skip
     print(json.dumps(summary))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from longspec.cli import run_cli  # one line on stderr and exit 2 for a user error, like every CLI here
+
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ def build_suite(*, corpus: Path, tokenizer, out: Path, buckets: list[int], per_b
     return manifest
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--corpus", type=Path, required=True, help="registry corpus dir (its heldout.jsonl is read)"
@@ -128,17 +128,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-bucket", type=int, default=4, help="rows per task and bucket")
     p.add_argument("--gen-room", type=int, default=512, help="tokens of each bucket left for generation")
     args = p.parse_args(argv)
-    try:
-        buckets = [int(b) for b in args.buckets.split(",") if b.strip()]
-        manifest = build_suite(corpus=args.corpus, tokenizer=load_tokenizer(args.tokenizer), out=args.out,
-                               buckets=buckets, per_bucket=args.per_bucket, gen_room=args.gen_room)  # fmt: skip
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    buckets = [int(b) for b in args.buckets.split(",") if b.strip()]
+    manifest = build_suite(corpus=args.corpus, tokenizer=load_tokenizer(args.tokenizer), out=args.out,
+                           buckets=buckets, per_bucket=args.per_bucket, gen_room=args.gen_room)  # fmt: skip
     print(json.dumps({name: info["rows"] for name, info in manifest["files"].items()}))
     for name, why in manifest["shortfalls"].items():
         print(f"warning: {name}: {why}", file=sys.stderr)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from longspec.cli import run_cli  # one line on stderr and exit 2 for a user error, like every CLI here
+
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def build_long_documents(*, corpus: Path, tokenizer, out: Path, max_tokens: int 
     return {"documents": written, "tokens": tokens_total}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", type=Path, required=True, help="registry corpus dir")
     p.add_argument("--tokenizer", required=True, help="the target's tokenizer dir")
@@ -109,15 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-docs", type=int, default=None)
     p.add_argument("--split", default="train", choices=("train", "heldout"))
     args = p.parse_args(argv)
-    try:
-        summary = build_long_documents(corpus=args.corpus, tokenizer=load_tokenizer(args.tokenizer), out=args.out,
-                                       max_tokens=args.max_tokens, min_tokens=args.min_tokens,
-                                       max_docs=args.max_docs, split=args.split)  # fmt: skip
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    summary = build_long_documents(corpus=args.corpus, tokenizer=load_tokenizer(args.tokenizer), out=args.out,
+                                   max_tokens=args.max_tokens, min_tokens=args.min_tokens,
+                                   max_docs=args.max_docs, split=args.split)  # fmt: skip
     print(json.dumps(summary))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from longspec.cli import run_cli  # one line on stderr and exit 2 for a user error, like every CLI here
+
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":
