@@ -219,7 +219,7 @@ class SpeculativeEngine:
             if policy is not None:
                 policy.observe_time(widths, context_len, time.perf_counter() - round_start)
                 layout_ranks = _level_ranks(widths, path_slots)
-                policy.observe(widths, layout_ranks)
+                policy.observe(widths, layout_ranks, context_len)
                 if widths:
                     drafter_synced = self.cache.length
             stats.record_round(len(new_tokens) - 1, tree_name(widths) if spec.needs_drafter else None)

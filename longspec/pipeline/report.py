@@ -84,14 +84,8 @@ def results_table(rows: list[dict]) -> str:
                   and o["method"] in TARGET_ONLY and o["tokens_per_s"] is not None]  # fmt: skip
         best = max(others, key=lambda o: o["tokens_per_s"], default=None)
         if best is not None and r["tokens_per_s"] < best["tokens_per_s"]:
-            plain = r["trees"].get("ar", 0) / max(sum(r["trees"].values()), 1)
             lines.append("")
-            lines.append(
-                f"{r['run']} / {r['dataset']}: longspec at {r['tokens_per_s'] / best['tokens_per_s']:.2f}x of "
-                f"{best['method']}: tree=auto judged speculation not worth its round cost here and decoded without "
-                f"it in {plain:.0%} of rounds; the rest: rounds it speculated to learn (exploration, a call's first rounds) "
-                "and run-to-run timing variation."
-            )
+            lines.append(f"{r['run']} / {r['dataset']}: {_why_slower(r, best)}")
     if any(r.get("degenerate_figures") for r in rows):
         lines.append("")
         lines.append(
@@ -99,6 +93,24 @@ def results_table(rows: list[dict]) -> str:
             "report.md, Output quality): figures over all samples, which measure the loop, not the drafter."
         )
     return "\n".join(lines)
+
+
+def _why_slower(r: dict, best: dict) -> str:
+    """One line on why longspec ran slower than the best target-only method in that cell."""
+    trees = r["trees"]
+    plain = trees.get("ar", 0) / max(sum(trees.values()), 1)
+    head = f"longspec at {r['tokens_per_s'] / best['tokens_per_s']:.2f}x of {best['method']}: "
+    if plain >= 0.5:
+        return head + (
+            f"tree=auto judged speculation not worth its round cost here and decoded without it in {plain:.0%} "
+            "of rounds; the rest: rounds it speculated to learn (exploration, a call's first rounds) and "
+            "run-to-run timing variation."
+        )
+    return head + (
+        f"speculation ran in {1 - plain:.0%} of rounds ({', '.join(sorted(trees))}) and τ {r['tau']:.2f} did not "
+        "pay for its rounds' cost (with tree=auto: acceptance learned on earlier samples carried over to samples "
+        "the drafter predicts worse, and a short sample ends before the estimate catches up)."
+    )
 
 
 def training_summary(out: str) -> list[dict]:

@@ -1,6 +1,8 @@
 """tree="auto": the adaptive policy with a stubbed cost model, its acceptance model, and the engine running it
 (lossless with the tree changing between rounds, eager and static shapes; the round's one host copy)."""
 
+import random
+
 import pytest
 import torch
 from infer_helpers import random_drafter, reference_greedy
@@ -137,7 +139,9 @@ def test_auto_greedy_equals_target_greedy_with_mixed_trees(family):
     for static in (False, True):
         result = engine.generate(prompt, GenerationConfig(max_new_tokens=24, static_shapes=static))
         assert result.tokens == ref, static
-        assert len(result.stats.trees) >= 4 and sum(result.stats.trees.values()) == result.stats.rounds
+        # several shapes (a plain streak is re-decided only every RECHECK_EVERY rounds, so fewer than before)
+        trees = result.stats.trees
+        assert len(trees) >= 3 and sum(trees.values()) == result.stats.rounds
 
 
 def test_auto_follows_the_drafter(tmp_path):
@@ -270,3 +274,60 @@ def test_what_a_call_learned_carries_to_the_next():
     second = engine.generate(prompt, GenerationConfig(max_new_tokens=40))
     assert first.tokens == second.tokens  # greedy: the trees chosen never change the output
     assert list(engine._policies.values()) == [policy]  # the same estimates, updated by the second call
+
+
+def _ranks(rng: random.Random, widths, accept_first: float) -> list[int]:
+    """A round's accepted ranks when each level's target token is the drafter's first choice with probability
+    `accept_first`, else ranks 1..3 with 0.1, else outside every tree (independent levels)."""
+    ranks = []
+    for width in widths:
+        u = rng.random()
+        rank = 0 if u < accept_first else rng.randint(1, 3) if u < accept_first + 0.1 else 99
+        if rank >= width:
+            break
+        ranks.append(rank)
+    return ranks
+
+
+def test_deep_levels_follow_the_level_above_not_a_fixed_prior():
+    """Depth 3 is never reached; its estimate comes from depth 2's, which comes from depth 1's observations."""
+    model = AcceptanceModel(5)
+    for _ in range(100):
+        model.observe((1, 1), [])  # depth 1: the first choice is never right
+    assert model.accept_prob(3, 1) < 0.05 < AcceptanceModel(5).accept_prob(3, 1)
+
+
+def test_a_tree_that_stops_paying_is_dropped_within_rounds():
+    """The GPU failure this guards against: after a text the drafter predicted well (the big tree pays), a text
+    where it does not: the realised yield (τ ~1.4 for a round costing 1.85 plain steps) must move the policy to
+    plain decoding within ~30 rounds, though the acceptance model's own estimate decays slower."""
+    rng = random.Random(0)
+    policy = AdaptivePolicy(
+        NodeCosts(per_node=0.005, draft=0.5)
+    )  # BIG costs ~1.85x a plain step, a chain 1.5x
+    for _ in range(100):
+        widths = policy.choose(4096)
+        policy.observe(widths, _ranks(rng, widths, 0.9), 4096)
+    assert policy.choose(4096) != ()
+    chosen = []
+    for _ in range(60):
+        widths = policy.choose(4096)
+        chosen.append(widths)
+        policy.observe(widths, _ranks(rng, widths, 0.2), 4096)
+    # plain from round ~30 on, but for explorations (and a round of re-trying after one that accepted)
+    assert sum(w == () for w in chosen[30:]) >= 0.9 * len(chosen[30:]), chosen
+
+
+def test_an_exploration_that_does_not_change_the_decision_backs_off():
+    """Explorations back off while plain decoding still wins after them, even when they accepted a draft."""
+    rng = random.Random(0)
+    policy = AdaptivePolicy(NodeCosts(draft=3.0), explore_every=4)  # any speculation costs 4+ plain steps
+    gaps, since = [], 0
+    for _ in range(600):
+        widths = policy.choose(1000)
+        since += 1
+        if widths:
+            gaps.append(since)
+            since = 0
+        policy.observe(widths, _ranks(rng, widths, 0.5), 1000)  # half the explorations accept a draft
+    assert policy.best(1000) == () and gaps[-3:] == [MAX_EXPLORE_EVERY] * 3

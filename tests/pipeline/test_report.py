@@ -29,12 +29,21 @@ def test_results_table_and_report(tmp_path):
                            "all_samples": {"mean_accept_length": 1.0, "tokens_per_s": 20.0, "mean_prompt_len": 900}},
         },
     }  # fmt: skip
+    # speculating in most rounds and still slower: says so, not "decoded without it"
+    summary["short"] = {
+        "longspec": {"mean_accept_length": 1.39, "tokens_per_s": 15.0, "num_samples": 1, "mean_prompt_len": 3500,
+                     "trees": {"4-16-16-16-16": 18}},
+        "vanilla_hf": {"mean_accept_length": 1.0, "tokens_per_s": 20.0, "num_samples": 1, "mean_prompt_len": 3500},
+    }  # fmt: skip
     (tmp_path / "eval" / "results.json").write_text(json.dumps({"summary": summary}))
     rows = eval_rows(str(tmp_path), preset)
     table = results_table(rows)
     assert "| longspec | 3 | 2.50 | 30.0 | 1.50x | yes |" in table
     assert "| longspec | 0 (+2 degenerate) | 1.10* | 18.0* | 0.90x* | yes |" in table
-    assert "eval / looping: longspec at 0.90x of vanilla_hf" in table and "in 90% of rounds" in table
+    assert (
+        "eval / looping: longspec at 0.90x of vanilla_hf" in table and "without it in 90% of rounds" in table
+    )
+    assert "eval / short: longspec at 0.75x of vanilla_hf: speculation ran in 100% of rounds" in table
     run_dir = tmp_path / "runs" / "stage1"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text(
