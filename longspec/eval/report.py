@@ -152,7 +152,7 @@ def report_markdown(results: dict) -> str:
         "",
         f"target `{cfg['target']['path']}` · device {results['device']} · {results['dtype']} · "
         f"temperature {cfg['temperature']} · max_new_tokens {cfg['max_new_tokens']} · started {results['started']}"
-        + (f" · commit {results['commit']}" if results.get('commit') else ""),
+        + (f" · commit {results['commit']}" if results.get("commit") else ""),
         "",
         f"τ = mean acceptance length (tokens per target forward); tokens/s exclude the prefill; speedup is vs "
         f"`{main_base}` measured in this run. Samples whose target output is degenerate are excluded (see "
@@ -285,15 +285,62 @@ def rescore(results_path: str, output_dir: str | None = None) -> dict:
     return results
 
 
+def outputs_markdown(methods: dict[str, dict[str, list[dict]]], decode, max_chars: int = 600) -> str:
+    """What the target wrote, per sample: its reference output (as `sample_quality` picks it) decoded with
+    `decode(ids) -> str`, cut at `max_chars`, with the quality guard's verdict. A τ is only worth quoting on
+    text like this; a loop shows at a glance."""
+    lines = ["# Target outputs", ""]
+    for dataset in sorted({d for per in methods.values() for d in per}):
+        for sample_id, q in sample_quality(methods, dataset).items():
+            record = next(r for r in methods[q["judged_on"]][dataset] if r["id"] == sample_id)
+            ratio = "–" if q["distinct_ratio"] is None else f"{q['distinct_ratio']:.2f}"
+            verdict = f"degenerate: {q['reason']}" if q["reason"] else "ok"
+            text = decode(record["output_ids"])
+            cut = text[:max_chars] + (" [...]" if len(text) > max_chars else "")
+            fence = "`" * 3
+            while fence in cut:  # a fence longer than any backtick run inside (code outputs have them)
+                fence += "`"
+            lines += [
+                f"## {dataset} / {sample_id}",
+                "",
+                f"{q['judged_on']}, {len(record['output_ids'])} tokens, distinct ratio {ratio}, {verdict}",
+                "",
+                fence + "text",
+                cut,
+                fence,
+                "",
+            ]
+    return "\n".join(lines)
+
+
 def _main(argv: list[str] | None) -> None:
     from longspec.cli import ArgumentParser
 
-    parser = ArgumentParser(description="Re-summarise an eval results.json (quality guard, report.md, plots).")
+    parser = ArgumentParser(
+        description="Re-summarise an eval results.json (quality guard, report.md, plots)."
+    )
     parser.add_argument("results", help="a results.json written by python -m longspec.eval")
     parser.add_argument("--out", default=None, help="directory for the rewritten files (default: beside it)")
+    parser.add_argument(
+        "--show-outputs",
+        metavar="TOKENIZER",
+        default=None,
+        help="also write outputs.md: the target's output per sample, decoded with this tokenizer (a model dir, "
+        "a .gguf file or pkg://PACKAGE/FILE.gguf)",
+    )
     args = parser.parse_args(argv)
-    rescore(args.results, args.out)
-    print(os.path.join(args.out or os.path.dirname(os.path.abspath(args.results)), "report.md"))
+    results = rescore(args.results, args.out)
+    out = args.out or os.path.dirname(os.path.abspath(args.results))
+    if args.show_outputs:
+        from longspec.target_source import load_tokenizer
+
+        tokenizer = load_tokenizer(args.show_outputs)
+        text = outputs_markdown(
+            results["methods"], lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+        )
+        write_text_atomic(os.path.join(out, "outputs.md"), text)
+        print(os.path.join(out, "outputs.md"))
+    print(os.path.join(out, "report.md"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ import math
 import random
 
 from longspec.eval.quality import MIN_DISTINCT_RATIO, assess, periodic_tail, repeated_share
-from longspec.eval.report import report_markdown, summarise
+from longspec.eval.report import outputs_markdown, report_markdown, summarise
 
 
 def _real(n, seed=0):
@@ -88,3 +88,19 @@ def test_without_a_target_only_method_each_output_is_judged():
     spec = summarise(methods, greedy=False)["d"]["longspec"]
     assert spec["num_degenerate"] == 1 and spec["quality"]["a"]["judged_on"] == "longspec"
     assert spec["mean_accept_length"] == 2.0
+
+
+def test_outputs_markdown_shows_the_reference_text_with_its_verdict():
+    good, bad = _real(64), [5] * 64
+    methods = {
+        "ar": {"d": [_record("ok", good, [0] * 64, 1.0), _record("loop", bad, [0] * 64, 1.0)]},
+        "longspec": {"d": [_record("ok", good, [1] * 32, 0.5), _record("loop", bad, [7] * 8, 0.1)]},
+    }
+    # a decoded text that holds a code fence: the block's own fence must be longer
+    text = outputs_markdown(
+        methods, lambda ids: "```x```" if ids == bad else " ".join(map(str, ids)), max_chars=20
+    )
+    assert "## d / ok\n\nar, 64 tokens, distinct ratio" in text and ", ok\n" in text
+    assert "## d / loop\n\nar, 64 tokens, distinct ratio 0.02, degenerate: low_distinct_ratio" in text
+    assert "````text\n```x```\n````" in text
+    assert " [...]" in text  # the real sample is cut at max_chars
