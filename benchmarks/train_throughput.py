@@ -56,10 +56,10 @@ def build_engine(
     import deepspeed
 
     from longspec.drafter import Drafter, DrafterConfig
+    from longspec.train.build import decay_groups
     from longspec.train.config import load_config
     from longspec.train.deepspeed_config import build_deepspeed_config
     from longspec.train.model import DraftingModel
-    from longspec.train.trainer import _decay_groups
 
     cfg = load_config(
         [
@@ -76,7 +76,7 @@ def build_engine(
         from transformers import AutoModelForCausalLM
 
         from longspec.target import TargetModel
-        from longspec.train.trainer import import_model_class
+        from longspec.train.build import import_model_class
 
         import_model_class(hf_config)
         # Sharded as the trainer does: the whole wrapper inside zero.Init, random init on the shards.
@@ -102,7 +102,7 @@ def build_engine(
         model = DraftingModel(target, drafter).to(device)
         drafter.to(dtype)
     engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=_decay_groups(model.drafter, cfg.optim.weight_decay), config=ds_config
+        model=model, model_parameters=decay_groups(model.drafter, cfg.optim.weight_decay), config=ds_config
     )
     if zero_stage == 3:
         model.replicate_head()

@@ -12,11 +12,19 @@ import re
 import struct
 from typing import Any
 
+from longspec.data.manifest import Manifest, tokenizer_fingerprint
 from longspec.drafter import WEIGHTS_NAME
 from longspec.train.checkpoint import read_trainer_state
 from longspec.train.config import TrainConfig
 
-__all__ = ["check_safetensors", "check_model_dir", "check_inputs", "resume_mismatches", "check_resume"]
+__all__ = [
+    "check_safetensors",
+    "check_model_dir",
+    "check_inputs",
+    "check_data",
+    "resume_mismatches",
+    "check_resume",
+]
 
 # A hub id: "name" or "org/name" (what transformers would try to download); anything else must be a directory.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -75,6 +83,28 @@ def check_inputs(cfg: TrainConfig) -> None:
         check_model_dir(cfg.init_from, "init_from")
     if os.path.exists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
         raise FileExistsError(f"output_dir={cfg.output_dir!r} exists and is not a directory")
+
+
+def check_data(manifest: Manifest, cfg: TrainConfig, tokenizer) -> None:
+    """The prepared data must fit the stage and come from the target's tokenizer."""
+    stage = cfg.stage
+    if manifest.packed and manifest.seq_len != stage.seq_len:
+        raise ValueError(
+            f"{cfg.data.path} holds packed rows of {manifest.seq_len} tokens but stage.seq_len is {stage.seq_len}; "
+            "re-run the prep with --seq-len or override stage.seq_len"
+        )
+    if not manifest.packed and manifest.seq_len > stage.seq_len:
+        raise ValueError(
+            f"{cfg.data.path} allows rows of up to {manifest.seq_len} tokens, more than stage.seq_len "
+            f"({stage.seq_len}); re-run the prep with --max-len {stage.seq_len} or raise stage.seq_len"
+        )
+    if cfg.data.check_tokenizer and tokenizer is not None:
+        expected = tokenizer_fingerprint(tokenizer)["sha256"]
+        if manifest.tokenizer.get("sha256") != expected:
+            raise ValueError(
+                f"{cfg.data.path} was tokenized with another tokenizer than the target's ({cfg.target.display}); "
+                "re-run the prep with --tokenizer pointing at the target (or set data.check_tokenizer=false)"
+            )
 
 
 def resume_mismatches(state: dict[str, Any], cfg: TrainConfig) -> list[str]:

@@ -1,4 +1,4 @@
-"""The training loop: build (target, drafter, data, DeepSpeed engine), then `Trainer.train()`.
+"""The training loop: build (target, drafter, data, DeepSpeed engine: build.py), then `Trainer.train()`.
 
 `train_step` reads top to bottom: fetch this rank's micro-batches -> all-reduce the number of valid tokens ->
 forward/backward per micro-batch (loss sum x world / global count, so gradients are the mean over ALL valid tokens
@@ -11,7 +11,6 @@ repeats an uninterrupted one exactly.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import resource
 import time
@@ -22,17 +21,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.optim.lr_scheduler import LambdaLR
 
 from longspec.cli import USER_ERRORS
-from longspec.config import TargetConfig
 from longspec.data.loader import IGNORE_INDEX, StepSampler
-from longspec.data.manifest import Manifest, tokenizer_fingerprint
 from longspec.data.shards import ShardReader
-from longspec.drafter import Drafter, DrafterConfig
 from longspec.positions import anchor_offset_position_ids
-from longspec.target import TargetModel
-from longspec.target_source import load_config, load_tokenizer
+from longspec.train.build import build_engine, build_model, load_target_tokenizer
 from longspec.train.checkpoint import CheckpointManager
 from longspec.train.config import TrainConfig
 from longspec.train.deepspeed_config import build_deepspeed_config, resolve_precision
@@ -45,80 +39,12 @@ from longspec.train.metrics import (
     setup_logging,
     truncate_metrics,
 )
-from longspec.train.model import DraftingModel
-from longspec.train.preflight import check_inputs, check_resume
+from longspec.train.preflight import check_data, check_inputs, check_resume
 from longspec.train.runlock import RunLock
 
-__all__ = ["Trainer", "cosine_with_warmup", "check_data"]
+__all__ = ["Trainer"]
 
 log = logging.getLogger("longspec.train")
-
-
-def cosine_with_warmup(total_steps: int, warmup_ratio: float, min_lr_ratio: float):
-    """LR multiplier for optimizer step s (0-based): linear warmup to 1, then cosine down to min_lr_ratio."""
-    warmup = math.ceil(warmup_ratio * total_steps)
-
-    def multiplier(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return multiplier
-
-
-def check_data(manifest: Manifest, cfg: TrainConfig, tokenizer) -> None:
-    """The prepared data must fit the stage and come from the target's tokenizer."""
-    stage = cfg.stage
-    if manifest.packed and manifest.seq_len != stage.seq_len:
-        raise ValueError(
-            f"{cfg.data.path} holds packed rows of {manifest.seq_len} tokens but stage.seq_len is {stage.seq_len}; "
-            "re-run the prep with --seq-len or override stage.seq_len"
-        )
-    if not manifest.packed and manifest.seq_len > stage.seq_len:
-        raise ValueError(
-            f"{cfg.data.path} allows rows of up to {manifest.seq_len} tokens, more than stage.seq_len "
-            f"({stage.seq_len}); re-run the prep with --max-len {stage.seq_len} or raise stage.seq_len"
-        )
-    if cfg.data.check_tokenizer and tokenizer is not None:
-        expected = tokenizer_fingerprint(tokenizer)["sha256"]
-        if manifest.tokenizer.get("sha256") != expected:
-            raise ValueError(
-                f"{cfg.data.path} was tokenized with another tokenizer than the target's ({cfg.target.display}); "
-                "re-run the prep with --tokenizer pointing at the target (or set data.check_tokenizer=false)"
-            )
-
-
-def _load_tokenizer(target: TargetConfig):
-    source = target.source()
-    try:
-        return load_tokenizer(source, trust_remote_code=target.trust_remote_code)
-    except (OSError, ValueError) as e:
-        if source.gguf_file:
-            raise  # a GGUF always carries its tokenizer: failing to read it is an error in the file
-        # A target directory without a tokenizer (e.g. random weights): no data/tokenizer check is possible.
-        log.warning("no tokenizer at %s (%s): the data's tokenizer cannot be checked", source, e)
-        return None
-
-
-def import_model_class(hf_config) -> None:
-    """Import the HF modeling module of `hf_config` (and torch._dynamo, which it pulls in lazily) now. Must happen
-    BEFORE deepspeed.zero.Init: zero.Init patches torch.Tensor construction, and importing under the patch fails
-    ("Signature mismatch ... tensor_pynew")."""
-    import torch._dynamo  # noqa: F401
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    if type(hf_config) in MODEL_FOR_CAUSAL_LM_MAPPING:
-        MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
-
-
-def _decay_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: decay on matrices, none on norm weights and biases (1-D tensors)."""
-    decay, no_decay = [], []
-    for param in module.parameters():
-        if param.requires_grad:
-            (decay if param.dim() >= 2 else no_decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 class Trainer:
@@ -154,7 +80,7 @@ class Trainer:
         self.precision = resolve_precision(cfg.deepspeed.precision)
         self.dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
 
-        self.tokenizer = _load_tokenizer(cfg.target)
+        self.tokenizer = load_target_tokenizer(cfg.target)
         self.reader = ShardReader(cfg.data.path)
         check_data(self.reader.manifest, cfg, self.tokenizer)
         self.pad_id = self._pad_id()
@@ -170,8 +96,15 @@ class Trainer:
             cfg.max_steps if cfg.max_steps > 0 else cfg.data.num_epochs * self.sampler.steps_per_epoch
         )
         self.ds_config = build_deepspeed_config(cfg, world_size=self.world_size)
-        self.model = self._build_model()
-        self.engine = self._build_engine()
+        self.model = build_model(
+            cfg,
+            self.ds_config,
+            dtype=self.dtype,
+            device=self.device,
+            rank=self.rank,
+            tokenizer=self.tokenizer,
+        )
+        self.engine = build_engine(self.model, cfg, self.ds_config, self.total_steps)
         if self.zero3:
             self.model.replicate_head()
 
@@ -238,109 +171,6 @@ class Trainer:
             return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         pad = self.reader.manifest.tokenizer.get("pad_token_id")
         return pad if pad is not None else self.reader.manifest.tokenizer["eos_token_id"]
-
-    def _build_model(self) -> DraftingModel:
-        import deepspeed
-
-        cfg = self.cfg
-        hf_ds_config = None
-        if self.zero3:
-            from transformers.integrations import HfDeepSpeedConfig
-
-            import_model_class(
-                load_config(cfg.target.source(), trust_remote_code=cfg.target.trust_remote_code)
-            )
-
-            # Makes transformers load the checkpoint shard by shard into ZeRO-3 partitions (never a full copy
-            # per rank); must stay referenced until the model is built.
-            hf_ds_config = HfDeepSpeedConfig(self.ds_config)
-        # Under ZeRO-3 the WHOLE wrapper (frozen target included) is built inside zero.Init, so every rank holds
-        # 1/world of the target and the parameter dtypes agree.
-        init_ctx = (
-            deepspeed.zero.Init(config_dict_or_path=self.ds_config, dtype=self.dtype)
-            if self.zero3
-            else nullcontext()
-        )
-        with init_ctx:
-            target = TargetModel.from_pretrained(
-                cfg.target.path,
-                gguf_file=cfg.target.gguf_file,
-                dtype=self.dtype,
-                device=None if self.zero3 else self.device,
-                trust_remote_code=cfg.target.trust_remote_code,
-            )
-        if self.tokenizer is not None:
-            target.check_tokenizer(self.tokenizer)
-        max_pos = getattr(target.config, "max_position_embeddings", None)
-        if (
-            cfg.stage.position_ids == "anchor_offset"
-            and max_pos is not None
-            and cfg.target.anchor_max_len > max_pos
-        ):
-            raise ValueError(
-                f"target.anchor_max_len ({cfg.target.anchor_max_len}) exceeds the target's context "
-                f"({max_pos} positions)"
-            )
-        source = None
-        if cfg.init_from is not None:
-            # Validates the target fingerprint (shapes, rope, tokenizer) before anything is trained.
-            source = Drafter.from_pretrained(cfg.init_from, target, self.tokenizer)
-            drafter_config = source.config
-            if drafter_config.window != cfg.drafter.window:
-                log.warning(
-                    "init_from drafter has window %d; using it (drafter.window=%d ignored)",
-                    drafter_config.window,
-                    cfg.drafter.window,
-                )
-        else:
-            drafter_config = DrafterConfig.from_target_config(
-                target.config, window=cfg.drafter.window, tokenizer=self.tokenizer
-            )
-        with init_ctx:
-            drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head)
-            model = DraftingModel(
-                target,
-                drafter,
-                distill_weight=cfg.loss.distill_weight,
-                distill_temperature=cfg.loss.distill_temperature,
-                loss_backend=cfg.loss.backend,
-                chunk_size=cfg.loss.chunk_size,
-            )
-        del hf_ds_config
-        self._init_drafter_weights(drafter, source)
-        if not self.zero3:
-            model.to(self.device)
-            drafter.to(self.dtype)
-        return model
-
-    def _init_drafter_weights(self, drafter: Drafter, source: Drafter | None) -> None:
-        """Seeded init (or the init_from weights), identical on every rank. Under ZeRO-3 the shards are gathered,
-        rank 0 writes, and DeepSpeed re-partitions its values on exit."""
-        import deepspeed
-
-        params = list(drafter.parameters())
-        ctx = deepspeed.zero.GatheredParameters(params, modifier_rank=0) if self.zero3 else nullcontext()
-        with ctx, torch.no_grad():
-            if self.rank == 0 or not self.zero3:
-                if source is not None:
-                    drafter.load_state_dict(source.state_dict())
-                else:
-                    with torch.random.fork_rng(devices=[]):
-                        torch.manual_seed(self.cfg.seed)
-                        drafter.reset_parameters()
-
-    def _build_engine(self):
-        import deepspeed
-
-        optim = self.cfg.optim
-        schedule = cosine_with_warmup(self.total_steps, optim.warmup_ratio, optim.min_lr_ratio)
-        engine, _, _, _ = deepspeed.initialize(
-            model=self.model,
-            model_parameters=_decay_groups(self.model.drafter, optim.weight_decay),
-            config=self.ds_config,
-            lr_scheduler=lambda optimizer: LambdaLR(optimizer, schedule),
-        )
-        return engine
 
     def _build_metrics(self) -> MetricsLogger:
         if self.rank != 0:

@@ -188,9 +188,9 @@ def test_a_round_copies_to_the_host_once(monkeypatch, temperature):
     generator = torch.Generator().manual_seed(0)
     root = engine.prefill(prompt, config, generator)
     engine.prefill_drafter(prompt)
-    from longspec.infer import engine as engine_module
+    from longspec.infer.timing import PhaseClock
 
-    clock = engine_module._PhaseClock(engine.device)
+    clock = PhaseClock(engine.device)
     engine._round("longspec", (2, 3), root, config, generator, static=True, clock=clock)  # builds the steps
     reads = []
     for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
@@ -236,7 +236,7 @@ def test_plain_rounds_skip_the_drafter_and_the_ring_catches_up():
     prompt = torch.randint(0, 256, (20,))
     emitted = torch.randint(0, 256, (11,)).tolist()
     engine.prefill_drafter(prompt)
-    engine._drafter_catch_up(emitted, prompt.numel(), prompt.numel(), prompt.numel() + 10)
+    engine.draft_step.catch_up(emitted, prompt.numel(), prompt.numel(), prompt.numel() + 10)
     caught_up = _ring_by_position(engine.drafter_cache)
     engine.prefill_drafter(torch.cat([prompt, torch.tensor(emitted[:10])]))
     reference = _ring_by_position(engine.drafter_cache)
@@ -268,12 +268,12 @@ def test_what_a_call_learned_carries_to_the_next():
     engine = SpeculativeEngine(target, random_drafter(target), costs=NodeCosts())
     prompt = torch.randint(0, 256, (30,))
     first = engine.generate(prompt, GenerationConfig(max_new_tokens=40))
-    (policy,) = engine._policies.values()
+    (policy,) = engine.policies.values()
     learned = policy.acceptance.hazard(1, 0)
     assert learned != AcceptanceModel(5).hazard(1, 0)  # no longer the prior
     second = engine.generate(prompt, GenerationConfig(max_new_tokens=40))
     assert first.tokens == second.tokens  # greedy: the trees chosen never change the output
-    assert list(engine._policies.values()) == [policy]  # the same estimates, updated by the second call
+    assert list(engine.policies.values()) == [policy]  # the same estimates, updated by the second call
 
 
 def _ranks(rng: random.Random, widths, accept_first: float) -> list[int]:

@@ -228,10 +228,10 @@ def _documented_flash_attn():
 
 @pytest.fixture
 def stand_in_flash_attn(monkeypatch):
-    import longspec.modules.attention as attention_module
+    import longspec.modules.attention_backends as backends
 
     monkeypatch.setitem(sys.modules, "flash_attn", _documented_flash_attn())
-    monkeypatch.setattr(attention_module, "_flash_attn_ok", lambda q: True)
+    monkeypatch.setattr(backends, "flash_attn_ok", lambda q: True)
 
 
 @pytest.mark.parametrize("causal, window", [(True, None), (True, 3), (False, None), (False, 2)])

@@ -16,11 +16,12 @@ from longspec.data.loader import IGNORE_INDEX
 from longspec.data.manifest import Manifest, tokenizer_fingerprint
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.testing import build_byte_tokenizer, make_tiny_target
+from longspec.train.build import cosine_with_warmup
 from longspec.train.checkpoint import CheckpointManager, rng_state, set_rng_state
 from longspec.train.config import load_config
 from longspec.train.metrics import truncate_metrics
 from longspec.train.model import DraftingModel
-from longspec.train.trainer import check_data, cosine_with_warmup
+from longspec.train.preflight import check_data
 
 
 def test_cosine_with_warmup():

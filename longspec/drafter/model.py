@@ -14,114 +14,30 @@ Only the block is a parameter of this module: the embedding and LM head are the 
 reference and never registered, so they are neither in `parameters()` / `state_dict()` nor copied.
 
 Because the block is a single layer, its self-attention K/V depend only on (token id, position): the drafter's
-own cache is a ring buffer of `window` slots (`DrafterCache`), O(window) memory at any context length.
+own cache is a ring buffer of `window` slots (`DrafterCache`, longspec/drafter/cache.py), O(window) memory at
+any context length.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
 
 import torch
 from torch import nn
 
+from longspec.drafter.cache import DrafterCache, DraftNodes
+from longspec.drafter.config import DrafterConfig
 from longspec.fingerprint import fingerprint_mismatches, target_fingerprint
 from longspec.modules.attention import attention, cache_attention, tree_attention, within_window
 from longspec.modules.layers import RMSNorm, SwiGLU
 from longspec.modules.noisy import flash_noisy_attention
 from longspec.modules.rope import RotaryEmbedding, apply_rotary, rope_config
 
-__all__ = ["DrafterConfig", "Drafter", "DrafterCache", "DraftNodes", "WEIGHTS_NAME", "CONFIG_NAME"]
+__all__ = ["Drafter", "WEIGHTS_NAME", "CONFIG_NAME"]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
-
-
-@dataclass(kw_only=True)
-class DrafterConfig:
-    """Shapes of the drafter block; everything but `window` mirrors the target (`from_target_config`)."""
-
-    hidden_size: int  # model width Dm (the target's: the drafter reads its embeddings and feeds its LM head)
-    num_heads: int  # query heads H
-    num_kv_heads: int  # key/value heads Hkv (must equal the target's: cross-attention reads its KV as is)
-    head_dim: int  # D
-    intermediate_size: int  # SwiGLU width F
-    vocab_size: int  # V of the shared embedding / LM head
-    rope_parameters: dict[str, Any]  # the target's standardised HF rope parameters (type, theta, scaling)
-    max_position_embeddings: int  # the target's context length (some rope types read it)
-    rms_norm_eps: float = 1e-6  # epsilon of the three RMSNorms
-    attention_bias: bool = False  # bias on the q/k/v projections (as the target: Qwen2 has it)
-    qk_norm: bool = False  # RMSNorm over the head dim on q and k before RoPE (as the target: Qwen3)
-    hidden_act: str = "silu"  # MLP activation; SwiGLU needs "silu"
-    window: int = 512  # self-attention sees the token + `window` previous tokens; ring-buffer slots
-    target_fingerprint: dict[str, Any] = field(default_factory=dict)  # see longspec.fingerprint
-
-    def __post_init__(self):
-        for name in (
-            "hidden_size",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "intermediate_size",
-            "vocab_size",
-            "max_position_embeddings",
-            "window",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"DrafterConfig.{name} must be a positive int, got {value!r}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if not self.rms_norm_eps > 0:
-            raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        if self.hidden_act != "silu":
-            raise ValueError(f"the drafter MLP is SwiGLU: hidden_act must be 'silu', got {self.hidden_act!r}")
-        if "rope_theta" not in self.rope_parameters:
-            raise ValueError(f"rope_parameters needs a rope_theta, got {self.rope_parameters!r}")
-
-    @classmethod
-    def from_target_config(cls, hf_config, *, window: int = 512, tokenizer=None) -> DrafterConfig:
-        """Derive the block's shapes from an HF target config (fingerprinted, with the tokenizer if given)."""
-        from longspec.target import _check_model_type
-
-        family = _check_model_type(hf_config)
-        head_dim = (
-            getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        )
-        return cls(
-            hidden_size=hf_config.hidden_size,
-            num_heads=hf_config.num_attention_heads,
-            num_kv_heads=hf_config.num_key_value_heads,
-            head_dim=head_dim,
-            intermediate_size=hf_config.intermediate_size,
-            vocab_size=hf_config.vocab_size,
-            rope_parameters=dict(hf_config.rope_parameters),
-            max_position_embeddings=hf_config.max_position_embeddings,
-            rms_norm_eps=hf_config.rms_norm_eps,
-            # Qwen2 configs have no `attention_bias`: its q/k/v projections always carry a bias.
-            attention_bias=family == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
-            qk_norm=family == "qwen3",
-            hidden_act=getattr(hf_config, "hidden_act", "silu"),
-            window=window,
-            target_fingerprint=target_fingerprint(hf_config, tokenizer),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DrafterConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown DrafterConfig fields {unknown} (a config.json from a newer longspec?)")
-        return cls(**data)
 
 
 class _SelfAttention(nn.Module):
@@ -409,76 +325,3 @@ class Drafter(nn.Module):
         drafter = cls(config, target.embed_tokens, target.lm_head)
         drafter.load_state_dict(load_file(weights_path), strict=True)
         return drafter.to(device=device, dtype=dtype)
-
-
-class DrafterCache:
-    """Ring buffer of the drafter's self-attention K/V: `window` slots per row, whatever the context length.
-
-    Slot s of row b holds the token at `positions[b, s]` (-1 = empty). `append` writes tokens in order, the
-    newest overwriting the oldest; a query at position t sees the slots with t - window <= position <= t."""
-
-    def __init__(
-        self,
-        config: DrafterConfig,
-        batch_size: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-    ):
-        W = config.window
-        self.window = W
-        shape = (batch_size, config.num_kv_heads, W, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [B,Hkv,W,D] post-RoPE
-        self.values = torch.zeros(shape, dtype=dtype, device=device)  # [B,Hkv,W,D]
-        self.positions = torch.full((batch_size, W), -1, dtype=torch.long, device=device)  # [B,W]
-        self.num_appended = torch.zeros(
-            batch_size, dtype=torch.long, device=device
-        )  # [B] tokens ever written
-
-    @property
-    def nbytes(self) -> int:
-        return sum(
-            t.numel() * t.element_size() for t in (self.keys, self.values, self.positions, self.num_appended)
-        )
-
-    def reset(self) -> None:
-        self.positions.fill_(-1)
-        self.num_appended.zero_()
-
-    def append(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
-        """k/v [B,Hkv,n,D], positions [B,n] (or [n]); entries with position < 0 are padding and skipped,
-        so rows may append different numbers of tokens. Only each row's last `window` tokens are kept."""
-        B, n = k.shape[0], k.shape[2]
-        if positions.dim() == 1:
-            positions = positions.expand(B, n)
-        positions = positions.to(self.positions.device)
-        valid = positions >= 0  # [B,n]
-        order = valid.long().cumsum(1) - 1  # index of each valid token among its row's new tokens
-        keep = valid & (order >= valid.sum(1, keepdim=True) - self.window)  # no two writes to one slot
-        rows, cols = keep.nonzero(as_tuple=True)
-        slots = (self.num_appended[rows] + order[rows, cols]) % self.window
-        # Advanced indexing on dims (0, 2) puts the index axis first: [N,Hkv,D] on both sides.
-        self.keys[rows, :, slots] = k[rows, :, cols].to(self.keys.dtype)
-        self.values[rows, :, slots] = v[rows, :, cols].to(self.values.dtype)
-        self.positions[rows, slots] = positions[rows, cols]
-        self.num_appended += valid.sum(1)
-
-    def visible_mask(self, query_positions: torch.Tensor) -> torch.Tensor:
-        """query_positions [B,Tq] -> bool [B,Tq,W]: slot visible iff filled and within the query's window."""
-        pos = self.positions[:, None, :]  # [B,1,W]
-        q = query_positions.to(pos.device)[:, :, None]  # [B,Tq,1]
-        return (pos >= 0) & (pos <= q) & within_window(q, pos, self.window)
-
-
-class DraftNodes:
-    """Self-attention K/V of the uncommitted draft tokens (a tree's nodes, or a chain) that a draft step sees
-    beside the ring buffer: `keys`/`values` [B,Hkv,N,D] in the ring's dtype, filled slot range by slot range by
-    `Drafter.tree_level`; `positions` [B,N] (or [N]) long: every node's position, known up front (the root's
-    position + the node's depth in a tree), possibly computed from a device tensor (no host value read)."""
-
-    def __init__(self, cache: DrafterCache, positions: torch.Tensor):
-        B, Hkv, _, D = cache.keys.shape
-        if positions.dim() == 1:
-            positions = positions.expand(B, -1)
-        self.positions = positions
-        self.keys = cache.keys.new_zeros(B, Hkv, positions.shape[1], D)
-        self.values = torch.zeros_like(self.keys)

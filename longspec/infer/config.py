@@ -1,0 +1,90 @@
+"""How to decode: `GenerationConfig`, the settings of one `SpeculativeEngine.generate` (or `run_method`) call,
+checked when built; the eval checks its own settings by building one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from longspec.infer.policy import AUTO_TREES
+from longspec.infer.tree import TreeLayout
+
+__all__ = ["GenerationConfig", "DEFAULT_TREE_WIDTHS", "SAMPLING_RULES"]
+
+SAMPLING_RULES = ("rrs", "deterministic")
+DEFAULT_TREE_WIDTHS = (4, 16, 16, 16, 16)  # ALGORITHM §4.1's dynamic beam, the largest tree="auto" candidate
+
+
+@dataclass(kw_only=True)
+class GenerationConfig:
+    """How to decode. Sampling settings shape the TARGET distribution only; output stays lossless."""
+
+    max_new_tokens: int = 256  # tokens to generate, the prefill's first token included
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int | None = None  # keep the k most likely target tokens (T > 0)
+    top_p: float | None = None  # nucleus truncation of the target distribution (T > 0)
+    eos_token_ids: tuple[int, ...] = ()  # stop after emitting any of these
+    # longspec's tree: "auto" (adaptive per round, longspec.infer.policy) or fixed level widths; a fixed
+    # `tree_widths` given by the user wins over `tree`. At T > 0 every tree samples the target's distribution
+    # exactly, but with "auto" the trees chosen depend on measured round times (and on what earlier calls
+    # learned), so a seed does not pin the sample: fix the tree for reproducible sampling.
+    tree: str | tuple[int, ...] = "auto"
+    tree_widths: tuple[int, ...] | None = None
+    # T > 0: "rrs" = children sampled from the drafter's q, recursive rejection sampling; "deterministic" = the
+    # drafter's top candidates, accepted by p alone (both lossless; longspec.infer.accept.sample_path).
+    sampling_rule: str = "rrs"
+    pld_num_draft: int = 10  # PLD: tokens proposed per round
+    pld_max_ngram: int = 3  # PLD: longest n-gram matched against the context
+    prefill_chunk: int = 4096  # target prefill tokens per forward
+    seed: int = 0  # sampling RNG seed (T > 0)
+    static_shapes: bool = False  # rounds read the cache length from the device (what a CUDA graph replays)
+    cuda_graphs: bool = (
+        False  # capture each round's draft and target forward in CUDA graphs (implies static_shapes)
+    )
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.prefill_chunk < 1 or self.pld_num_draft < 1 or self.pld_max_ngram < 1:
+            raise ValueError("prefill_chunk, pld_num_draft and pld_max_ngram must be >= 1")
+        self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
+        if self.tree_widths is not None:
+            self.tree_widths = tuple(int(w) for w in self.tree_widths)
+            TreeLayout(self.tree_widths)  # validates the widths
+        if isinstance(self.tree, str):
+            if self.tree != "auto":
+                raise ValueError(f"tree must be 'auto' or a list of level widths, got {self.tree!r}")
+        else:
+            self.tree = tuple(int(w) for w in self.tree)
+            TreeLayout(self.tree)
+        if self.sampling_rule not in SAMPLING_RULES:
+            raise ValueError(f"sampling_rule must be one of {SAMPLING_RULES}, got {self.sampling_rule!r}")
+
+    @property
+    def fixed_tree(self) -> tuple[int, ...] | None:
+        """The user's fixed widths (tree_widths, else a tuple `tree`), or None for tree="auto"."""
+        if self.tree_widths is not None:
+            return self.tree_widths
+        return None if self.tree == "auto" else self.tree
+
+    @property
+    def trees(self) -> tuple[tuple[int, ...], ...]:
+        """Every tree a longspec round may run."""
+        fixed = self.fixed_tree
+        return (fixed,) if fixed is not None else AUTO_TREES
+
+    @property
+    def max_round_nodes(self) -> int:
+        """The most tokens one round of any method verifies (sizes the cache's slack)."""
+        return max(1 + max(sum(t) for t in self.trees), 1 + self.pld_num_draft)
+
+    @property
+    def rrs(self) -> bool:
+        """Whether longspec's trees are sampled from the drafter's q (T > 0 with the "rrs" rule)."""
+        return self.temperature > 0 and self.sampling_rule == "rrs"

@@ -1,0 +1,96 @@
+"""tree="auto" on an engine: which policy a call runs (longspec.infer.policy), and the seconds of one real round
+per candidate tree and context bucket, measured on this device before any timed decode.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from longspec.infer.config import GenerationConfig
+from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts, context_bucket
+from longspec.infer.timing import PhaseClock
+
+if TYPE_CHECKING:  # the engine calls in here; it is passed in, never imported at run time
+    from longspec.infer.engine import SpeculativeEngine
+
+__all__ = ["choose_policy", "measure_round_costs"]
+
+
+def choose_policy(
+    engine: SpeculativeEngine, config: GenerationConfig, prompt_len: int
+) -> FixedPolicy | AdaptivePolicy:
+    """The call's tree policy: the user's fixed tree, or the engine's adaptive policy for this decoding mode
+    (kept across calls in `engine.policies`), after measuring round costs the engine does not have yet."""
+    fixed = config.fixed_tree
+    if fixed is not None:
+        return FixedPolicy(fixed)
+    if engine.costs is None or isinstance(engine.costs, MeasuredCosts):
+        measure_round_costs(engine, config, [prompt_len, prompt_len + config.max_new_tokens])
+    key = (
+        tuple(config.trees),
+        config.temperature > 0,
+        config.sampling_rule,
+        config.cuda_graphs,
+        id(engine.costs),
+    )
+    if key not in engine.policies:
+        # Measured costs are refined by the rounds' observed times; an injected cost model is taken as given.
+        measured = isinstance(engine.costs, MeasuredCosts)
+        engine.policies[key] = AdaptivePolicy(engine.costs, config.trees, learn_times=measured)
+    policy = engine.policies[key]
+    policy.start()
+    return policy
+
+
+@torch.no_grad()
+def measure_round_costs(
+    engine: SpeculativeEngine, config: GenerationConfig, context_lens, *, reps: int = 8
+) -> MeasuredCosts:
+    """Measure, on the engine's device, the seconds of one real round (`engine._round`: draft + verify + accept +
+    commit, on the static / captured path when the config asks for it) of every tree="auto" candidate, per
+    context bucket between min(context_lens) and max(context_lens). The cache's content is whatever it holds (a
+    round's cost does not depend on it); its length is set to the bucket (within the reserved size). Only
+    missing buckets are measured; the cache and ring buffer are reset after. First use of a shape captures its
+    graphs here, outside any timed decode. Returns the table, kept as `engine.costs`."""
+    if engine.drafter is None:
+        raise ValueError("measuring longspec round costs needs a drafter")
+    static = config.static_shapes or config.cuda_graphs
+    mode = (config.temperature > 0, config.sampling_rule, static, config.cuda_graphs)
+    if not isinstance(engine.costs, MeasuredCosts) or engine.costs.mode != mode:
+        engine.costs = MeasuredCosts(mode=mode)
+    costs = engine.costs
+    low, high = context_bucket(min(context_lens)), context_bucket(max(context_lens))
+    buckets = [1 << e for e in range(low.bit_length() - 1, high.bit_length())]
+    missing = costs.missing(config.trees, buckets)
+    if not missing:
+        return costs
+    engine.reserve(max(context_lens) + config.max_round_nodes + 1)
+    generator = torch.Generator(device=engine.device).manual_seed(0)
+    root = torch.zeros((), dtype=torch.long, device=engine.device)
+    clock = PhaseClock(engine.device)
+    engine.drafter_cache.reset()
+    for bucket in missing:
+        length = max(1, min(bucket, engine.cache.max_len - config.max_round_nodes - 1))
+        times: dict[tuple[int, ...], list[float]] = {w: [] for w in config.trees}
+        # Candidates interleaved rep by rep (a slow moment hits them all), each round timed on its own (it
+        # ends with its host copy), the median kept; the first rep is untimed: lazy init, autotuning,
+        # graph capture.
+        for rep in range(reps + 1):
+            for widths in config.trees:
+                engine.cache.length = length
+                start = time.perf_counter()
+                engine._round(
+                    "longspec", widths, root, config, generator, static=static, clock=clock,
+                    commit_drafter=bool(widths),
+                )  # fmt: skip
+                if rep:
+                    times[widths].append(time.perf_counter() - start)
+        for widths, seconds in times.items():
+            costs.seconds[(bucket, widths)] = statistics.median(seconds)
+    engine.cache.reset()
+    engine.drafter_cache.reset()
+    return costs

@@ -1,0 +1,133 @@
+"""The fast attention backends behind `longspec.modules.attention`: whether each can run a call (`*_ok`), and an
+adapter per backend that calls it in our [B, H, T, D] layout and returns our (out, lse) contract (fully masked rows:
+out 0, lse -inf). Which backend runs a call is `attention.py`'s decision; nothing here picks or falls back.
+
+Shape legend: B batch, H query heads, Hkv key/value heads (H % Hkv == 0, GQA), Tq queries, Tk keys, D head dim,
+Tmax static-cache slots. Layout is [B, H, T, D] everywhere; lse is [B, H, Tq] in float32, natural log.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from longspec.kernels import triton_runs_on
+from longspec.modules.attention_math import needs_grad
+
+__all__ = [
+    "HAS_FLASH_ATTN",
+    "flash_attn_ok",
+    "torch_flash_ok",
+    "triton_ok",
+    "triton_auto",
+    "flash_attn_call",
+    "flash_attn_cache",
+    "torch_flash_call",
+    "triton_masked",
+    "triton_cache",
+]
+
+HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
+HALF = (torch.float16, torch.bfloat16)
+
+
+def flash_attn_ok(q: torch.Tensor) -> bool:
+    return HAS_FLASH_ATTN and q.is_cuda and q.dtype in HALF
+
+
+def torch_flash_ok(q: torch.Tensor) -> bool:
+    d = q.shape[-1]
+    return q.is_cuda and q.dtype in HALF and d <= 256 and d % 8 == 0
+
+
+def triton_ok(q: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    return triton_runs_on(q.device) and not needs_grad(q, *tensors)
+
+
+def triton_auto(q: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """What "auto" sends to Triton: fp16/bf16 on CUDA. float32 goes to the exact math path (the kernels run
+    float32 too when asked explicitly, with IEEE products, but are tuned for half precision)."""
+    return q.is_cuda and q.dtype in HALF and triton_ok(q, *tensors)
+
+
+def flash_attn_call(q, k, v, *, causal: bool, window: int | None, scale: float):
+    """flash_attn_func in its [B, T, H, D] layout; GQA and bottom-right causal are native."""
+    from flash_attn import flash_attn_func
+
+    # Our window counts keys back from the query (t - j <= window); flash-attn's (left, right) does the same,
+    # with -1 meaning unbounded. Without causal the keys after the query stay visible.
+    window_size = (-1 if window is None else window, 0 if causal else -1)
+    out, lse, _ = flash_attn_func(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        softmax_scale=scale,
+        causal=causal,
+        window_size=window_size,
+        return_attn_probs=True,
+    )
+    return out.transpose(1, 2), _flash_lse(lse)
+
+
+def _flash_lse(lse: torch.Tensor) -> torch.Tensor:
+    """flash-attn's LSE is [B, H, Tq] float32 with +inf for rows that see no key (so its backward gets zero
+    probabilities); our contract says -inf there."""
+    return lse.masked_fill(torch.isposinf(lse), float("-inf"))
+
+
+def flash_attn_cache(q, k_cache, v_cache, cache_len, *, scale: float):
+    """flash_attn_with_kvcache: per-batch lengths stay on the device, so this is CUDA-graph safe."""
+    from flash_attn import flash_attn_with_kvcache
+
+    B = q.shape[0]
+    if isinstance(cache_len, torch.Tensor):
+        seqlens = cache_len.to(device=q.device, dtype=torch.int32).expand(B).contiguous()
+    else:
+        seqlens = int(cache_len)
+    out, lse = flash_attn_with_kvcache(
+        q.transpose(1, 2),
+        k_cache.transpose(1, 2),
+        v_cache.transpose(1, 2),
+        cache_seqlens=seqlens,
+        softmax_scale=scale,
+        causal=False,
+        return_softmax_lse=True,
+    )
+    return out.transpose(1, 2), _flash_lse(lse)
+
+
+def torch_flash_call(q, k, v, *, causal: bool, scale: float):
+    """aten._scaled_dot_product_flash_attention with equal head counts (GQA folded or repeated)."""
+    B, H, Tq, D = q.shape
+    Hkv = k.shape[1]
+    group = H // Hkv
+    if k.shape[2] == 0:  # empty key set: the kernel rejects it, the answer is known
+        return q.new_zeros(q.shape), q.new_full((B, H, Tq), float("-inf"), dtype=torch.float32)
+    if group > 1 and not causal:
+        # Every query sees the same keys, so the group's queries can share one kv head: [B, Hkv, G*Tq, D].
+        qf = q.reshape(B, Hkv, group * Tq, D)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+            qf, k, v, 0.0, False, False, scale=scale
+        )[:2]
+        return out.reshape(B, H, Tq, D), lse.reshape(B, H, Tq)
+    if group > 1:
+        # Causal masks differ per query position, so folding would break alignment: repeat K/V instead.
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[
+        :2
+    ]
+    return out, lse
+
+
+def triton_masked(q, k, v, mask, *, scale: float):
+    from longspec.kernels.fused_mask_attn.triton import fused_mask_attn
+
+    return fused_mask_attn(q, k, v, mask, scale)
+
+
+def triton_cache(q, k_cache, v_cache, cache_len, *, scale: float, merge_with=None):
+    from longspec.kernels.split_kv_attn.triton import split_kv_attn
+
+    return split_kv_attn(q, k_cache, v_cache, cache_len, scale, merge_with=merge_with)
