@@ -1,6 +1,7 @@
 """One layer of tree-verify attention at Llama-3.1-8B shapes: our hybrid path vs the alternatives vs the floors.
 
     PYTHONPATH=. python benchmarks/verify_attention.py [--contexts 8192 32768 131072] [--tree 74] [--sweep]
+    PYTHONPATH=. python benchmarks/verify_attention.py --batch 8 --ragged [--contexts 8192 32768]
 
 Per context it checks every variant against a float32 reference, then times (CUDA events, L2 flushed before
 each run, median of --iters CUDA-graph replays after --warmup; the hybrid is also timed without a graph):
@@ -13,6 +14,11 @@ each run, median of --iters CUDA-graph replays after --warmup; the hybrid is als
   measured bf16 matmul ceiling of the H200). With ~300 query rows per kv head this shape does ~300
   FLOP per byte of K/V, above the H200's ridge point, so the compute floor is the larger one.
 --sweep also times the split-KV cache part over launch configurations (the default comes from this).
+--batch N --ragged times instead a batch of N sequences with different cache lengths (spread over
+[context/4, context], the longest = context; the cache is allocated for the longest) and one tree per sequence:
+one ragged launch (`hybrid_attention` with lengths [N] and masks [N, T, T] on the device) vs N separate
+batch-of-one calls, both replayed from CUDA graphs, with the batch's KV-read floor. The batch is checked row by
+row against a float32 reference first (`check_ragged`, which the CPU tests run at tiny shapes).
 Prints a markdown table last; writes JSON to $OUT/verify_attention.json when OUT is set, else to --json.
 """
 
@@ -178,6 +184,108 @@ def bench_context(context: int, num_tree: int, args, flush) -> dict:
     return row
 
 
+def ragged_lengths(batch: int, context: int) -> list[int]:
+    """Cache lengths of a ragged batch: from `context` down to about context/4, not multiples of a tile."""
+    step = 3 * context // 4 // max(1, batch - 1)
+    return [max(0, context - i * step - 13 * i) for i in range(batch)]
+
+
+def ragged_inputs(batch, context, num_tree, device, dtype, heads=(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM)):
+    """q, new K/V, a cache allocated for the longest row, per-row lengths [B] int32 and trees [B, T, T]."""
+    num_heads, num_kv_heads, head_dim = heads
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)  # the trees
+    lengths = ragged_lengths(batch, context)
+    k_cache = torch.randn(batch, num_kv_heads, context, head_dim, device=device, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    for b, n in enumerate(lengths):  # past its length a row's slots hold another sequence's garbage
+        k_cache[b, :, n:] = float("nan")
+        v_cache[b, :, n:] = float("nan")
+    q = torch.randn(batch, num_heads, num_tree, head_dim, device=device, dtype=dtype)
+    k_new = torch.randn(batch, num_kv_heads, num_tree, head_dim, device=device, dtype=dtype)
+    v_new = torch.randn_like(k_new)
+    trees = [beam_tree(num_tree)] + [  # row 0 the drafter's tree, the others random trees of the same size
+        [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, num_tree)]
+        for _ in range(batch - 1)
+    ]
+    padded = torch.zeros(batch, num_tree, -(-num_tree // 16) * 16, dtype=torch.bool, device=device)
+    for b, parents in enumerate(trees):
+        padded[b, :, :num_tree] = ancestor_mask(parents, device)
+    lengths_t = torch.tensor(lengths, dtype=torch.int32, device=device)
+    return q, k_new, v_new, k_cache, v_cache, lengths_t, padded[:, :, :num_tree]
+
+
+def check_ragged(inputs, scale) -> dict:
+    """Max errors of the ragged launch vs a float32 masked attention over [cache[:n_b] ++ tree_b], row by row,
+    and of the N separate calls vs the ragged launch (they must agree: the batched engine relies on it)."""
+    q, k_new, v_new, k_cache, v_cache, lengths, masks = inputs
+    out, lse = hybrid_attention(
+        q, k_new, v_new, k_cache, v_cache, lengths, masks, scale=scale, backend="triton"
+    )
+    errs = {"out_max_err": 0.0, "lse_max_err": 0.0, "separate_vs_batch_max_err": 0.0}
+    for b, n in enumerate(lengths.tolist()):
+        row = slice(b, b + 1)
+        keys = torch.cat([k_cache[row, :, :n], k_new[row]], dim=2)
+        values = torch.cat([v_cache[row, :, :n], v_new[row]], dim=2)
+        full = torch.cat([torch.ones(q.shape[2], n, dtype=torch.bool, device=q.device), masks[b]], dim=1)
+        ref_out, ref_lse = fused_mask_attn_naive(q[row], keys, values, full, scale)
+        errs["out_max_err"] = max(errs["out_max_err"], max_err(out[row], ref_out))
+        errs["lse_max_err"] = max(errs["lse_max_err"], max_err(lse[row], ref_lse))
+        alone, _ = hybrid_attention(q[row], k_new[row], v_new[row], k_cache[row], v_cache[row], lengths[row],
+                                    masks[row], scale=scale, backend="triton")  # fmt: skip
+        errs["separate_vs_batch_max_err"] = max(errs["separate_vs_batch_max_err"], max_err(alone, out[row]))
+    return errs
+
+
+def bench_ragged(context: int, num_tree: int, batch: int, args, flush) -> dict:
+    dev, dtype, scale = torch.device("cuda"), torch.bfloat16, HEAD_DIM**-0.5
+    inputs = ragged_inputs(batch, context, num_tree, dev, dtype)
+    q, k_new, v_new, k_cache, v_cache, lengths, masks = inputs
+    checks = check_ragged(inputs, scale)
+    ok = (
+        all(checks[k] < 2e-2 for k in ("out_max_err", "separate_vs_batch_max_err"))
+        and checks["lse_max_err"] < 1e-2
+    )
+
+    def ragged():
+        return hybrid_attention(
+            q, k_new, v_new, k_cache, v_cache, lengths, masks, scale=scale, backend="triton"
+        )
+
+    def separate():
+        for b in range(batch):
+            row = slice(b, b + 1)
+            hybrid_attention(q[row], k_new[row], v_new[row], k_cache[row], v_cache[row], lengths[row],
+                             masks[row], scale=scale, backend="triton")  # fmt: skip
+
+    timing = dict(iters=args.iters, warmup=args.warmup, flush=flush)
+    num_keys = sum(ragged_lengths(batch, context)) + batch * num_tree
+    return {
+        "context": context,
+        "batch": batch,
+        "lengths": ragged_lengths(batch, context),
+        "tree_tokens": num_tree,
+        "correct": ok,
+        "checks": checks,
+        "ragged_ms": time_ms(ragged, **timing),
+        "separate_ms": time_ms(separate, **timing),
+        "kv_floor_ms": 2 * NUM_KV_HEADS * num_keys * HEAD_DIM * 2 / HBM_BYTES_PER_S * 1e3,
+    }
+
+
+def markdown_ragged(rows: list[dict]) -> str:
+    lines = [
+        "| context (longest) | batch | tree | ragged launch | N separate calls | separate / ragged | batch KV floor |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['context'] // 1024}K | {r['batch']} | {r['tree_tokens']} | {r['ragged_ms']:.3f} ms "
+            f"| {r['separate_ms']:.3f} ms | {r['separate_ms'] / r['ragged_ms']:.2f}x | {r['kv_floor_ms']:.3f} ms |"
+        )
+    return "\n".join(lines)
+
+
 def sweep(q, k_cache, v_cache, context, scale, flush) -> list[dict]:
     """Time the split-KV kernel (cache part) over launch configurations, fastest first."""
     results = []
@@ -232,13 +340,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768, 131072])
+    parser.add_argument("--contexts", type=int, nargs="+", help="default 8K 32K 128K; 8K 32K with --ragged")
     parser.add_argument("--tree", type=int, nargs="+", default=[74], help="tree tokens per verify step")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--sweep", action="store_true", help="also sweep split-KV launch configurations")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per launch (with --ragged)")
+    parser.add_argument("--ragged", action="store_true", help="time a ragged batch vs --batch separate calls")
     parser.add_argument("--json", default="verify_attention.json", help="JSON path when $OUT is not set")
     args = parser.parse_args(argv)
+    if args.batch < 1 or (args.batch > 1 and not args.ragged):
+        parser.error("--batch N needs --ragged (and N >= 1)")
+    if args.contexts is None:
+        args.contexts = [8192, 32768] if args.ragged else [8192, 32768, 131072]
     if not torch.cuda.is_available():
         print("verify_attention: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -246,13 +360,16 @@ def main(argv=None) -> int:
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # > the 50 MB L2
     rows = []
     for context, num_tree in itertools.product(args.contexts, args.tree):
-        row = bench_context(context, num_tree, args, flush)
+        if args.ragged:
+            row = bench_ragged(context, num_tree, args.batch, args, flush)
+        else:
+            row = bench_context(context, num_tree, args, flush)
         print(json.dumps({k: v for k, v in row.items() if k != "sweep"}), flush=True)
         rows.append(row)
         torch.cuda.empty_cache()
 
     meta = run_info(argv=argv)
-    table = markdown(rows)
+    table = markdown_ragged(rows) if args.ragged else markdown(rows)
     path = os.path.join(os.environ["OUT"], "verify_attention.json") if os.environ.get("OUT") else args.json
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows, "table": table}, f, indent=1)

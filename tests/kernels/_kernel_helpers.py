@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 # Max-abs error relative to the reference's max-abs, per input dtype: float32 runs in the interpreter (exact
@@ -53,3 +54,22 @@ def assert_attn_close(out, lse, ref_out, ref_lse, dtype):
         assert lse_err <= LSE_TOL[dtype] * ref_lse[~empty].abs().max().clamp_min(1.0), (
             f"lse error {lse_err:.2e}"
         )
+
+
+# The dtypes every kernel test runs in. Triton's CPU interpreter multiplies the raw bit patterns of bfloat16
+# tl.dot operands (triton-lang/triton#11584, "not supported yet"), so bfloat16 runs on a GPU only.
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(
+            not torch.cuda.is_available(), reason="the Triton interpreter's tl.dot is wrong for bf16 (#11584)"
+        ),
+    ),
+]
+
+
+def tree_masks(parent_lists, device=None) -> torch.Tensor:
+    """[B, T, T]: one ancestor mask per batch row, each a different tree (a list of parent lists, same T)."""
+    return torch.stack([tree_mask(parents, device) for parents in parent_lists])

@@ -7,7 +7,14 @@ pytest.importorskip("triton")
 # The interpreter evaluates log2(0) for fully masked rows with numpy, which warns; the result (-inf) is intended.
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
 
-from _kernel_helpers import assert_attn_close, beam_tree, random_tree, tree_mask  # noqa: E402
+from _kernel_helpers import (  # noqa: E402
+    DTYPES,
+    assert_attn_close,
+    beam_tree,
+    random_tree,
+    tree_mask,
+    tree_masks,
+)
 
 from longspec.kernels.fused_mask_attn import fused_mask_attn, fused_mask_attn_naive  # noqa: E402
 
@@ -90,6 +97,48 @@ def test_mask_layouts():
     out_copy, lse_copy = fused_mask_attn(q, k, v, mask.t().contiguous().t(), 0.3)  # column-major: copied
     assert torch.equal(out_view, out_copy) and torch.equal(lse_view, lse_copy)
     assert_attn_close(out_view, lse_view, *fused_mask_attn_naive(q, k, v, mask, 0.3), torch.float32)
+
+
+def _different_trees(batch: int, num_nodes: int, seed: int) -> list[list[int]]:
+    """One tree per batch row, all different: the beam tree (69 nodes, cut or extended) and random trees."""
+    gen = torch.Generator().manual_seed(seed)
+    beam = (beam_tree() + random_tree(num_nodes, gen)[69:])[:num_nodes]
+    return [beam] + [random_tree(num_nodes, gen) for _ in range(batch - 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "B, H, Hkv, D, T",
+    [
+        (3, 8, 2, 32, 69),  # the drafter's 69-node tree in row 0, GQA 4
+        (2, 4, 4, 16, 63),  # T = 63, GQA 1
+        (3, 8, 1, 24, 17),  # GQA 8, head dim not a power of 2
+    ],
+)
+def test_batched_trees_match_naive(B, H, Hkv, D, T, dtype):
+    # One tree per sequence ([B, T, T]), in one launch; each row equals that row alone under its own tree.
+    q, k, v = _qkv(B, H, Hkv, T, T, D, dtype)
+    masks = tree_masks(_different_trees(B, T, seed=T), DEVICE)
+    assert not torch.equal(masks[0], masks[1])
+    out_buf, lse_buf = _poisoned(q)
+    out, lse = fused_mask_attn(q, k, v, masks, 0.3, out=out_buf, lse=lse_buf)
+    assert_attn_close(out, lse, *fused_mask_attn_naive(q, k, v, masks, 0.3), dtype)
+    for b in range(B):
+        row = slice(b, b + 1)
+        alone_out, alone_lse = fused_mask_attn(q[row], k[row], v[row], masks[b], 0.3)  # a shared [T, T] mask
+        assert torch.equal(out[row], alone_out) and torch.equal(lse[row], alone_lse), f"row {b}"
+
+
+def test_mask_batch_of_one_is_shared():
+    # [1, T, T] broadcasts over the batch exactly like [T, T].
+    B, T = 3, 21
+    q, k, v = _qkv(B, 4, 2, T, T, 16)
+    mask = tree_mask(random_tree(T, torch.Generator().manual_seed(5)), DEVICE)
+    shared = fused_mask_attn(q, k, v, mask, 0.3)
+    broadcast = fused_mask_attn(q, k, v, mask[None], 0.3)
+    assert torch.equal(shared[0], broadcast[0]) and torch.equal(shared[1], broadcast[1])
+    with pytest.raises(AssertionError, match="mask"):
+        fused_mask_attn(q, k, v, mask.expand(2, T, T), 0.3)  # neither 1 nor B trees
 
 
 @pytest.mark.gpu

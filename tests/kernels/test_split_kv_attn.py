@@ -7,7 +7,14 @@ pytest.importorskip("triton")
 # The interpreter evaluates log2(0) for empty splits with numpy, which warns; the result (-inf) is intended.
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
 
-from _kernel_helpers import assert_attn_close, beam_tree, tree_mask  # noqa: E402
+from _kernel_helpers import (  # noqa: E402
+    DTYPES,
+    assert_attn_close,
+    beam_tree,
+    random_tree,
+    tree_mask,
+    tree_masks,
+)
 
 from longspec.kernels.fused_mask_attn import fused_mask_attn, fused_mask_attn_naive  # noqa: E402
 from longspec.kernels.split_kv_attn import split_kv_attn, split_kv_attn_naive  # noqa: E402
@@ -99,6 +106,102 @@ def test_merge_with_equals_attention_over_both_key_sets():
     assert_attn_close(out, lse, *ref, torch.float32)
 
 
+# ------------------------------------------------------------------- ragged batches (per-sequence lengths)
+
+# Lengths of a ragged batch against Tmax = 130 slots and 64-wide tiles: an empty cache, one slot, a length that
+# is not a multiple of the tile, and the full cache.
+RAGGED_TMAX = 130
+RAGGED_LENGTHS = [0, 1, 67, RAGGED_TMAX]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "H, Hkv, Tq, D, len_dtype",
+    [
+        (4, 4, 63, 16, torch.int32),  # GQA 1, T = 63
+        (8, 2, 7, 32, torch.int64),  # GQA 4
+        (8, 1, 9, 24, torch.int32),  # GQA 8, head dim not a power of 2
+    ],
+)
+def test_ragged_lengths_match_naive(H, Hkv, Tq, D, len_dtype, dtype):
+    lengths = torch.tensor(RAGGED_LENGTHS, dtype=len_dtype, device=DEVICE)
+    q, k_cache, v_cache = _inputs(len(RAGGED_LENGTHS), H, Hkv, Tq, RAGGED_TMAX, D, lengths, dtype)
+    out, lse = split_kv_attn(q, k_cache, v_cache, lengths, 0.3, config={"num_splits": 3}, **_poisoned(q))
+    ref_out, ref_lse = split_kv_attn_naive(q, k_cache, v_cache, lengths, 0.3)
+    assert torch.isneginf(lse[0]).all() and (out[0] == 0).all(), "an empty cache gives (0, -inf)"
+    assert_attn_close(out, lse, ref_out, ref_lse, dtype)
+
+
+def test_ragged_default_plan_is_for_the_capacity():
+    # Without a config the split count comes from Tmax (never from the lengths): it must still be exact for
+    # rows far shorter than the plan, including the ones whose every split but the first is empty.
+    lengths = torch.tensor([1, 300, 0, 65], device=DEVICE)
+    q, k_cache, v_cache = _inputs(4, 8, 2, 5, 300, 16, lengths)
+    out, lse = split_kv_attn(q, k_cache, v_cache, lengths, 0.25, **_poisoned(q))
+    assert_attn_close(out, lse, *split_kv_attn_naive(q, k_cache, v_cache, lengths, 0.25), torch.float32)
+
+
+def test_int_length_equals_device_lengths_bitwise():
+    # One plan (same num_splits), one kernel: an int length and the same length per row on the device give the
+    # same bits, so moving the engine to device lengths changes nothing for a batch of one.
+    B, n = 2, 101
+    q, k_cache, v_cache = _inputs(B, 8, 2, 11, 160, 16, n)
+    config = {"num_splits": 3}
+    out_int, lse_int = split_kv_attn(q, k_cache, v_cache, n, 0.25, config=config)
+    out_dev, lse_dev = split_kv_attn(q, k_cache, v_cache, torch.full((B,), n, device=DEVICE), 0.25,
+                                     config=config)  # fmt: skip
+    assert torch.equal(out_int, out_dev) and torch.equal(lse_int, lse_dev)
+
+
+def test_lengths_strided_view_and_out_of_range():
+    # A [B] view with a non-unit stride (a column of a per-sequence state table) is read in place, and lengths
+    # the host cannot check (they stay on the device) are clamped to [0, Tmax] instead of reading past the cache.
+    Tmax = 96
+    table = torch.tensor([[70, -1], [-3, -1], [Tmax + 50, -1]], device=DEVICE)
+    lengths = table[:, 0]
+    assert lengths.stride(0) == 2
+    q, k_cache, v_cache = _inputs(3, 4, 2, 5, Tmax, 16, lengths.clamp(0, Tmax))
+    out, lse = split_kv_attn(q, k_cache, v_cache, lengths, 0.25, config={"num_splits": 2}, **_poisoned(q))
+    ref = split_kv_attn_naive(q, k_cache, v_cache, lengths.clamp(0, Tmax), 0.25)
+    assert_attn_close(out, lse, *ref, torch.float32)
+
+
+def _ragged_hybrid(q, k_cache, v_cache, lengths, k_new, v_new, masks, scale, config):
+    """Verify attention of a batch: each row's tree under its own mask, merged into its own cache prefix."""
+    tree = fused_mask_attn(q, k_new, v_new, masks, scale)
+    return split_kv_attn(q, k_cache, v_cache, lengths, scale, merge_with=tree, config=config, **_poisoned(q))
+
+
+@pytest.mark.parametrize("pin_splits", [True, False])
+def test_ragged_batch_equals_each_sequence_alone(pin_splits):
+    # The property the batched engine relies on: row b of a ragged batch (its own cache length, its own tree)
+    # gets what a batch of one with that length and tree gets. With the split count pinned the bits are equal;
+    # with the default plan (which depends on B through the program count) it is equal to rounding.
+    B, H, Hkv, T, Tmax, D = 4, 8, 2, 21, 130, 16
+    lengths = torch.tensor([67, 0, RAGGED_TMAX, 1], device=DEVICE)
+    q, k_cache, v_cache = _inputs(B, H, Hkv, T, Tmax, D, lengths)
+    k_new, v_new = torch.randn(2, B, Hkv, T, D, device=DEVICE)
+    gen = torch.Generator().manual_seed(7)
+    masks = tree_masks([random_tree(T, gen) for _ in range(B)], DEVICE)
+    masks[1, 5] = False  # with the empty cache: a row that sees nothing at all -> (0, -inf)
+    config = {"num_splits": 3} if pin_splits else None
+    out, lse = _ragged_hybrid(q, k_cache, v_cache, lengths, k_new, v_new, masks, 0.25, config)
+    assert torch.isneginf(lse[1, :, 5]).all() and (out[1, :, 5] == 0).all()
+    for b in range(B):
+        row = slice(b, b + 1)
+        alone = _ragged_hybrid(q[row], k_cache[row], v_cache[row], lengths[row], k_new[row], v_new[row],
+                               masks[row], 0.25, config)  # fmt: skip
+        if pin_splits:
+            assert torch.equal(out[row], alone[0]) and torch.equal(lse[row], alone[1]), f"row {b}"
+        else:
+            assert_attn_close(out[row], lse[row], *alone, torch.float32)
+        n = int(lengths[b])
+        ref = _union_reference(
+            q[row], k_cache[row], v_cache[row], n, k_new[row], v_new[row], masks[row], 0.25
+        )
+        assert_attn_close(out[row], lse[row], *ref, torch.float32)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("context, num_queries", [(8192, 69), (32768 + 17, 74), (131072 - 5, 74)])
@@ -126,3 +229,36 @@ def test_gpu_hybrid(context):
     out, lse = split_kv_attn(q, k_cache, v_cache, context, 128**-0.5, merge_with=tree, **_poisoned(q))
     ref = _union_reference(q, k_cache, v_cache, context, k_new, v_new, mask, 128**-0.5)
     assert_attn_close(out, lse, *ref, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_ragged_batch_in_a_cuda_graph(dtype):
+    # A ragged batch at Llama-3.1-8B shapes, captured once and replayed after the lengths (and trees) change in
+    # place: the launch must not depend on the lengths' values.
+    B, T, Tmax = 4, 74, 32768 + 74
+    lengths = torch.tensor([32768, 8192 + 3, 1, 0], device="cuda", dtype=torch.int32)
+    q, k_cache, v_cache = _inputs(B, 32, 8, T, Tmax, 128, Tmax, dtype, "cuda")
+    k_new, v_new = torch.randn(2, B, 8, T, 128, device="cuda", dtype=dtype)
+    masks = tree_masks([beam_tree() + [int(torch.randint(0, i, (1,))) for i in range(69, T)] for _ in range(B)],
+                       "cuda")  # fmt: skip
+    out, lse = torch.full_like(q, float("nan")), torch.full((B, 32, T), float("nan"), device="cuda")
+
+    def step():
+        tree = fused_mask_attn(q, k_new, v_new, masks, 128**-0.5)
+        split_kv_attn(q, k_cache, v_cache, lengths, 128**-0.5, merge_with=tree, out=out, lse=lse)
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for new_lengths in ([32768, 8192 + 3, 1, 0], [5, Tmax - T, 0, 4096 - 1]):
+        lengths.copy_(torch.tensor(new_lengths))
+        masks[0] = masks[0].roll(1, dims=0).tril()  # a different tree, same buffer
+        out.fill_(float("nan"))
+        graph.replay()
+        for b, n in enumerate(new_lengths):
+            row = slice(b, b + 1)
+            ref = _union_reference(q[row], k_cache[row], v_cache[row], n, k_new[row], v_new[row], masks[row],
+                                   128**-0.5)  # fmt: skip
+            assert_attn_close(out[row], lse[row], *ref, dtype)

@@ -154,6 +154,30 @@ def test_hybrid_equals_one_masked_attention(n):
     torch.testing.assert_close(lse, ref_lse)
 
 
+def _ragged_hybrid_case(device="cpu"):
+    """A ragged batch: per-sequence cache lengths (an empty cache, one slot, full) and one tree per sequence."""
+    B, T, Tmax = 3, 9, 30
+    q, k_new, v_new = _qkv(B=B, H=8, Hkv=2, Tq=T, Tk=T, device=device)
+    _, k_cache, v_cache = _qkv(B=B, H=8, Hkv=2, Tk=Tmax, device=device)
+    lengths = torch.tensor([0, 1, Tmax], device=device)
+    masks = torch.stack([_tree(T, seed=b) for b in range(B)]).to(device)
+    masks[0, 3] = False  # with the empty cache: a query that sees nothing
+    return q, k_new, v_new, k_cache, v_cache, lengths, masks
+
+
+def test_hybrid_ragged_batch_equals_each_sequence_alone():
+    # Per-sequence lengths [B] and trees [B, T, T]: row b == a batch of one with its own length and tree.
+    q, k_new, v_new, k_cache, v_cache, lengths, masks = _ragged_hybrid_case()
+    out, lse = hybrid_attention(q, k_new, v_new, k_cache, v_cache, lengths, masks)
+    assert (out[0, :, 3] == 0).all() and torch.isneginf(lse[0, :, 3]).all()
+    for b, n in enumerate(lengths.tolist()):
+        row = slice(b, b + 1)
+        ref_out, ref_lse = _hybrid_reference(q[row], k_new[row], v_new[row], k_cache[row], v_cache[row], n,
+                                             masks[b])  # fmt: skip
+        torch.testing.assert_close(out[row], ref_out)
+        torch.testing.assert_close(lse[row], ref_lse)
+
+
 # ----------------------------------------------------------------------------------------------- errors
 
 
@@ -276,6 +300,17 @@ def test_triton_backends_match_math():
     for (out, lse), (ref_out, ref_lse) in pairs:
         torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+@log2_warning_ok
+def test_triton_hybrid_ragged_batch_matches_math():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    case = _ragged_hybrid_case(device)
+    out, lse = hybrid_attention(*case, backend="triton")
+    ref_out, ref_lse = hybrid_attention(*case, backend="math")
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
 
 
 @needs_triton

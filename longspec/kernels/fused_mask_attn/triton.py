@@ -4,7 +4,9 @@ Shape legend: B batch, H query heads, Hkv key/value heads, G = H / Hkv (GQA grou
 (both up to a few hundred), D head dim, R = G * Tq rows per kv head.
 
 The GQA group is folded into the query rows (row r -> head kvh*G + r // Tq, query r % Tq) so the group's heads
-share each K/V tile; the [Tq, Tk] (or [B, Tq, Tk]) mask is read blockwise next to its score tile. The loop
+share each K/V tile; the mask is read blockwise next to its score tile. A [Tq, Tk] mask is shared by the batch
+(batch stride 0); a [B, Tq, Tk] mask gives each row its own tree (a batch of sequences drafting different
+trees) in the same launch: only the mask's batch stride differs, the grid does not. The loop
 is the FlashAttention-2 forward of `longspec.kernels.online_softmax` (base-2 online softmax, float32
 accumulation). A row whose keys are all masked returns out = 0, lse = -inf.
 """
@@ -88,13 +90,14 @@ def fused_mask_attn(
     block_n: int = 64,
     num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [B,H,Tq,D], k/v [B,Hkv,Tk,D], mask bool [Tq,Tk] or [B,Tq,Tk] (True = visible).
+    """q [B,H,Tq,D], k/v [B,Hkv,Tk,D], mask bool [Tq,Tk] (shared) or [B,Tq,Tk] (one per row; True = visible).
     out/lse: optional output buffers. Returns (out [B,H,Tq,D] in q.dtype (or out's), lse [B,H,Tq] float32)."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     assert k.shape == v.shape and k.shape[0] == B and k.shape[3] == D and H % Hkv == 0
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1, "head dim must be contiguous"
     assert mask.dtype == torch.bool and tuple(mask.shape[-2:]) == (Tq, Tk)
+    assert mask.dim() == 2 or (mask.dim() == 3 and mask.shape[0] in (1, B)), "mask [Tq,Tk], [1|B,Tq,Tk]"
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     group = H // Hkv
     num_rows = group * Tq

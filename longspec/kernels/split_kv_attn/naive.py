@@ -1,8 +1,9 @@
 """Plain-PyTorch float32 reference for `split_kv_attn`: few queries against the filled prefix of a static cache.
 
 Shape legend: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Tq queries, Tmax cache slots,
-D head dim. Every query sees exactly the first `cache_len` slots (no causal mask: the cache precedes all queries).
-An empty cache (cache_len = 0) gives out = 0 and lse = -inf.
+D head dim. Every query of batch row b sees exactly the first n_b slots (no causal mask: the cache precedes all
+queries), n_b = cache_len (an int or 0-d tensor: every row) or cache_len[b] (a [B] tensor: a ragged batch),
+clamped to [0, Tmax] as the kernel does. An empty cache (n_b = 0) gives out = 0 and lse = -inf for that row.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def split_kv_attn_naive(
     group = H // k_cache.shape[1]
     outs, lses = [], []
     for b, n in enumerate(lengths):
+        n = min(max(n, 0), k_cache.shape[2])
         k = k_cache[b, :, :n].float().repeat_interleave(group, dim=0)  # [H, n, D]
         v = v_cache[b, :, :n].float().repeat_interleave(group, dim=0)
         scores = torch.einsum("hqd,hkd->hqk", q[b].float(), k) * scale  # [H, Tq, n]

@@ -16,8 +16,14 @@ tree tokens' fused_mask_attn result there, so the whole verify attention is thre
 merge. (Running the tree part as an extra split of the same launch was measured 1.8x slower at 128K on an
 H200: the masked branch's register and shared-memory needs slowed every split. docs/BENCHMARKS.md.)
 The inner loop is `longspec.kernels.online_softmax.attend_range` (base-2 online softmax, float32 accumulation).
-`cache_len` may live on the device (0-d or [B]): the split bounds are computed in the kernel, so the launch
-has fixed shapes and can be captured in a CUDA graph.
+`cache_len` may live on the device (0-d or [B], int32 or int64): each batch row reads its own length in the
+kernel, so a ragged batch (per-sequence cache lengths) is one launch. The split count is planned for the
+cache's capacity Tmax, never for the lengths, and each row cuts its own [0, n_b) into the S splits in whole
+tiles; the splits past a short row's end run an empty range and write the neutral part (o = 0, lse = -inf).
+So the grid and every host-side value are independent of the lengths: no host sync, and the launch can be
+captured in a CUDA graph and replayed after the lengths change in place. A row with n_b = 0 returns
+out = 0, lse = -inf (or exactly the `merge_with` part). A device length cannot be checked on the host; the
+kernel clamps it to [0, Tmax] so that a bad value never reads outside the cache.
 """
 
 from __future__ import annotations
@@ -36,9 +42,9 @@ _LOG2E = 1.4426950408889634
 
 # Sizes that change between calls are not specialised on (divisibility by 16), so one compiled kernel serves
 # every cache length / tree size instead of recompiling when, say, num_splits happens to be 16.
-@triton.jit(do_not_specialize=["cache_len", "num_queries", "num_rows", "num_splits"])
+@triton.jit(do_not_specialize=["cache_len", "max_len", "num_queries", "num_rows", "num_splits"])
 def _split_kv_partial_kernel(
-    Q, K, V, LENS, O_PART, L_PART, cache_len,
+    Q, K, V, LENS, O_PART, L_PART, cache_len, max_len,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt,
@@ -69,8 +75,8 @@ def _split_kv_partial_kernel(
     )  # [BLOCK_M, BLOCK_D]
 
     # This program's slice of the filled cache, in whole BLOCK_N tiles (the last split may be short or empty).
-    if LEN_ON_DEVICE:
-        n = tl.load(LENS + b * stride_lens).to(tl.int32)
+    if LEN_ON_DEVICE:  # this row's own length (a ragged batch), clamped to the cache's slots
+        n = tl.minimum(tl.maximum(tl.load(LENS + b * stride_lens).to(tl.int32), 0), max_len)
     else:
         n = cache_len
     split_len = tl.cdiv(tl.cdiv(n, num_splits), BLOCK_N) * BLOCK_N
@@ -201,7 +207,9 @@ def split_kv_attn(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [B,H,Tq,D] over slots [0, cache_len) of k_cache/v_cache [B,Hkv,Tmax,D] (no mask).
 
-    cache_len: int, or a 0-d / [B] integer tensor read on the device.
+    cache_len: int (the same length for every row; the split count is planned for it), or a 0-d / [B]
+      integer tensor read on the device: row b attends to its own first cache_len[b] slots (a ragged
+      batch), the split count is planned for Tmax, and nothing is read back to the host.
     merge_with: optional (out [B,H,Tq,D], lse [B,H,Tq]) of attention over other keys, merged in the reduce.
     out/lse: optional output buffers. config: overrides of `default_config` (BLOCK_M, BLOCK_N, num_warps,
       num_stages, num_splits).
@@ -221,7 +229,8 @@ def split_kv_attn(
         assert not cache_len.dtype.is_floating_point
         lens = cache_len.reshape(-1).to(q.device)  # any integer dtype: the kernel casts what it loads
         assert lens.numel() in (1, B)
-        stride_lens, hint, cache_len = (0 if lens.numel() == 1 else 1), Tmax, 0  # plan for a full cache
+        # The element stride, not 1: a [B] view such as lengths[:, 0] is read in place.
+        stride_lens, hint, cache_len = (0 if lens.numel() == 1 else lens.stride(0)), Tmax, 0  # plan for Tmax
     else:
         lens, stride_lens, hint, cache_len = q, 0, int(cache_len), int(cache_len)  # LENS unused: any pointer
 
@@ -235,7 +244,7 @@ def split_kv_attn(
     l_part = torch.empty((B * Hkv, num_splits, num_rows), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(num_rows, block_m), num_splits, B * Hkv)
     _split_kv_partial_kernel[grid](
-        q, k_cache, v_cache, lens, o_part, l_part, cache_len,
+        q, k_cache, v_cache, lens, o_part, l_part, cache_len, Tmax,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
