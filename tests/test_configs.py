@@ -97,6 +97,29 @@ def test_eval_yamls_compose(tmp_path):
         assert isinstance(cfg, eval_config.EvalConfig) and cfg.target.name, path
 
 
+def test_every_pipeline_preset_composes():
+    """The pipeline presets (longspec/configs/pipeline/*.yaml) are configs of one schema, PipelineConfig."""
+    from longspec.pipeline.presets import PipelineConfig, load_preset
+
+    presets = sorted(p.stem for p in (CONFIGS / "pipeline").glob("*.yaml"))
+    assert {"cpu", "smollm2"} <= set(presets)
+    for name in presets:
+        cfg = load_preset(name)
+        assert isinstance(cfg, PipelineConfig) and cfg.name == name and cfg.evals
+
+
+def test_every_yaml_is_composed_above():
+    """A new YAML directory needs its compose test here (the groups above, or a top-level config)."""
+    assert {p.parent.relative_to(CONFIGS).as_posix() for p in ALL_YAMLS} <= {
+        ".",
+        "target",
+        "stage",
+        "eval",
+        "pipeline",
+    }
+    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == ["eval.yaml", "train.yaml"]
+
+
 def test_paper_hyperparameters_are_the_defaults(tmp_path):
     s1 = load_config(["stage=stage1_slimpajama", f"data.path={tmp_path}"])
     assert (s1.stage.seq_len, s1.stage.global_batch_size, s1.optim.lr) == (1024, 2048, 5e-4)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from data_prep.prefix_prompts import write_prefix_prompts
 from longspec.data.manifest import manifest_path
 from longspec.export import default_out_dir, export_marker
-from longspec.pipeline.presets import Preset, StagePlan
+from longspec.pipeline.presets import PipelineConfig, StagePlan
 from longspec.train.checkpoint import checkpoints_root, done_marker
 
 __all__ = ["Step", "plan", "stage_steps", "target_overrides"]
@@ -45,9 +45,8 @@ class Step:
         return (env + " " if env else "") + shlex.join(shown)
 
 
-def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
+def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[Step]:
     """The ordered steps of one run (nothing is executed here)."""
-    preset.validate()
     py = sys.executable
     out = os.path.abspath(out)
     data = os.path.abspath(data) if data else None
@@ -64,8 +63,8 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
                          ("manifest.json", "train.jsonl", "heldout.jsonl", "heldout_lcc.jsonl")],
             )
         )  # fmt: skip
-    if preset.target is not None:
-        target = tokenizer = os.path.abspath(preset.target)
+    if preset.target_path is not None:
+        target = tokenizer = preset.target_dir()
     elif preset.target_gguf is not None:
         # De-quantize once: every later step loads an HF directory instead of de-quantizing again (~40 s each).
         stem = os.path.basename(preset.target_gguf).removesuffix(".gguf")
@@ -187,7 +186,7 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
     return steps
 
 
-def target_overrides(preset: Preset, target: str) -> list[str]:
+def target_overrides(preset: PipelineConfig, target: str) -> list[str]:
     """Hydra overrides naming the target for `longspec.train` / `longspec.eval`."""
     return [
         "target=tiny_llama",  # the tiny target group, pointed at our model (no hub id involved)
@@ -198,7 +197,7 @@ def target_overrides(preset: Preset, target: str) -> list[str]:
 
 
 def stage_steps(
-    preset: Preset,
+    preset: PipelineConfig,
     name: str,
     stage: StagePlan,
     *,

@@ -6,7 +6,9 @@ import os
 
 import pytest
 
-from longspec.pipeline import PRESETS, Step, apply_overrides, plan
+from longspec.pipeline import Step, load_preset, plan
+
+CPU = load_preset("cpu")
 
 
 def _cmd(step: Step) -> list[str]:
@@ -15,7 +17,7 @@ def _cmd(step: Step) -> list[str]:
 
 
 def test_cpu_plan_chains_the_three_stages(tmp_path):
-    steps = plan(PRESETS["cpu"], str(tmp_path))
+    steps = plan(CPU, str(tmp_path))
     names = [s.name for s in steps]
     assert names == [
         "corpus", "data_stage1", "data_stage2", "stage3_prompts", "stage3_regenerate", "data_stage3",
@@ -43,29 +45,29 @@ def test_plan_overrides_validate_against_the_train_and_eval_schemas(tmp_path):
     from longspec.eval.config import load_eval_config
     from longspec.train.config import load_config
 
-    steps = {s.name: s for s in plan(PRESETS["cpu"], str(tmp_path))}
+    steps = {s.name: s for s in plan(CPU, str(tmp_path))}
     for index in (1, 2, 3):
         os.makedirs(tmp_path / "runs" / f"stage{index}" / "export")
     for index in (1, 2, 3):
         train = _cmd(steps[f"train_stage{index}"])
         cfg = load_config(train[train.index("longspec.train") + 1 :])
         assert cfg.stage.name == f"tiny_stage{index}"
-        assert cfg.drafter.window == PRESETS["cpu"].window
+        assert cfg.drafter.window == CPU.window
         assert cfg.stage.position_ids == ("anchor_offset" if index == 1 else "plain")
         assert cfg.stage.flash_noisy
-        assert cfg.max_steps == getattr(PRESETS["cpu"], f"stage{index}").num_steps
+        assert cfg.max_steps == getattr(CPU, f"stage{index}").num_steps
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "heldout_lcc.jsonl").write_text("")
     ev = _cmd(steps["eval"])
     cfg = load_eval_config(ev[ev.index("longspec.eval") + 1 :])
-    assert cfg.methods == list(PRESETS["cpu"].evals[0].methods)
-    assert cfg.temperature == 0 and cfg.max_new_tokens == PRESETS["cpu"].eval_max_new_tokens
+    assert cfg.methods == list(CPU.evals[0].methods)
+    assert cfg.temperature == 0 and cfg.max_new_tokens == CPU.eval_max_new_tokens
 
 
 def test_smollm2_plan_converts_the_gguf_and_evaluates_the_suite(tmp_path):
     data = tmp_path / "data_in"
     gguf = str(tmp_path / "model.gguf")
-    preset = apply_overrides(PRESETS["smollm2"], [f"target_gguf={gguf}"])
+    preset = load_preset("smollm2", [f"target_gguf={gguf}"])
     steps = {s.name: s for s in plan(preset, str(tmp_path / "out"), data=str(data))}
     assert "corpus" not in steps and "stage3_prompts" not in steps  # prepared elsewhere and carried
     convert = _cmd(steps["convert_target"])
