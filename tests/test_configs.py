@@ -102,10 +102,13 @@ def test_every_pipeline_preset_composes():
     from longspec.pipeline.presets import PipelineConfig, load_preset
 
     presets = sorted(p.stem for p in (CONFIGS / "pipeline").glob("*.yaml"))
-    assert {"cpu", "smollm2"} <= set(presets)
+    assert {"cpu", "smollm2", "demo_tiny", "paper"} <= set(presets)
+    required = {
+        "paper": ["stage2_sources=[long.jsonl]", "stage3_source=sft.jsonl"]
+    }  # launch/pipeline.sh's inputs
     for name in presets:
-        cfg = load_preset(name)
-        assert isinstance(cfg, PipelineConfig) and cfg.name == name and cfg.evals
+        cfg = load_preset(name, required.get(name, []))
+        assert isinstance(cfg, PipelineConfig) and cfg.name == name and cfg.stage1.config in STAGES
 
 
 def test_every_yaml_is_composed_above():

@@ -35,31 +35,40 @@ class StagePlan(Schema):
     """One drafter training stage: overrides of a stage YAML (configs/stage/<config>.yaml)."""
 
     config: str = MISSING  # the stage YAML (stage=...): position ids, ZeRO stage, loss mask come from it
-    seq_len: int = MISSING  # packed row length (stages 1-2) / longest SFT row (stage 3)
-    num_steps: int = MISSING  # optimizer steps (the LR schedule's length)
-    global_batch_size: int = MISSING  # sequences per optimizer step over all ranks
-    micro_batch_size: int = MISSING  # sequences per rank per forward
-    lr: float = MISSING  # peak learning rate (cosine, 10% warmup)
+    # null in any field below: the stage YAML's value
+    seq_len: int | None = None  # packed row length (stages 1-2) / longest SFT row (stage 3)
+    num_steps: int | None = None  # optimizer steps (the LR schedule's length); null: data.num_epochs epochs
+    global_batch_size: int | None = None  # sequences per optimizer step over all ranks
+    micro_batch_size: int | None = None  # sequences per rank per forward
+    lr: float | None = None  # peak learning rate (cosine, 10% warmup)
     extra: list[str] = field(
         default_factory=list
     )  # further training overrides (stage.position_ids=plain, ...)
 
     def validate(self) -> None:
         check(bool(self.config), "a stage plan needs config= (a stage YAML name)")
-        check(self.num_steps >= 1, f"{self.config}: num_steps must be >= 1, got {self.num_steps}")
-        check(self.seq_len >= 2, f"{self.config}: seq_len must be >= 2, got {self.seq_len}")
-        check(self.micro_batch_size >= 1, f"{self.config}: micro_batch_size must be >= 1")
-        check(self.lr > 0, f"{self.config}: lr must be > 0, got {self.lr}")
+        check(self.num_steps is None or self.num_steps >= 1, f"{self.config}: num_steps must be >= 1")
+        check(self.seq_len is None or self.seq_len >= 2, f"{self.config}: seq_len must be >= 2")
+        check(
+            self.micro_batch_size is None or self.micro_batch_size >= 1,
+            f"{self.config}: micro_batch_size >= 1",
+        )
+        check(self.lr is None or self.lr > 0, f"{self.config}: lr must be > 0, got {self.lr}")
 
     def overrides(self) -> list[str]:
+        """The training overrides of this stage (the fields set, then `extra`)."""
+        fields = {
+            "stage.seq_len": self.seq_len,
+            "stage.global_batch_size": self.global_batch_size,
+            "stage.micro_batch_size": self.micro_batch_size,
+            "max_steps": self.num_steps,
+            "optim.lr": self.lr,
+            # a fixed schedule saves its last step only: disk and time stay small
+            "checkpoint.save_every": None if self.num_steps is None else max(1, self.num_steps),
+        }
         return [
             f"stage={self.config}",
-            f"stage.seq_len={self.seq_len}",
-            f"stage.global_batch_size={self.global_batch_size}",
-            f"stage.micro_batch_size={self.micro_batch_size}",
-            f"max_steps={self.num_steps}",
-            f"optim.lr={self.lr}",
-            f"checkpoint.save_every={max(1, self.num_steps)}",  # the last step only: disk and time stay small
+            *(f"{k}={v}" for k, v in fields.items() if v is not None),
             *self.extra,
         ]
 
@@ -88,13 +97,19 @@ class PipelineConfig(Schema):
     """Everything the pipeline varies between machines (one preset YAML, plus the command line's overrides)."""
 
     name: str = MISSING  # the preset's name (the YAML's file name): report title and run-record key
-    # the target's HF directory, or pkg://PACKAGE/DIR inside an installed package; null = convert target_gguf.
-    # (Not `target`: that is the name of the training / eval configs' target group, which Hydra would load.)
-    target_path: str | None = None
+    # The target: target_path, or target_gguf, or (both null) target_config's own model.
+    # (`target_path`, not `target`: that is the training / eval configs' target group, which Hydra would load.)
+    target_config: str = (
+        "tiny_llama"  # the target YAML (configs/target/) train / eval compose; tiny_llama: any dir
+    )
+    target_path: str | None = (
+        None  # the target's HF directory, or pkg://PACKAGE/DIR inside an installed package
+    )
     # a GGUF file de-quantized once into OUT/target (python -m longspec.convert_gguf) that every step then loads
     target_gguf: str | None = None
     target_dtype: str = "float32"  # the converted target's stored dtype (training and eval pick their own)
-    anchor_max_len: int = MISSING  # MAX_LEN of stage-1 anchor-offset positions (the target's trained context)
+    # MAX_LEN of stage-1 anchor-offset positions (the target's trained context); null: target_config's
+    anchor_max_len: int | None = None
     lcc_max_context_chars: int = MISSING  # longest LCC context the corpus builder writes (eval prompt length)
     num_procs: int = MISSING  # training processes (torchrun --nproc_per_node)
     cpu: bool = MISSING  # DeepSpeed on CPU (DS_ACCELERATOR=cpu, gloo)
@@ -108,16 +123,21 @@ class PipelineConfig(Schema):
     stage1: StagePlan = MISSING
     stage2: StagePlan = MISSING
     stage3: StagePlan = MISSING
-    # Prepared inputs inside --data (registry corpus): null = derived from corpus/train.jsonl as for the code target
-    stage2_source: str | None = None  # long documents for stage 2 (JSONL with "text")
-    stage3_prompts: str | None = None  # stage-3 instruction prompts (rows for data_prep.stage3_regenerate)
+    # Data sources (a file, directory or HF dataset id; a relative path is inside --data when given). null / []:
+    # corpus/train.jsonl, the stdlib corpus built in OUT/corpus (or found in --data)
+    stage1_source: str | None = None  # short documents for stage 1 (packed rows)
+    stage2_sources: list[str] = field(default_factory=list)  # long documents for stage 2 (JSONL with "text")
+    stage3_source: str | None = None  # SFT rows {context, prompt, response}; null: the target answers prompts
+    stage3_prompts: str | None = (
+        None  # stage-3 instruction prompts in --data (null: code prefixes of the corpus)
+    )
     stage3_template: str = "plain"  # how prompts are rendered for the target: plain text or its chat template
     eval_suite: list[str] = field(default_factory=list)  # evaluation JSONL files in --data instead of LCC
     num_prompts: int = MISSING  # stage-3 prompts: code prefixes of this many training files
     prompt_chars: int = MISSING  # longest prefix (characters, cut at a line end)
     regen_max_new_tokens: int = MISSING  # the target's continuation of each prefix (the stage-3 response)
     regen_batch_size: int = MISSING  # prompts per target generate() call
-    evals: list[EvalPlan] = MISSING  # the evaluation runs, most important first
+    evals: list[EvalPlan] = MISSING  # the evaluation runs, most important first ([]: train and export only)
     eval_max_new_tokens: int = MISSING  # tokens generated per evaluation sample
     eval_max_samples: int = MISSING  # per data source
     eval_min_prompt_tokens: int = MISSING  # shorter LCC prompts are skipped
@@ -129,28 +149,47 @@ class PipelineConfig(Schema):
 
     def validate(self) -> None:
         check(
-            (self.target_path is None) != (self.target_gguf is None),
-            "a pipeline preset needs exactly one of target_path= (a model dir) and target_gguf=",
+            self.target_path is None or self.target_gguf is None,
+            "a pipeline preset takes one of target_path= (a model dir) and target_gguf= (or neither: target_config)",
         )
         check(self.num_procs >= 1, f"num_procs must be >= 1, got {self.num_procs}")
         check(self.window >= 1, f"window must be >= 1, got {self.window}")
-        check(self.anchor_max_len >= 1, f"anchor_max_len must be >= 1, got {self.anchor_max_len}")
+        check(
+            self.anchor_max_len is None or self.anchor_max_len >= 1,
+            f"anchor_max_len must be >= 1, got {self.anchor_max_len}",
+        )
         check(
             self.stage3_template in ("plain", "chat"),
             f"stage3_template must be plain or chat, got {self.stage3_template!r}",
         )
         for index, stage in enumerate((self.stage1, self.stage2, self.stage3), 1):
+            if stage.global_batch_size is None or stage.micro_batch_size is None:
+                continue  # the stage YAML's: the training config checks them against the world size
             check(
                 stage.global_batch_size % (stage.micro_batch_size * self.num_procs) == 0,
                 f"stage{index}.global_batch_size ({stage.global_batch_size}) must be a multiple of "
                 f"micro_batch_size x num_procs ({stage.micro_batch_size} x {self.num_procs})",
             )
-        check(bool(self.evals), "a pipeline preset needs at least one eval plan (evals)")
+        check(
+            self.stage3_source is not None or (self.num_prompts >= 1 and self.regen_max_new_tokens >= 1),
+            "no stage-3 data: set stage3_source=FILE (SFT rows), or num_prompts and regen_max_new_tokens >= 1 for "
+            "the target to write the answers",
+        )
         names = [ev.name for ev in self.evals]
         check(len(set(names)) == len(names), f"eval plan names must differ, got {names}")
         check(all(w >= 1 for w in self.tree_widths), f"tree_widths must be positive, got {self.tree_widths}")
         if self.target_path is not None and self.target_path.startswith(PACKAGE_SCHEME):
             self.target_dir()  # a missing package directory is one clear line now, not at the first step
+
+    @property
+    def uses_corpus(self) -> bool:
+        """Whether a step reads the stdlib corpus (built in OUT/corpus unless --data brings one)."""
+        return (
+            self.stage1_source is None
+            or not self.stage2_sources
+            or (self.stage3_source is None and self.stage3_prompts is None)
+            or (bool(self.evals) and not self.eval_suite)
+        )
 
     def target_dir(self) -> str | None:
         """The target's HF directory as an absolute path (pkg:// resolved); None when target_gguf is converted."""
