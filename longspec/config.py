@@ -52,7 +52,10 @@ class TargetConfig(Schema):
     # `path`, a path to a .gguf (path then null or its directory), or pkg://PACKAGE/FILE (a file shipped inside an
     # installed Python package). The tokenizer comes from the same file.
     gguf_file: str | None = None
-    anchor_max_len: int = MISSING  # MAX_LEN of anchor-offset positions: 15K for 16K-context targets, else 30K
+    # Training only (stage-1 anchor-offset positions: MAX_LEN, 15K for 16K-context targets, else 30K). It is a fact
+    # about the target, so the target YAML states it and serves train and eval alike; eval accepts it and never
+    # reads it, and TrainConfig requires it when a stage uses anchor offsets. null: not given.
+    anchor_max_len: int | None = None
     trust_remote_code: bool = False  # passed to transformers; off unless you trust the repository
 
     def validate(self) -> None:
@@ -62,7 +65,10 @@ class TargetConfig(Schema):
             bool(self.path) or bool(self.gguf_file),
             "target.path must be a local model directory or a hub id (or set target.gguf_file)",
         )
-        check(self.anchor_max_len > 0, f"target.anchor_max_len must be > 0, got {self.anchor_max_len}")
+        check(
+            self.anchor_max_len is None or self.anchor_max_len > 0,
+            f"target.anchor_max_len must be > 0, got {self.anchor_max_len}",
+        )
         if self.gguf_file or is_gguf_name(self.path or ""):
             # Finds the file now (an installed package, a path), so a missing one is one clear line before
             # anything loads; a plain directory / hub id is checked where it is loaded, as before.

@@ -97,6 +97,17 @@ def test_eval_yamls_compose(tmp_path):
         assert isinstance(cfg, eval_config.EvalConfig) and cfg.target.name, path
 
 
+def test_anchor_max_len_is_training_only(tmp_path):
+    """The target YAMLs state it for training; an eval config (and a plain-positions stage) does without."""
+    from longspec.eval.config import load_eval_config
+
+    no_anchor = ["target.anchor_max_len=null"]
+    assert load_eval_config([*no_anchor, "drafter.init=random"]).target.anchor_max_len is None
+    assert load_eval_config(["drafter.init=random"]).target.anchor_max_len == 30000  # accepted, not read
+    cfg = load_config([*no_anchor, "stage=stage2_prolong", f"data.path={tmp_path}"])
+    assert cfg.stage.position_ids == "plain" and cfg.target.anchor_max_len is None
+
+
 def test_every_pipeline_preset_composes():
     """The pipeline presets (longspec/configs/pipeline/*.yaml) are configs of one schema, PipelineConfig."""
     from longspec.pipeline.presets import PipelineConfig, load_preset
@@ -179,6 +190,11 @@ def test_user_overrides(tmp_path):
         (["stage=nope"], ValueError, "stage/nope"),
         (["deepspeed.offload_params=true"], ValueError, "offload_params needs deepspeed.zero_stage=3"),
         (["target.anchor_max_len=512"], ValueError, "anchor_max_len"),
+        (
+            ["target.anchor_max_len=null"],
+            ValueError,
+            "uses anchor-offset positions: set target.anchor_max_len",
+        ),
         (["stage.position_ids=rope"], ValueError, "anchor_offset"),
         (["logging.wandb=yes"], ValueError, "logging.wandb"),
         (["init_from=/no/such/export"], FileNotFoundError, "longspec.export"),

@@ -204,8 +204,6 @@ def target_overrides(preset: PipelineConfig, target: str) -> list[str]:
     if preset.target_path is not None or preset.target_gguf is not None:
         # the target group (tiny_llama: a generic HF directory) pointed at our model, no hub id involved
         overrides += [f"target.path={target}", f"target.name={os.path.basename(target.rstrip('/'))}"]
-    if preset.anchor_max_len is not None:
-        overrides.append(f"target.anchor_max_len={preset.anchor_max_len}")
     return overrides
 
 
@@ -222,7 +220,9 @@ def stage_steps(
     """train_<name> (torchrun -m longspec.train) + export_<name> (python -m longspec.export RUN_DIR RUN_DIR/export).
     Also used by benchmarks/ablations/."""
     py = sys.executable
-    overrides = [*target_overrides, *stage.overrides(), f"drafter.window={preset.window}",
+    # anchor_max_len is training-only (longspec.config.TargetConfig): the eval commands do not carry it
+    anchor = [] if preset.anchor_max_len is None else [f"target.anchor_max_len={preset.anchor_max_len}"]
+    overrides = [*target_overrides, *anchor, *stage.overrides(), f"drafter.window={preset.window}",
                  f"loss.distill_weight={preset.distill_weight}", f"data.path={data_path}", f"output_dir={run_dir}",
                  "checkpoint.resume=never"]  # fmt: skip
     if init_from:

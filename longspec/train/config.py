@@ -86,9 +86,7 @@ class StageConfig(Schema):
             f"stage.num_draft_levels (gamma) must be >= 2, got {self.num_draft_levels}",
         )
         check(self.seq_len >= 2, f"stage.seq_len must be >= 2, got {self.seq_len}")
-        check(
-            self.micro_batch_size >= 1, f"stage.micro_batch_size must be >= 1, got {self.micro_batch_size}"
-        )
+        check(self.micro_batch_size >= 1, f"stage.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         check(
             self.global_batch_size >= self.micro_batch_size,
             f"stage.global_batch_size ({self.global_batch_size}) < stage.micro_batch_size ({self.micro_batch_size})",
@@ -279,6 +277,11 @@ class TrainConfig(Schema):
                 "`python -m longspec.export RUN_DIR OUT_DIR`"
             )
         if self.stage.position_ids == "anchor_offset":
+            check(
+                self.target.anchor_max_len is not None,
+                f"stage {self.stage.name} uses anchor-offset positions: set target.anchor_max_len (the target's "
+                "trained context, e.g. 30000; the target YAMLs in longspec/configs/target/ state it)",
+            )
             check(
                 self.target.anchor_max_len >= self.stage.seq_len,
                 f"target.anchor_max_len ({self.target.anchor_max_len}) must be >= stage.seq_len ({self.stage.seq_len})",
