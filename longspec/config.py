@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from omegaconf import MISSING
 
-__all__ = ["CONFIG_DIR", "TargetConfig", "compose", "check", "Schema"]
+__all__ = ["CONFIG_DIR", "TargetConfig", "compose", "check", "Schema", "drafter_window"]
 
 # The YAMLs shipped in the package; LONGSPEC_CONFIG_DIR points at a directory of your own instead.
 CONFIG_DIR = os.environ.get("LONGSPEC_CONFIG_DIR", os.path.join(os.path.dirname(__file__), "configs"))
@@ -87,6 +87,32 @@ class TargetConfig(Schema):
     def display(self) -> str:
         """The target as one string for logs and messages (the GGUF file when there is one)."""
         return self.gguf_file or self.path
+
+
+def drafter_window(window: int | None, drafter_dir: str | None, *, field: str) -> int:
+    """The drafter window of a run: a saved drafter's own (at `drafter_dir`), else `window`, else the one default,
+    `longspec.drafter.DEFAULT_WINDOW`. A `window` given with a saved drafter must agree with it: a conflict is an
+    error, never silent precedence. `field` names the option in the message (drafter.window)."""
+    import json
+
+    from longspec.drafter import CONFIG_NAME, DEFAULT_WINDOW
+
+    check(window is None or window >= 1, f"{field} must be >= 1, got {window}")
+    saved = None
+    if drafter_dir:
+        try:  # an unreadable config.json is reported by the loader, with its own message
+            with open(os.path.join(drafter_dir, CONFIG_NAME), encoding="utf-8") as f:
+                saved = json.load(f).get("window")
+        except (OSError, ValueError):
+            saved = None
+    if not isinstance(saved, int):
+        return DEFAULT_WINDOW if window is None else window
+    check(
+        window is None or window == saved,
+        f"{field}={window} but the drafter at {drafter_dir} was trained with window {saved}: drop {field} "
+        "(a loaded drafter keeps its own)",
+    )
+    return saved
 
 
 def compose(

@@ -97,6 +97,28 @@ def test_eval_yamls_compose(tmp_path):
         assert isinstance(cfg, eval_config.EvalConfig) and cfg.target.name, path
 
 
+def test_drafter_window_has_one_default_and_conflicts_are_errors(tmp_path):
+    """drafter.window: unset = init_from's own (else DEFAULT_WINDOW); a value that disagrees is an error."""
+    import json
+
+    from longspec.drafter import DEFAULT_WINDOW
+    from longspec.eval.config import load_eval_config
+
+    base = ["stage=stage2_prolong", f"data.path={tmp_path}"]
+    assert load_config(base).drafter.window == DEFAULT_WINDOW
+    assert load_config([*base, "drafter.window=32"]).drafter.window == 32
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text(json.dumps({"window": 64}))
+    assert load_config([*base, f"init_from={export}"]).drafter.window == 64
+    assert load_config([*base, f"init_from={export}", "drafter.window=64"]).drafter.window == 64
+    with pytest.raises(
+        ValueError, match="drafter.window=32 but the drafter at .* was trained with window 64"
+    ):
+        load_config([*base, f"init_from={export}", "drafter.window=32"])
+    assert load_eval_config(["drafter.init=random"]).drafter.random_window == DEFAULT_WINDOW
+
+
 def test_anchor_max_len_is_training_only(tmp_path):
     """The target YAMLs state it for training; an eval config (and a plain-positions stage) does without."""
     from longspec.eval.config import load_eval_config

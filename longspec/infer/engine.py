@@ -44,6 +44,7 @@ from longspec.infer.methods import get_method
 from longspec.infer.pld import prompt_lookup
 from longspec.infer.policy import (
     AUTO_TREES,
+    DEFAULT_TREE_WIDTHS,
     AdaptivePolicy,
     FixedPolicy,
     MeasuredCosts,
@@ -57,7 +58,6 @@ from longspec.modules.attention import within_window
 __all__ = ["GenerationConfig", "GenerationResult", "SpeculativeEngine", "DEFAULT_TREE_WIDTHS"]
 
 SAMPLING_RULES = ("rrs", "deterministic")
-DEFAULT_TREE_WIDTHS = (4, 16, 16, 16, 16)  # ALGORITHM §4.1's dynamic beam, the largest tree="auto" candidate
 
 
 @dataclass(kw_only=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from longspec.config import CONFIG_DIR, Schema, TargetConfig, check, compose
+from longspec.config import CONFIG_DIR, Schema, TargetConfig, check, compose, drafter_window
 
 __all__ = [
     "TargetConfig",
@@ -39,10 +39,13 @@ __all__ = [
 class DrafterSettings(Schema):
     """Drafter shape choices that are not copied from the target."""
 
-    window: int = 512  # sliding self-attention: the token + `window` previous tokens (ALGORITHM §2)
+    # sliding self-attention: the token + `window` previous tokens (ALGORITHM §2). null: an init_from drafter's
+    # own, else longspec.drafter.DEFAULT_WINDOW; TrainConfig resolves it (a value that disagrees with init_from's
+    # drafter is an error), so the trainer always sees a number
+    window: int | None = None
 
     def validate(self) -> None:
-        check(self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
+        check(self.window is None or self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
 
 
 @dataclass(kw_only=True)
@@ -276,6 +279,7 @@ class TrainConfig(Schema):
                 f"init_from={self.init_from!r} is not a directory; pass a drafter exported with "
                 "`python -m longspec.export RUN_DIR OUT_DIR`"
             )
+        self.drafter.window = drafter_window(self.drafter.window, self.init_from, field="drafter.window")
         if self.stage.position_ids == "anchor_offset":
             check(
                 self.target.anchor_max_len is not None,
