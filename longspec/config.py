@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from omegaconf import MISSING
 
-__all__ = ["CONFIG_DIR", "TargetConfig", "compose", "check", "Schema"]
+__all__ = ["CONFIG_DIR", "TargetConfig", "compose", "check", "Schema", "drafter_window"]
 
 # The YAMLs shipped in the package; LONGSPEC_CONFIG_DIR points at a directory of your own instead.
 CONFIG_DIR = os.environ.get("LONGSPEC_CONFIG_DIR", os.path.join(os.path.dirname(__file__), "configs"))
@@ -52,7 +52,10 @@ class TargetConfig(Schema):
     # `path`, a path to a .gguf (path then null or its directory), or pkg://PACKAGE/FILE (a file shipped inside an
     # installed Python package). The tokenizer comes from the same file.
     gguf_file: str | None = None
-    anchor_max_len: int = MISSING  # MAX_LEN of anchor-offset positions: 15K for 16K-context targets, else 30K
+    # Training only (stage-1 anchor-offset positions: MAX_LEN, 15K for 16K-context targets, else 30K). It is a fact
+    # about the target, so the target YAML states it and serves train and eval alike; eval accepts it and never
+    # reads it, and TrainConfig requires it when a stage uses anchor offsets. null: not given.
+    anchor_max_len: int | None = None
     trust_remote_code: bool = False  # passed to transformers; off unless you trust the repository
 
     def validate(self) -> None:
@@ -62,7 +65,10 @@ class TargetConfig(Schema):
             bool(self.path) or bool(self.gguf_file),
             "target.path must be a local model directory or a hub id (or set target.gguf_file)",
         )
-        check(self.anchor_max_len > 0, f"target.anchor_max_len must be > 0, got {self.anchor_max_len}")
+        check(
+            self.anchor_max_len is None or self.anchor_max_len > 0,
+            f"target.anchor_max_len must be > 0, got {self.anchor_max_len}",
+        )
         if self.gguf_file or is_gguf_name(self.path or ""):
             # Finds the file now (an installed package, a path), so a missing one is one clear line before
             # anything loads; a plain directory / hub id is checked where it is loaded, as before.
@@ -81,6 +87,32 @@ class TargetConfig(Schema):
     def display(self) -> str:
         """The target as one string for logs and messages (the GGUF file when there is one)."""
         return self.gguf_file or self.path
+
+
+def drafter_window(window: int | None, drafter_dir: str | None, *, field: str) -> int:
+    """The drafter window of a run: a saved drafter's own (at `drafter_dir`), else `window`, else the one default,
+    `longspec.drafter.DEFAULT_WINDOW`. A `window` given with a saved drafter must agree with it: a conflict is an
+    error, never silent precedence. `field` names the option in the message (drafter.window)."""
+    import json
+
+    from longspec.drafter import CONFIG_NAME, DEFAULT_WINDOW
+
+    check(window is None or window >= 1, f"{field} must be >= 1, got {window}")
+    saved = None
+    if drafter_dir:
+        try:  # an unreadable config.json is reported by the loader, with its own message
+            with open(os.path.join(drafter_dir, CONFIG_NAME), encoding="utf-8") as f:
+                saved = json.load(f).get("window")
+        except (OSError, ValueError):
+            saved = None
+    if not isinstance(saved, int):
+        return DEFAULT_WINDOW if window is None else window
+    check(
+        window is None or window == saved,
+        f"{field}={window} but the drafter at {drafter_dir} was trained with window {saved}: drop {field} "
+        "(a loaded drafter keeps its own)",
+    )
+    return saved
 
 
 def compose(

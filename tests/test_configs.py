@@ -97,6 +97,65 @@ def test_eval_yamls_compose(tmp_path):
         assert isinstance(cfg, eval_config.EvalConfig) and cfg.target.name, path
 
 
+def test_drafter_window_has_one_default_and_conflicts_are_errors(tmp_path):
+    """drafter.window: unset = init_from's own (else DEFAULT_WINDOW); a value that disagrees is an error."""
+    import json
+
+    from longspec.drafter import DEFAULT_WINDOW
+    from longspec.eval.config import load_eval_config
+
+    base = ["stage=stage2_prolong", f"data.path={tmp_path}"]
+    assert load_config(base).drafter.window == DEFAULT_WINDOW
+    assert load_config([*base, "drafter.window=32"]).drafter.window == 32
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text(json.dumps({"window": 64}))
+    assert load_config([*base, f"init_from={export}"]).drafter.window == 64
+    assert load_config([*base, f"init_from={export}", "drafter.window=64"]).drafter.window == 64
+    with pytest.raises(
+        ValueError, match="drafter.window=32 but the drafter at .* was trained with window 64"
+    ):
+        load_config([*base, f"init_from={export}", "drafter.window=32"])
+    assert load_eval_config(["drafter.init=random"]).drafter.random_window == DEFAULT_WINDOW
+
+
+def test_anchor_max_len_is_training_only(tmp_path):
+    """The target YAMLs state it for training; an eval config (and a plain-positions stage) does without."""
+    from longspec.eval.config import load_eval_config
+
+    no_anchor = ["target.anchor_max_len=null"]
+    assert load_eval_config([*no_anchor, "drafter.init=random"]).target.anchor_max_len is None
+    assert load_eval_config(["drafter.init=random"]).target.anchor_max_len == 30000  # accepted, not read
+    cfg = load_config([*no_anchor, "stage=stage2_prolong", f"data.path={tmp_path}"])
+    assert cfg.stage.position_ids == "plain" and cfg.target.anchor_max_len is None
+
+
+def test_every_pipeline_preset_composes():
+    """The pipeline presets (longspec/configs/pipeline/*.yaml) are configs of one schema, PipelineConfig."""
+    from longspec.pipeline.presets import PipelineConfig, load_preset
+
+    presets = sorted(p.stem for p in (CONFIGS / "pipeline").glob("*.yaml"))
+    assert {"cpu", "smollm2", "demo_tiny", "paper"} <= set(presets)
+    required = {
+        "paper": ["stage2_sources=[long.jsonl]", "stage3_source=sft.jsonl"]
+    }  # launch/pipeline.sh's inputs
+    for name in presets:
+        cfg = load_preset(name, required.get(name, []))
+        assert isinstance(cfg, PipelineConfig) and cfg.name == name and cfg.stage1.config in STAGES
+
+
+def test_every_yaml_is_composed_above():
+    """A new YAML directory needs its compose test here (the groups above, or a top-level config)."""
+    assert {p.parent.relative_to(CONFIGS).as_posix() for p in ALL_YAMLS} <= {
+        ".",
+        "target",
+        "stage",
+        "eval",
+        "pipeline",
+    }
+    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == ["eval.yaml", "train.yaml"]
+
+
 def test_paper_hyperparameters_are_the_defaults(tmp_path):
     s1 = load_config(["stage=stage1_slimpajama", f"data.path={tmp_path}"])
     assert (s1.stage.seq_len, s1.stage.global_batch_size, s1.optim.lr) == (1024, 2048, 5e-4)
@@ -153,6 +212,11 @@ def test_user_overrides(tmp_path):
         (["stage=nope"], ValueError, "stage/nope"),
         (["deepspeed.offload_params=true"], ValueError, "offload_params needs deepspeed.zero_stage=3"),
         (["target.anchor_max_len=512"], ValueError, "anchor_max_len"),
+        (
+            ["target.anchor_max_len=null"],
+            ValueError,
+            "uses anchor-offset positions: set target.anchor_max_len",
+        ),
         (["stage.position_ids=rope"], ValueError, "anchor_offset"),
         (["logging.wandb=yes"], ValueError, "logging.wandb"),
         (["init_from=/no/such/export"], FileNotFoundError, "longspec.export"),

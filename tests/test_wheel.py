@@ -20,16 +20,23 @@ SOURCES = ("pyproject.toml", "README.md", "LICENSE", "longspec", "data_prep")
 
 
 def compose_both(tmp: str):
-    """A training and an eval config of the tiny target (no package to install, no download), as plain dicts."""
+    """A training and an eval config of the tiny target (no package to install, no download) and the cpu pipeline
+    preset (whose validation finds the shipped code target through pkg://longspec/...), as plain dicts."""
     import dataclasses
 
     from longspec.eval.config import load_eval_config
+    from longspec.pipeline.presets import load_preset
     from longspec.train.config import load_config
 
     target = ["target=tiny_llama", f"target.path={tmp}"]
     train = load_config([*target, "stage=tiny_stage1", f"data.path={tmp}", f"output_dir={tmp}/run"])
     ev = load_eval_config([*target, "drafter.init=random", "data.name=lcc", "method=[longspec,ar]"])
-    return {"train": dataclasses.asdict(train), "eval": dataclasses.asdict(ev)}
+    pipeline = load_preset("cpu", ["stage1.num_steps=3"])
+    return {
+        "train": dataclasses.asdict(train),
+        "eval": dataclasses.asdict(ev),
+        "pipeline": dataclasses.asdict(pipeline),
+    }
 
 
 # Runs with only the extracted wheel importable (this file is exec'd by path, so nothing of the checkout leaks in).
@@ -79,7 +86,13 @@ def test_wheel_ships_the_configs_and_composes_them(tmp_path):
         site = tmp_path / "site"
         zf.extractall(site)
     expected = {p.relative_to(CONFIG_DIR).as_posix() for p in Path(CONFIG_DIR).rglob("*.yaml")}
-    assert {"train.yaml", "eval.yaml", "target/tiny_llama.yaml", "stage/tiny_stage1.yaml"} <= expected
+    assert {
+        "train.yaml",
+        "eval.yaml",
+        "target/tiny_llama.yaml",
+        "stage/tiny_stage1.yaml",
+        "pipeline/cpu.yaml",
+    } <= expected
     assert shipped == expected
 
     env = {k: v for k, v in os.environ.items() if k not in ("LONGSPEC_CONFIG_DIR", "PYTHONPATH")}
@@ -98,3 +111,4 @@ def test_wheel_ships_the_configs_and_composes_them(tmp_path):
     # The wheel composes exactly what the checkout composes.
     assert got == json.loads(json.dumps(compose_both(str(tmp_path))))
     assert got["train"]["stage"]["name"] == "tiny_stage1" and got["eval"]["method"] == ["longspec", "ar"]
+    assert got["pipeline"]["name"] == "cpu" and got["pipeline"]["stage1"]["num_steps"] == 3

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     stage2 = StagePlan(
         config="tiny_stage2", seq_len=args.long_len, num_steps=args.stage2_steps, global_batch_size=2,
-        micro_batch_size=1, lr=1e-3, extra=("deepspeed.zero_stage=1",),  # ZeRO-3 only slows 2 CPU ranks down
+        micro_batch_size=1, lr=1e-3,
     )  # fmt: skip
     overrides = target_overrides(preset, TARGET)
     runs = os.path.join(out, "runs")

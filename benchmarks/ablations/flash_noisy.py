@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                                seq_len=args.seq_len, max_rows=300))  # fmt: skip
     stage = StagePlan(
         config=args.stage_config, seq_len=args.seq_len, num_steps=args.steps, global_batch_size=8,
-        micro_batch_size=4, lr=3e-3, extra=("deepspeed.zero_stage=1",),
+        micro_batch_size=4, lr=3e-3,
     )  # fmt: skip
     overrides = target_overrides(preset, TARGET)
     variants = {"noisy": "true", "lag0": "false"}

@@ -6,7 +6,15 @@
 """
 
 from longspec.drafter.cache import DrafterCache, DraftNodes
-from longspec.drafter.config import DrafterConfig
+from longspec.drafter.config import DEFAULT_WINDOW, DrafterConfig
 from longspec.drafter.model import CONFIG_NAME, WEIGHTS_NAME, Drafter
 
-__all__ = ["DrafterConfig", "Drafter", "DrafterCache", "DraftNodes", "WEIGHTS_NAME", "CONFIG_NAME"]
+__all__ = [
+    "DEFAULT_WINDOW",
+    "DrafterConfig",
+    "Drafter",
+    "DrafterCache",
+    "DraftNodes",
+    "WEIGHTS_NAME",
+    "CONFIG_NAME",
+]

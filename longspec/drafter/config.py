@@ -11,6 +11,9 @@ from longspec.fingerprint import target_fingerprint
 __all__ = ["DrafterConfig"]
 
 
+DEFAULT_WINDOW = 512  # the paper's drafter window: the one default that train and eval configs refer to
+
+
 @dataclass(kw_only=True)
 class DrafterConfig:
     """Shapes of the drafter block; everything but `window` mirrors the target (`from_target_config`)."""
@@ -27,7 +30,7 @@ class DrafterConfig:
     attention_bias: bool = False  # bias on the q/k/v projections (as the target: Qwen2 has it)
     qk_norm: bool = False  # RMSNorm over the head dim on q and k before RoPE (as the target: Qwen3)
     hidden_act: str = "silu"  # MLP activation; SwiGLU needs "silu"
-    window: int = 512  # self-attention sees the token + `window` previous tokens; ring-buffer slots
+    window: int = DEFAULT_WINDOW  # self-attention: the token + `window` previous tokens; ring-buffer slots
     target_fingerprint: dict[str, Any] = field(default_factory=dict)  # see longspec.fingerprint
 
     def __post_init__(self):
@@ -58,7 +61,7 @@ class DrafterConfig:
             raise ValueError(f"rope_parameters needs a rope_theta, got {self.rope_parameters!r}")
 
     @classmethod
-    def from_target_config(cls, hf_config, *, window: int = 512, tokenizer=None) -> DrafterConfig:
+    def from_target_config(cls, hf_config, *, window: int = DEFAULT_WINDOW, tokenizer=None) -> DrafterConfig:
         """Derive the block's shapes from an HF target config (fingerprinted, with the tokenizer if given)."""
         from longspec.target import _check_model_type
 

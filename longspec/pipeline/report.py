@@ -11,14 +11,14 @@ import time
 
 from longspec.eval.report import BASELINES, identical_text
 from longspec.pipeline.plan import Step
-from longspec.pipeline.presets import Preset
+from longspec.pipeline.presets import PipelineConfig
 from longspec.pipeline.runner import RunRecord
 from longspec.provenance import git_commit
 
 __all__ = ["eval_rows", "fmt", "plot_training", "results_table", "training_summary", "write_report"]
 
 
-def eval_rows(out: str, preset: Preset) -> list[dict]:
+def eval_rows(out: str, preset: PipelineConfig) -> list[dict]:
     """One row per (eval run, dataset, method) from the eval's results.json files."""
     rows = []
     for ev in preset.evals:
@@ -160,7 +160,9 @@ def plot_training(summary: list[dict], path: str) -> bool:
     return True
 
 
-def write_report(out: str, preset: Preset, steps: list[Step], statuses: dict[str, str], wall_s: float) -> str:
+def write_report(
+    out: str, preset: PipelineConfig, steps: list[Step], statuses: dict[str, str], wall_s: float
+) -> str:
     run_record = RunRecord(out)
     rows = eval_rows(out, preset)
     summary = training_summary(out)

@@ -124,12 +124,9 @@ def build_model(
         # Validates the target fingerprint (shapes, rope, tokenizer) before anything is trained.
         source = Drafter.from_pretrained(cfg.init_from, target, tokenizer)
         drafter_config = source.config
-        if drafter_config.window != cfg.drafter.window:
-            log.warning(
-                "init_from drafter has window %d; using it (drafter.window=%d ignored)",
-                drafter_config.window,
-                cfg.drafter.window,
-            )
+        assert drafter_config.window == cfg.drafter.window, (
+            "TrainConfig resolves drafter.window from init_from"
+        )
     else:
         drafter_config = DrafterConfig.from_target_config(
             target.config, window=cfg.drafter.window, tokenizer=tokenizer

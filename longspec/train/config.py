@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from longspec.config import CONFIG_DIR, Schema, TargetConfig, check, compose
+from longspec.config import CONFIG_DIR, Schema, TargetConfig, check, compose, drafter_window
 
 __all__ = [
     "TargetConfig",
@@ -39,10 +39,13 @@ __all__ = [
 class DrafterSettings(Schema):
     """Drafter shape choices that are not copied from the target."""
 
-    window: int = 512  # sliding self-attention: the token + `window` previous tokens (ALGORITHM §2)
+    # sliding self-attention: the token + `window` previous tokens (ALGORITHM §2). null: an init_from drafter's
+    # own, else longspec.drafter.DEFAULT_WINDOW; TrainConfig resolves it (a value that disagrees with init_from's
+    # drafter is an error), so the trainer always sees a number
+    window: int | None = None
 
     def validate(self) -> None:
-        check(self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
+        check(self.window is None or self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
 
 
 @dataclass(kw_only=True)
@@ -86,9 +89,7 @@ class StageConfig(Schema):
             f"stage.num_draft_levels (gamma) must be >= 2, got {self.num_draft_levels}",
         )
         check(self.seq_len >= 2, f"stage.seq_len must be >= 2, got {self.seq_len}")
-        check(
-            self.micro_batch_size >= 1, f"stage.micro_batch_size must be >= 1, got {self.micro_batch_size}"
-        )
+        check(self.micro_batch_size >= 1, f"stage.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         check(
             self.global_batch_size >= self.micro_batch_size,
             f"stage.global_batch_size ({self.global_batch_size}) < stage.micro_batch_size ({self.micro_batch_size})",
@@ -278,7 +279,13 @@ class TrainConfig(Schema):
                 f"init_from={self.init_from!r} is not a directory; pass a drafter exported with "
                 "`python -m longspec.export RUN_DIR OUT_DIR`"
             )
+        self.drafter.window = drafter_window(self.drafter.window, self.init_from, field="drafter.window")
         if self.stage.position_ids == "anchor_offset":
+            check(
+                self.target.anchor_max_len is not None,
+                f"stage {self.stage.name} uses anchor-offset positions: set target.anchor_max_len (the target's "
+                "trained context, e.g. 30000; the target YAMLs in longspec/configs/target/ state it)",
+            )
             check(
                 self.target.anchor_max_len >= self.stage.seq_len,
                 f"target.anchor_max_len ({self.target.anchor_max_len}) must be >= stage.seq_len ({self.stage.seq_len})",

@@ -8,11 +8,12 @@ from test_policy import CyclingCosts
 
 from longspec.infer.baselines import run_method
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.infer.policy import DEFAULT_TREE_WIDTHS
 from longspec.testing import make_tiny_target
 
 pytestmark = pytest.mark.gpu
 
-BIG = (4, 16, 16, 16, 16)
+BIG = DEFAULT_TREE_WIDTHS
 
 
 def _cuda_target(family: str):

@@ -12,6 +12,7 @@ from longspec.drafter import DrafterConfig
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.policy import (
     AUTO_TREES,
+    DEFAULT_TREE_WIDTHS,
     MAX_EXPLORE_EVERY,
     AcceptanceModel,
     AdaptivePolicy,
@@ -20,7 +21,7 @@ from longspec.infer.policy import (
 )
 from longspec.testing import make_tiny_target
 
-BIG = (4, 16, 16, 16, 16)
+BIG = DEFAULT_TREE_WIDTHS
 
 
 class NodeCosts:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from longspec.infer.policy import DEFAULT_TREE_WIDTHS
+
 # Max-abs error relative to the reference's max-abs, per input dtype: float32 runs in the interpreter (exact
 # dots) or TF32-free paths; bf16/fp16 round P to the input dtype before P @ V.
 REL_TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
@@ -28,7 +30,7 @@ def random_tree(num_nodes: int, generator: torch.Generator | None = None) -> lis
     return [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, num_nodes)]
 
 
-def beam_tree(widths=(4, 16, 16, 16, 16)) -> list[int]:
+def beam_tree(widths=DEFAULT_TREE_WIDTHS) -> list[int]:
     """The drafter's tree shape (ALGORITHM §4.1): a root, then per level `w` nodes whose parents are spread over
     the previous level -- 1 + 68 = 69 nodes for the default widths."""
     parents, prev = [-1], [0]

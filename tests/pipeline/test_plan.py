@@ -6,7 +6,9 @@ import os
 
 import pytest
 
-from longspec.pipeline import PRESETS, Step, apply_overrides, plan
+from longspec.pipeline import Step, load_preset, plan
+
+CPU = load_preset("cpu")
 
 
 def _cmd(step: Step) -> list[str]:
@@ -15,7 +17,7 @@ def _cmd(step: Step) -> list[str]:
 
 
 def test_cpu_plan_chains_the_three_stages(tmp_path):
-    steps = plan(PRESETS["cpu"], str(tmp_path))
+    steps = plan(CPU, str(tmp_path))
     names = [s.name for s in steps]
     assert names == [
         "corpus", "data_stage1", "data_stage2", "stage3_prompts", "stage3_regenerate", "data_stage3",
@@ -43,29 +45,29 @@ def test_plan_overrides_validate_against_the_train_and_eval_schemas(tmp_path):
     from longspec.eval.config import load_eval_config
     from longspec.train.config import load_config
 
-    steps = {s.name: s for s in plan(PRESETS["cpu"], str(tmp_path))}
+    steps = {s.name: s for s in plan(CPU, str(tmp_path))}
     for index in (1, 2, 3):
         os.makedirs(tmp_path / "runs" / f"stage{index}" / "export")
     for index in (1, 2, 3):
         train = _cmd(steps[f"train_stage{index}"])
         cfg = load_config(train[train.index("longspec.train") + 1 :])
         assert cfg.stage.name == f"tiny_stage{index}"
-        assert cfg.drafter.window == PRESETS["cpu"].window
+        assert cfg.drafter.window == CPU.window
         assert cfg.stage.position_ids == ("anchor_offset" if index == 1 else "plain")
         assert cfg.stage.flash_noisy
-        assert cfg.max_steps == getattr(PRESETS["cpu"], f"stage{index}").num_steps
+        assert cfg.max_steps == getattr(CPU, f"stage{index}").num_steps
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "heldout_lcc.jsonl").write_text("")
     ev = _cmd(steps["eval"])
     cfg = load_eval_config(ev[ev.index("longspec.eval") + 1 :])
-    assert cfg.methods == list(PRESETS["cpu"].evals[0].methods)
-    assert cfg.temperature == 0 and cfg.max_new_tokens == PRESETS["cpu"].eval_max_new_tokens
+    assert cfg.methods == list(CPU.evals[0].methods)
+    assert cfg.temperature == 0 and cfg.max_new_tokens == CPU.eval_max_new_tokens
 
 
 def test_smollm2_plan_converts_the_gguf_and_evaluates_the_suite(tmp_path):
     data = tmp_path / "data_in"
     gguf = str(tmp_path / "model.gguf")
-    preset = apply_overrides(PRESETS["smollm2"], [f"target_gguf={gguf}"])
+    preset = load_preset("smollm2", [f"target_gguf={gguf}"])
     steps = {s.name: s for s in plan(preset, str(tmp_path / "out"), data=str(data))}
     assert "corpus" not in steps and "stage3_prompts" not in steps  # prepared elsewhere and carried
     convert = _cmd(steps["convert_target"])
@@ -89,3 +91,58 @@ def test_smollm2_plan_converts_the_gguf_and_evaluates_the_suite(tmp_path):
     assert order.index("data_stage3") + 1 == order.index("train_stage2")
     with pytest.raises(ValueError, match="--data"):
         plan(preset, str(tmp_path / "out"))
+
+
+def test_paper_preset_takes_everything_from_the_stage_and_target_yamls(tmp_path):
+    """launch/pipeline.sh: the paper's stages for a target YAML, the numbers of the stage YAMLs, the user's data."""
+    from longspec.train.config import load_config
+
+    with pytest.raises(ValueError, match=r"stage2_sources\[0\]"):  # required: no default data for stage 2
+        load_preset("paper", ["stage3_source=sft.jsonl"])
+    with pytest.raises(ValueError, match="stage3_source"):
+        load_preset("paper", ["stage2_sources=[long.jsonl]"])
+    preset = load_preset(
+        "paper", ["target_config=vicuna_7b_16k", "num_procs=4", "stage2_sources=[/d/a.jsonl,/d/b.jsonl]",
+                  "stage3_source=/d/sft.jsonl"],
+    )  # fmt: skip
+    steps = {s.name: s for s in plan(preset, str(tmp_path))}
+    assert (
+        "corpus" not in steps
+        and "stage3_regenerate" not in steps
+        and not any(n.startswith("eval") for n in steps)
+    )
+    target = load_config(["target=vicuna_7b_16k", "data.path=x"]).target
+    for index, name in enumerate(("stage1_slimpajama", "stage2_prolong", "stage3_sft"), 1):
+        stage = load_config([f"stage={name}", "data.path=x"]).stage
+        data = _cmd(steps[f"data_stage{index}"])
+        assert data[data.index("--tokenizer") + 1] == target.path
+        assert data[data.index("--max-len" if index == 3 else "--seq-len") + 1] == str(stage.seq_len)
+        train = _cmd(steps[f"train_stage{index}"])
+        assert train[train.index("longspec.train") + 1 :][:2] == ["target=vicuna_7b_16k", f"stage={name}"]
+        assert not any(
+            a.startswith(("max_steps=", "stage.seq_len=", "optim.lr=")) for a in train
+        )  # the YAML's
+        assert steps[f"train_stage{index}"].outputs == [
+            str(tmp_path / "runs" / f"stage{index}" / "checkpoints")
+        ]
+    assert _cmd(steps["data_stage2"]).count("--source") == 2
+    assert "--keep-unfinished" not in _cmd(steps["data_stage3"])  # the user's rows are complete answers
+
+
+def test_demo_preset_chains_three_stages_with_one_under_zero3(tmp_path):
+    """launch/demo_tiny.sh: the chaining lives in the plan; stage 2 shows ZeRO-3 working."""
+    from longspec.train.config import load_config
+
+    steps = {s.name: s for s in plan(load_preset("demo_tiny"), str(tmp_path))}
+    for index in (1, 2, 3):
+        os.makedirs(tmp_path / "runs" / f"stage{index}" / "export")
+    zero = {}
+    for index in (1, 2, 3):
+        train = _cmd(steps[f"train_stage{index}"])
+        cfg = load_config(train[train.index("longspec.train") + 1 :])
+        zero[index] = cfg.deepspeed.zero_stage
+        assert cfg.init_from == (
+            None if index == 1 else str(tmp_path / "runs" / f"stage{index - 1}" / "export")
+        )
+    assert zero == {1: 1, 2: 3, 3: 1}
+    assert "eval" in steps

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from longspec.pipeline import PRESETS, eval_rows, plan, results_table, write_report
+from longspec.pipeline import eval_rows, load_preset, plan, results_table, write_report
 
 
 def test_results_table_and_report(tmp_path):
-    preset = PRESETS["cpu"]
+    preset = load_preset("cpu")
     (tmp_path / "eval").mkdir()
     summary = {
         "heldout_lcc": {
