@@ -18,9 +18,9 @@ overstated a big tree's yield (simulated: 1.81 tokens expected vs 1.46 realised 
 the full tree to be run at 0.73x of plain decoding on the GPU), while acceptance per level, given the level
 above was accepted, changes little with depth. While "no speculation" wins nothing is observed: every
 `explore_every`-th such round runs the cheapest speculating candidate instead, so the policy can come back; an
-exploration after which "no speculation" still wins doubles the interval (up to MAX_EXPLORE_EVERY, kept across
-calls), one that changes the decision resets it, so a drafter that cannot help costs ever less (at most one
-chain round in 64: ~1% of the time where a chain round costs 1.5 plain steps).
+exploration after which "no speculation" still wins doubles the interval (up to MAX_EXPLORE_EVERY; each call
+starts again from `explore_every`), one that changes the decision resets it, so a drafter that cannot help costs
+ever less (at most one chain round in 64: ~1% of the time where a chain round costs 1.5 plain steps).
 
 Yield calibration (`YieldCalibration`): the model's expected accepted drafts (expected tokens minus the bonus
 token, which every round emits) are multiplied by the decayed ratio of drafts the speculating rounds really
@@ -330,8 +330,15 @@ class AdaptivePolicy:
         self._decision: tuple[int, tuple[int, ...]] | None = None  # (context bucket, best) of the last check
 
     def start(self) -> None:
-        """A new generation: what was learned stays (the exploration interval too), the streak starts over."""
-        self._plain_streak, self._exploring, self._decision = 0, False, None
+        """A new generation: what was learned stays, the exploration schedule starts over. A new prompt is a new
+        text: keeping a backed-off interval across calls (measured on the GPU) left the policy on plain decoding
+        through whole samples where the full tree had paid 1.6x before."""
+        self._plain_streak, self._interval, self._exploring, self._decision = (
+            0,
+            self.explore_every,
+            False,
+            None,
+        )
 
     def expected_tokens(self, widths: tuple[int, ...]) -> float:
         """The acceptance model's expected tokens for `widths`, calibrated by the realised yield."""
