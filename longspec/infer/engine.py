@@ -197,54 +197,51 @@ class SpeculativeEngine:
         else:  # "ar", or longspec's "no speculation"
             tree = chain_tree(root, root.new_empty(0), 0, 1)
             depth, max_children = 0, 0
+        # verify_s holds the acceptance rule too: it runs in the verify's step (one graph with cuda_graphs)
         with clock.phase("verify_s"):
-            logits = self.verify(tree, static=static, capture=capture)  # [N, V]
+            packed, bonus = self._verify_accept(tree, config, generator, depth, max_children, static, capture)
         with clock.phase("overhead_s"):
-            path, length, bonus = self._accept(tree, logits, config, generator, depth, max_children)
-            out = torch.cat([emitted_tokens(tree.tokens, path, length, bonus), path, length.reshape(1)])
-            out = out.tolist()  # host sync: the round's one copy (emitted tokens, path, count)
+            path = packed[depth + 1 : 2 * (depth + 1)]
+            out = packed.tolist()  # host sync: the round's one copy (emitted tokens, path, count)
             count = out[-1]
             self.cache.commit_path(path[:count])
             if spec.needs_drafter and commit_drafter:
                 self.draft_step.commit(tree.tokens[path[:count]], self.cache.length - count)
         return out[:count], out[depth + 1 : depth + 1 + count], bonus
 
-    def _accept(
+    def _verify_accept(
         self,
         tree: DraftTree,
-        logits: torch.Tensor,
         config: GenerationConfig,
         generator,
         depth: int,
         max_children: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(path [depth + 1] padded, length [], bonus []) on the device; nothing read on the host."""
-        if config.temperature == 0:
-            return greedy_path(
-                tree.tokens,
-                tree.parents,
-                tree.depths,
-                tree.ancestor_mask,
-                torch.argmax(logits, dim=-1),
-                tree.valid,
-                depth,
-            )
-        target_probs = target_distribution(
-            logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
+        static: bool,
+        capture: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The verify forward and the acceptance rule as ONE step (`TargetStep.verify` with a head): returns
+        (packed [2 (depth + 1) + 1] = emitted tokens, path, count; bonus []) on the device. The random draws
+        are made here, outside the step, so a replayed graph gets fresh ones."""
+        sampling = config.temperature > 0
+        head_inputs = (tree.parents, tree.valid)
+        if sampling:
+            head_inputs += (uniforms((1, depth * max_children + 1), generator, self.device),)
+            if tree.draft_probs is not None:
+                head_inputs += (tree.draft_probs,)
+        key = ("accept", depth, max_children, sampling and tree.draft_probs is not None)
+        if sampling:
+            key += (config.temperature, config.top_k, config.top_p)
+
+        def head(logits, tokens, depths, ancestor_mask, parents, valid, draws=None, draft_probs=None):
+            path, length, bonus = accept_path(
+                logits, tokens, parents, depths, ancestor_mask, valid, config, depth, max_children, draws,
+                draft_probs,
+            )  # fmt: skip
+            return torch.cat([emitted_tokens(tokens, path, length, bonus), path, length.reshape(1)]), bonus
+
+        return self.target_step.verify(
+            tree, static=static, capture=capture, head=head, head_inputs=head_inputs, head_key=key
         )
-        draws = uniforms((1, depth * max_children + 1), generator, self.device)
-        draft_probs = None if tree.draft_probs is None else tree.draft_probs[None]
-        path, length, bonus = sample_path(
-            tree.tokens[None],
-            tree.parents[None],
-            tree.valid[None],
-            target_probs[None],
-            draws,
-            depth=depth,
-            max_children=max_children,
-            draft_probs=draft_probs,
-        )
-        return path[0], length[0], bonus[0]
 
     # ------------------------------------------------------------------ a round's pieces
     # Public so benchmarks/round_latency.py can time them one by one; `generate` strings them together.
@@ -313,6 +310,40 @@ class SpeculativeEngine:
             logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
         )
         return sample_token(target_probs, generator)
+
+
+def accept_path(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depths: torch.Tensor,
+    ancestor_mask: torch.Tensor,
+    valid: torch.Tensor,
+    config: GenerationConfig,
+    depth: int,
+    max_children: int,
+    draws: torch.Tensor | None = None,
+    draft_probs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The round's acceptance rule on the device (greedy at T = 0, else `sample_path` with the given uniform
+    `draws`): (path [depth + 1] padded, length [], bonus []); nothing read on the host, fixed shapes."""
+    if config.temperature == 0:
+        target_argmax = torch.argmax(logits, dim=-1)
+        return greedy_path(tokens, parents, depths, ancestor_mask, target_argmax, valid, depth)
+    target_probs = target_distribution(
+        logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
+    )
+    path, length, bonus = sample_path(
+        tokens[None],
+        parents[None],
+        valid[None],
+        target_probs[None],
+        draws,
+        depth=depth,
+        max_children=max_children,
+        draft_probs=None if draft_probs is None else draft_probs[None],
+    )
+    return path[0], length[0], bonus[0]
 
 
 def _finished(emitted: list[int], config: GenerationConfig, *, new: list[int]) -> bool:
