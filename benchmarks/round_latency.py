@@ -35,7 +35,7 @@ import torch
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.infer.accept import greedy_accept
 from longspec.infer.baselines import _cache_kwarg, _CompiledDecoder, using_attn_implementation
-from longspec.infer.engine import DEFAULT_TREE_WIDTHS, SpeculativeEngine
+from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine
 from longspec.infer.tree import TreeLayout, chain_tree
 from longspec.provenance import run_info
 from longspec.target import TargetModel
@@ -259,6 +259,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--target", default=None, help="a real target (HF dir) instead of random weights")
     parser.add_argument("--gguf-file", default=None, help="with --target: a GGUF file inside it (or a path)")
     parser.add_argument("--json", default="round_latency.json", help="output path when $OUT is not set")
+    parser.add_argument(
+        "--round-costs",
+        action="store_true",
+        help="also time the engine's whole round (draft + verify + accept + commit, as generate runs it) for "
+        "every tree=auto candidate at T=0 and T=1 (SpeculativeEngine.measure_round_costs)",
+    )
     args = parser.parse_args(argv)
 
     if args.tiny:
@@ -281,12 +287,21 @@ def main(argv: list[str] | None = None) -> dict:
     timer = Timer(device, warmup, iters)
     rows = [bench_context(target, drafter, engine, context, timer, capture) for context in contexts]
 
+    round_costs = {}
+    if args.round_costs:
+        for temperature in (0.0, 1.0):
+            config = GenerationConfig(temperature=temperature, cuda_graphs=capture, static_shapes=True)
+            engine.costs = None  # measured anew per mode
+            costs = engine.measure_round_costs(config, contexts, reps=iters)
+            round_costs[f"T={temperature:g}"] = {k: v * 1e3 for k, v in costs.to_dict().items()}
+
     result = {
         **run_info(device=device, argv=argv),
         "dtype": str(dtype).removeprefix("torch."),
         "model": "tiny" if args.tiny else (args.target or f"random {args.shape}"),
         "iters": iters,
         "rows": rows,
+        "round_costs_ms": round_costs,
     }
     out_dir = os.environ.get("OUT")
     path = os.path.join(out_dir, "round_latency.json") if out_dir else args.json
@@ -296,6 +311,8 @@ def main(argv: list[str] | None = None) -> dict:
         checks = {k: r[k] for k in r if k.endswith(("_diff", "_matches_eager"))}
         print(f"checks at {r['context']}: " + ", ".join(f"{k}={v}" for k, v in checks.items()))
     print(table(rows))
+    for mode, costs in round_costs.items():
+        print(f"whole round, ms ({mode}): " + ", ".join(f"{k} {v:.2f}" for k, v in costs.items()))
     print(f"wrote {path}")
     return result
 

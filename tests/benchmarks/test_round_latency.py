@@ -10,7 +10,7 @@ def round_latency(load_benchmark):
 
 def test_tiny_mode_writes_a_complete_table(round_latency, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OUT", str(tmp_path))
-    round_latency.main(["--tiny", "--contexts", "40", "--iters", "1", "--warmup", "1"])
+    round_latency.main(["--tiny", "--contexts", "40", "--iters", "1", "--warmup", "1", "--round-costs"])
     result = json.loads((tmp_path / "round_latency.json").read_text())
     (row,) = result["rows"]
     assert row["context"] == 40 and row["tree_nodes"] == 69
@@ -27,4 +27,8 @@ def test_tiny_mode_writes_a_complete_table(round_latency, tmp_path, monkeypatch,
     assert row["round_ms"] == pytest.approx(row["draft_ms"] + row["verify_ms"] + row["accept_ms"])
     assert row["ar_static_vs_eager_max_abs_diff"] < 1e-4  # the graph's path computes the same logits
     assert row["draft_static_matches_eager"]
-    assert "| context |" in capsys.readouterr().out
+    # the whole round as generate runs it, every tree="auto" candidate, greedy and sampling
+    costs = result["round_costs_ms"]
+    assert set(costs) == {"T=0", "T=1"} and all(len(c) == 9 and min(c.values()) > 0 for c in costs.values())
+    out = capsys.readouterr().out
+    assert "| context |" in out and "whole round, ms (T=1): 1024:ar" in out
