@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from longspec.convert_gguf import convert_gguf, main
+from longspec.data.manifest import tokenizer_fingerprint
 from longspec.fingerprint import target_fingerprint
 from longspec.target import TargetModel
 from longspec.target_source import load_tokenizer
@@ -31,6 +32,8 @@ def test_round_trip_is_the_same_target(tiny_gguf, tmp_path, family):
     text = "the self (x) = 'é'\n"
     assert tok_dir(text)["input_ids"] == tok_gguf(text)["input_ids"]
     assert target_fingerprint(from_dir.config, tok_dir) == target_fingerprint(from_gguf.config, tok_gguf)
+    # data tokenized from the GGUF (the GPU pipeline does, while the target converts) is the converted dir's
+    assert tokenizer_fingerprint(tok_gguf) == tokenizer_fingerprint(tok_dir)
 
 
 def test_dtype_and_refusals(tiny_gguf, tmp_path):

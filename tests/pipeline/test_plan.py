@@ -73,7 +73,12 @@ def test_smollm2_plan_converts_the_gguf_and_evaluates_the_suite(tmp_path):
     convert = _cmd(steps["convert_target"])
     assert convert[convert.index("longspec.convert_gguf") + 1] == gguf
     target = convert[convert.index("longspec.convert_gguf") + 2]
-    assert f"--tokenizer {target}" in " ".join(_cmd(steps["data_stage1"]))  # its tokenizer comes with it
+    # stage 1-2 data are tokenized with the GGUF's own tokenizer while the target converts (joined at its end)
+    order = list(steps)
+    for name in ("data_stage1", "data_stage2"):
+        assert f"--tokenizer {gguf}" in " ".join(_cmd(steps[name])) and steps[name].background
+        assert order.index(name) < order.index("convert_target")
+    assert not steps["convert_target"].background and target.endswith("model")
     assert str(data / "corpus" / "long_docs.jsonl") in _cmd(steps["data_stage2"])
     regenerate = _cmd(steps["stage3_regenerate"])
     assert regenerate[regenerate.index("--template") + 1] == "chat"
@@ -85,7 +90,6 @@ def test_smollm2_plan_converts_the_gguf_and_evaluates_the_suite(tmp_path):
         assert "cuda_graphs=true" in cmd and not any(a.startswith("tree_widths=") for a in cmd)  # tree=auto
     assert "temperature=1.0" in _cmd(steps["eval_t1_graphs"])
     # the GPU runs the target's stage-3 responses while stage 1 trains, and tokenizes stage 3 while stage 2 trains
-    order = list(steps)
     assert steps["stage3_regenerate"].background and steps["data_stage3"].background
     assert order.index("stage3_regenerate") + 1 == order.index("train_stage1")
     assert order.index("data_stage3") + 1 == order.index("train_stage2")
