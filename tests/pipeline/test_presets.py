@@ -137,10 +137,16 @@ def test_smollm2_dry_run(capsys, tmp_path):
     assert status == 0
     _assert_prints_the_plan(out, steps)
     names = [s.name for s in steps]
-    assert names[0] == "convert_target" and "corpus" not in names  # the corpus comes with --data
+    # stage 1-2 data are tokenized (from the GGUF) while the target converts; the corpus comes with --data
+    assert names[:3] == ["data_stage1", "data_stage2", "convert_target"] and "corpus" not in names
     assert names[-len(preset.evals) :] == [f"eval_{ev.name}" for ev in preset.evals]
     for ev, step in zip(preset.evals, steps[-len(preset.evals) :], strict=True):
         assert step.required == ev.required and set(ev.extra) <= set(step.cmd)
         assert f"temperature={ev.temperature}" in step.cmd
     assert all(s.env == {} for s in steps)  # DeepSpeed on the GPU
-    assert [s.name for s in steps if s.background] == ["stage3_regenerate", "data_stage3"]
+    assert [s.name for s in steps if s.background] == [
+        "data_stage1",
+        "data_stage2",
+        "stage3_regenerate",
+        "data_stage3",
+    ]
