@@ -55,7 +55,9 @@ class TargetStep:
         """The committed length n a forward or draft starts from: the host int when every row shares it (the
         eager case at batch 1), else the device lengths [B] (ragged rows, or static shapes: nothing read)."""
         cache = self.cache
-        if not static and cache.uniform:
+        if static:  # synced by `static_step`, outside any capture (a fill inside one would replay stale)
+            return cache.lengths_t
+        if cache.uniform:
             return cache.length
         cache.sync_length()
         return cache.lengths_t
