@@ -136,3 +136,20 @@ def test_batch_tree_auto_runs_the_default_fixed_tree():
     assert [r.tokens for r in results] == refs
     assert all(set(r.stats.trees) == {"4-16-16-16-16"} for r in results)
     assert engine.costs is None  # no round costs measured for a batch
+
+
+@pytest.mark.parametrize("rule", ["rrs", "deterministic"])
+def test_batch_sampling_path_with_a_one_hot_target_is_greedy(rule):
+    """T > 0 through the batched sampling path (per-row sampled trees, batched recursive rejection): with top_k=1
+    the target distribution is one-hot, so every exact sample is the greedy token, eager and static. (The
+    statistical test of batched sampling is still to come: issue 13.)"""
+    target = make_tiny_target("qwen3")
+    prompts = _prompts(seed=3)
+    refs = [reference_greedy(target, p, 10) for p in prompts]
+    engine = SpeculativeEngine(target, random_drafter(target))
+    for static in (False, True):
+        config = GenerationConfig(
+            max_new_tokens=10, temperature=1.0, top_k=1, tree_widths=(2, 3), sampling_rule=rule,
+            static_shapes=static,
+        )  # fmt: skip
+        assert [r.tokens for r in engine.generate_batch(prompts, config)] == refs
