@@ -164,13 +164,14 @@ def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def _sample_index(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw from unnormalised `weights` [V] by inverse CDF (torch.multinomial would need a generator on
-    the weights' device)."""
-    return _inverse_cdf(weights, uniforms((), generator, weights.device))
+    """One draw per row from unnormalised `weights` [..., V] by inverse CDF (torch.multinomial would need a
+    generator on the weights' device)."""
+    return _inverse_cdf(weights, uniforms(weights.shape[:-1], generator, weights.device))
 
 
 def sample_token(target_probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token from target_probs [V] (prefill and AR decoding use the same sampler as the tree)."""
+    """One token per row from target_probs [..., V] (the prefill's first token uses the same sampler as the
+    tree)."""
     return _sample_index(target_probs, generator)
 
 
@@ -185,9 +186,13 @@ def sibling_ranks(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 def _path_from_deepest(ancestor_mask: torch.Tensor, depths: torch.Tensor, deepest: torch.Tensor, depth: int):
-    """(path [depth + 1], length []) of node `deepest`: path[d] = its ancestor at depth d, padded with 0."""
+    """(path [..., depth + 1], length [...]) of node `deepest` [...]: path[d] = its ancestor at depth d, padded
+    with 0. ancestor_mask [..., N, N]; depths [N] (one layout for every tree of a batch)."""
     levels = torch.arange(depth + 1, device=depths.device)
-    on_path = ancestor_mask[deepest][None, :] & (depths[None, :] == levels[:, None])  # [depth + 1, N]
+    num_nodes = ancestor_mask.shape[-1]
+    index = deepest[..., None, None].expand(*deepest.shape, 1, num_nodes)
+    row = ancestor_mask.gather(-2, index)[..., 0, :]  # [..., N]: the ancestors of `deepest`
+    on_path = row[..., None, :] & (depths[None, :] == levels[:, None])  # [..., depth + 1, N]
     return on_path.to(torch.int8).argmax(-1), depths[deepest] + 1
 
 
@@ -200,14 +205,16 @@ def greedy_path(
     valid: torch.Tensor,
     depth: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`greedy_accept` on fixed shapes: (path [depth + 1] padded with 0, length [] long, bonus [] long), all on
-    the input device and computed without reading any device value on the host. `depth` = the tree's depth."""
-    match = (tokens == target_argmax[parents.clamp(min=0)]) & valid
-    match[0] = True
-    accepted = ~(ancestor_mask & ~match[None, :]).any(dim=-1)
-    deepest = torch.argmax(torch.where(accepted, depths, torch.full_like(depths, -1)))
+    """`greedy_accept` on fixed shapes, over any leading batch dims (one tree per sequence): tokens / parents /
+    target_argmax / valid [..., N], ancestor_mask [..., N, N], depths [N] -> (path [..., depth + 1] padded
+    with 0, length [...] long, bonus [...] long), all on the input device and computed without reading any
+    device value on the host. `depth` = the trees' depth."""
+    match = (tokens == target_argmax.gather(-1, parents.clamp(min=0))) & valid
+    match[..., 0] = True
+    accepted = ~(ancestor_mask & ~match[..., None, :]).any(dim=-1)
+    deepest = torch.argmax(torch.where(accepted, depths, torch.full_like(depths, -1)), dim=-1)
     path, length = _path_from_deepest(ancestor_mask, depths, deepest, depth)
-    return path, length, target_argmax[deepest]
+    return path, length, target_argmax.gather(-1, deepest[..., None])[..., 0]
 
 
 def sample_path(
@@ -306,9 +313,9 @@ def sample_path(
 
 
 def emitted_tokens(tokens: torch.Tensor, path: torch.Tensor, length: torch.Tensor, bonus: torch.Tensor):
-    """The round's output on fixed shapes: [depth + 1] = tokens of path[1:length] then the bonus, padded with the
-    bonus (only the first `length` entries count)."""
+    """The round's output on fixed shapes, over any leading batch dims: [..., depth + 1] = tokens of
+    path[1:length] then the bonus, padded with the bonus (only the first `length` entries count)."""
     # path[1:], then path[0] in the last slot (never read: its index is >= length - 1)
-    after_root = torch.roll(path, -1)
+    after_root = torch.roll(path, -1, dims=-1)
     index = torch.arange(path.shape[-1], device=path.device)
-    return torch.where(index < length - 1, tokens[after_root], bonus)
+    return torch.where(index < length[..., None] - 1, tokens.gather(-1, after_root), bonus[..., None])

@@ -2,10 +2,12 @@
 
 Shape legend: L layers, B batch, Hkv key/value heads, Tmax slots, D head dim, T new tokens, k accepted tokens.
 
-Slots [0, length) hold the committed sequence. A forward over T new tokens (a prefill chunk, one AR token or a
-draft tree) first `update`s its K/V into the pending slots [length, length + T) of every layer; then either
-`commit(T)` keeps them all (prefill / AR), or `commit_path(indices)` keeps only the accepted tree nodes, moving
-their K/V to [length, length + k) for all layers at once. Nothing is re-fed to the target after verification.
+Row b's slots [0, lengths[b]) hold its committed sequence (a batch of sequences of different lengths: ragged).
+A forward over T new tokens per row (a prefill chunk, one AR token or a draft tree) first writes its K/V into
+each row's pending slots [lengths[b], lengths[b] + T) of every layer; then either `commit(T)` keeps them
+(prefill / AR; per-row counts for a ragged prefill), or `commit_path(paths, counts)` keeps only each row's
+accepted tree nodes, moving their K/V to [lengths[b], lengths[b] + k_b) for all layers at once. Nothing is re-fed
+to the target after verification.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ class StaticKVCache:
         shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.length = 0  # committed tokens
-        # Device mirror of `length` for static-shape steps (CUDA graphs read it; set by `sync_length`).
-        self.length_t = torch.zeros((), dtype=torch.long, device=device)
+        self.lengths = [0] * batch_size  # committed tokens per row (host)
+        # Device mirror of `lengths` for ragged / static-shape steps (CUDA graphs read it; set by `sync_length`).
+        self.lengths_t = torch.zeros(batch_size, dtype=torch.long, device=device)
 
     @classmethod
     def for_target(
@@ -57,25 +59,53 @@ class StaticKVCache:
     def max_len(self) -> int:
         return self.keys.shape[3]
 
+    @property
+    def batch_size(self) -> int:
+        return self.keys.shape[1]
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every row holds the same number of committed tokens (always so at batch 1)."""
+        return min(self.lengths) == max(self.lengths)
+
+    @property
+    def length(self) -> int:
+        """The committed length shared by every row (batch 1, or a uniform batch)."""
+        assert self.uniform, f"rows hold different lengths {self.lengths}: read `lengths`"
+        return self.lengths[0]
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.lengths = [int(value)] * self.batch_size
+
     def nbytes(self) -> int:
         return self.keys.numel() * self.keys.element_size() * 2
 
     def reset(self) -> None:
         self.length = 0
-        self.length_t.zero_()
+        self.lengths_t.zero_()
 
     def sync_length(self) -> None:
-        """Copy `length` to `length_t` (a device write, no host sync) before a static-shape step."""
-        self.length_t.fill_(self.length)
+        """Copy `lengths` to `lengths_t` before a ragged or static-shape step: a device fill when the rows agree,
+        else one small host-to-device copy (no device value is read)."""
+        if self.uniform:
+            self.lengths_t.fill_(self.lengths[0])
+        else:
+            self.lengths_t.copy_(torch.tensor(self.lengths))
 
-    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write new K/V [B, Hkv, T, D] to the pending slots of one layer; return that layer's full
-        (keys, values) [B, Hkv, Tmax, D] so attention can read [0, length + T)."""
-        start, stop = self.length, self.length + k.shape[2]
+    def check_room(self, num_tokens: int) -> None:
+        """Raise when a forward of `num_tokens` per row would write past the reserved slots."""
+        stop = max(self.lengths) + num_tokens
         if stop > self.max_len:
             raise ValueError(
                 f"KV cache overflow: {stop} tokens > max_len {self.max_len}; raise the engine's max_len"
             )
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write new K/V [B, Hkv, T, D] to the pending slots of one layer (rows of one `length`); return that
+        layer's full (keys, values) [B, Hkv, Tmax, D] so attention can read [0, length + T)."""
+        self.check_room(k.shape[2])
+        start, stop = self.length, self.length + k.shape[2]
         self.keys[layer_idx, :, :, start:stop] = k
         self.values[layer_idx, :, :, start:stop] = v
         return self.keys[layer_idx], self.values[layer_idx]
@@ -83,24 +113,35 @@ class StaticKVCache:
     def update_static(
         self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`update` for static-shape steps: slots [T] = length_t + arange(T) are device indices (no host
-        value needed, so the step can be captured in a CUDA graph). No overflow check: callers size the cache."""
-        self.keys[layer_idx].index_copy_(2, slots, k)
-        self.values[layer_idx].index_copy_(2, slots, v)
+        """`update` for ragged or static-shape steps: slots [B, T] = lengths_t[:, None] + arange(T) are device
+        indices (no host value needed, so the step can be captured in a CUDA graph). No overflow check: callers
+        size the cache (`check_room`)."""
+        index = slots[:, None, :, None].expand_as(k)  # [B, Hkv, T, D]
+        self.keys[layer_idx].scatter_(2, index, k)
+        self.values[layer_idx].scatter_(2, index, v)
         return self.keys[layer_idx], self.values[layer_idx]
 
-    def commit(self, num_tokens: int) -> None:
-        """Keep all pending tokens written by the last forward (prefill chunk, AR step)."""
-        assert self.length + num_tokens <= self.max_len
-        self.length += num_tokens
+    def commit(self, num_tokens: int | list[int]) -> None:
+        """Keep the pending tokens written by the last forward (prefill chunk, AR step): `num_tokens` for every
+        row, or a count per row (a ragged prefill chunk, whose shorter rows were padded)."""
+        counts = num_tokens if isinstance(num_tokens, list) else [num_tokens] * self.batch_size
+        self.lengths = [n + c for n, c in zip(self.lengths, counts, strict=True)]
+        assert max(self.lengths) <= self.max_len
 
-    def commit_path(self, node_indices: torch.Tensor) -> None:
-        """Keep only the accepted tree nodes: pending slot length + node_indices[i] -> slot length + i, all layers.
-
-        node_indices [k] ascending (a root-first path); the gather reads before it writes, so overlap is safe."""
-        k = node_indices.shape[0]
-        src = node_indices.to(self.keys.device) + self.length
-        dst = slice(self.length, self.length + k)
-        self.keys[:, :, :, dst] = self.keys.index_select(3, src)
-        self.values[:, :, :, dst] = self.values.index_select(3, src)
-        self.length += k
+    def commit_path(self, paths: torch.Tensor, counts: list[int]) -> None:
+        """Keep only each row's accepted tree nodes: pending slot lengths[b] + paths[b, i] -> slot lengths[b] + i
+        for i < counts[b], all layers at once. paths [B, depth + 1] root-first, ascending, padded (the host
+        already holds `counts` from the round's one copy). Slots past a row's count receive padding, but they
+        are pending slots (the next forward overwrites them before any read). The gather reads before the
+        scatter writes, so overlap is safe."""
+        k = max(counts)
+        if k == 0:
+            return
+        L, B, Hkv, _, D = self.keys.shape
+        self.sync_length()
+        src = paths[:, :k].to(self.keys.device) + self.lengths_t[:, None]  # [B, k]
+        dst = self.lengths_t[:, None] + torch.arange(k, device=self.keys.device)
+        for cache in (self.keys, self.values):
+            moved = cache.gather(3, src[None, :, None, :, None].expand(L, B, Hkv, k, D))
+            cache.scatter_(3, dst[None, :, None, :, None].expand(L, B, Hkv, k, D), moved)
+        self.commit(list(counts))

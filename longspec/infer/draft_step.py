@@ -1,8 +1,9 @@
 """The drafter side of a round (docs/ALGORITHM.md §4.1): the drafter's ring buffer (prefill, catch-up, commit) and
 the dynamic-beam draft tree, eager or on static buffers (captured in a CUDA graph when asked).
 
-Shape legend: N tree nodes, P nodes of one tree level, n committed tokens (the root's position), W drafter window,
-V vocabulary, Dm model width, Hkv key-value heads, Tmax target cache slots, D head dim.
+Shape legend: B sequences (one tree each), N tree nodes, P nodes of one tree level, n committed tokens (the root's
+position: an int shared by every row, or [B]), W drafter window, V vocabulary, Dm model width, Hkv key-value heads,
+Tmax target cache slots, D head dim.
 """
 
 from __future__ import annotations
@@ -28,21 +29,31 @@ class DraftStep:
         self.device = device
         self.cache: DrafterCache | None = None  # the ring buffer, allocated by `allocate`
 
-    def allocate(self, dtype: torch.dtype) -> None:
-        """Allocate the ring buffer (in the target cache's dtype) on first use; later calls keep it."""
-        if self.cache is None:
-            self.cache = DrafterCache(self.drafter.config, 1, dtype=dtype, device=self.device)
+    def allocate(self, dtype: torch.dtype, batch_size: int = 1) -> None:
+        """Allocate the ring buffer (in the target cache's dtype, one row per sequence) on first use; later calls
+        of the same batch size keep it."""
+        if self.cache is None or self.cache.keys.shape[0] != batch_size:
+            self.cache = DrafterCache(self.drafter.config, batch_size, dtype=dtype, device=self.device)
 
-    def prefill(self, prompt: torch.Tensor) -> None:
-        """Fill the ring buffer with the self-attention K/V of the last `window` prompt tokens only: the
-        drafter never runs cross-attention over the prompt (the first round's root does that, once)."""
+    def prefill(self, prompts: list[torch.Tensor]) -> None:
+        """Fill each row of the ring buffer with the self-attention K/V of the last `window` tokens of its
+        prompt only: the drafter never runs cross-attention over the prompt (the first round's root does that,
+        once). Shorter tails are left-padded (position -1: skipped)."""
         self.cache.reset()
-        positions = torch.arange(prompt.numel(), device=self.device)
-        self.drafter.fill_cache(self.cache, prompt[None], positions)
+        width = min(self.cache.window, max(p.numel() for p in prompts))
+        ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
+        positions = torch.full_like(ids, -1)
+        for row, prompt in enumerate(prompts):
+            tail = min(width, prompt.numel())
+            ids[row, width - tail :] = prompt[prompt.numel() - tail :]
+            positions[row, width - tail :] = torch.arange(prompt.numel() - tail, prompt.numel())
+        self.drafter.fill_cache(self.cache, ids, positions)
 
     def catch_up(self, emitted: list[int], prompt_len: int, start: int, end: int) -> None:
         """Committed positions [start, end) enter the ring buffer (after plain rounds skipped it); emitted[i]
-        sits at position prompt_len + i. Only the last `window` can survive in the ring."""
+        sits at position prompt_len + i. Only the last `window` can survive in the ring. Batch 1 only: plain
+        rounds come from tree="auto"'s policy, which runs at batch 1."""
+        assert self.cache.keys.shape[0] == 1, "catch_up is for a batch of one"
         start = max(start, end - self.cache.window)
         ids = torch.tensor(
             emitted[start - prompt_len : end - prompt_len], dtype=torch.long, device=self.device
@@ -50,15 +61,15 @@ class DraftStep:
         positions = torch.arange(start, end, device=self.device)
         self.drafter.fill_cache(self.cache, ids[None], positions)
 
-    def commit(self, path_tokens: torch.Tensor, first_position: int) -> None:
-        """The accepted path (root first) enters the drafter's ring buffer. Its self K/V depend only on token and
-        position, so recomputing them for k+1 tokens is cheaper than keeping them for every tree node."""
-        positions = torch.arange(first_position, first_position + path_tokens.numel(), device=self.device)
-        self.drafter.fill_cache(self.cache, path_tokens[None], positions)
+    def commit(self, path_tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """Each row's accepted path (root first) enters the drafter's ring buffer: path_tokens / positions [B, k],
+        position -1 where a row accepted fewer (skipped). Self K/V depend only on token and position, so
+        recomputing them for k+1 tokens is cheaper than keeping them for every tree node."""
+        self.drafter.fill_cache(self.cache, path_tokens, positions)
 
     def draft(
         self,
-        root: torch.Tensor,
+        roots: torch.Tensor,
         layout: TreeLayout,
         target: TargetStep,
         *,
@@ -67,57 +78,58 @@ class DraftStep:
         shaping: tuple | None = None,
         generator: torch.Generator | None = None,
     ) -> DraftTree:
-        """The round's draft tree for `root` (at position target.cache.length): eager, or on static buffers
-        (captured in a CUDA graph when asked; the returned tensors are then the graph's, valid until the next
-        call). With `shaping` = (temperature, top_k, top_p), children are sampled from the drafter's q (noise
-        from `generator`, drawn outside the step so a graph replays fresh noise) and the tree carries q as
-        `draft_probs`."""
-        inputs = (root.reshape(1),)
+        """The round's draft trees [B, N] for `roots` [B] (each at its row's position target.cache.lengths[b]):
+        eager, or on static buffers (captured in a CUDA graph when asked; the returned tensors are then the
+        graph's, valid until the next call). With `shaping` = (temperature, top_k, top_p), children are sampled
+        from the drafter's q (noise from `generator`, drawn outside the step so a graph replays fresh noise) and
+        the tree carries q as `draft_probs`."""
+        inputs = (roots,)
         if shaping is not None:
             rows = layout.num_nodes - layout.widths[-1]  # nodes that get children
-            noise = torch.empty(rows, self.vocab_size, device=self.device)
+            noise = torch.empty(roots.shape[0], rows, self.vocab_size, device=self.device)
             inputs += (noise.exponential_(generator=generator),)
         if not static:
-            return self._tree(root, layout, target, target.cache.length, shaping, *inputs[1:])
+            return self._tree(roots, layout, target, target.lengths(static=False), shaping, *inputs[1:])
 
         def fn(root_buf, *noise_buf):
-            return self._tree(
-                root_buf[0], layout, target, target.cache.length_t, shaping, *noise_buf
-            ).dynamic_part()
+            n = target.cache.lengths_t  # [B] on the device (synced by static_step)
+            return self._tree(root_buf, layout, target, n, shaping, *noise_buf).dynamic_part()
 
         outputs = target.static_step(("draft", layout.widths, capture, shaping), fn, inputs, capture)
         return DraftTree.from_dynamic_part(layout, *outputs)
 
     def _tree(
         self,
-        root: torch.Tensor,
+        roots: torch.Tensor,
         layout: TreeLayout,
         target: TargetStep,
         n: int | torch.Tensor,
         shaping: tuple | None = None,
         noise: torch.Tensor | None = None,
     ) -> DraftTree:
-        """Dynamic beam search over `layout` (ALGORITHM §4.1): one drafter step per level, all of a level's nodes
-        at once; a node self-attends to the ring buffer (within its window) and to its tree ancestors, and
-        cross-attends to the committed target prefix [0, n) (the root sits at position n). `n` may be a device
-        tensor (static shapes: no host value is read). With `shaping` = (temperature, top_k, top_p) and Exp(1)
-        `noise` [nodes with children, V], each level is `sample_step` from q = the drafter's distribution
-        shaped like the target's, instead of the beam."""
+        """Dynamic beam search over `layout` (ALGORITHM §4.1), one tree per row: one drafter step per level, all
+        of a level's nodes of every row at once; a node self-attends to its row's ring buffer (within its window)
+        and to its tree ancestors, and cross-attends to its row's committed target prefix [0, n) (the root sits
+        at position n). `n` may be a device tensor (ragged rows / static shapes: no host value is read). With
+        `shaping` = (temperature, top_k, top_p) and Exp(1) `noise` [B, nodes with children, V], each level is
+        `sample_step` from q = the drafter's distribution shaped like the target's, instead of the beam."""
         drafter, dcache = self.drafter, self.cache
-        tree = DraftTree.empty(layout, root)
+        batch = roots.shape[0]
+        tree = DraftTree.empty(layout, roots)  # [B, N]
         if shaping is not None:
-            tree.draft_probs = torch.zeros(layout.num_nodes, self.vocab_size, device=self.device)
+            tree.draft_probs = torch.zeros(batch, layout.num_nodes, self.vocab_size, device=self.device)
         # Self-attention K/V of every tree node, filled level by level; a node sits at position n + its depth.
-        nodes = DraftNodes(dcache, n + tree.depths)  # works for an int or a 0-d tensor n
-        target_k, target_v = target.cache.keys[-1], target.cache.values[-1]  # last layer [1, Hkv, Tmax, D]
-        scores = torch.zeros(1, device=self.device)  # cumulative draft log-prob of each current-level path
+        positions = n[:, None] + tree.depths if isinstance(n, torch.Tensor) else n + tree.depths
+        nodes = DraftNodes(dcache, positions)
+        target_k, target_v = target.cache.keys[-1], target.cache.values[-1]  # last layer [B, Hkv, Tmax, D]
+        scores = torch.zeros(batch, 1, device=self.device)  # cumulative draft log-prob of each level's paths
         for level in range(layout.depth):
             sl = layout.level_slice(level)
-            ancestors = tree.ancestor_mask[sl, : sl.stop]  # [P, nodes so far], self included
+            ancestors = tree.ancestor_mask[:, sl, : sl.stop]  # [B, P, nodes so far], self included
             hidden = drafter.tree_level(
-                tree.tokens[sl][None], dcache, nodes, sl, ancestors, target_k, target_v, n
-            )  # [1, P, Dm]
-            logits = drafter.logits(hidden[0]).float()  # [P, V]
+                tree.tokens[:, sl], dcache, nodes, sl, ancestors, target_k, target_v, n
+            )  # [B, P, Dm]
+            logits = drafter.logits(hidden).float()  # [B, P, V]
             child_slice = layout.level_slice(level + 1)
             if shaping is None:
                 logprobs = torch.log_softmax(logits, dim=-1)
@@ -125,8 +137,12 @@ class DraftStep:
             else:
                 temperature, top_k, top_p = shaping
                 q = target_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-                tree.draft_probs[sl] = q
-                parent_local, tokens, scores, valid = sample_step(scores, q, noise[sl], layout.widths[level])
-                tree.valid[child_slice] = valid
+                tree.draft_probs[:, sl] = q
+                # TODO(#13): one batched sample_step; a loop over rows keeps the row's draws as at batch 1.
+                steps = [
+                    sample_step(scores[b], q[b], noise[b, sl], layout.widths[level]) for b in range(batch)
+                ]
+                parent_local, tokens, scores, valid = (torch.stack(part) for part in zip(*steps, strict=True))
+                tree.valid[:, child_slice] = valid
             tree.set_level(child_slice, parent_local + sl.start, tokens)
         return tree

@@ -1,8 +1,9 @@
 """Speculative generation on a static target KV cache: LongSpec tree drafting, hybrid verification, lossless
 acceptance; the same engine also runs plain autoregressive decoding ("ar") and prompt-lookup drafting ("pld").
 
-Shape legend: B batch (= 1), T new tokens in one target forward, N tree nodes, n committed tokens (cache length),
-W drafter window, V vocabulary, Dm model width, H / Hkv query / key-value heads, D head dim.
+Shape legend: B sequences decoded together, T new tokens in one target forward, N tree nodes, n committed tokens
+(cache length, per sequence), W drafter window, V vocabulary, Dm model width, H / Hkv query / key-value heads,
+D head dim.
 
 One round (docs/ALGORITHM.md §4), starting from the root = the last token emitted, at position n, not yet in any cache:
   1. draft:  a dynamic-beam tree of N nodes (root + sum(widths)); every node cross-attends to the target's
@@ -17,6 +18,12 @@ One round (docs/ALGORITHM.md §4), starting from the root = the last token emitt
              the path's self-attention K/V; the bonus becomes the next root.
 Every round of one tree shape has the same shapes (N fixed, padded), which is what CUDA-graph capture needs; with
 tree="auto" (longspec.infer.policy) the shape may change between rounds: one static / captured step per shape.
+
+A batch (`generate_batch`) runs the same round with one tree per sequence: every sequence has its own position,
+cache length and ring-buffer row; the trees share one layout (widths) and are verified in ONE target forward
+[B, N]; each sequence commits its own accepted path (ragged counts). A sequence that has finished stays in the
+batch, frozen (it commits nothing more and its output is ignored), so the shapes stay those of the batch and
+no cache row is moved; `generate` is the batch of one.
 
 This module strings the round together (`generate` -> `_round`) and accepts; the pieces live by side:
 `draft_step.DraftStep` (the drafter's ring buffer and the draft tree), `target_step.TargetStep` (the target's
@@ -44,11 +51,11 @@ from longspec.infer.config import DEFAULT_TREE_WIDTHS, GenerationConfig
 from longspec.infer.draft_step import DraftStep
 from longspec.infer.methods import get_method
 from longspec.infer.pld import prompt_lookup
-from longspec.infer.policy import AdaptivePolicy, MeasuredCosts
+from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts
 from longspec.infer.round_costs import choose_policy
 from longspec.infer.round_costs import measure_round_costs as _measure_round_costs
 from longspec.infer.stats import GenerationStats
-from longspec.infer.target_step import TargetStep
+from longspec.infer.target_step import TargetStep, prefill_slots
 from longspec.infer.timing import PhaseClock, now, timer
 from longspec.infer.tree import DraftTree, TreeLayout, chain_tree, tree_name
 
@@ -63,9 +70,10 @@ class GenerationResult:
 
 
 class SpeculativeEngine:
-    """Batch-1 generation for one target (+ optional drafter). The target cache is allocated once and reused by
-    later calls (grown only when a call needs more than prompt + max_new_tokens + one round of slack); the
-    drafter's ring buffer is allocated once (its size does not depend on the context)."""
+    """Generation for one target (+ optional drafter), one sequence (`generate`) or a batch (`generate_batch`).
+    The target cache is allocated once and reused by later calls (reallocated only when a call needs more slots
+    or another batch size); the drafter's ring buffer is allocated once per batch size (its size does not
+    depend on the context)."""
 
     def __init__(self, target, drafter=None, *, costs=None):
         self.target = target
@@ -105,109 +113,150 @@ class SpeculativeEngine:
     @torch.no_grad()
     def generate(self, prompt_ids, config: GenerationConfig, *, method: str = "longspec") -> GenerationResult:
         """prompt_ids: [T] / [1, T] tensor or list of ints -> GenerationResult (tokens + stats); `method` is
-        one of the engine's (`longspec.infer.methods.ENGINE_METHODS`)."""
+        one of the engine's (`longspec.infer.methods.ENGINE_METHODS`). The batch of one."""
+        return self.generate_batch([prompt_ids], config, method=method)[0]
+
+    @torch.no_grad()
+    def generate_batch(
+        self, prompts, config: GenerationConfig, *, method: str = "longspec"
+    ) -> list[GenerationResult]:
+        """prompts: a list of prompts of any lengths (each as `generate` takes it) -> one GenerationResult per
+        prompt, decoded together: one target forward per round for the whole batch. At T = 0 each sequence's
+        tokens are its own single-sequence greedy output. With tree="auto" a batch of more than one runs the
+        default fixed tree (the policy's round costs are measured at batch 1)."""
         spec = get_method(method, runner="engine")
         if spec.needs_drafter and self.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (pass one, or use drafter.init=random)")
         static = config.static_shapes or config.cuda_graphs
         if config.cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs the target on a CUDA device")
-        prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).flatten()
-        if prompt.numel() == 0:
+        if len(prompts) == 0:
+            raise ValueError("no prompts")
+        prompts = [torch.as_tensor(p, dtype=torch.long, device=self.device).flatten() for p in prompts]
+        if any(p.numel() == 0 for p in prompts):
             raise ValueError("empty prompt")
-        self._ensure_cache(prompt.numel() + config.max_new_tokens + config.max_round_nodes + 1)
+        batch, lengths = len(prompts), [p.numel() for p in prompts]
+        self._ensure_cache(_needed_slots(lengths, config), batch)
         policy = None
-        if spec.needs_drafter:  # may measure round costs: before any timing, on a scratch cache state
-            policy = choose_policy(self, config, prompt.numel())
+        if (
+            spec.needs_drafter and batch == 1
+        ):  # may measure round costs: before any timing, on a scratch state
+            policy = choose_policy(self, config, lengths[0])
+        elif spec.needs_drafter:
+            policy = FixedPolicy(config.fixed_tree or DEFAULT_TREE_WIDTHS)
         # On the device: a round's random draws need no host-to-device copy (and no host sync).
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        stats = GenerationStats(method=method, prompt_len=prompt.numel())
+        stats = [GenerationStats(method=method, prompt_len=n) for n in lengths]
 
-        with timer(stats, "prefill_s", self.device):
-            root = self.prefill(prompt, config, generator)
+        with timer(stats[0], "prefill_s", self.device):
+            roots = self._prefill(prompts, config, generator)  # [B]
             if spec.needs_drafter:
-                self.prefill_drafter(prompt)
-        emitted = [int(root)]  # host sync: the first token
-        context = torch.cat([prompt, root.reshape(1)]) if spec.drafts == "ngram" else None
+                self.draft_step.prefill(prompts)
+        emitted = [[token] for token in roots.tolist()]  # host sync: the first tokens
+        contexts = None
+        if spec.drafts == "ngram":
+            contexts = [torch.cat([p, r.reshape(1)]) for p, r in zip(prompts, roots, strict=True)]
 
         clock = PhaseClock(self.device)
         decode_start = now(self.device)
-        finished = _finished(emitted, config, new=emitted)
+        active = [not _finished(e, config, new=e) for e in emitted]
         # Committed tokens whose K/V are in the drafter's ring buffer: positions < drafter_synced. A plain round
-        # ("no speculation") leaves the ring alone, so it costs what one AR step costs; the ring catches up
-        # (its last `window` tokens at most) when speculation resumes.
-        drafter_synced = self.cache.length
-        while not finished:
-            context_len = self.cache.length
+        # ("no speculation", tree="auto" at batch 1) leaves the ring alone, so it costs what one AR step costs;
+        # the ring catches up (its last `window` tokens at most) when speculation resumes.
+        drafter_synced = max(self.cache.lengths)
+        while any(active):
+            context_len = max(self.cache.lengths)
             widths = policy.choose(context_len) if policy is not None else ()
             if spec.needs_drafter and widths and drafter_synced < context_len:
-                self.draft_step.catch_up(emitted, prompt.numel(), drafter_synced, context_len)
+                self.draft_step.catch_up(emitted[0], lengths[0], drafter_synced, context_len)
             round_start = time.perf_counter()
-            new_tokens, path_slots, root = self._round(
-                method, widths, root, config, generator, static=static, clock=clock, context=context,
-                commit_drafter=bool(widths),
+            new_tokens, path_slots, roots = self._round(
+                method, widths, roots, config, generator, static=static, clock=clock, contexts=contexts,
+                commit_drafter=bool(widths), active=active,
             )  # fmt: skip
             if policy is not None:
                 policy.observe_time(widths, context_len, time.perf_counter() - round_start)
-                layout_ranks = _level_ranks(widths, path_slots)
-                policy.observe(widths, layout_ranks, context_len)
+                for row in filter(active.__getitem__, range(batch)):
+                    policy.observe(widths, _level_ranks(widths, path_slots[row]), context_len)
                 if widths:
-                    drafter_synced = self.cache.length
-            stats.record_round(len(new_tokens) - 1, tree_name(widths) if spec.needs_drafter else None)
-            emitted.extend(new_tokens)
-            if context is not None:
-                context = torch.cat([context, torch.tensor(new_tokens, device=self.device)])
-            finished = _finished(emitted, config, new=new_tokens)
-        stats.decode_s = now(self.device) - decode_start
-        clock.add_to(stats)
-        tokens = _truncate(emitted, config)
-        stats.num_new_tokens = len(tokens)
-        return GenerationResult(tokens=tokens, stats=stats)
+                    drafter_synced = max(self.cache.lengths)
+            tree = tree_name(widths) if spec.needs_drafter else None
+            for row in filter(active.__getitem__, range(batch)):
+                stats[row].record_round(len(new_tokens[row]) - 1, tree)
+                emitted[row].extend(new_tokens[row])
+                if contexts is not None:
+                    new = torch.tensor(new_tokens[row], device=self.device)
+                    contexts[row] = torch.cat([contexts[row], new])
+                active[row] = not _finished(emitted[row], config, new=new_tokens[row])
+        decode_s = now(self.device) - decode_start
+        results = []
+        for row in range(batch):
+            stats[row].prefill_s, stats[row].decode_s = stats[0].prefill_s, decode_s
+            clock.add_to(stats[row])
+            tokens = _truncate(emitted[row], config)
+            stats[row].num_new_tokens = len(tokens)
+            results.append(GenerationResult(tokens=tokens, stats=stats[row]))
+        return results
 
     def _round(
         self,
         method: str,
         widths: tuple[int, ...],
-        root: torch.Tensor,
+        roots: torch.Tensor,
         config: GenerationConfig,
         generator: torch.Generator,
         *,
         static: bool,
         clock: PhaseClock,
-        context: torch.Tensor | None = None,
+        contexts: list[torch.Tensor] | None = None,
         commit_drafter: bool = True,
-    ) -> tuple[list[int], list[int], torch.Tensor]:
-        """One round (draft, verify, accept, commit) from `root`; widths () = one plain target step.
-        Returns (emitted tokens, accepted path's node slots, next root on the device) after ONE host copy.
-        commit_drafter=False: longspec's accepted tokens do not enter the drafter's ring buffer (a plain round;
-        `DraftStep.catch_up` adds them later)."""
+        active: list[bool] | None = None,
+    ) -> tuple[list[list[int]], list[list[int]], torch.Tensor]:
+        """One round (draft, verify, accept, commit) from `roots` [B], one tree per sequence; widths () = one
+        plain target step. Returns, per sequence, (emitted tokens, accepted path's node slots) after ONE host
+        copy, and the next roots [B] on the device. Sequences not `active` (finished) commit nothing and keep
+        their root: they are computed but frozen. commit_drafter=False: longspec's accepted tokens do not
+        enter the drafter's ring buffer (a plain round; `DraftStep.catch_up` adds them later)."""
         capture, spec = config.cuda_graphs, get_method(method, runner="engine")
+        batch = roots.shape[0]
+        active = [True] * batch if active is None else active
         if spec.needs_drafter and widths:
             layout = TreeLayout(widths)
             with clock.phase("draft_s"):
-                tree = self.draft(
-                    root, layout, static=static, capture=capture, config=config, generator=generator
-                )
+                tree = self.draft_step.draft(
+                    roots, layout, self.target_step, static=static, capture=capture,
+                    shaping=_shaping(config), generator=generator,
+                )  # fmt: skip
             depth, max_children = layout.depth, max(widths)
         elif spec.drafts == "ngram":
             with clock.phase("draft_s"):
-                draft = prompt_lookup(context, config.pld_num_draft, config.pld_max_ngram)
-                tree = chain_tree(root, draft, draft.numel(), 1 + config.pld_num_draft)
+                tree = _lookup_chains(roots, contexts, config)
             depth, max_children = config.pld_num_draft, 1
         else:  # "ar", or longspec's "no speculation"
-            tree = chain_tree(root, root.new_empty(0), 0, 1)
+            tree = chain_tree(roots, roots.new_empty(batch, 0), 0, 1)
             depth, max_children = 0, 0
         # verify_s holds the acceptance rule too: it runs in the verify's step (one graph with cuda_graphs)
         with clock.phase("verify_s"):
             packed, bonus = self._verify_accept(tree, config, generator, depth, max_children, static, capture)
         with clock.phase("overhead_s"):
-            path = packed[depth + 1 : 2 * (depth + 1)]
-            out = packed.tolist()  # host sync: the round's one copy (emitted tokens, path, count)
-            count = out[-1]
-            self.cache.commit_path(path[:count])
-            if spec.needs_drafter and commit_drafter:
-                self.draft_step.commit(tree.tokens[path[:count]], self.cache.length - count)
-        return out[:count], out[depth + 1 : depth + 1 + count], bonus
+            paths = packed[:, depth + 1 : 2 * (depth + 1)]
+            out = packed.tolist()  # host sync: the round's one copy (emitted tokens, paths, counts)
+            counts = [row[-1] if keep else 0 for row, keep in zip(out, active, strict=True)]
+            starts = list(self.cache.lengths)
+            self.cache.commit_path(paths, counts)
+            if spec.needs_drafter and commit_drafter and max(counts):
+                k = max(counts)
+                tokens = tree.tokens.gather(1, paths[:, :k])
+                positions = [
+                    [n + i if i < count else -1 for i in range(k)]
+                    for n, count in zip(starts, counts, strict=True)
+                ]
+                self.draft_step.commit(tokens, torch.tensor(positions, device=self.device))
+            if not all(active):
+                bonus = torch.where(torch.tensor(active, device=self.device), bonus, roots)
+        new_tokens = [row[: row[-1]] for row in out]
+        path_slots = [row[depth + 1 : depth + 1 + row[-1]] for row in out]
+        return new_tokens, path_slots, bonus
 
     def _verify_accept(
         self,
@@ -220,12 +269,13 @@ class SpeculativeEngine:
         capture: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The verify forward and the acceptance rule as ONE step (`TargetStep.verify` with a head): returns
-        (packed [2 (depth + 1) + 1] = emitted tokens, path, count; bonus []) on the device. The random draws
-        are made here, outside the step, so a replayed graph gets fresh ones."""
+        (packed [B, 2 (depth + 1) + 1] = emitted tokens, path, count per row; bonus [B]) on the device. The
+        random draws are made here, outside the step, so a replayed graph gets fresh ones."""
         sampling = config.temperature > 0
         head_inputs = (tree.parents, tree.valid)
         if sampling:
-            head_inputs += (uniforms((1, depth * max_children + 1), generator, self.device),)
+            draws = uniforms((tree.tokens.shape[0], depth * max_children + 1), generator, self.device)
+            head_inputs += (draws,)
             if tree.draft_probs is not None:
                 head_inputs += (tree.draft_probs,)
         key = ("accept", depth, max_children, sampling and tree.draft_probs is not None)
@@ -233,11 +283,12 @@ class SpeculativeEngine:
             key += (config.temperature, config.top_k, config.top_p)
 
         def head(logits, tokens, depths, ancestor_mask, parents, valid, draws=None, draft_probs=None):
-            path, length, bonus = accept_path(
+            paths, lengths, bonus = accept_path(
                 logits, tokens, parents, depths, ancestor_mask, valid, config, depth, max_children, draws,
                 draft_probs,
             )  # fmt: skip
-            return torch.cat([emitted_tokens(tokens, path, length, bonus), path, length.reshape(1)]), bonus
+            emitted = emitted_tokens(tokens, paths, lengths, bonus)
+            return torch.cat([emitted, paths, lengths[:, None]], dim=1), bonus
 
         return self.target_step.verify(
             tree, static=static, capture=capture, head=head, head_inputs=head_inputs, head_key=key
@@ -245,20 +296,22 @@ class SpeculativeEngine:
 
     # ------------------------------------------------------------------ a round's pieces
     # Public so benchmarks/round_latency.py can time them one by one; `generate` strings them together.
-    def reserve(self, max_len: int) -> None:
-        """Allocate the target cache for `max_len` tokens (prompt + new tokens + one round) up front, so later
-        calls up to that size neither reallocate nor, with cuda_graphs, re-capture."""
-        self._ensure_cache(max_len)
+    def reserve(self, max_len: int, batch_size: int = 1) -> None:
+        """Allocate the target cache for `max_len` tokens per sequence (prompt + new tokens + two rounds) up
+        front, so later calls up to that size neither reallocate nor, with cuda_graphs, re-capture."""
+        self._ensure_cache(max_len, batch_size)
 
-    def prefill(self, prompt: torch.Tensor, config: GenerationConfig, generator=None) -> torch.Tensor:
+    def prefill(self, prompt, config: GenerationConfig, generator=None) -> torch.Tensor:
         """Chunked prefill of the whole prompt into the (reserved) cache; returns the first generated token
-        (0-d, on device)."""
-        logits = self.target_step.prefill(prompt, config.prefill_chunk)  # [1, V]
-        return self._pick(logits[0], config, generator)
+        (0-d, on device). A list of prompts fills one cache row each and returns their first tokens [B]."""
+        if isinstance(prompt, list):
+            return self._prefill(prompt, config, generator)
+        return self._prefill([prompt], config, generator)[0]
 
-    def prefill_drafter(self, prompt: torch.Tensor) -> None:
-        """The ring buffer from the last `window` prompt tokens (`DraftStep.prefill`)."""
-        self.draft_step.prefill(prompt)
+    def prefill_drafter(self, prompt) -> None:
+        """The ring buffer from the last `window` tokens of the prompt, or of each of a list of prompts
+        (`DraftStep.prefill`)."""
+        self.draft_step.prefill(prompt if isinstance(prompt, list) else [prompt])
 
     def draft(
         self,
@@ -270,38 +323,44 @@ class SpeculativeEngine:
         config: GenerationConfig | None = None,
         generator: torch.Generator | None = None,
     ) -> DraftTree:
-        """The round's draft tree for `root` (at position cache.length), eager or static / captured
-        (`DraftStep.draft`). With a config whose `rrs` is set, children are sampled from the drafter's q shaped
-        like the target's distribution (noise from `generator`) and the tree carries q as `draft_probs`."""
-        shaping = None
-        if config is not None and config.rrs:
-            shaping = (config.temperature, config.top_k, config.top_p)
-        return self.draft_step.draft(
-            root,
-            layout,
-            self.target_step,
-            static=static,
-            capture=capture,
-            shaping=shaping,
+        """The round's draft tree for `root` (0-d, at position cache.length; or roots [B], one tree per cache
+        row: a tree of [B, N]), eager or static / captured (`DraftStep.draft`). With a config whose `rrs` is set,
+        children are sampled from the drafter's q shaped like the target's distribution (noise from
+        `generator`) and the tree carries q as `draft_probs`."""
+        shaping = None if config is None else _shaping(config)
+        tree = self.draft_step.draft(
+            root.reshape(-1), layout, self.target_step, static=static, capture=capture, shaping=shaping,
             generator=generator,
-        )
+        )  # fmt: skip
+        return tree if root.dim() else tree.row(0)
 
     def verify(self, tree: DraftTree, *, static: bool = False, capture: bool = False) -> torch.Tensor:
-        """ONE target forward over all tree nodes -> logits [N, V] (`TargetStep.verify`); their K/V stay in the
-        cache's pending slots until `cache.commit_path`. static / capture: see GenerationConfig."""
-        return self.target_step.verify(tree, static=static, capture=capture)
+        """ONE target forward over all tree nodes -> logits [N, V] (a tree of [B, N]: [B, N, V];
+        `TargetStep.verify`); their K/V stay in the cache's pending slots until `cache.commit_path`.
+        static / capture: see GenerationConfig."""
+        if tree.tokens.dim() == 2:
+            return self.target_step.verify(tree, static=static, capture=capture)
+        batched = DraftTree(
+            tree.tokens[None], tree.parents[None], tree.depths, tree.ancestor_mask[None], tree.valid[None]
+        )
+        return self.target_step.verify(batched, static=static, capture=capture)[0]
 
     def measure_round_costs(self, config: GenerationConfig, context_lens, *, reps: int = 8) -> MeasuredCosts:
         """tree="auto"'s round costs measured on this device, per context bucket (`round_costs`); kept in
         `self.costs` for later calls."""
         return _measure_round_costs(self, config, context_lens, reps=reps)
 
-    def _ensure_cache(self, needed: int) -> None:
-        """The target cache reserved for `needed` tokens (reused, or grown); the drafter's ring buffer
-        allocated with it on first use, in the cache's dtype."""
-        self.target_step.reserve(needed)
+    def _ensure_cache(self, needed: int, batch_size: int = 1) -> None:
+        """The target cache reserved for `needed` tokens per row (reused, or grown); the drafter's ring buffer
+        allocated with it on first use, in the cache's dtype, one row per sequence."""
+        self.target_step.reserve(needed, batch_size)
         if self.draft_step is not None:
-            self.draft_step.allocate(self.cache.keys.dtype)
+            self.draft_step.allocate(self.cache.keys.dtype, batch_size)
+
+    def _prefill(self, prompts: list[torch.Tensor], config: GenerationConfig, generator) -> torch.Tensor:
+        """`TargetStep.prefill` of every prompt -> the first generated token of each [B] (on device)."""
+        logits = self.target_step.prefill(prompts, config.prefill_chunk)  # [B, V]
+        return self._pick(logits, config, generator)
 
     def _pick(self, logits: torch.Tensor, config: GenerationConfig, generator) -> torch.Tensor:
         if config.temperature == 0:
@@ -325,25 +384,50 @@ def accept_path(
     draws: torch.Tensor | None = None,
     draft_probs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The round's acceptance rule on the device (greedy at T = 0, else `sample_path` with the given uniform
-    `draws`): (path [depth + 1] padded, length [], bonus []); nothing read on the host, fixed shapes."""
+    """The round's acceptance rule on the device, per sequence (tokens / parents / valid [B, N], logits
+    [B, N, V]; greedy at T = 0, else `sample_path` with the given uniform `draws` [B, ...]): (paths [B, depth + 1]
+    padded, lengths [B], bonus [B]); nothing read on the host, fixed shapes."""
     if config.temperature == 0:
         target_argmax = torch.argmax(logits, dim=-1)
         return greedy_path(tokens, parents, depths, ancestor_mask, target_argmax, valid, depth)
     target_probs = target_distribution(
         logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
     )
-    path, length, bonus = sample_path(
-        tokens[None],
-        parents[None],
-        valid[None],
-        target_probs[None],
+    return sample_path(
+        tokens,
+        parents,
+        valid,
+        target_probs,
         draws,
         depth=depth,
         max_children=max_children,
-        draft_probs=None if draft_probs is None else draft_probs[None],
+        draft_probs=draft_probs,
     )
-    return path[0], length[0], bonus[0]
+
+
+def _needed_slots(lengths: list[int], config: GenerationConfig) -> int:
+    """Cache slots per row for a call: the longest prompt + max_new_tokens + two rounds of slack (the last
+    round may commit past max_new_tokens, and a finished row's frozen tree is still verified, into pending
+    slots, while the others run), or what the ragged prefill writes if more."""
+    return max(
+        max(lengths) + config.max_new_tokens + 2 * config.max_round_nodes,
+        prefill_slots(lengths, config.prefill_chunk),
+    )
+
+
+def _shaping(config: GenerationConfig) -> tuple | None:
+    """(temperature, top_k, top_p) when longspec's trees are sampled from the drafter's q (the "rrs" rule)."""
+    return (config.temperature, config.top_k, config.top_p) if config.rrs else None
+
+
+def _lookup_chains(roots: torch.Tensor, contexts: list[torch.Tensor], config: GenerationConfig) -> DraftTree:
+    """PLD: each sequence's prompt-lookup draft as a chain from its root, padded to pld_num_draft (invalid)."""
+    drafts = [prompt_lookup(c, config.pld_num_draft, config.pld_max_ngram) for c in contexts]
+    padded = roots.new_zeros(len(drafts), config.pld_num_draft)
+    for row, draft in enumerate(drafts):
+        padded[row, : draft.numel()] = draft
+    num_valid = torch.tensor([d.numel() for d in drafts], device=roots.device)
+    return chain_tree(roots, padded, num_valid, 1 + config.pld_num_draft)
 
 
 def _finished(emitted: list[int], config: GenerationConfig, *, new: list[int]) -> bool:

@@ -70,7 +70,7 @@ def measure_round_costs(
         return costs
     engine.reserve(max(context_lens) + config.max_round_nodes + 1)
     generator = torch.Generator(device=engine.device).manual_seed(0)
-    root = torch.zeros((), dtype=torch.long, device=engine.device)
+    root = torch.zeros(1, dtype=torch.long, device=engine.device)  # a batch of one
     clock = PhaseClock(engine.device)
     engine.drafter_cache.reset()
     for bucket in missing:

@@ -1,8 +1,9 @@
 """The target side of a round: the static KV cache, the chunked prefill and the ONE verify forward over a draft
 tree (docs/ALGORITHM.md §4.2), eager or on static buffers (captured in a CUDA graph when asked).
 
-Shape legend: T new tokens in one target forward, N tree nodes, n committed tokens (cache length), K cached keys a
-sliding-window layer looks at, V vocabulary, Dm model width, Hkv key-value heads, D head dim, Tmax cache slots.
+Shape legend: B sequences, T new tokens per sequence in one target forward, N tree nodes, n committed tokens (cache
+length: an int shared by every row, or [B] per row), K cached keys a sliding-window layer looks at, V vocabulary,
+Dm model width, Hkv key-value heads, D head dim, Tmax cache slots.
 """
 
 from __future__ import annotations
@@ -30,23 +31,36 @@ class TargetStep:
         self.cache: StaticKVCache | None = None
         self.steps: dict[tuple, StaticStep] = {}  # static / captured steps by (kind, shape, capture, ...)
 
-    def reserve(self, needed: int) -> None:
-        """Allocate the cache once and reuse it across calls (reset to length 0); grow (and drop captured graphs,
-        which hold its addresses) only when a call needs more slots."""
-        if self.cache is not None and self.cache.max_len >= needed:
-            self.cache.reset()
+    def reserve(self, needed: int, batch_size: int = 1) -> None:
+        """Allocate the cache once and reuse it across calls (reset to length 0); reallocate (and drop captured
+        graphs, which hold its addresses) only when a call needs more slots or another batch size."""
+        cache = self.cache
+        if cache is not None and cache.max_len >= needed and cache.batch_size == batch_size:
+            cache.reset()
             return
         self.cache = None  # free the old one first
         self.steps = {}
-        self.cache = StaticKVCache.for_target(self.target, max_len=needed)
+        self.cache = StaticKVCache.for_target(self.target, max_len=needed, batch_size=batch_size)
 
     def static_step(self, key, fn, inputs: tuple[torch.Tensor, ...], capture: bool):
-        """Run fn on static buffers (built, and captured when asked, on first use) with the cache length
+        """Run fn on static buffers (built, and captured when asked, on first use) with the cache lengths
         mirrored on the device. Warm-up / capture calls only write pending cache slots: harmless."""
         self.cache.sync_length()
+        key = (*key, self.cache.batch_size)
         if key not in self.steps:
             self.steps[key] = StaticStep(fn, inputs, capture=capture)
         return self.steps[key](*inputs)
+
+    def lengths(self, static: bool) -> int | torch.Tensor:
+        """The committed length n a forward or draft starts from: the host int when every row shares it (the
+        eager case at batch 1), else the device lengths [B] (ragged rows, or static shapes: nothing read)."""
+        cache = self.cache
+        if static:  # synced by `static_step`, outside any capture (a fill inside one would replay stale)
+            return cache.lengths_t
+        if cache.uniform:
+            return cache.length
+        cache.sync_length()
+        return cache.lengths_t
 
     def forward(
         self,
@@ -56,22 +70,27 @@ class TargetStep:
         *,
         static: bool = False,
     ) -> torch.Tensor:
-        """Target forward over T new tokens at positions n + offsets [T], n = the committed length. new_mask
-        [T, T] says which new tokens see which (a tree's ancestor mask); None means a causal chunk (prefill).
-        Every new token sees the whole committed prefix (within a sliding window where the layer has one). K/V
-        land in the cache's pending slots; the caller commits. Returns hidden [T, Dm].
+        """Target forward over T new tokens per row, tokens [B, T] at positions n + offsets [T], n = each row's
+        committed length. new_mask [T, T] or [B, T, T] says which new tokens see which (a tree's ancestor mask);
+        None means a causal chunk (prefill). Every new token sees its row's whole committed prefix (within a
+        sliding window where the layer has one). K/V land in the cache's pending slots; the caller commits.
+        Returns hidden [B, T, Dm].
 
-        The cache length comes from the host (`cache.length`, eager) or, with static=True, from the device
-        (`cache.length_t`): no host value is read, new K/V go to slots n + i by index_copy_, and a
-        sliding-window layer gathers a fixed-size key window, so the forward can be captured in a CUDA graph."""
-        cache, T = self.cache, tokens.shape[0]
-        n = cache.length_t if static else cache.length
+        n comes from the host (`cache.length`, eager, rows of one length) or from the device (`cache.lengths_t`:
+        ragged rows, or static=True): then new K/V go to slots n + i by scatter, and a sliding-window layer
+        gathers a fixed-size key window per row, so with static=True no host value is read and the forward can
+        be captured in a CUDA graph."""
+        cache, T = self.cache, tokens.shape[1]
+        if not static:
+            cache.check_room(T)
+        n = self.lengths(static)
+        on_device = isinstance(n, torch.Tensor)
         # Eager's fast case: the first prefill chunk is a square causal block, where the flash kernels apply.
-        first_chunk = not static and new_mask is None and n == 0
+        first_chunk = not on_device and new_mask is None and n == 0
         if new_mask is None:
             new_mask = offsets[None, :] <= offsets[:, None]  # causal
-        if static:
-            slots = n + torch.arange(T, device=tokens.device)
+        if on_device:
+            slots = n[:, None] + torch.arange(T, device=tokens.device)  # [B, T]
 
             def write(layer_idx, k, v):
                 return cache.update_static(layer_idx, k, v, slots)
@@ -96,17 +115,27 @@ class TargetStep:
             out, _ = attn_ops.tree_attention(q, _take(keys, select), _take(values, select), mask, scale=scale)
             return out
 
-        return self.target(tokens[None], (n + offsets)[None], attn_fn=attn_fn).hidden[0]
+        return self.target(tokens, _positions(n, offsets), attn_fn=attn_fn).hidden
 
-    def prefill(self, prompt: torch.Tensor, chunk_size: int) -> torch.Tensor:
-        """Chunked prefill of the whole prompt into the (reserved) cache, committed chunk by chunk; returns the
-        last prompt token's logits [1, V] (what the first generated token is picked from)."""
-        hidden = None
-        for start in range(0, prompt.numel(), chunk_size):
-            chunk = prompt[start : start + chunk_size]
-            hidden = self.forward(chunk, torch.arange(chunk.numel(), device=self.device), None)
-            self.cache.commit(chunk.numel())
-        return self.target.logits(hidden[-1:])  # [1, V]
+    def prefill(self, prompts: list[torch.Tensor], chunk_size: int) -> torch.Tensor:
+        """Chunked prefill of every prompt into its cache row, committed chunk by chunk; returns each prompt's
+        last-token logits [B, V] (what the first generated token is picked from). Prompts of different lengths
+        share each chunk's forward: a shorter row is padded at its end, and its padding, written past its
+        length, is never committed (causal attention keeps it out of the real tokens' view)."""
+        lengths = [p.numel() for p in prompts]
+        last: list[torch.Tensor | None] = [None] * len(prompts)
+        for start in range(0, max(lengths), chunk_size):
+            counts = [min(max(n - start, 0), chunk_size) for n in lengths]
+            T = max(counts)
+            tokens = torch.zeros(len(prompts), T, dtype=torch.long, device=self.device)
+            for row, (prompt, count) in enumerate(zip(prompts, counts, strict=True)):
+                tokens[row, :count] = prompt[start : start + count]
+            hidden = self.forward(tokens, torch.arange(T, device=self.device), None)  # [B, T, Dm]
+            for row, (n, count) in enumerate(zip(lengths, counts, strict=True)):
+                if count and start + count == n:
+                    last[row] = hidden[row, count - 1]
+            self.cache.commit(counts)
+        return self.target.logits(torch.stack(last))  # [B, V]
 
     def verify(
         self,
@@ -118,8 +147,9 @@ class TargetStep:
         head_inputs: tuple[torch.Tensor, ...] = (),
         head_key: tuple = (),
     ):
-        """ONE target forward over all tree nodes -> logits [N, V] (node i predicts its children). Their K/V
-        stay in the cache's pending slots until `cache.commit_path`. static / capture: see GenerationConfig.
+        """ONE target forward over all tree nodes of every sequence's tree [B, N] -> logits [B, N, V] (node i
+        predicts its children). Their K/V stay in the cache's pending slots until `cache.commit_path`.
+        static / capture: see GenerationConfig.
 
         `head(logits, tokens, depths, ancestor_mask, *head_inputs)`, when given, is what the round does with the
         logits (its acceptance rule) and its result is returned instead. It runs inside the same step, so with
@@ -137,27 +167,54 @@ class TargetStep:
         return self.static_step(("verify", tree.num_nodes, capture, head_key), run, inputs, capture)
 
 
+def prefill_slots(lengths: list[int], chunk_size: int) -> int:
+    """Cache slots `TargetStep.prefill` writes for prompts of these lengths: a row whose prompt ended early
+    still receives the later chunks' padding past its length."""
+    most = 0
+    for start in range(0, max(lengths), chunk_size):
+        counts = [min(max(n - start, 0), chunk_size) for n in lengths]
+        most = max(most, max(min(n, start) + max(counts) for n in lengths))
+    return most
+
+
+def _positions(n: int | torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Positions of new tokens at `offsets` [T] past n: [T] for a host n, [..., T] for a device n [...]."""
+    return n[..., None] + offsets if isinstance(n, torch.Tensor) else n + offsets
+
+
 def _window_keys(
     n: int | torch.Tensor, offsets: torch.Tensor, new_mask: torch.Tensor, window: int
 ) -> tuple[slice | torch.Tensor, torch.Tensor]:
-    """(select, mask [T, K + T]) for a sliding-window layer's attention over the cache ++ T new tokens at
+    """(select, mask [..., T, K + T]) for a sliding-window layer's attention over the cache ++ T new tokens at
     positions n + offsets: `select` picks the K cached keys that may be in a query's window and the new ones;
-    cached key j is visible iff it exists and within_window(n + offset, j); new tokens follow new_mask within
-    the window. Host n: the slice [max(0, n - window), n + T). Device n (static shapes, no host sync): slot
-    indices, the `window` slots before n (clamped at 0, masked when they do not exist) then the T new ones."""
+    cached key j is visible iff it exists and within_window(n + offset, j); new tokens follow new_mask ([T, T]
+    or [B, T, T]) within the window. Host n: the slice [max(0, n - window), n + T). Device n ([] or one per
+    row [B]; static shapes, no host sync): slot indices [..., K + T], the `window` slots before n (clamped at 0,
+    masked when they do not exist) then the T new ones."""
     T, device = offsets.shape[0], offsets.device
     if isinstance(n, torch.Tensor):
-        cached = n - window + torch.arange(window, device=device)  # may be < 0: no such key
-        select = torch.cat([cached.clamp(min=0), n + torch.arange(T, device=device)])
+        cached = n[..., None] - window + torch.arange(window, device=device)  # may be < 0: no such key
+        select = torch.cat([cached.clamp(min=0), n[..., None] + torch.arange(T, device=device)], dim=-1)
     else:
         lo = max(0, n - window)
         cached = torch.arange(lo, n, device=device)
         select = slice(lo, n + T)
-    cache_part = (cached >= 0)[None, :] & within_window((n + offsets)[:, None], cached[None, :], window)
+    queries = _positions(n, offsets)  # [..., T]
+    cache_part = (cached >= 0)[..., None, :] & within_window(
+        queries[..., :, None], cached[..., None, :], window
+    )
     new_part = new_mask & within_window(offsets[:, None], offsets[None, :], window)
-    return select, torch.cat([cache_part, new_part], dim=1)
+    lead = torch.broadcast_shapes(cache_part.shape[:-2], new_part.shape[:-2])
+    parts = [part.expand(*lead, *part.shape[-2:]) for part in (cache_part, new_part)]
+    return select, torch.cat(parts, dim=-1)
 
 
 def _take(keys: torch.Tensor, select: slice | torch.Tensor) -> torch.Tensor:
-    """keys [B, Hkv, Tmax, D] at the slots `select` (a slice, or an index tensor gathered on the device)."""
-    return keys[:, :, select] if isinstance(select, slice) else keys.index_select(2, select)
+    """keys [B, Hkv, Tmax, D] at the slots `select`: a slice, or device indices [K] (every row) or [B, K] (one
+    set per row), gathered on the device."""
+    if isinstance(select, slice):
+        return keys[:, :, select]
+    if select.dim() == 1:
+        return keys.index_select(2, select)
+    B, Hkv, _, D = keys.shape
+    return keys.gather(2, select[:, None, :, None].expand(B, Hkv, select.shape[1], D))

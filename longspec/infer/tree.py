@@ -64,44 +64,57 @@ def _depths(widths: tuple[int, ...], device: torch.device) -> torch.Tensor:
 
 @dataclass
 class DraftTree:
-    """One round's candidate tree (fields described in longspec.infer.accept)."""
+    """One round's candidate tree (fields described in longspec.infer.accept), or one tree per sequence of a
+    batch: every field but `depths` (the layout's, shared) may carry leading batch dims [B]."""
 
-    tokens: torch.Tensor  # [N] long
-    parents: torch.Tensor  # [N] long, root -1
+    tokens: torch.Tensor  # [..., N] long
+    parents: torch.Tensor  # [..., N] long, root -1
     depths: torch.Tensor  # [N] long
-    ancestor_mask: torch.Tensor  # [N, N] bool, row i: i and its ancestors
-    valid: torch.Tensor  # [N] bool
-    draft_probs: torch.Tensor | None = None  # [N, V] q each node's children were sampled from (sampled trees)
+    ancestor_mask: torch.Tensor  # [..., N, N] bool, row i: i and its ancestors
+    valid: torch.Tensor  # [..., N] bool
+    # [..., N, V] the q each node's children were sampled from (sampled trees)
+    draft_probs: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, layout: TreeLayout, root_token: torch.Tensor) -> DraftTree:
-        """A tree with only the root filled in; levels are written by `set_level`."""
-        device = root_token.device
+        """A tree with only the root filled in (root_token [] or [B]: one tree per sequence); levels are
+        written by `set_level`."""
+        device, lead = root_token.device, tuple(root_token.shape)
         n = layout.num_nodes
         tree = cls(
-            tokens=torch.zeros(n, dtype=torch.long, device=device),
-            parents=torch.full((n,), -1, dtype=torch.long, device=device),
+            tokens=torch.zeros(*lead, n, dtype=torch.long, device=device),
+            parents=torch.full((*lead, n), -1, dtype=torch.long, device=device),
             depths=layout.depths(device).clone(),
-            ancestor_mask=torch.zeros(n, n, dtype=torch.bool, device=device),
-            valid=torch.ones(n, dtype=torch.bool, device=device),
+            ancestor_mask=torch.zeros(*lead, n, n, dtype=torch.bool, device=device),
+            valid=torch.ones(*lead, n, dtype=torch.bool, device=device),
         )
-        tree.tokens[0] = root_token
+        tree.tokens[..., 0] = root_token
         # fill_, not setitem: setitem copies a host scalar (not graph-safe)
-        tree.ancestor_mask[0, :1].fill_(True)
+        tree.ancestor_mask[..., 0, :1].fill_(True)
         return tree
 
     def set_level(self, level_slice: slice, parents: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Write one level: parents are absolute node indices of an earlier level."""
+        """Write one level: parents / tokens [..., W], parents absolute node indices of an earlier level."""
         idx = torch.arange(level_slice.start, level_slice.stop, device=self.tokens.device)
-        self.tokens[idx] = tokens
-        self.parents[idx] = parents
+        self.tokens[..., idx] = tokens
+        self.parents[..., idx] = parents
         # A node sees what its parent sees, plus itself.
-        self.ancestor_mask[idx] = self.ancestor_mask[parents]
-        self.ancestor_mask[idx, idx] = torch.ones_like(idx, dtype=torch.bool)  # a device value: graph-safe
+        rows = parents[..., None].expand(*parents.shape, self.ancestor_mask.shape[-1])
+        self.ancestor_mask[..., idx, :] = self.ancestor_mask.gather(-2, rows)
+        ones = torch.ones_like(idx, dtype=torch.bool)  # a device value: graph-safe
+        self.ancestor_mask[..., idx, idx] = ones
 
     @property
     def num_nodes(self) -> int:
-        return self.tokens.shape[0]
+        return self.tokens.shape[-1]
+
+    def row(self, index: int) -> DraftTree:
+        """Sequence `index`'s tree of a batch of trees (views)."""
+        probs = None if self.draft_probs is None else self.draft_probs[index]
+        tokens, parents, mask, valid = (
+            t[index] for t in (self.tokens, self.parents, self.ancestor_mask, self.valid)
+        )
+        return DraftTree(tokens, parents, self.depths, mask, valid, probs)
 
     def dynamic_part(self) -> tuple[torch.Tensor, ...]:
         """What changes between rounds of one layout: (tokens, parents, ancestor_mask, valid[, draft_probs])."""
@@ -128,16 +141,17 @@ def beam_step(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One level of dynamic beam search.
 
-    parent_scores [P] cumulative log-probs of the current level's paths; draft_logprobs [P, V] the drafter's
-    next-token log-probs at those nodes. Returns (parent_local [W] index into the P nodes, tokens [W], scores [W]),
-    the global top-W of parent_scores[:, None] + draft_logprobs, best first. (parent, token) pairs are distinct,
-    so siblings never repeat a token (acceptance relies on that).
+    parent_scores [..., P] cumulative log-probs of the current level's paths; draft_logprobs [..., P, V] the
+    drafter's next-token log-probs at those nodes (leading dims: one tree per sequence of a batch). Returns
+    (parent_local [..., W] index into the P nodes, tokens [..., W], scores [..., W]), the global top-W of
+    parent_scores[..., None] + draft_logprobs per tree, best first. (parent, token) pairs are distinct, so
+    siblings never repeat a token (acceptance relies on that).
     """
-    num_parents, vocab = draft_logprobs.shape
+    num_parents, vocab = draft_logprobs.shape[-2:]
     if width > num_parents * vocab:
         raise ValueError(f"tree level width {width} exceeds {num_parents} nodes x vocab {vocab}")
-    scores = (parent_scores[:, None] + draft_logprobs.float()).flatten()
-    top_scores, flat = torch.topk(scores, width)
+    scores = (parent_scores[..., None] + draft_logprobs.float()).flatten(-2)
+    top_scores, flat = torch.topk(scores, width, dim=-1)
     return flat // vocab, flat % vocab, top_scores
 
 
@@ -186,19 +200,25 @@ def tree_name(widths: tuple[int, ...]) -> str:
 
 
 def chain_tree(
-    root_token: torch.Tensor, draft_tokens: torch.Tensor, num_valid: int, num_nodes: int
+    root_token: torch.Tensor, draft_tokens: torch.Tensor, num_valid: int | torch.Tensor, num_nodes: int
 ) -> DraftTree:
-    """A chain root -> d1 -> d2 ... padded to `num_nodes` (PLD, AR): padding nodes are invalid, never accepted."""
-    device = root_token.device
-    draft_tokens = draft_tokens[: num_nodes - 1]
-    tokens = torch.zeros(num_nodes, dtype=torch.long, device=device)
-    tokens[0] = root_token
-    tokens[1 : 1 + draft_tokens.shape[0]] = draft_tokens
+    """A chain root -> d1 -> d2 ... padded to `num_nodes` (PLD, AR): padding nodes are invalid, never accepted.
+    root_token [] or [B]; draft_tokens [..., k]; num_valid an int or [B] (valid drafts per sequence)."""
+    device, lead = root_token.device, tuple(root_token.shape)
+    draft_tokens = draft_tokens[..., : num_nodes - 1]
+    num_drafts = draft_tokens.shape[-1]
+    tokens = torch.zeros(*lead, num_nodes, dtype=torch.long, device=device)
+    tokens[..., 0] = root_token
+    tokens[..., 1 : 1 + num_drafts] = draft_tokens
     idx = torch.arange(num_nodes, device=device)
+    if isinstance(num_valid, torch.Tensor):
+        valid = idx <= num_valid.clamp(max=num_drafts)[..., None]
+    else:
+        valid = (idx <= min(num_valid, num_drafts)).expand(*lead, num_nodes)
     return DraftTree(
         tokens=tokens,
-        parents=idx - 1,
+        parents=(idx - 1).expand(*lead, num_nodes),
         depths=idx,
-        ancestor_mask=idx[None, :] <= idx[:, None],
-        valid=idx <= min(num_valid, draft_tokens.shape[0]),
+        ancestor_mask=(idx[None, :] <= idx[:, None]).expand(*lead, num_nodes, num_nodes),
+        valid=valid,
     )

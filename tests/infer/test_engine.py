@@ -45,7 +45,7 @@ class OracleDrafter:
     tree_level = Drafter.tree_level  # the real draft step (keys, masks), over this stub's self_kv and block
 
     def self_kv(self, input_ids, position_ids):
-        shape = (1, self.config.num_kv_heads, input_ids.shape[1], self.config.head_dim)
+        shape = (input_ids.shape[0], self.config.num_kv_heads, input_ids.shape[1], self.config.head_dim)
         return torch.zeros(shape), torch.zeros(shape)
 
     def embed(self, input_ids):
@@ -60,7 +60,7 @@ class OracleDrafter:
         for row, pos in enumerate(positions):
             token = self.sequence[pos + 1]
             out[row, token] = 10.0 if self.favour(pos + 1) else float("-inf")
-        return out
+        return out.reshape(*hidden.shape[:-1], self.vocab)
 
 
 @pytest.mark.parametrize(

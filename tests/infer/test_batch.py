@@ -1,0 +1,155 @@
+"""Batched generation (issue 13): a batch of prompts of different lengths decoded together is lossless per
+sequence: at T=0 every sequence's tokens equal its own single-sequence greedy output, on every family, with
+ragged acceptance (a forcing drafter) and sequences that finish early (EOS) while the others run."""
+
+import pytest
+import torch
+from infer_helpers import WINDOW, random_drafter, reference_greedy
+
+from longspec.drafter import Drafter, DrafterConfig
+from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.testing import make_tiny_target
+
+LENGTHS = (
+    17,
+    40,
+    63,
+)  # > drafter window 8 and Mistral's window 16; prefill chunks of 16 end at different rounds
+FAMILIES = ["llama", "qwen2", "mistral", "qwen3"]
+
+
+class BatchOracleDrafter:
+    """Stub drafter that proposes sequence b's reference continuation: the "hidden state" of a query is its
+    (row, position), and the logits at position p favour (or ban) sequences[row][p + 1], per `favour(p + 1)`.
+    The ring buffer and the draft step are the real ones (`Drafter.fill_cache`, `Drafter.tree_level`)."""
+
+    def __init__(self, config: DrafterConfig, sequences: list[list[int]], favour):
+        self.config, self.sequences, self.favour = config, sequences, favour
+
+    fill_cache = Drafter.fill_cache
+    tree_level = Drafter.tree_level
+
+    def self_kv(self, input_ids, position_ids):
+        shape = (input_ids.shape[0], self.config.num_kv_heads, input_ids.shape[1], self.config.head_dim)
+        return torch.zeros(shape), torch.zeros(shape)
+
+    def embed(self, input_ids):
+        return torch.zeros(*input_ids.shape, 1)
+
+    def block(self, h_in, position_ids, *args):
+        rows = torch.arange(position_ids.shape[0])[:, None].expand_as(position_ids)
+        return torch.stack([rows, position_ids], dim=-1).float()  # [B, P, 2]
+
+    def logits(self, hidden):
+        out = torch.zeros(*hidden.shape[:-1], self.config.vocab_size)  # [B, P, V]
+        for index in torch.cartesian_prod(*(torch.arange(d) for d in hidden.shape[:-1])).tolist():
+            row, pos = (int(x) for x in hidden[tuple(index)].tolist())
+            token = self.sequences[row][pos + 1]
+            out[tuple(index) + (token,)] = 10.0 if self.favour(pos + 1) else float("-inf")
+        return out
+
+
+def _prompts(seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (n,), generator=gen) for n in LENGTHS]
+
+
+def _oracle(target, prompts, refs, favour=lambda p: p % 3 != 0):
+    sequences = [p.tolist() + r + [0] * 16 for p, r in zip(prompts, refs, strict=True)]
+    config = DrafterConfig.from_target_config(target.config, window=WINDOW)
+    return BatchOracleDrafter(config, sequences, favour)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batch_greedy_equals_each_sequence_alone(family):
+    """Mixed prompt lengths, a fixed tree, ragged acceptance (the oracle accepts 0-2 tokens per round, at
+    different rounds for different rows), and one sequence finishing early on an EOS."""
+    target = make_tiny_target(family)
+    prompts = _prompts()
+    refs = [reference_greedy(target, p, 20) for p in prompts]
+    eos = refs[1][4]  # sequence 1 stops after at most 5 tokens; the others may or may not meet it
+    expected = [r[: r.index(eos) + 1] if eos in r else r for r in refs]
+    assert len(expected[1]) <= 5 < max(len(e) for e in expected)
+    engine = SpeculativeEngine(target, _oracle(target, prompts, refs))
+    config = GenerationConfig(
+        max_new_tokens=20, tree_widths=(2, 3, 3), prefill_chunk=16, eos_token_ids=(eos,)
+    )
+    results = engine.generate_batch(prompts, config)
+    assert [r.tokens for r in results] == expected
+    for result, tokens in zip(results, expected, strict=True):
+        assert result.stats.num_new_tokens == len(tokens)
+        assert result.stats.trees == {"2-3-3": result.stats.rounds}
+    accepted = [r.stats.accepted for r in results]
+    assert max(max(a) for a in accepted) == 2 and min(min(a) for a in accepted) == 0
+    # the early finisher ran fewer rounds: it stopped while the others went on
+    assert results[1].stats.rounds < max(r.stats.rounds for r in results)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batch_with_real_drafter_and_baselines(family):
+    """The real (random) drafter's batched draft step over ragged rows, and `ar` / `pld` through the same
+    batched round, each equal to every sequence's own greedy output."""
+    target = make_tiny_target(family)
+    prompts = _prompts(seed=1)
+    refs = [reference_greedy(target, p, 12) for p in prompts]
+    engine = SpeculativeEngine(target, random_drafter(target))
+    config = GenerationConfig(max_new_tokens=12, tree_widths=(2, 3), prefill_chunk=16)
+    for method in ("longspec", "ar", "pld"):
+        results = engine.generate_batch(prompts, config, method=method)
+        assert [r.tokens for r in results] == refs, method
+        if method == "ar":
+            assert all(r.stats.rounds == 11 for r in results)
+
+
+def test_batch_of_one_equals_generate():
+    target = make_tiny_target("llama")
+    prompt = _prompts()[1]
+    ref = reference_greedy(target, prompt, 16)
+    engine = SpeculativeEngine(target, _oracle(target, [prompt], [ref]))
+    config = GenerationConfig(max_new_tokens=16, tree_widths=(2, 3, 3))
+    alone = engine.generate(prompt, config)
+    (batched,) = engine.generate_batch([prompt], config)
+    assert alone.tokens == batched.tokens == ref
+    assert alone.stats.accepted == batched.stats.accepted and sum(alone.stats.accepted) > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_batch_static_shapes_equal_eager(family):
+    """The static-shape path (what CUDA graphs capture: device-side per-row lengths, scatter writes, per-row
+    sliding-window gathers), run uncaptured on CPU over a ragged batch."""
+    target = make_tiny_target(family)
+    prompts = _prompts(seed=2)
+    refs = [reference_greedy(target, p, 14) for p in prompts]
+    engine = SpeculativeEngine(target, _oracle(target, prompts, refs))
+    for method in ("longspec", "ar"):
+        config = GenerationConfig(max_new_tokens=14, tree_widths=(2, 3, 3), static_shapes=True)
+        results = engine.generate_batch(prompts, config, method=method)
+        assert [r.tokens for r in results] == refs, method
+
+
+def test_batch_tree_auto_runs_the_default_fixed_tree():
+    target = make_tiny_target("llama")
+    prompts = _prompts()
+    refs = [reference_greedy(target, p, 8) for p in prompts]
+    engine = SpeculativeEngine(target, random_drafter(target))
+    results = engine.generate_batch(prompts, GenerationConfig(max_new_tokens=8))
+    assert [r.tokens for r in results] == refs
+    assert all(set(r.stats.trees) == {"4-16-16-16-16"} for r in results)
+    assert engine.costs is None  # no round costs measured for a batch
+
+
+@pytest.mark.parametrize("rule", ["rrs", "deterministic"])
+def test_batch_sampling_path_with_a_one_hot_target_is_greedy(rule):
+    """T > 0 through the batched sampling path (per-row sampled trees, batched recursive rejection): with top_k=1
+    the target distribution is one-hot, so every exact sample is the greedy token, eager and static. (The
+    statistical test of batched sampling is still to come: issue 13.)"""
+    target = make_tiny_target("qwen3")
+    prompts = _prompts(seed=3)
+    refs = [reference_greedy(target, p, 10) for p in prompts]
+    engine = SpeculativeEngine(target, random_drafter(target))
+    for static in (False, True):
+        config = GenerationConfig(
+            max_new_tokens=10, temperature=1.0, top_k=1, tree_widths=(2, 3), sampling_rule=rule,
+            static_shapes=static,
+        )  # fmt: skip
+        assert [r.tokens for r in engine.generate_batch(prompts, config)] == refs
