@@ -72,6 +72,8 @@ def build_engine(
         ]
     )
     ds_config = build_deepspeed_config(cfg, world_size=world_size)
+    # as longspec.train.build.build_model: MAX_LEN from the target's context (30000 for Llama-3.1-8B)
+    cfg.stage.anchor_max_len = cfg.stage.resolve_anchor_max_len(hf_config.max_position_embeddings)
     if zero_stage == 3:
         from transformers import AutoModelForCausalLM
 
@@ -118,7 +120,7 @@ def run_case(engine, model, cfg, *, name, rows, seq_len, anchor, steps, warmup, 
     labels[:, -1] = -100
     if anchor:
         positions = anchor_offset_position_ids(
-            rows, seq_len, max_len=cfg.target.anchor_max_len, generator=generator
+            rows, seq_len, max_len=cfg.stage.anchor_max_len, generator=generator
         )
     else:
         positions = torch.arange(seq_len).expand(rows, seq_len)

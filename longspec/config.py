@@ -14,12 +14,20 @@ from typing import TypeVar
 
 from omegaconf import MISSING
 
-__all__ = ["CONFIG_DIR", "TargetConfig", "compose", "check", "Schema", "drafter_window"]
+__all__ = ["CONFIG_DIR", "MOVED_KEYS", "TargetConfig", "compose", "check", "Schema", "drafter_window"]
 
 # The YAMLs shipped in the package; LONGSPEC_CONFIG_DIR points at a directory of your own instead.
 CONFIG_DIR = os.environ.get("LONGSPEC_CONFIG_DIR", os.path.join(os.path.dirname(__file__), "configs"))
 
 T = TypeVar("T")
+
+# Keys that left a schema, each with where it lives now: an old spelling (an override, a YAML of your own) is one
+# error saying so, not Hydra's "not in 'TargetConfig'". A moved key is never read from its old place.
+MOVED_KEYS = {
+    "target.anchor_max_len": "target.anchor_max_len is training-only and now stage.anchor_max_len (python -m "
+    "longspec.train ... stage.anchor_max_len=N; null derives it from the target's context); evaluation does not "
+    "take it",
+}
 
 
 def check(condition: bool, message: str) -> None:
@@ -52,10 +60,6 @@ class TargetConfig(Schema):
     # `path`, a path to a .gguf (path then null or its directory), or pkg://PACKAGE/FILE (a file shipped inside an
     # installed Python package). The tokenizer comes from the same file.
     gguf_file: str | None = None
-    # Training only (stage-1 anchor-offset positions: MAX_LEN, 15K for 16K-context targets, else 30K). It is a fact
-    # about the target, so the target YAML states it and serves train and eval alike; eval accepts it and never
-    # reads it, and TrainConfig requires it when a stage uses anchor offsets. null: not given.
-    anchor_max_len: int | None = None
     trust_remote_code: bool = False  # passed to transformers; off unless you trust the repository
 
     def validate(self) -> None:
@@ -64,10 +68,6 @@ class TargetConfig(Schema):
         check(
             bool(self.path) or bool(self.gguf_file),
             "target.path must be a local model directory or a hub id (or set target.gguf_file)",
-        )
-        check(
-            self.anchor_max_len is None or self.anchor_max_len > 0,
-            f"target.anchor_max_len must be > 0, got {self.anchor_max_len}",
         )
         if self.gguf_file or is_gguf_name(self.path or ""):
             # Finds the file now (an installed package, a path), so a missing one is one clear line before
@@ -137,6 +137,9 @@ def compose(
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    for override in overrides or []:
+        key = override.split("=", 1)[0].lstrip("+~")
+        check(key not in MOVED_KEYS, f"invalid {what}: {MOVED_KEYS.get(key)} (got {override!r})")
     ConfigStore.instance().store(name=schema_name, node=schema)
     GlobalHydra.instance().clear()
     try:
@@ -144,6 +147,9 @@ def compose(
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []))
         cfg = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as e:
+        moved = _moved_key(e)
+        if moved is not None:  # a YAML of your own that still spells it the old way
+            raise ValueError(f"invalid {what}: {MOVED_KEYS[moved]} (a config file sets {moved})") from e
         # Hydra's message names the override; the cause names the field and the expected type.
         detail = str(e) if e.__cause__ is None else f"{e}: {e.__cause__}"
         raise ValueError(f"invalid {what}: {detail}") from e
@@ -151,3 +157,12 @@ def compose(
         GlobalHydra.instance().clear()
     assert isinstance(cfg, schema), type(cfg)
     return cfg
+
+
+def _moved_key(error: BaseException | None) -> str | None:
+    """The MOVED_KEYS entry an OmegaConf error (anywhere in `error`'s chain) is about, if any."""
+    while error is not None:
+        if getattr(error, "full_key", None) in MOVED_KEYS:
+            return error.full_key
+        error = error.__cause__ or error.__context__
+    return None

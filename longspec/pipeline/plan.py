@@ -230,8 +230,8 @@ def stage_steps(
     """train_<name> (torchrun -m longspec.train) + export_<name> (python -m longspec.export RUN_DIR RUN_DIR/export).
     Also used by benchmarks/ablations/."""
     py = sys.executable
-    # anchor_max_len is training-only (longspec.config.TargetConfig): the eval commands do not carry it
-    anchor = [] if preset.anchor_max_len is None else [f"target.anchor_max_len={preset.anchor_max_len}"]
+    # anchor_max_len is training-only (stage.anchor_max_len): the eval commands do not carry it
+    anchor = [] if preset.anchor_max_len is None else [f"stage.anchor_max_len={preset.anchor_max_len}"]
     overrides = [*target_overrides, *anchor, *stage.overrides(), f"drafter.window={preset.window}",
                  f"loss.distill_weight={preset.distill_weight}", f"data.path={data_path}", f"output_dir={run_dir}",
                  "checkpoint.resume=never"]  # fmt: skip

@@ -108,7 +108,8 @@ class PipelineConfig(Schema):
     # a GGUF file de-quantized once into OUT/target (python -m longspec.convert_gguf) that every step then loads
     target_gguf: str | None = None
     target_dtype: str = "float32"  # the converted target's stored dtype (training and eval pick their own)
-    # MAX_LEN of stage-1 anchor-offset positions (the target's trained context); null: target_config's
+    # MAX_LEN of stage-1 anchor-offset positions (training's stage.anchor_max_len); null: derived from the
+    # target's context (longspec.positions.default_max_len)
     anchor_max_len: int | None = None
     lcc_max_context_chars: int = MISSING  # longest LCC context the corpus builder writes (eval prompt length)
     num_procs: int = MISSING  # training processes (torchrun --nproc_per_node)

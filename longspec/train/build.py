@@ -109,15 +109,17 @@ def build_model(
         )
     if tokenizer is not None:
         target.check_tokenizer(tokenizer)
-    max_pos = getattr(target.config, "max_position_embeddings", None)
-    if (
-        cfg.stage.position_ids == "anchor_offset"
-        and max_pos is not None
-        and cfg.target.anchor_max_len > max_pos
-    ):
-        raise ValueError(
-            f"target.anchor_max_len ({cfg.target.anchor_max_len}) exceeds the target's context "
-            f"({max_pos} positions)"
+    if cfg.stage.position_ids == "anchor_offset":
+        # Resolved here, where the target's context is first known: the trainer and the run's config.yaml see
+        # the number.
+        max_pos = getattr(target.config, "max_position_embeddings", None)
+        given = cfg.stage.anchor_max_len
+        cfg.stage.anchor_max_len = cfg.stage.resolve_anchor_max_len(max_pos)
+        log.info(
+            "anchor-offset positions below %d (%s; the target has %s positions)",
+            cfg.stage.anchor_max_len,
+            "stage.anchor_max_len" if given is not None else "derived",
+            max_pos,
         )
     source = None
     if cfg.init_from is not None:

@@ -71,6 +71,12 @@ class StageConfig(Schema):
     name: str = MISSING  # stage1_slimpajama | stage2_prolong | stage3_sft | a tiny variant
     position_ids: str = "plain"  # "anchor_offset" (stage 1) or "plain" (0..T-1, long stages)
     num_anchors: int = 4  # anchor-offset: the first positions kept as attention sinks
+    # anchor-offset: MAX_LEN, every position id stays below it (ALGORITHM §3.1). null: derived from the target's
+    # trained context (longspec.positions.default_max_len: 15000 for 16K, 30000 for 32K and longer). Training-only,
+    # so it lives here and not in the target schema that eval shares; the value depends on the target, which is why
+    # it is derived from the target's own config rather than written into target or stage YAMLs. Resolved by
+    # resolve_anchor_max_len when the target is loaded; unused by plain-position stages.
+    anchor_max_len: int | None = None
     num_draft_levels: int = 5  # gamma: flash-noisy lag j ~ U{1..gamma-1}, one draw per micro-batch
     flash_noisy: bool = True  # the lag above (all paper stages); False trains with lag 0
     seq_len: int = MISSING  # row length the data must have (packed) or not exceed (SFT)
@@ -103,6 +109,44 @@ class StageConfig(Schema):
             self.position_ids != "anchor_offset" or self.num_anchors < self.seq_len,
             f"stage.num_anchors ({self.num_anchors}) must be < stage.seq_len ({self.seq_len})",
         )
+        check(
+            self.anchor_max_len is None or self.anchor_max_len >= 1,
+            f"stage.anchor_max_len must be >= 1, got {self.anchor_max_len}",
+        )
+        check(
+            self.position_ids != "anchor_offset"
+            or self.anchor_max_len is None
+            or self.anchor_max_len >= self.seq_len,
+            f"stage.anchor_max_len ({self.anchor_max_len}) must be >= stage.seq_len ({self.seq_len})",
+        )
+
+    def resolve_anchor_max_len(self, max_positions: int | None) -> int:
+        """MAX_LEN of this anchor-offset stage for a target of `max_positions` positions (its config's
+        max_position_embeddings; None when it has none): an explicit stage.anchor_max_len wins but must fit the
+        target's context, null derives the paper's value from it (longspec.positions.default_max_len)."""
+        from longspec.positions import default_max_len
+
+        assert self.position_ids == "anchor_offset", self.position_ids
+        if self.anchor_max_len is not None:
+            check(
+                max_positions is None or self.anchor_max_len <= max_positions,
+                f"stage.anchor_max_len ({self.anchor_max_len}) exceeds the target's context ({max_positions} "
+                "positions)",
+            )
+            return self.anchor_max_len
+        check(
+            max_positions is not None,
+            f"stage {self.name} uses anchor-offset positions and the target's config has no "
+            "max_position_embeddings to derive MAX_LEN from: set stage.anchor_max_len (its trained context)",
+        )
+        derived = default_max_len(max_positions)
+        check(
+            derived >= self.seq_len,
+            f"stage.seq_len ({self.seq_len}) exceeds the anchor-offset MAX_LEN {derived} derived from the "
+            f"target's context ({max_positions} positions): set stage.anchor_max_len (<= {max_positions}) or "
+            "shorten the rows",
+        )
+        return derived
 
 
 @dataclass(kw_only=True)
@@ -280,16 +324,6 @@ class TrainConfig(Schema):
                 "`python -m longspec.export RUN_DIR OUT_DIR`"
             )
         self.drafter.window = drafter_window(self.drafter.window, self.init_from, field="drafter.window")
-        if self.stage.position_ids == "anchor_offset":
-            check(
-                self.target.anchor_max_len is not None,
-                f"stage {self.stage.name} uses anchor-offset positions: set target.anchor_max_len (the target's "
-                "trained context, e.g. 30000; the target YAMLs in longspec/configs/target/ state it)",
-            )
-            check(
-                self.target.anchor_max_len >= self.stage.seq_len,
-                f"target.anchor_max_len ({self.target.anchor_max_len}) must be >= stage.seq_len ({self.stage.seq_len})",
-            )
 
 
 def load_config(overrides: list[str] | None = None, *, config_name: str = "train") -> TrainConfig:

@@ -209,7 +209,7 @@ class Trainer:
         return anchor_offset_position_ids(
             batch_size,
             seq_len,
-            max_len=self.cfg.target.anchor_max_len,
+            max_len=stage.anchor_max_len,  # resolved by build_model
             num_anchors=stage.num_anchors,
             generator=generator,
         )

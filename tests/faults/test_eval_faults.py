@@ -102,6 +102,10 @@ def test_source_with_nothing_to_evaluate_is_one_error(tmp_path, target_dir, caps
             ["max_new_tokens=5000", "data.context_margin=0"],
             r"= 5128 tokens, past .*max_position_embeddings=4096",
         ),
+        (
+            ["target.anchor_max_len=2048"],
+            r"training-only and now stage.anchor_max_len .* evaluation does not take it",
+        ),
     ],
     ids=[
         "tree_widths",
@@ -112,6 +116,7 @@ def test_source_with_nothing_to_evaluate_is_one_error(tmp_path, target_dir, caps
         "margin_vs_model",
         "len",
         "positions",
+        "training_only",
     ],
 )
 def test_config_errors_come_before_the_target_loads(tmp_path, target_dir, capsys, extra, pattern):
@@ -138,5 +143,7 @@ def test_a_window_that_contradicts_the_loaded_drafter_is_an_error(tmp_path, targ
     with mock.patch("longspec.target.TargetModel.from_pretrained") as load:
         status, err = run_in_process(main, _overrides(target_dir, data, tmp_path / "out", *extra), capsys)
     assert status == 2 and not load.called
-    assert_one_line_error(err, r"drafter.window=512 but the drafter at .* was trained with window 64", exclusive=False)
+    assert_one_line_error(
+        err, r"drafter.window=512 but the drafter at .* was trained with window 64", exclusive=False
+    )
     assert_only_changed(tmp_path, before)

@@ -314,6 +314,10 @@ def test_a_truncated_init_from_drafter_is_named(world, killed_in_checkpoint):
             "stage.global_batch_size=7",
             r"stage.global_batch_size \(7\) must be a multiple of stage.micro_batch_size",
         ),
+        (  # the old place of a training-only field
+            "target.anchor_max_len=2048",
+            r"target.anchor_max_len is training-only and now stage.anchor_max_len",
+        ),
     ],
 )
 def test_bad_inputs_fail_in_one_line_before_any_model_loads(world, override, message):

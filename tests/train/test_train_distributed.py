@@ -265,6 +265,7 @@ def test_resume_is_bitwise_identical(runs, resumed, reference):
 def test_entry_point_writes_the_resolved_config(runs):
     text = (runs / "s1_killed" / "config.yaml").read_text()
     assert text.startswith("# python -m longspec.train stage=tiny_stage1") and "zero_stage: 1" in text
+    assert "anchor_max_len: 3750" in text  # derived from the tiny target's 4096 positions when it loaded
 
 
 def test_checkpoints_keep_last_k_and_no_temp_dirs(runs):

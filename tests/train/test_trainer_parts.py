@@ -61,6 +61,29 @@ def test_check_data_refuses_mismatched_data(tmp_path):
         check_data(_manifest(tokenizer={"sha256": "0" * 64}), cfg, tokenizer)
 
 
+def test_build_model_resolves_anchor_max_len(tmp_path):
+    """Where the target's context is known, stage.anchor_max_len becomes a number: derived from it (tiny: 4096
+    positions), an explicit value kept, one above the context an error."""
+    from longspec.positions import default_max_len
+    from longspec.testing import save_tiny_target
+    from longspec.train.build import build_model
+
+    target = save_tiny_target("llama", tmp_path / "target")
+    base = ["stage=tiny_stage1", "target=tiny_llama", f"target.path={target}", f"data.path={tmp_path}"]
+
+    def built(*extra: str) -> int:
+        cfg = load_config([*base, *extra])
+        build_model(cfg, {}, dtype=torch.float32, device=torch.device("cpu"), rank=0, tokenizer=None)
+        return cfg.stage.anchor_max_len
+
+    assert built() == default_max_len(4096) == 3750
+    assert built("stage.anchor_max_len=4096") == 4096
+    with pytest.raises(
+        ValueError, match=r"stage.anchor_max_len \(4097\) exceeds the target's context \(4096 "
+    ):
+        built("stage.anchor_max_len=4097")
+
+
 def test_truncate_metrics_drops_redone_steps_and_partial_lines(tmp_path):
     lines = [json.dumps({"step": s, "loss": 1.0 / s}) for s in (1, 2, 3)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 4, "lo')
