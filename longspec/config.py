@@ -9,7 +9,7 @@ and `longspec.eval.config` (EvalConfig) build their schemas on `TargetConfig` an
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import TypeVar
 
 from omegaconf import MISSING
@@ -156,7 +156,24 @@ def compose(
     finally:
         GlobalHydra.instance().clear()
     assert isinstance(cfg, schema), type(cfg)
+    # `+key=value` adds a key Hydra's struct mode would refuse as a plain override; OmegaConf.to_object then
+    # sets it as a stray attribute nothing reads. Refuse it like any unknown key.
+    stray = _stray_keys(cfg)
+    check(not stray, f"invalid {what}: unknown field(s) {', '.join(stray)} (added with '+'; no such setting)")
     return cfg
+
+
+def _stray_keys(obj, prefix: str = "") -> list[str]:
+    """Attributes of the dataclasses in `obj` that are not their fields (dotted paths), recursively."""
+    if isinstance(obj, (list, tuple)):
+        return [k for i, item in enumerate(obj) for k in _stray_keys(item, f"{prefix}{i}.")]
+    if not is_dataclass(obj):
+        return []
+    names = {f.name for f in fields(obj)}
+    stray = [f"{prefix}{name}" for name in vars(obj) if name not in names and not name.startswith("_")]
+    for name in names:
+        stray += _stray_keys(getattr(obj, name), f"{prefix}{name}.")
+    return stray
 
 
 def _moved_key(error: BaseException | None) -> str | None:

@@ -290,3 +290,13 @@ def test_deepspeed_json_follows_the_typed_fields(tmp_path):
     assert s1["optimizer"]["params"]["torch_adam"]  # no JIT-compiled optimizer op
     with pytest.raises(ValueError, match="multiple of"):
         build_deepspeed_config(cfg, world_size=3)
+
+
+def test_a_key_added_with_plus_is_an_unknown_field(tmp_path):
+    """`+key=value` slips past Hydra's struct mode; the schema still refuses what it does not define."""
+    from longspec.eval.config import load_eval_config
+
+    with pytest.raises(ValueError, match=r"^invalid training config: unknown field\(s\) target.bogus "):
+        load_config([f"data.path={tmp_path}", "+target.bogus=1"])
+    with pytest.raises(ValueError, match=r"^invalid eval config: unknown field\(s\) stray "):
+        load_eval_config(["drafter.init=random", "+stray=2"])
