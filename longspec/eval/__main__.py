@@ -28,6 +28,7 @@ from longspec.eval.divergence import analyse_divergence
 from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.infer.baselines import reserve_hf_compiled, run_method
 from longspec.infer.engine import SpeculativeEngine
+from longspec.infer.methods import get_method
 from longspec.provenance import git_commit
 
 __all__ = ["main", "run_eval"]
@@ -177,36 +178,31 @@ def run_eval(cfg: EvalConfig) -> dict:
             shortest = min((s.prompt_len for _, samples in datasets for s in samples), default=16)
             costs = engine.measure_round_costs(gen_config, [shortest, longest + cfg.max_new_tokens])
             results["round_costs_s"] = costs.to_dict()
+        batched = [m for m in methods if get_method(m).runner == "engine"] if cfg.batch_size > 1 else []
+        if batched:  # the batch's cache, and its static steps / graphs (keyed by batch size), set up untimed
+            # (after the batch-1 work above, which reallocates the cache for one row)
+            engine.reserve(longest + cfg.max_new_tokens + 2 * gen_config.max_round_nodes, cfg.batch_size)
+            for prompt in warm_prompts:
+                for method in batched:
+                    engine.generate_batch([prompt] * cfg.batch_size, warm, method=method)
 
     reference = greedy_reference(methods) if cfg.temperature == 0 else None
     for dataset, samples in datasets:
-        bar = tqdm(samples, desc=dataset, unit="sample", dynamic_ncols=True)
-        for sample in bar:
+        bar = tqdm(total=len(samples), desc=dataset, unit="sample", dynamic_ncols=True)
+        for start in range(0, len(samples), cfg.batch_size):
+            chunk = samples[start : start + cfg.batch_size]
             for method in methods:
-                result = run_method(method, sample.prompt_ids, gen_config, target=target, engine=engine)
-                stats = result.stats
-                record = {
-                    "id": sample.id,
-                    "prompt_len": sample.prompt_len,
-                    "output_ids": result.tokens,
-                    "num_new_tokens": stats.num_new_tokens,
-                    "rounds": stats.rounds,
-                    "accepted": stats.accepted,
-                    "mean_accept_length": stats.mean_accept_length,
-                    "tokens_per_s": stats.tokens_per_s,
-                    "prefill_s": stats.prefill_s,
-                    "decode_s": stats.decode_s,
-                    "draft_s": stats.draft_s,
-                    "verify_s": stats.verify_s,
-                    "overhead_s": stats.overhead_s,
-                    "trees": stats.trees,
-                }
-                results["methods"][method].setdefault(dataset, []).append(record)
+                records = _generate(method, chunk, gen_config, cfg.batch_size, target=target, engine=engine)
+                results["methods"][method].setdefault(dataset, []).extend(records)
+                last = records[-1]
                 bar.set_postfix_str(
-                    f"{method}: τ {stats.mean_accept_length:.2f}, {stats.tokens_per_s:.1f} tok/s"
+                    f"{method}: τ {last['mean_accept_length']:.2f}, {last['tokens_per_s']:.1f} tok/s"
                 )
             if reference is not None:
-                _check_against_reference(results["methods"], dataset, reference, sample, target)
+                for index, sample in enumerate(chunk, start=start):
+                    _check_against_reference(results["methods"], dataset, reference, sample, target, index)
+            bar.update(len(chunk))
+        bar.close()
 
     results["summary"] = summarise(results["methods"], greedy=cfg.temperature == 0)
     os.makedirs(cfg.output_dir, exist_ok=True)
@@ -218,12 +214,54 @@ def run_eval(cfg: EvalConfig) -> dict:
     return results
 
 
-def _check_against_reference(methods: dict, dataset: str, reference: str, sample, target) -> None:
-    """T = 0: each method's output for the sample just generated vs the reference method's; a difference gets a
-    `divergence` entry (first position, the two tokens, the target's logit gap there, near-tie or not)."""
-    ref_tokens = methods[reference][dataset][-1]["output_ids"]
+def _generate(method: str, samples: list, config, batch_size: int, *, target, engine) -> list[dict]:
+    """One record per sample of `samples` for `method`: an engine method decodes them together when
+    batch_size > 1 (one `generate_batch`; each record then carries the batch's throughput), anything else
+    one sample at a time (`run_method`)."""
+    batched = batch_size > 1 and get_method(method).runner == "engine"
+    if batched:
+        outputs = engine.generate_batch([s.prompt_ids for s in samples], config, method=method)
+    else:
+        outputs = [run_method(method, s.prompt_ids, config, target=target, engine=engine) for s in samples]
+    records = [
+        _record(sample, result.stats, result.tokens) for sample, result in zip(samples, outputs, strict=True)
+    ]
+    if batched:
+        # Every row of a batch shares its decode wall time: the batch's throughput is all its tokens over it.
+        tokens = sum(max(r["num_new_tokens"] - 1, 0) for r in records)
+        decode_s = records[0]["decode_s"]
+        for record in records:
+            record["batch_size"] = len(samples)
+            record["batch_tokens_per_s"] = tokens / decode_s if decode_s > 0 and tokens > 0 else math.nan
+    return records
+
+
+def _record(sample, stats, tokens: list[int]) -> dict:
+    return {
+        "id": sample.id,
+        "prompt_len": sample.prompt_len,
+        "output_ids": tokens,
+        "num_new_tokens": stats.num_new_tokens,
+        "rounds": stats.rounds,
+        "accepted": stats.accepted,
+        "mean_accept_length": stats.mean_accept_length,
+        "tokens_per_s": stats.tokens_per_s,
+        "prefill_s": stats.prefill_s,
+        "decode_s": stats.decode_s,
+        "draft_s": stats.draft_s,
+        "verify_s": stats.verify_s,
+        "overhead_s": stats.overhead_s,
+        "trees": stats.trees,
+    }
+
+
+def _check_against_reference(methods: dict, dataset: str, reference: str, sample, target, index: int) -> None:
+    """T = 0: each method's output for the sample at `index` of `dataset` vs the reference method's; a
+    difference gets a `divergence` entry (first position, the two tokens, the target's logit gap there,
+    near-tie or not)."""
+    ref_tokens = methods[reference][dataset][index]["output_ids"]
     for method, per_dataset in methods.items():
-        record = per_dataset[dataset][-1]
+        record = per_dataset[dataset][index]
         if method == reference:
             continue
         divergence = analyse_divergence(target.model, sample.prompt_ids, record["output_ids"], ref_tokens)

@@ -113,6 +113,9 @@ class EvalConfig(Schema):
     sampling_rule: str = "rrs"  # T > 0: rrs (children sampled from the drafter's q) | deterministic (top-k)
     prefill_chunk: int = 4096  # target prefill tokens per forward
     cuda_graphs: bool = False  # capture each round's target forward in a CUDA graph (CUDA only)
+    # samples decoded together by the engine methods (longspec, ar, pld: `SpeculativeEngine.generate_batch`);
+    # the HF baselines (vanilla_hf, vanilla_fa, hf_compile) still run one sample at a time. 1 = one at a time
+    batch_size: int = 1
     warmup: bool = True  # one short untimed generation per method first (lazy init, kernel autotuning)
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16
@@ -130,6 +133,7 @@ class EvalConfig(Schema):
             self.max_samples is None or self.max_samples >= 1,
             f"max_samples must be >= 1, got {self.max_samples}",
         )
+        check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
         check(
             self.tree == "auto", f"tree must be auto (fix the tree with tree_widths=[...]), got {self.tree!r}"

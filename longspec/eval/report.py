@@ -36,7 +36,7 @@ def _aggregate(records: list[dict]) -> dict:
     for r in records:
         for name, count in (r.get("trees") or {}).items():
             trees[name] = trees.get(name, 0) + count
-    return {
+    out = {
         "trees": trees,
         "num_samples": len(records),
         "mean_prompt_len": sum(r["prompt_len"] for r in records) / max(len(records), 1),
@@ -50,6 +50,28 @@ def _aggregate(records: list[dict]) -> dict:
         "decode_s": decode_s,
         "time_split": {k: (v / decode_s if decode_s > 0 else math.nan) for k, v in split.items()},
     }
+    if any("batch_tokens_per_s" in r for r in records):
+        out["batch_tokens_per_s"] = _batch_throughput(records)
+    return out
+
+
+def _batch_throughput(records: list[dict]) -> float:
+    """Tokens/s of samples decoded in batches (eval batch_size > 1): each sample's tokens are charged their share
+    of its batch's decode time (its tokens / the batch's throughput), so whole batches give all their tokens over
+    their wall time, and a subset of a batch (degenerate samples set apart) the batch's rate. A sample decoded
+    alone (an HF baseline) is charged its own decode time."""
+    tokens = seconds = 0.0
+    for r in records:
+        n = max(r["num_new_tokens"] - 1, 0)
+        rate = r.get("batch_tokens_per_s", r["tokens_per_s"])
+        if n and rate is not None and rate > 0:  # rate NaN: no decoded token in the whole batch
+            tokens, seconds = tokens + n, seconds + n / rate
+    return tokens / seconds if seconds > 0 else math.nan
+
+
+def throughput(agg: dict) -> float:
+    """What a speedup compares: the batch throughput when the method ran batched, else tokens/s."""
+    return agg.get("batch_tokens_per_s", agg["tokens_per_s"])
 
 
 def sample_quality(methods: dict[str, dict[str, list[dict]]], dataset: str) -> dict[str, dict]:
@@ -91,9 +113,9 @@ def summarise(methods: dict[str, dict[str, list[dict]]], *, greedy: bool) -> dic
             }
         for method, agg in per_method.items():
             agg["speedup"] = {
-                base: agg["tokens_per_s"] / per_method[base]["tokens_per_s"]
+                base: throughput(agg) / throughput(per_method[base])
                 for base in BASELINES
-                if base in per_method and base != method and per_method[base]["tokens_per_s"] > 0
+                if base in per_method and base != method and throughput(per_method[base]) > 0
             }
         reference = greedy_reference(per_method)
         for method, agg in per_method.items():
@@ -208,6 +230,7 @@ def report_markdown(results: dict) -> str:
             lines.append(
                 f"- {d} / {method}: " + ", ".join(f"`{t}` {100 * c / total:.0f}%" for t, c in shares)
             )
+    lines += batch_markdown(summary, cfg.get("batch_size", 1))
     lines += quality_markdown(summary)
     skipped = [r for r in results["data"] if r["num_malformed"] or r["num_filtered_by_length"]]
     if skipped:
@@ -226,6 +249,31 @@ def report_markdown(results: dict) -> str:
     if plots:
         lines += ["", "## Plots", ""] + [f"![{os.path.splitext(p)[0]}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def batch_markdown(summary: dict, batch_size: int) -> list[str]:
+    """batch_size > 1: each method's throughput (all tokens of a batch over its decode wall time) beside its
+    tokens/s per sequence; the speedups above compare these throughputs."""
+    if batch_size <= 1:
+        return []
+    lines = [
+        "",
+        f"## Batch throughput (batch_size {batch_size})",
+        "",
+        "The engine methods (longspec, ar, pld) decoded the samples "
+        f"{batch_size} at a time (`generate_batch`; a dataset's last batch may be smaller); the HF baselines "
+        "(vanilla_hf, vanilla_fa, hf_compile) one at a time. tok/s above is per sequence (a sample's tokens over "
+        "its batch's decode time); the speedups compare throughputs: batch tok/s for the batched methods, "
+        "tok/s for the others.",
+        "",
+        "| dataset | method | batch tok/s | tok/s per sequence |",
+        "|---|---|---|---|",
+    ]
+    for d, per_method in summary.items():
+        for method, agg in per_method.items():
+            batch = _fmt(agg["batch_tokens_per_s"], ".1f") if "batch_tokens_per_s" in agg else "– (batch 1)"
+            lines.append(f"| {d} | {method} | {batch} | {_fmt(agg['tokens_per_s'], '.1f')} |")
+    return lines
 
 
 def quality_markdown(summary: dict) -> list[str]:

@@ -1,0 +1,82 @@
+"""`python -m longspec.eval ... batch_size=N` (issue 13): the engine methods decode N samples at a time through
+`generate_batch`, and at T=0 every sample's output is the one it gets decoded alone."""
+
+import json
+
+import pytest
+
+from longspec.eval.__main__ import main
+from longspec.eval.config import load_eval_config
+
+METHODS = ("longspec", "ar", "pld")
+
+
+@pytest.fixture
+def three_rows(tmp_path):
+    """Three prompts of different lengths: a batch of 2, then a last batch of 1."""
+    path = tmp_path / "rows.jsonl"
+    with open(path, "w") as f:
+        for i, text in enumerate(
+            ("def f(x):\n    return {x: 1}\n", "A: hi. B: we ship Monday. ", "x = [1, 2]\n")
+        ):
+            row = {"_id": f"r{i}", "context": text * (2 + i), "input": "", "answers": ["a"], "dataset": "lcc"}
+            f.write(json.dumps(row) + "\n")
+    return str(path)
+
+
+def _run(target_dir, data, out, *extra) -> dict:
+    overrides = [
+        "target=tiny_llama",
+        f"target.path={target_dir}",
+        f"data.path={data}",
+        "data.min_prompt_tokens=0",
+        "drafter.init=random",
+        "drafter.window=8",
+        "max_new_tokens=10",
+        f"method=[{','.join(METHODS)},vanilla_fa]",
+        f"output_dir={out}",
+        *extra,
+    ]
+    assert main(overrides) == 0
+    return json.loads((out / "results.json").read_text())
+
+
+def test_batch_size_2_gives_the_outputs_of_batch_size_1(tiny_target_dir, three_rows, tmp_path):
+    one = _run(tiny_target_dir, three_rows, tmp_path / "b1", "warmup=false")
+    two = _run(tiny_target_dir, three_rows, tmp_path / "b2", "batch_size=2")
+    for method in (*METHODS, "vanilla_fa"):
+        outputs = [[r["output_ids"] for r in run["methods"][method]["rows"]] for run in (one, two)]
+        assert len(outputs[0]) == 3 and outputs[0] == outputs[1], method
+        assert two["summary"]["rows"][method]["identical_to_greedy"] == 1.0, method  # lossless, batched
+    for method in METHODS:  # batched: each record carries its batch's size and throughput
+        records = two["methods"][method]["rows"]
+        assert [r["batch_size"] for r in records] == [2, 2, 1], method
+        assert records[0]["batch_tokens_per_s"] == records[1]["batch_tokens_per_s"] > 0
+        assert records[0]["decode_s"] == records[1]["decode_s"]  # a row's decode time is its batch's
+        assert two["summary"]["rows"][method]["batch_tokens_per_s"] > 0
+    assert "batch_size" not in two["methods"]["vanilla_fa"]["rows"][0]  # the HF baselines run one at a time
+    assert all("batch_tokens_per_s" not in agg for agg in one["summary"]["rows"].values())
+    report = (tmp_path / "b2" / "report.md").read_text()
+    assert "## Batch throughput (batch_size 2)" in report and "| rows | vanilla_fa | – (batch 1) |" in report
+    assert "Batch throughput" not in (tmp_path / "b1" / "report.md").read_text()
+
+
+def test_batch_size_0_is_one_clear_error(tiny_target_dir, three_rows):
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        load_eval_config(
+            ["target=tiny_llama", f"target.path={tiny_target_dir}", f"data.path={three_rows}", "batch_size=0"]
+        )
+
+
+def test_sampling_is_allowed_batched(tiny_target_dir, three_rows):
+    cfg = load_eval_config(
+        [
+            "target=tiny_llama",
+            f"target.path={tiny_target_dir}",
+            f"data.path={three_rows}",
+            "drafter.init=random",
+            "batch_size=4",
+            "temperature=0.7",
+        ]
+    )
+    assert cfg.batch_size == 4 and cfg.temperature == 0.7
