@@ -1,0 +1,282 @@
+"""Batched decoding throughput (issue 13): batched graph AR vs batched LongSpec with a fixed tree, per batch size and
+context, on a real model's shape.
+
+    PYTHONPATH=. python benchmarks/batch_throughput.py --accept-profile 0.8,0.7,0.6,0.5,0.4        # CUDA, bf16, 8B
+    PYTHONPATH=. python benchmarks/batch_throughput.py --shape smollm2 --contexts 4096 8192       # SmolLM2-135M shape
+    PYTHONPATH=. python benchmarks/batch_throughput.py --target DIR [--gguf-file F]               # real weights
+    PYTHONPATH=. python benchmarks/batch_throughput.py --tiny --accept-profile 1,0.5              # CPU smoke test
+
+For each context (default 8192 32768) and batch size (default 1 2 4 8 16): B random prompts of about `context`
+tokens (ragged: row b has context - 3 b), then, each after an untimed short warm-up (graph capture):
+- ar: `generate_batch(method="ar")`, CUDA graphs on GPU: batched graph AR, the baseline;
+- longspec: `generate_batch(method="longspec")` with the fixed tree --tree (default the engine's default tree);
+- vanilla_fa (once per context, batch 1; off with --no-vanilla-fa): HF decoding with SDPA / flash-attn, one
+  sequence at a time, so its throughput is its tokens/s whatever the batch size.
+tokens/s = all tokens the batch decoded (each row's first token, from the prefill, excluded) / the batch's decode
+wall time (prefill excluded); speedup = longspec / ar. The script checks, and records per sequence, that longspec's
+output == ar's (the lossless invariant; on a GPU in bf16 a near-tie may differ, which is recorded, not raised).
+
+Acceptance: a random drafter accepts nothing (τ ~ 1). --accept-profile p1,p2,... makes the draft follow a given
+per-depth acceptance profile instead (a trained-τ stand-in, `ProfileDrafter`): p_d = P(the depth-d draft token is
+accepted | depth d-1 was), e.g. a trained drafter's measured profile on the real target. How: the target's greedy
+continuation of every prompt is known from the ar run of the same cell (which must therefore run first); the
+stand-in runs the real (random) drafter -- so the draft costs what a drafter of this shape costs -- then, per row
+and tree level, with probability p_d puts the continuation's next token on top of every node's children, and
+otherwise bans it (the top children are then wrong tokens). Limits: the tree's other candidates are the random
+drafter's, so only the top path ever gets accepted (a trained drafter's second candidates sometimes are); the draws
+are independent across rounds and rows (a real drafter's are correlated with the text); depths past the profile
+accept nothing; and once a row's output diverges from ar's (a bf16 near-tie) its stand-in proposes the wrong text,
+so that row then accepts nothing. The expected τ of a profile, 1 + sum_d prod_{i<=d} p_i (at the tree's depth), is
+recorded beside the measured one.
+Prints a markdown table last; writes JSON to $OUT/batch_throughput.json when OUT is set, else to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from round_latency import SHAPES, build_target  # noqa: E402
+
+from longspec.drafter import Drafter, DrafterConfig  # noqa: E402
+from longspec.infer.baselines import run_method  # noqa: E402
+from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine  # noqa: E402
+from longspec.provenance import run_info  # noqa: E402
+
+MAX_PROFILE_DEPTH = 64  # profile entries past the given ones are 0
+
+
+class ProfileDrafter:
+    """A drafter whose top draft follows a per-depth acceptance profile (module docstring): the real drafter's
+    computation, with the logits of every tree level rewritten on the device (no host sync, graph-capturable).
+    Shape legend: B rows, P nodes of a level, V vocabulary, L reference tokens per row."""
+
+    def __init__(self, drafter, profile: list[float], max_len: int):
+        self.inner = drafter
+        self.max_len = max_len
+        device = next(drafter.parameters()).device
+        self.profile = torch.zeros(MAX_PROFILE_DEPTH + 1, device=device)  # index = a child's depth
+        self.profile[1 : len(profile) + 1] = torch.tensor(profile, dtype=torch.float32)
+        self.buffers: dict[int, torch.Tensor] = {}  # per batch size: captured graphs keep the address
+        self.references: torch.Tensor | None = None  # [B, L]: prompt ++ greedy continuation, per row
+        self._depths = self._targets = None
+
+    def __getattr__(self, name):  # everything else is the wrapped drafter's
+        return getattr(self.inner, name)
+
+    def set_references(self, sequences: list[list[int]]) -> None:
+        """Each row's prompt followed by the target's greedy continuation (token at index p = position p)."""
+        batch = len(sequences)
+        if batch not in self.buffers:
+            self.buffers[batch] = torch.zeros(
+                batch, self.max_len, dtype=torch.long, device=self.profile.device
+            )
+        buffer = self.buffers[batch]
+        buffer.zero_()
+        for row, tokens in enumerate(sequences):
+            tokens = tokens[: self.max_len]
+            buffer[row, : len(tokens)] = torch.tensor(tokens)
+        self.references = buffer
+
+    def tree_level(self, input_ids, cache, nodes, level, *args):
+        positions = nodes.positions[:, level]  # [B, P]; slot 0 is the root
+        self._depths = (positions - nodes.positions[:, :1] + 1).clamp(max=MAX_PROFILE_DEPTH)  # the children's
+        self._targets = self.references.gather(1, (positions + 1).clamp(max=self.max_len - 1))  # [B, P]
+        return self.inner.tree_level(input_ids, cache, nodes, level, *args)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.inner.logits(hidden).float()  # [B, P, V]
+        draw = torch.rand(logits.shape[0], 1, device=logits.device)  # one per row and level
+        accept = draw < self.profile[self._depths]  # [B, P]
+        top = logits.amax(dim=-1) + 10.0  # far above the rest: the reference token is the top child
+        value = torch.where(accept, top, torch.full_like(top, float("-inf")))  # else banned: a wrong top
+        return logits.scatter(-1, self._targets[..., None], value[..., None])
+
+
+def expected_tau(profile: list[float], depth: int) -> float:
+    """1 + sum_d prod_{i<=d} p_i over the tree's depths: τ when every round runs the whole tree."""
+    tau, reach = 1.0, 1.0
+    for p in (profile + [0.0] * depth)[:depth]:
+        reach *= p
+        tau += reach
+    return tau
+
+
+def prompts_for(context: int, batch: int, vocab: int, generator: torch.Generator) -> list[list[int]]:
+    return [
+        torch.randint(0, vocab, (context - 3 * row,), generator=generator).tolist() for row in range(batch)
+    ]
+
+
+def timed_batch(engine, prompts, config, method: str, repeats: int):
+    """Untimed warm-up (8 tokens: graph capture, kernel selection), then `repeats` timed runs: (results of the last
+    run, median tokens/s of the batch)."""
+    import dataclasses
+
+    engine.generate_batch(
+        prompts, dataclasses.replace(config, max_new_tokens=min(8, config.max_new_tokens)), method=method
+    )
+    speeds = []
+    for _ in range(repeats):
+        results = engine.generate_batch(prompts, config, method=method)
+        tokens = sum(max(r.stats.num_new_tokens - 1, 0) for r in results)
+        decode_s = results[0].stats.decode_s  # every row's: the batch's decode wall time
+        speeds.append(tokens / decode_s if decode_s > 0 else float("nan"))
+    return results, statistics.median(speeds)
+
+
+def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> dict:
+    config = GenerationConfig(
+        max_new_tokens=args.tokens, cuda_graphs=capture, static_shapes=True, tree_widths=widths
+    )
+    row: dict = {"context": len(prompts[0]), "batch": len(prompts)}
+    ar, row["ar_tok_s"] = timed_batch(engine, prompts, config, "ar", args.repeats)
+    if isinstance(drafter, ProfileDrafter):  # the stand-in proposes ar's greedy continuation
+        drafter.set_references([p + r.tokens for p, r in zip(prompts, ar, strict=True)])
+    torch.manual_seed(args.seed)  # the stand-in's draws
+    spec, row["longspec_tok_s"] = timed_batch(engine, prompts, config, "longspec", args.repeats)
+    row["speedup"] = row["longspec_tok_s"] / row["ar_tok_s"]
+    row["lossless"] = [s.tokens == a.tokens for s, a in zip(spec, ar, strict=True)]
+    row["longspec_matches_ar"] = all(row["lossless"])
+    rounds = sum(s.stats.rounds for s in spec)
+    row["tau"] = (sum(sum(s.stats.accepted) for s in spec) + rounds) / rounds if rounds else float("nan")
+    row["tokens_per_row"] = [r.stats.num_new_tokens for r in spec]
+    return row
+
+
+def bench_vanilla_fa(target, prompt: list[int], args) -> float:
+    """Median tokens/s of HF vanilla_fa decoding of one sequence (after an untimed warm-up)."""
+    config = GenerationConfig(max_new_tokens=args.tokens)
+    run_method("vanilla_fa", prompt, GenerationConfig(max_new_tokens=min(8, args.tokens)), target=target)
+    speeds = []
+    for _ in range(args.repeats):
+        result = run_method("vanilla_fa", prompt, config, target=target)
+        speeds.append(result.stats.tokens_per_s)
+    return statistics.median(speeds)
+
+
+def table(rows: list[dict]) -> str:
+    cols = [
+        ("context", "context", "d"),
+        ("batch", "batch", "d"),
+        ("ar_tok_s", "AR tok/s", ".1f"),
+        ("longspec_tok_s", "LongSpec tok/s", ".1f"),
+        ("speedup", "LongSpec/AR", ".2f"),
+        ("tau", "τ", ".2f"),
+        ("vanilla_fa_tok_s", "vanilla FA tok/s (batch 1)", ".1f"),
+        ("speedup_vs_vanilla_fa", "LongSpec/vanilla FA", ".2f"),
+        ("longspec_matches_ar", "== AR", ""),
+    ]
+    lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append(
+            "| " + " | ".join("–" if r.get(k) is None else format(r[k], f) for k, _, f in cols) + " |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="default 1 2 4 8 16")
+    parser.add_argument("--contexts", type=int, nargs="+", default=None, help="default 8192 32768")
+    parser.add_argument("--tokens", type=int, default=None, help="new tokens per sequence (default 256)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per cell (median)")
+    parser.add_argument(
+        "--tree", default=None, help="longspec's fixed tree widths, e.g. 4,16,16 (default: the default tree)"
+    )
+    parser.add_argument(
+        "--accept-profile",
+        default=None,
+        help="p1,p2,...: per-depth acceptance of the stand-in drafter (default: random drafter)",
+    )
+    parser.add_argument("--no-vanilla-fa", action="store_true", help="skip the HF vanilla_fa baseline")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny random Llama on CPU: a smoke test of this script"
+    )
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="8b", help="random-weight model shape")
+    parser.add_argument("--target", default=None, help="a real target (HF dir) instead of random weights")
+    parser.add_argument("--gguf-file", default=None, help="with --target: a GGUF file inside it (or a path)")
+    parser.add_argument("--json", default="batch_throughput.json", help="output path when $OUT is not set")
+    args = parser.parse_args(argv)
+
+    if args.tiny:
+        device, dtype = torch.device("cpu"), torch.float32
+        batch_sizes, contexts = args.batch_sizes or [1, 2], args.contexts or [40]
+        args.tokens, window, widths = (
+            args.tokens or 8,
+            8,
+            tuple(int(w) for w in (args.tree or "2,2,2").split(",")),
+        )
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("batch_throughput needs a CUDA GPU (or --tiny for the CPU smoke test)")
+        device, dtype = torch.device("cuda"), torch.bfloat16
+        batch_sizes, contexts = args.batch_sizes or [1, 2, 4, 8, 16], args.contexts or [8192, 32768]
+        args.tokens, window = args.tokens or 256, 512
+        widths = tuple(int(w) for w in args.tree.split(",")) if args.tree else DEFAULT_TREE_WIDTHS
+    capture = device.type == "cuda"
+    profile = [float(p) for p in args.accept_profile.split(",")] if args.accept_profile else None
+    if profile is not None and not all(0 <= p <= 1 for p in profile):
+        raise SystemExit(f"--accept-profile values must lie in [0, 1], got {profile}")
+
+    target = build_target(args, device, dtype)
+    torch.manual_seed(args.seed)
+    drafter_config = DrafterConfig.from_target_config(target.config, window=window)
+    drafter = (
+        Drafter(drafter_config, target.embed_tokens, target.lm_head).to(device=device, dtype=dtype).eval()
+    )
+    if profile is not None:
+        drafter = ProfileDrafter(drafter, profile, max_len=max(contexts) + args.tokens + 2 * sum(widths) + 8)
+    engine = SpeculativeEngine(target, drafter)
+    generator = torch.Generator().manual_seed(args.seed)
+
+    rows = []
+    for context in contexts:
+        vanilla = None
+        if not args.no_vanilla_fa:
+            prompt = prompts_for(context, 1, target.vocab_size, generator)[0]
+            vanilla = bench_vanilla_fa(target, prompt, args)
+        for batch in batch_sizes:
+            prompts = prompts_for(context, batch, target.vocab_size, generator)
+            row = bench_cell(engine, drafter, prompts, args, widths, capture)
+            if vanilla is not None:
+                row["vanilla_fa_tok_s"] = vanilla
+                row["speedup_vs_vanilla_fa"] = row["longspec_tok_s"] / vanilla
+            rows.append(row)
+            print(
+                f"context {context} batch {batch}: ar {row['ar_tok_s']:.1f} tok/s, longspec "
+                f"{row['longspec_tok_s']:.1f} tok/s (τ {row['tau']:.2f}), speedup {row['speedup']:.2f}, "
+                f"longspec == ar: {row['longspec_matches_ar']}",
+                flush=True,
+            )
+
+    result = {
+        **run_info(device=device, argv=argv),
+        "dtype": str(dtype).removeprefix("torch."),
+        "model": "tiny" if args.tiny else (args.target or f"random {args.shape}"),
+        "tree_widths": list(widths),
+        "tokens": args.tokens,
+        "accept_profile": profile,
+        "expected_tau": None if profile is None else expected_tau(profile, len(widths)),
+        "vanilla_fa": "per sequence, batch 1" if not args.no_vanilla_fa else None,
+        "all_lossless": all(r["longspec_matches_ar"] for r in rows),
+        "rows": rows,
+    }
+    out_dir = os.environ.get("OUT")
+    path = os.path.join(out_dir, "batch_throughput.json") if out_dir else args.json
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(table(rows))
+    print(f"wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
