@@ -219,8 +219,13 @@ def _generate(method: str, samples: list, config, batch_size: int, *, target, en
     batch_size > 1 (one `generate_batch`; each record then carries the batch's throughput), anything else
     one sample at a time (`run_method`)."""
     batched = batch_size > 1 and get_method(method).runner == "engine"
+    pad = batch_size - len(samples) if batched else 0
     if batched:
-        outputs = engine.generate_batch([s.prompt_ids for s in samples], config, method=method)
+        # A dataset's last, smaller batch is padded with repeats of its last prompt (their outputs dropped,
+        # their time counted): another batch size would reallocate the cache and, with cuda_graphs, capture
+        # new graphs inside the timed decode, then again for the next dataset's full batches.
+        prompts = [s.prompt_ids for s in samples] + [samples[-1].prompt_ids] * pad
+        outputs = engine.generate_batch(prompts, config, method=method)[: len(samples)]
     else:
         outputs = [run_method(method, s.prompt_ids, config, target=target, engine=engine) for s in samples]
     records = [
@@ -232,6 +237,9 @@ def _generate(method: str, samples: list, config, batch_size: int, *, target, en
         decode_s = records[0]["decode_s"]
         for record in records:
             record["batch_size"] = len(samples)
+            record["batch_padding"] = (
+                pad  # rows decoded only to keep the batch shape: their tokens not counted
+            )
             record["batch_tokens_per_s"] = tokens / decode_s if decode_s > 0 and tokens > 0 else math.nan
     return records
 

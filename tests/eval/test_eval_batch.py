@@ -51,6 +51,8 @@ def test_batch_size_2_gives_the_outputs_of_batch_size_1(tiny_target_dir, three_r
     for method in METHODS:  # batched: each record carries its batch's size and throughput
         records = two["methods"][method]["rows"]
         assert [r["batch_size"] for r in records] == [2, 2, 1], method
+        # the last batch ran padded to 2 rows (one cache shape, one set of graphs for the whole run)
+        assert [r["batch_padding"] for r in records] == [0, 0, 1], method
         assert records[0]["batch_tokens_per_s"] == records[1]["batch_tokens_per_s"] > 0
         assert records[0]["decode_s"] == records[1]["decode_s"]  # a row's decode time is its batch's
         assert two["summary"]["rows"][method]["batch_tokens_per_s"] > 0
