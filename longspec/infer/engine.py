@@ -11,9 +11,9 @@ One round (docs/ALGORITHM.md §4), starting from the root = the last token emitt
              plus its tree ancestors;
   2. verify: ONE target forward over the N nodes at positions n + depth; per layer the new K/V go to the cache's
              pending slots and attention = merge(cache part unmasked, tree part under the ancestor mask);
-  3. accept: greedy or lossless sampling (longspec.infer.accept), on the device with fixed shapes -> accepted
-             path (padded) + its length + bonus token; then the round's ONE host sync: the emitted tokens, the
-             path and its length copied out together;
+  3. accept: greedy or lossless sampling (longspec.infer.accept), on the device with fixed shapes, inside the
+             verify's step (one captured graph with the forward) -> accepted path (padded) + its length + bonus
+             token; then the round's ONE host sync: the emitted tokens, the path and its length copied out together;
   4. commit: the path's K/V move into place for every layer (no re-feeding); the drafter's ring buffer takes
              the path's self-attention K/V; the bonus becomes the next root.
 Every round of one tree shape has the same shapes (N fixed, padded), which is what CUDA-graph capture needs; with
