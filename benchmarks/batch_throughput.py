@@ -42,7 +42,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from round_latency import SHAPES, build_target  # noqa: E402
+from round_latency import SHAPES, build_target, markdown_table  # noqa: E402
 
 from longspec.drafter import Drafter, DrafterConfig  # noqa: E402
 from longspec.infer.baselines import run_method  # noqa: E402
@@ -173,12 +173,7 @@ def table(rows: list[dict]) -> str:
         ("speedup_vs_vanilla_fa", "LongSpec/vanilla FA", ".2f"),
         ("longspec_matches_ar", "== AR", ""),
     ]
-    lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append(
-            "| " + " | ".join("–" if r.get(k) is None else format(r[k], f) for k, _, f in cols) + " |"
-        )
-    return "\n".join(lines)
+    return markdown_table(rows, cols)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -237,6 +237,11 @@ def table(rows: list[dict]) -> str:
         ("round_over_ar", "round/AR", ".2f"),
         ("graph_ar_over_floor", "graph AR/floor", ".2f"),
     ]
+    return markdown_table(rows, cols)
+
+
+def markdown_table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
+    """Rows as a markdown table; cols = (key, header, format spec); a missing value prints "–"."""
     lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append(

@@ -4,6 +4,7 @@
 import json
 
 import pytest
+from test_eval_cli import _overrides
 
 from longspec.eval.__main__ import main
 from longspec.eval.config import load_eval_config
@@ -25,18 +26,7 @@ def three_rows(tmp_path):
 
 
 def _run(target_dir, data, out, *extra) -> dict:
-    overrides = [
-        "target=tiny_llama",
-        f"target.path={target_dir}",
-        f"data.path={data}",
-        "data.min_prompt_tokens=0",
-        "drafter.init=random",
-        "drafter.window=8",
-        "max_new_tokens=10",
-        f"method=[{','.join(METHODS)},vanilla_fa]",
-        f"output_dir={out}",
-        *extra,
-    ]
+    overrides = _overrides(target_dir, data, out, f"method=[{','.join(METHODS)},vanilla_fa]", *extra)
     assert main(overrides) == 0
     return json.loads((out / "results.json").read_text())
 

@@ -20,3 +20,35 @@ def random_drafter(target, window: int = WINDOW) -> Drafter:
     return Drafter(
         DrafterConfig.from_target_config(target.config, window=window), target.embed_tokens, target.lm_head
     )
+
+
+class OracleDrafter:
+    """Stub drafter that proposes sequence b's reference continuation (litgpt-style forcing; one sequence per
+    batch row): the "hidden state" of a query is its
+    (row, position), and the logits at position p favour (or ban) sequences[row][p + 1], per `favour(p + 1)`.
+    The ring buffer and the draft step are the real ones (`Drafter.fill_cache`, `Drafter.tree_level`)."""
+
+    def __init__(self, config: DrafterConfig, sequences: list[list[int]], favour):
+        self.config, self.sequences, self.favour = config, sequences, favour
+
+    fill_cache = Drafter.fill_cache
+    tree_level = Drafter.tree_level
+
+    def self_kv(self, input_ids, position_ids):
+        shape = (input_ids.shape[0], self.config.num_kv_heads, input_ids.shape[1], self.config.head_dim)
+        return torch.zeros(shape), torch.zeros(shape)
+
+    def embed(self, input_ids):
+        return torch.zeros(*input_ids.shape, 1)
+
+    def block(self, h_in, position_ids, *args):
+        rows = torch.arange(position_ids.shape[0])[:, None].expand_as(position_ids)
+        return torch.stack([rows, position_ids], dim=-1).float()  # [B, P, 2]
+
+    def logits(self, hidden):
+        out = torch.zeros(*hidden.shape[:-1], self.config.vocab_size)  # [B, P, V]
+        for index in torch.cartesian_prod(*(torch.arange(d) for d in hidden.shape[:-1])).tolist():
+            row, pos = (int(x) for x in hidden[tuple(index)].tolist())
+            token = self.sequences[row][pos + 1]
+            out[tuple(index) + (token,)] = 10.0 if self.favour(pos + 1) else float("-inf")
+        return out

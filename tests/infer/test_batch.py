@@ -4,9 +4,9 @@ ragged acceptance (a forcing drafter) and sequences that finish early (EOS) whil
 
 import pytest
 import torch
-from infer_helpers import WINDOW, random_drafter, reference_greedy
+from infer_helpers import WINDOW, OracleDrafter, random_drafter, reference_greedy
 
-from longspec.drafter import Drafter, DrafterConfig
+from longspec.drafter import DrafterConfig
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.testing import make_tiny_target
 
@@ -18,37 +18,6 @@ LENGTHS = (
 FAMILIES = ["llama", "qwen2", "mistral", "qwen3"]
 
 
-class BatchOracleDrafter:
-    """Stub drafter that proposes sequence b's reference continuation: the "hidden state" of a query is its
-    (row, position), and the logits at position p favour (or ban) sequences[row][p + 1], per `favour(p + 1)`.
-    The ring buffer and the draft step are the real ones (`Drafter.fill_cache`, `Drafter.tree_level`)."""
-
-    def __init__(self, config: DrafterConfig, sequences: list[list[int]], favour):
-        self.config, self.sequences, self.favour = config, sequences, favour
-
-    fill_cache = Drafter.fill_cache
-    tree_level = Drafter.tree_level
-
-    def self_kv(self, input_ids, position_ids):
-        shape = (input_ids.shape[0], self.config.num_kv_heads, input_ids.shape[1], self.config.head_dim)
-        return torch.zeros(shape), torch.zeros(shape)
-
-    def embed(self, input_ids):
-        return torch.zeros(*input_ids.shape, 1)
-
-    def block(self, h_in, position_ids, *args):
-        rows = torch.arange(position_ids.shape[0])[:, None].expand_as(position_ids)
-        return torch.stack([rows, position_ids], dim=-1).float()  # [B, P, 2]
-
-    def logits(self, hidden):
-        out = torch.zeros(*hidden.shape[:-1], self.config.vocab_size)  # [B, P, V]
-        for index in torch.cartesian_prod(*(torch.arange(d) for d in hidden.shape[:-1])).tolist():
-            row, pos = (int(x) for x in hidden[tuple(index)].tolist())
-            token = self.sequences[row][pos + 1]
-            out[tuple(index) + (token,)] = 10.0 if self.favour(pos + 1) else float("-inf")
-        return out
-
-
 def _prompts(seed: int = 0) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, 256, (n,), generator=gen) for n in LENGTHS]
@@ -57,7 +26,7 @@ def _prompts(seed: int = 0) -> list[torch.Tensor]:
 def _oracle(target, prompts, refs, favour=lambda p: p % 3 != 0):
     sequences = [p.tolist() + r + [0] * 16 for p, r in zip(prompts, refs, strict=True)]
     config = DrafterConfig.from_target_config(target.config, window=WINDOW)
-    return BatchOracleDrafter(config, sequences, favour)
+    return OracleDrafter(config, sequences, favour)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -3,9 +3,9 @@ hybrid verification logits, drafter state size, and the T=1 sampler's distributi
 
 import pytest
 import torch
-from infer_helpers import WINDOW, random_drafter, reference_greedy
+from infer_helpers import WINDOW, OracleDrafter, random_drafter, reference_greedy
 
-from longspec.drafter import Drafter, DrafterConfig
+from longspec.drafter import DrafterConfig
 from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine
 from longspec.infer.tree import TreeLayout
 from longspec.testing import make_tiny_target
@@ -31,38 +31,6 @@ def test_greedy_speculative_equals_target_greedy(family):
         assert result.stats.num_new_tokens == 24
 
 
-class OracleDrafter:
-    """Stub drafter whose next-token logits at position p come from `oracle(p)` (litgpt-style forcing).
-
-    `block` returns the query positions as the "hidden state"; `logits` turns each position into a one-hot
-    preference (favour=True) or a ban (favour=False) of the reference token at p + 1."""
-
-    def __init__(self, config: DrafterConfig, sequence: list[int], favour):
-        self.config, self.sequence, self.favour = config, sequence, favour
-        self.vocab = config.vocab_size
-
-    fill_cache = Drafter.fill_cache  # the real ring-buffer bookkeeping, over this stub's self_kv
-    tree_level = Drafter.tree_level  # the real draft step (keys, masks), over this stub's self_kv and block
-
-    def self_kv(self, input_ids, position_ids):
-        shape = (input_ids.shape[0], self.config.num_kv_heads, input_ids.shape[1], self.config.head_dim)
-        return torch.zeros(shape), torch.zeros(shape)
-
-    def embed(self, input_ids):
-        return torch.zeros(*input_ids.shape, 1)
-
-    def block(self, h_in, position_ids, *args):
-        return position_ids[..., None].float()
-
-    def logits(self, hidden):
-        positions = hidden[..., 0].long().flatten().tolist()
-        out = torch.zeros(len(positions), self.vocab)
-        for row, pos in enumerate(positions):
-            token = self.sequence[pos + 1]
-            out[row, token] = 10.0 if self.favour(pos + 1) else float("-inf")
-        return out.reshape(*hidden.shape[:-1], self.vocab)
-
-
 @pytest.mark.parametrize(
     "name, favour",
     [("all", lambda p: True), ("none", lambda p: False), ("some", lambda p: p % 3 != 0)],
@@ -72,7 +40,7 @@ def test_forced_acceptance(llama, name, favour):
     ref = reference_greedy(llama, prompt, 30)
     sequence = prompt.tolist() + ref + [0] * 16
     config = DrafterConfig.from_target_config(llama.config, window=WINDOW)
-    engine = SpeculativeEngine(llama, OracleDrafter(config, sequence, favour))
+    engine = SpeculativeEngine(llama, OracleDrafter(config, [sequence], favour))
     fixed = GenerationConfig(max_new_tokens=30, tree_widths=DEFAULT_TREE_WIDTHS)
     result = engine.generate(prompt, fixed, method="longspec")
     assert result.tokens == ref

@@ -5,8 +5,7 @@ import random
 
 import pytest
 import torch
-from infer_helpers import random_drafter, reference_greedy
-from test_engine import OracleDrafter
+from infer_helpers import OracleDrafter, random_drafter, reference_greedy
 
 from longspec.drafter import DrafterConfig
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
@@ -155,7 +154,7 @@ def test_auto_follows_the_drafter(tmp_path):
     config = DrafterConfig.from_target_config(target.config, window=8)
     costs = NodeCosts(per_node=0.01)
     for favour, expect_plain in ((lambda p: True, False), (lambda p: False, True)):
-        engine = SpeculativeEngine(target, OracleDrafter(config, sequence, favour), costs=costs)
+        engine = SpeculativeEngine(target, OracleDrafter(config, [sequence], favour), costs=costs)
         result = engine.generate(prompt, GenerationConfig(max_new_tokens=60))
         assert result.tokens == ref
         plain = result.stats.trees.get("ar", 0) / result.stats.rounds
