@@ -14,9 +14,8 @@ buckets below w and says nothing about the others, so one model serves every can
 are not running (Kaplan-Meier style). Counts decay every round, so the estimate follows the text and
 unobserved depths drift back to their prior. Depth 1 has a fixed prior; depth d > 1 takes depth d-1's estimate
 as its prior (hierarchical): deep levels are reached in few rounds, and a fixed optimistic prior there
-overstated a big tree's yield (simulated: 1.81 tokens expected vs 1.46 realised after 80 rounds, enough for
-the full tree to be run at 0.73x of plain decoding on the GPU), while acceptance per level, given the level
-above was accepted, changes little with depth. While "no speculation" wins nothing is observed: every
+overstated a big tree's yield (the first policy kept the full tree at 0.73x of plain decoding on the GPU,
+docs/BENCHMARKS.md), while acceptance per level, given the level above was accepted, changes little with depth. While "no speculation" wins nothing is observed: every
 `explore_every`-th such round runs the cheapest speculating candidate instead, so the policy can come back; an
 exploration after which "no speculation" still wins doubles the interval (up to MAX_EXPLORE_EVERY; each call
 starts again from `explore_every`), one that changes the decision resets it, so a drafter that cannot help costs
@@ -76,8 +75,8 @@ AUTO_TREES: tuple[tuple[int, ...], ...] = (
 RANK_EDGES = (1, 2, 4, 8, 16)  # bucket j = ranks [RANK_EDGES[j-1], RANK_EDGES[j]) (edge -1 = 0)
 MIN_BUCKET = 1024  # round costs barely change below this context length
 MAX_EXPLORE_EVERY = 64  # a useless drafter then costs at most one cheap chain round in 64
-# In a run of plain rounds only the plain rounds' own times change the estimates; re-deciding every round cost
-# ~60 us of host time, ~1.5% of a 4 ms step of a small target, so the decision is re-checked every few rounds.
+# In a run of plain rounds only the plain rounds' own times change the estimates; re-deciding (every candidate's
+# rate) is host work between every two graphed steps, so the decision is re-checked every few rounds.
 RECHECK_EVERY = 8
 
 
