@@ -10,7 +10,9 @@ build, then random init on the GPU: nothing is downloaded), or loads --target, f
 and times, per context (CUDA events, median of --iters after --warmup):
 - AR step, HF: one token through the HF model (sdpa) on a DynamicCache holding the context;
 - AR step, ours: one token through our engine (static cache, our attention backends), eager;
-- AR step, ours + CUDA graph: the same step replayed from a captured graph;
+- AR step, ours + CUDA graph: the same step replayed from a captured graph (packed q/k/v and gate/up
+  projections, fused add + RMSNorm, q/k norm + RoPE and SiLU * up kernels: `TargetModel.pack_weights`), and
+  "unfused": the same graph step through the HF modules' own projections and element-wise ops (verify too);
 - AR step, HF static cache + torch.compile(mode="reduce-overhead"): transformers' own fastest decoding (the
   cache is prefilled with `context` random tokens by the model itself; compilation happens in the warm-up);
 - speculative round: draft (dynamic beam tree, default widths -> 69 nodes, random drafter, window 512) and
@@ -25,6 +27,7 @@ Prints a markdown table last; writes JSON to $OUT/round_latency.json when OUT is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -109,6 +112,21 @@ def time_hf_compiled_step(timer, target: TargetModel, context: int, generator: t
         return timer(step)
 
 
+@contextlib.contextmanager
+def module_layers(engine: SpeculativeEngine):
+    """Run the target's layers through its HF modules (5 projections, eager element-wise ops) instead of the
+    packed projections and fused steps, to time both routes side by side; the steps built meanwhile are
+    dropped on both sides so that neither route replays the other's graphs."""
+    target = engine.target
+    packed, target.packed = target.packed, None
+    engine.target_step.steps = {}
+    try:
+        yield
+    finally:
+        target.packed = packed
+        engine.target_step.steps = {}
+
+
 class Timer:
     """Median milliseconds of fn() over `iters` runs after `warmup` runs (CUDA events on GPU)."""
 
@@ -168,6 +186,8 @@ def bench_context(target, drafter, engine, context: int, timer: Timer, capture: 
         row["ar_ours_static_ms"] = timer(lambda: engine.verify(one, static=True, capture=False))
         if capture:
             row["ar_ours_graph_ms"] = timer(lambda: engine.verify(one, static=True, capture=True))
+            with module_layers(engine):  # the same graph step through the HF modules, unfused
+                row["ar_ours_graph_unfused_ms"] = timer(lambda: engine.verify(one, static=True, capture=True))
 
         engine.prefill_drafter(
             torch.randint(0, target.vocab_size, (context,), device=device, generator=generator)
@@ -190,6 +210,8 @@ def bench_context(target, drafter, engine, context: int, timer: Timer, capture: 
             _try_graph(
                 row, "verify_graph_ms", lambda: timer(lambda: engine.verify(tree, static=True, capture=True))
             )
+            with module_layers(engine):
+                row["verify_graph_unfused_ms"] = timer(lambda: engine.verify(tree, static=True, capture=True))
         logits = engine.verify(tree)
         row["accept_ms"] = timer(
             lambda: greedy_accept(
@@ -227,10 +249,12 @@ def table(rows: list[dict]) -> str:
         ("ar_hf_ms", "AR HF ms", ".2f"),
         ("ar_ours_ms", "AR ours ms", ".2f"),
         ("ar_hf_compile_ms", "AR HF static+compile ms", ".2f"),
+        ("ar_ours_graph_unfused_ms", "AR ours+graph, unfused ms", ".2f"),
         ("ar_ours_graph_ms", "AR ours+graph ms", ".2f"),
         ("draft_ms", "draft ms", ".2f"),
         ("draft_graph_ms", "draft+graph ms", ".2f"),
         ("verify_ms", "verify ms", ".2f"),
+        ("verify_graph_unfused_ms", "verify+graph, unfused ms", ".2f"),
         ("verify_graph_ms", "verify+graph ms", ".2f"),
         ("round_ms", "round ms", ".2f"),
         ("floor_ms", "floor ms", ".2f"),

@@ -16,8 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from longspec.modules import layer_ops
 from longspec.modules.attention import attention
 from longspec.modules.rope import RotaryEmbedding, apply_rotary
 
@@ -90,6 +92,7 @@ class TargetModel(nn.Module):
             self.rotary.to(weight_device)
         self.layer_windows = _layer_windows(config)
         self.sliding_window = getattr(config, "sliding_window", None)
+        self.packed: nn.ModuleList | None = None  # set by `pack_weights` (inference)
 
     # The HF modules the drafter shares (not copies): see Drafter.shared_storage_ok.
     @property
@@ -142,6 +145,37 @@ class TargetModel(nn.Module):
         )
         return cls(hf_model)
 
+    def pack_weights(self) -> bool:
+        """Inference only: put each layer's q/k/v projections in one weight and gate/up in another, so a layer
+        runs 2 projections where it ran 5, and switch `forward` to the fused element-wise steps
+        (`modules.layer_ops`: add + RMSNorm, q/k norm + RoPE, SiLU * up; one Triton launch each on CUDA).
+
+        The HF modules' weights become views of the packed ones (no extra memory; the HF model still runs).
+        Returns False, changing nothing, where packing does not apply: weights that train or are sharded
+        (ZeRO-3 gathers parameters only inside their own module's forward), a meta-device build, an MLP other
+        than SiLU-gated, or projections of which only some have a bias."""
+        if self.packed is not None:
+            return True
+        params = list(self.model.parameters())
+        if any(p.requires_grad or hasattr(p, "ds_id") or p.device.type == "meta" for p in params):
+            return False
+        if getattr(self.config, "hidden_act", "silu") not in ("silu", "swish"):
+            return False
+        packed = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = _pack_linears((attn.q_proj, attn.k_proj, attn.v_proj))
+            gate_up = _pack_linears((mlp.gate_proj, mlp.up_proj))
+            if qkv is None or gate_up is None:
+                return False
+            packed.append((qkv, gate_up))
+        self.packed = nn.ModuleList()
+        for layer, (qkv, gate_up) in zip(self.layers, packed, strict=True):
+            _bind_views((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), *qkv)
+            _bind_views((layer.mlp.gate_proj, layer.mlp.up_proj), *gate_up)
+            self.packed.append(_PackedLayer(*qkv, *gate_up))
+        return True
+
     def check_tokenizer(self, tokenizer) -> None:
         """Refuse a tokenizer that can produce ids past the embedding (see `target_source.check_tokenizer_fits`)."""
         from longspec.target_source import check_tokenizer_fits
@@ -171,6 +205,8 @@ class TargetModel(nn.Module):
             position_ids = position_ids.expand(B, T)
         hidden = self.embed_tokens(input_ids)  # [B,T,Dm]
         cos, sin = self.rotary.cos_sin(position_ids, dtype=hidden.dtype)  # [B,T,D]
+        if self.packed is not None:
+            return self._forward_packed(hidden, cos, sin, attn_fn)
         last_k = last_v = None
         for idx, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -193,6 +229,73 @@ class TargetModel(nn.Module):
         hidden = self.model.model.norm(hidden)
         return TargetOutput(hidden=hidden, last_k=last_k, last_v=last_v)
 
+    def _forward_packed(self, hidden, cos, sin, attn_fn: AttnFn | None) -> TargetOutput:
+        """`forward` after `pack_weights`: the same layer, computed with packed projections and fused steps. The
+        residual stream is carried as (delta, residual) so each add is fused into the next norm."""
+        B, T, _ = hidden.shape
+        delta, residual = hidden, None
+        for idx, (layer, packed) in enumerate(zip(self.layers, self.packed, strict=True)):
+            attn = layer.self_attn
+            x, residual = layer_ops.add_rms_norm(delta, residual, *_norm_args(layer.input_layernorm))
+            qkv = F.linear(x, packed.qkv_weight, packed.qkv_bias)  # [B,T,(H+2Hkv)*D]
+            q_norm = k_norm = None
+            eps = 1e-6
+            if self.family == "qwen3":
+                (q_norm, eps), (k_norm, _) = _norm_args(attn.q_norm), _norm_args(attn.k_norm)
+            q, k, v = layer_ops.qkv_rope(
+                qkv, cos, sin, self.num_heads, self.num_kv_heads, q_norm=q_norm, k_norm=k_norm, eps=eps
+            )
+            if attn_fn is None:
+                out, _ = attention(q, k, v, causal=True, window=self.layer_windows[idx], scale=attn.scaling)
+            else:
+                out = attn_fn(idx, q, k, v)
+            delta = attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+            x, residual = layer_ops.add_rms_norm(delta, residual, *_norm_args(layer.post_attention_layernorm))
+            gate_up = F.linear(x, packed.gate_up_weight, packed.gate_up_bias)  # [B,T,2F]
+            delta = layer.mlp.down_proj(layer_ops.silu_mul(gate_up))
+        hidden, _ = layer_ops.add_rms_norm(delta, residual, *_norm_args(self.model.model.norm))
+        return TargetOutput(hidden=hidden, last_k=k, last_v=v)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., Dm] -> [..., V]. Never on long training sequences: use longspec.losses' fused loss."""
         return self.lm_head(hidden)
+
+
+class _PackedLayer(nn.Module):
+    """One layer's packed projection weights (non-persistent buffers: they follow `.to()` and stay out of
+    state dicts, which keep the HF modules' own names)."""
+
+    def __init__(self, qkv_weight, qkv_bias, gate_up_weight, gate_up_bias):
+        super().__init__()
+        self.register_buffer("qkv_weight", qkv_weight, persistent=False)
+        self.register_buffer("qkv_bias", qkv_bias, persistent=False)
+        self.register_buffer("gate_up_weight", gate_up_weight, persistent=False)
+        self.register_buffer("gate_up_bias", gate_up_bias, persistent=False)
+
+
+def _pack_linears(linears) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight [sum of out, in], bias or None) of linears stacked along their outputs; None when only some of
+    them have a bias."""
+    biases = [lin.bias for lin in linears]
+    if any(b is None for b in biases) and not all(b is None for b in biases):
+        return None
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    return weight, bias
+
+
+def _bind_views(linears, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Make each linear's weight (and bias) a view of its rows of the packed tensors: one copy in memory."""
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
+        start += rows
+
+
+def _norm_args(norm: nn.Module) -> tuple[torch.Tensor, float]:
+    """(weight, eps) of an HF RMSNorm (Llama, Qwen2/3 and Mistral name the epsilon `variance_epsilon`)."""
+    eps = getattr(norm, "variance_epsilon", None)
+    return norm.weight, float(getattr(norm, "eps", 1e-6) if eps is None else eps)

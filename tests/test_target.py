@@ -26,13 +26,16 @@ def anchor_ids():
     return ids, pos
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["modules", "packed"])
 @pytest.mark.parametrize("variant", TINY_VARIANTS)
-def test_logits_and_last_kv_match_hf(variant, anchor_ids):
+def test_logits_and_last_kv_match_hf(variant, packed, anchor_ids):
     ids, pos = anchor_ids
     hf = make_tiny_hf_model(variant)
+    ref = _hf_reference(hf, ids, pos)  # before packing: the HF model as loaded
     target = TargetModel(hf)
+    if packed:
+        assert target.pack_weights()
     out = target(ids, pos)
-    ref = _hf_reference(hf, ids, pos)
     torch.testing.assert_close(target.logits(out.hidden), ref.logits, atol=1e-5, rtol=1e-5)
     # A sliding-window cache layer keeps only its last window-1 tokens: compare those.
     ref_k, ref_v = ref.cache.layers[-1].keys, ref.cache.layers[-1].values
@@ -155,3 +158,37 @@ def test_wrapping_unsupported_model_raises():
     )
     with pytest.raises(ValueError, match="supports: llama, qwen2, mistral, qwen3"):
         TargetModel(gpt2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant", TINY_VARIANTS)
+def test_packed_forward_is_the_module_forward(variant, dtype, anchor_ids):
+    # Off CUDA the fused steps are the references with the HF arithmetic: bit-identical, in bf16 too.
+    ids, pos = anchor_ids
+    target = make_tiny_target(variant).to(dtype)
+    before = target(ids, pos)
+    assert target.pack_weights() and target.pack_weights()  # idempotent
+    after = target(ids, pos)
+    for name in ("hidden", "last_k", "last_v"):
+        assert torch.equal(getattr(before, name), getattr(after, name)), name
+
+
+def test_packing_shares_storage_and_keeps_the_hf_model_working(anchor_ids):
+    ids, pos = anchor_ids
+    target = make_tiny_target("qwen2")  # q/k/v biases
+    hf_before = target.model(ids, position_ids=pos).logits
+    params_before = sum(p.numel() for p in target.parameters())
+    target.pack_weights()
+    attn, mlp, packed = target.layers[0].self_attn, target.layers[0].mlp, target.packed[0]
+    assert attn.k_proj.weight.untyped_storage().data_ptr() == packed.qkv_weight.untyped_storage().data_ptr()
+    assert attn.v_proj.bias.untyped_storage().data_ptr() == packed.qkv_bias.untyped_storage().data_ptr()
+    assert mlp.up_proj.weight.untyped_storage().data_ptr() == packed.gate_up_weight.untyped_storage().data_ptr()
+    assert sum(p.numel() for p in target.parameters()) == params_before
+    assert not any(name.startswith("packed") for name in target.state_dict())  # checkpoints keep HF names
+    torch.testing.assert_close(target.model(ids, position_ids=pos).logits, hf_before, atol=0, rtol=0)
+
+
+def test_packing_refuses_trainable_weights():
+    target = make_tiny_target("llama")
+    target.layers[0].mlp.up_proj.weight.requires_grad_(True)
+    assert target.pack_weights() is False and target.packed is None

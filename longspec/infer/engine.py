@@ -86,6 +86,8 @@ class SpeculativeEngine:
         # then starts from the last one's estimates instead of the prior (short outputs never leave it).
         self.policies: dict[tuple, AdaptivePolicy] = {}
         self.device = target.embed_tokens.weight.device
+        # Packed projections + fused layer steps for every forward this engine runs (a frozen target only).
+        target.pack_weights()
         self.target_step = TargetStep(target)
         self.draft_step = None
         if drafter is not None:

@@ -1,0 +1,61 @@
+"""Plain-PyTorch references of `layer_ops`, written with the HF Llama arithmetic (each step rounded to the input
+dtype where the HF modules round), so in bf16 they reproduce the unfused layer exactly.
+
+Shape legend: M rows (B * T tokens), Dm model width, B batch, T tokens, H query heads, Hkv key/value heads,
+D head dim, F MLP width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from longspec.modules.rope import apply_rotary
+
+
+def rms_norm_naive(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm: normalise in float32, round to x's dtype, then scale by the weight."""
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def add_rms_norm_naive(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual); x, residual [..., Dm]. residual None: (rms_norm(x), x)."""
+    total = x if residual is None else residual + x
+    return rms_norm_naive(total, weight, eps), total
+
+
+def qkv_rope_naive(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    *,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv [B, T, (H + 2 Hkv) * D] (the packed projection: q heads, then k heads, then v heads), cos/sin
+    [B, T, D] -> q [B, H, T, D], k [B, Hkv, T, D] rotated (after the per-head RMSNorm q_norm / k_norm [D] when
+    given: Qwen3), v [B, Hkv, T, D]."""
+    B, T, _ = qkv.shape
+    D = qkv.shape[-1] // (num_heads + 2 * num_kv_heads)
+    q, k, v = qkv.view(B, T, -1, D).split([num_heads, num_kv_heads, num_kv_heads], dim=2)
+    if q_norm is not None:
+        q = rms_norm_naive(q, q_norm, eps)
+    if k_norm is not None:
+        k = rms_norm_naive(k, k_norm, eps)
+    q = apply_rotary(q.transpose(1, 2), cos, sin)
+    k = apply_rotary(k.transpose(1, 2), cos, sin)
+    return q, k, v.transpose(1, 2)
+
+
+def silu_mul_naive(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [..., 2F] (the packed gate and up projections) -> silu(gate) * up [..., F]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

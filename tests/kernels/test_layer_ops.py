@@ -1,0 +1,121 @@
+"""layer_ops (Triton; the CPU interpreter in CI) vs the plain-PyTorch references with the HF arithmetic, into
+NaN-poisoned output buffers (an element the kernel never writes stays NaN)."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from longspec.kernels.layer_ops import (  # noqa: E402
+    add_rms_norm,
+    add_rms_norm_naive,
+    qkv_rope,
+    qkv_rope_naive,
+    silu_mul,
+    silu_mul_naive,
+)
+from longspec.modules.rope import RotaryEmbedding  # noqa: E402
+from longspec.testing import tiny_hf_config  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Max-abs error relative to the reference's max-abs. bf16: the kernels round once where eager rounds per op
+# (and the CPU interpreter converts to bf16 by truncation), so a last-bit difference is expected.
+TOL = {torch.float32: 1e-6, torch.bfloat16: 2e-2}
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _close(out, ref, dtype):
+    assert not torch.isnan(out).any(), "unwritten (NaN) outputs"
+    err = (out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6)
+    assert err <= TOL[dtype], f"relative error {err:.2e} > {TOL[dtype]:.0e}"
+
+
+def _nan(*shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 576), (2, 69, 96), (3, 5, 100)])  # AR step, a tree, N not 2^k
+def test_add_rms_norm(dtype, shape):
+    x = torch.randn(shape, dtype=dtype, device=DEVICE)
+    residual = torch.randn(shape, dtype=dtype, device=DEVICE) * 4
+    weight = torch.randn(shape[-1], dtype=dtype, device=DEVICE)
+    out = (_nan(*shape, dtype=dtype), _nan(*shape, dtype=dtype))
+    y, total = add_rms_norm(x, residual, weight, 1e-5, out=out)
+    assert y.data_ptr() == out[0].data_ptr() and total.data_ptr() == out[1].data_ptr()
+    ref_y, ref_total = add_rms_norm_naive(x, residual, weight, 1e-5)
+    _close(total, ref_total, dtype)
+    _close(y, ref_y, dtype)
+    if dtype == torch.float32:
+        assert torch.equal(total, ref_total)  # an add, exact
+
+
+def test_rms_norm_without_residual_and_strided_rows():
+    # The first layer has no residual yet; a [B, T, N] slice of a wider buffer is read in place.
+    wide = torch.randn(2, 7, 130, device=DEVICE)
+    x = wide[..., :96]
+    weight = torch.randn(96, device=DEVICE)
+    y, total = add_rms_norm(x, None, weight, 1e-6)
+    assert total is x
+    _close(y, add_rms_norm_naive(x, None, weight, 1e-6)[0], torch.float32)
+
+
+def _rope_inputs(B, T, H, Hkv, D, dtype, shared_positions):
+    config = tiny_hf_config(
+        "llama3", hidden_size=H * D, head_dim=D, num_attention_heads=H, num_key_value_heads=Hkv
+    )  # llama3 rope scaling: angles that are not a plain geometric series
+    rotary = RotaryEmbedding.from_config(config).to(DEVICE)
+    positions = torch.arange(T, device=DEVICE) + 1000
+    positions = (
+        positions.expand(B, T)
+        if shared_positions
+        else positions + 77 * torch.arange(B, device=DEVICE)[:, None]
+    )
+    cos, sin = rotary.cos_sin(positions, dtype=dtype)
+    qkv = torch.randn(B, T, (H + 2 * Hkv) * D, dtype=dtype, device=DEVICE)
+    return qkv, cos, sin
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "B, T, H, Hkv, D, qk_norm",
+    [
+        (1, 1, 9, 3, 64, False),  # SmolLM2's AR step
+        (2, 69, 8, 2, 32, False),  # a 69-node tree per row, GQA 4
+        (1, 5, 4, 4, 24, True),  # Qwen3's q/k norm; a head dim whose half is not a power of 2
+    ],
+)
+def test_qkv_rope(dtype, B, T, H, Hkv, D, qk_norm):
+    qkv, cos, sin = _rope_inputs(B, T, H, Hkv, D, dtype, shared_positions=B == 1)
+    norms = {}
+    if qk_norm:
+        norms = {
+            "q_norm": torch.randn(D, dtype=dtype, device=DEVICE),
+            "k_norm": torch.randn(D, dtype=dtype, device=DEVICE),
+        }
+    out = (_nan(B, H, T, D, dtype=dtype), _nan(B, Hkv, T, D, dtype=dtype), _nan(B, Hkv, T, D, dtype=dtype))
+    got = qkv_rope(qkv, cos, sin, H, Hkv, eps=1e-6, out=out, **norms)
+    ref = qkv_rope_naive(qkv, cos, sin, H, Hkv, eps=1e-6, **norms)
+    for name, g, r in zip("qkv", got, ref, strict=True):
+        assert g.shape == r.shape, name
+        _close(g, r, dtype)
+    assert torch.equal(got[2], ref[2])  # v is copied, not computed
+
+
+def test_qkv_rope_broadcast_angles():
+    # cos/sin shared by the batch (batch stride 0), as a forward over rows of one length passes them.
+    qkv, cos, sin = _rope_inputs(3, 4, 4, 2, 16, torch.float32, shared_positions=True)
+    cos1, sin1 = cos[:1].expand(3, -1, -1), sin[:1].expand(3, -1, -1)
+    got = qkv_rope(qkv, cos1, sin1, 4, 2)
+    for g, r in zip(got, qkv_rope_naive(qkv, cos, sin, 4, 2), strict=True):
+        _close(g, r, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 2 * 1536), (2, 69, 2 * 40), (1, 3, 2 * 3000)])
+def test_silu_mul(dtype, shape):
+    gate_up = torch.randn(shape, dtype=dtype, device=DEVICE) * 3
+    out = _nan(*shape[:-1], shape[-1] // 2, dtype=dtype)
+    got = silu_mul(gate_up, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    _close(got, silu_mul_naive(gate_up), dtype)
