@@ -260,6 +260,8 @@ def _record(sample, stats, tokens: list[int]) -> dict:
         "verify_s": stats.verify_s,
         "overhead_s": stats.overhead_s,
         "trees": stats.trees,
+        "depth_reached": stats.depth_reached,
+        "depth_accepted": stats.depth_accepted,
     }
 
 

@@ -8,6 +8,7 @@ import os
 
 from longspec.atomic import write_text_atomic
 from longspec.eval.quality import MIN_DISTINCT_RATIO, assess
+from longspec.infer.stats import acceptance_profile
 
 __all__ = [
     "BASELINES",
@@ -36,8 +37,17 @@ def _aggregate(records: list[dict]) -> dict:
     for r in records:
         for name, count in (r.get("trees") or {}).items():
             trees[name] = trees.get(name, 0) + count
+    depth = max((len(r.get("depth_reached") or []) for r in records), default=0)
+    reached, accepted_at = [0] * depth, [0] * depth
+    for r in records:
+        for d, (n, a) in enumerate(zip(r.get("depth_reached") or [], r.get("depth_accepted") or [], strict=True)):
+            reached[d] += n
+            accepted_at[d] += a
     out = {
         "trees": trees,
+        # P(depth d accepted | depths < d were), pooled over rounds: the drafter's measured acceptance profile
+        # (e.g. benchmarks/batch_throughput.py --accept-profile).
+        "acceptance_profile": acceptance_profile(reached, accepted_at),
         "num_samples": len(records),
         "mean_prompt_len": sum(r["prompt_len"] for r in records) / max(len(records), 1),
         "rounds": rounds,
@@ -223,12 +233,16 @@ def report_markdown(results: dict) -> str:
             )
     tree_rows = [(d, m, agg["trees"]) for d in datasets for m, agg in summary[d].items() if agg.get("trees")]
     if tree_rows:
-        lines += ["", "## Trees run (share of rounds; ar = no speculation)", ""]
+        lines += ["", "## Trees run (share of rounds; ar = no speculation) and acceptance per depth d (P(d accepted | d-1 was))", ""]
         for d, method, trees in tree_rows:
             total = sum(trees.values())
             shares = sorted(trees.items(), key=lambda kv: -kv[1])
+            profile = summary[d][method].get("acceptance_profile") or []
+            profile_txt = ",".join("–" if p is None else f"{p:.2f}" for p in profile)
             lines.append(
-                f"- {d} / {method}: " + ", ".join(f"`{t}` {100 * c / total:.0f}%" for t, c in shares)
+                f"- {d} / {method}: "
+                + ", ".join(f"`{t}` {100 * c / total:.0f}%" for t, c in shares)
+                + (f"; acceptance per depth `{profile_txt}`" if profile else "")
             )
     lines += batch_markdown(summary, cfg.get("batch_size", 1))
     lines += quality_markdown(summary)

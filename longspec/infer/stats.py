@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["GenerationStats"]
+__all__ = ["GenerationStats", "acceptance_profile", "tree_depth"]
 
 
 @dataclass
@@ -21,11 +21,29 @@ class GenerationStats:
     overhead_s: float = 0.0  # acceptance, commits, bookkeeping
     # rounds per tree ("ar" = no speculation; with tree="auto" the tree may change every round)
     trees: dict[str, int] = field(default_factory=dict)
+    # Acceptance per depth over the rounds that ran a draft tree: depth_reached[d - 1] = rounds whose tree was at
+    # least d deep and whose depths 1..d-1 were all accepted; depth_accepted[d - 1] = those that accepted depth d
+    # too. Their ratio is P(depth d accepted | depth d-1 was): the drafter's acceptance profile on this text.
+    depth_reached: list[int] = field(default_factory=list)
+    depth_accepted: list[int] = field(default_factory=list)
 
     def record_round(self, num_accepted: int, tree: str | None = None) -> None:
         self.accepted.append(int(num_accepted))
         if tree is not None:
             self.trees[tree] = self.trees.get(tree, 0) + 1
+        depth = tree_depth(tree)
+        if depth > len(self.depth_reached):
+            grow = depth - len(self.depth_reached)
+            self.depth_reached += [0] * grow
+            self.depth_accepted += [0] * grow
+        for d in range(min(depth, num_accepted + 1)):  # depths 1..min(depth, accepted + 1) were reached
+            self.depth_reached[d] += 1
+            self.depth_accepted[d] += d < num_accepted
+
+    @property
+    def acceptance_profile(self) -> list[float | None]:
+        """Per depth d = 1, 2, ...: P(depth d accepted | depths < d were), None where no round reached d."""
+        return acceptance_profile(self.depth_reached, self.depth_accepted)
 
     @property
     def rounds(self) -> int:
@@ -61,5 +79,18 @@ class GenerationStats:
             accept_histogram=self.accept_histogram,
             mean_accept_length=self.mean_accept_length,
             tokens_per_s=self.tokens_per_s,
+            acceptance_profile=self.acceptance_profile,
         )
         return out
+
+
+def tree_depth(tree: str | None) -> int:
+    """Levels of a recorded tree name ("4-16-16" -> 3); 0 for "ar", None or anything that is not level widths."""
+    if not tree:
+        return 0
+    parts = tree.split("-")
+    return len(parts) if all(p.isdigit() for p in parts) else 0
+
+
+def acceptance_profile(reached: list[int], accepted: list[int]) -> list[float | None]:
+    return [a / r if r else None for r, a in zip(reached, accepted, strict=True)]

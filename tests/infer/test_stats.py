@@ -1,0 +1,37 @@
+"""GenerationStats: τ and the per-depth acceptance profile recorded round by round."""
+
+import pytest
+
+from longspec.eval.report import _aggregate
+from longspec.infer.stats import GenerationStats, tree_depth
+
+
+def test_tree_depth():
+    assert [tree_depth(t) for t in ("4-16-16", "1", "ar", None, "pld")] == [3, 1, 0, 0, 0]
+
+
+def test_acceptance_profile_counts_only_the_depths_a_round_reached():
+    stats = GenerationStats()
+    stats.record_round(0, "ar")  # no tree: not part of the profile
+    stats.record_round(2, "2-2-2")  # depths 1, 2 accepted, 3 reached and rejected
+    stats.record_round(0, "2-2-2")  # depth 1 rejected: 2 and 3 never reached
+    stats.record_round(1, "4-4")  # depth 1 accepted, 2 rejected
+    stats.record_round(3, "1-1-1")  # the whole tree accepted
+    assert stats.depth_reached == [4, 3, 2]
+    assert stats.depth_accepted == [3, 2, 1]
+    assert stats.acceptance_profile == pytest.approx([3 / 4, 2 / 3, 1 / 2])
+    assert stats.mean_accept_length == pytest.approx((0 + 2 + 0 + 1 + 3 + 5) / 5)
+    assert stats.to_dict()["acceptance_profile"] == stats.acceptance_profile
+
+
+def test_profile_of_a_depth_no_round_reached_is_none_and_records_pool():
+    a, b = GenerationStats(), GenerationStats()
+    a.record_round(0, "2-2")
+    b.record_round(2, "2-2")
+    b.record_round(1, "2-2")
+    assert a.acceptance_profile == [0.0, None]
+    records = [
+        {**s.to_dict(), "num_new_tokens": 3, "prompt_len": 5, "decode_s": 1.0, "tokens_per_s": 2.0}
+        for s in (a, b)
+    ]
+    assert _aggregate(records)["acceptance_profile"] == pytest.approx([2 / 3, 1 / 2])
