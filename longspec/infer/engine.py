@@ -51,7 +51,7 @@ from longspec.infer.config import DEFAULT_TREE_WIDTHS, GenerationConfig
 from longspec.infer.draft_step import DraftStep
 from longspec.infer.methods import get_method
 from longspec.infer.pld import prompt_lookup
-from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts
+from longspec.infer.policy import AdaptivePolicy, MeasuredCosts
 from longspec.infer.round_costs import choose_policy
 from longspec.infer.round_costs import measure_round_costs as _measure_round_costs
 from longspec.infer.stats import GenerationStats
@@ -124,8 +124,9 @@ class SpeculativeEngine:
     ) -> list[GenerationResult]:
         """prompts: a list of prompts of any lengths (each as `generate` takes it) -> one GenerationResult per
         prompt, decoded together: one target forward per round for the whole batch. At T = 0 each sequence's
-        tokens are its own single-sequence greedy output. With tree="auto" a batch of more than one runs the
-        default fixed tree (the policy's round costs are measured at batch 1)."""
+        tokens are its own single-sequence greedy output. With tree="auto" the policy's round costs are measured at
+        this batch size (a larger batch makes big trees cost more: it may pick smaller ones), and its acceptance
+        model learns from every row."""
         spec = get_method(method, runner="engine")
         if spec.needs_drafter and self.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (pass one, or use drafter.init=random)")
@@ -140,12 +141,8 @@ class SpeculativeEngine:
         batch, lengths = len(prompts), [p.numel() for p in prompts]
         self._ensure_cache(_needed_slots(lengths, config), batch)
         policy = None
-        if (
-            spec.needs_drafter and batch == 1
-        ):  # may measure round costs: before any timing, on a scratch state
-            policy = choose_policy(self, config, lengths[0])
-        elif spec.needs_drafter:
-            policy = FixedPolicy(config.fixed_tree or DEFAULT_TREE_WIDTHS)
+        if spec.needs_drafter:  # may measure round costs (at this batch size): before any timing, on a scratch state
+            policy = choose_policy(self, config, max(lengths), batch_size=batch)
         # On the device: a round's random draws need no host-to-device copy (and no host sync).
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         stats = [GenerationStats(method=method, prompt_len=n) for n in lengths]
@@ -162,10 +159,12 @@ class SpeculativeEngine:
         clock = PhaseClock(self.device)
         decode_start = now(self.device)
         active = [not _finished(e, config, new=e) for e in emitted]
-        # Committed tokens whose K/V are in the drafter's ring buffer: positions < drafter_synced. A plain round
-        # ("no speculation", tree="auto" at batch 1) leaves the ring alone, so it costs what one AR step costs;
-        # the ring catches up (its last `window` tokens at most) when speculation resumes.
+        # Committed tokens whose K/V are in the drafter's ring buffer: positions < drafter_synced. At batch 1 a
+        # plain round ("no speculation", tree="auto") leaves the ring alone, so it costs what one AR step costs;
+        # the ring catches up (its last `window` tokens at most) when speculation resumes. In a batch the rows'
+        # lengths differ, so a plain round commits its token to the ring at once (what its measured cost holds).
         drafter_synced = max(self.cache.lengths)
+        lazy_ring = batch == 1
         while any(active):
             context_len = max(self.cache.lengths)
             widths = policy.choose(context_len) if policy is not None else ()
@@ -174,13 +173,13 @@ class SpeculativeEngine:
             round_start = time.perf_counter()
             new_tokens, path_slots, roots = self._round(
                 method, widths, roots, config, generator, static=static, clock=clock, contexts=contexts,
-                commit_drafter=bool(widths), active=active,
+                commit_drafter=bool(widths) or not lazy_ring, active=active,
             )  # fmt: skip
             if policy is not None:
                 policy.observe_time(widths, context_len, time.perf_counter() - round_start)
                 for row in filter(active.__getitem__, range(batch)):
                     policy.observe(widths, _level_ranks(widths, path_slots[row]), context_len)
-                if widths:
+                if widths or not lazy_ring:
                     drafter_synced = max(self.cache.lengths)
             tree = tree_name(widths) if spec.needs_drafter else None
             for row in filter(active.__getitem__, range(batch)):

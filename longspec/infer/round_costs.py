@@ -21,20 +21,24 @@ __all__ = ["choose_policy", "measure_round_costs"]
 
 
 def choose_policy(
-    engine: SpeculativeEngine, config: GenerationConfig, prompt_len: int
+    engine: SpeculativeEngine, config: GenerationConfig, prompt_len: int, *, batch_size: int = 1
 ) -> FixedPolicy | AdaptivePolicy:
-    """The call's tree policy: the user's fixed tree, or the engine's adaptive policy for this decoding mode
-    (kept across calls in `engine.policies`), after measuring round costs the engine does not have yet."""
+    """The call's tree policy: the user's fixed tree, or the engine's adaptive policy for this decoding mode and
+    batch size (kept across calls in `engine.policies`), after measuring round costs the engine does not have
+    yet (at `batch_size` rows: a round's cost grows with the batch, a big tree's fastest)."""
     fixed = config.fixed_tree
     if fixed is not None:
         return FixedPolicy(fixed)
     if engine.costs is None or isinstance(engine.costs, MeasuredCosts):
-        measure_round_costs(engine, config, [prompt_len, prompt_len + config.max_new_tokens])
+        measure_round_costs(
+            engine, config, [prompt_len, prompt_len + config.max_new_tokens], batch_size=batch_size
+        )
     key = (
         tuple(config.trees),
         config.temperature > 0,
         config.sampling_rule,
         config.cuda_graphs,
+        batch_size,
         id(engine.costs),
     )
     if key not in engine.policies:
@@ -48,18 +52,20 @@ def choose_policy(
 
 @torch.no_grad()
 def measure_round_costs(
-    engine: SpeculativeEngine, config: GenerationConfig, context_lens, *, reps: int = 8
+    engine: SpeculativeEngine, config: GenerationConfig, context_lens, *, reps: int = 8, batch_size: int = 1
 ) -> MeasuredCosts:
     """Measure, on the engine's device, the seconds of one real round (`engine._round`: draft + verify + accept +
     commit, on the static / captured path when the config asks for it) of every tree="auto" candidate, per
     context bucket between min(context_lens) and max(context_lens). The cache's content is whatever it holds (a
     round's cost does not depend on it); its length is set to the bucket (within the reserved size). Only
     missing buckets are measured; the cache and ring buffer are reset after. First use of a shape captures its
-    graphs here, outside any timed decode. Returns the table, kept as `engine.costs`."""
+    graphs here, outside any timed decode. `batch_size` rows run each round (every row at the bucket's length);
+    at batch > 1 a plain round commits its token to the drafter's ring too, as `generate_batch` runs it. Another
+    batch size is another mode, measured anew. Returns the table, kept as `engine.costs`."""
     if engine.drafter is None:
         raise ValueError("measuring longspec round costs needs a drafter")
     static = config.static_shapes or config.cuda_graphs
-    mode = (config.temperature > 0, config.sampling_rule, static, config.cuda_graphs)
+    mode = (config.temperature > 0, config.sampling_rule, static, config.cuda_graphs, batch_size)
     if not isinstance(engine.costs, MeasuredCosts) or engine.costs.mode != mode:
         engine.costs = MeasuredCosts(mode=mode)
     costs = engine.costs
@@ -68,9 +74,9 @@ def measure_round_costs(
     missing = costs.missing(config.trees, buckets)
     if not missing:
         return costs
-    engine.reserve(max(context_lens) + config.max_round_nodes + 1)
+    engine.reserve(max(context_lens) + config.max_round_nodes + 1, batch_size)
     generator = torch.Generator(device=engine.device).manual_seed(0)
-    root = torch.zeros(1, dtype=torch.long, device=engine.device)  # a batch of one
+    root = torch.zeros(batch_size, dtype=torch.long, device=engine.device)
     clock = PhaseClock(engine.device)
     engine.drafter_cache.reset()
     for bucket in missing:
@@ -85,7 +91,7 @@ def measure_round_costs(
                 start = time.perf_counter()
                 engine._round(
                     "longspec", widths, root, config, generator, static=static, clock=clock,
-                    commit_drafter=bool(widths),
+                    commit_drafter=bool(widths) or batch_size > 1,
                 )  # fmt: skip
                 if rep:
                     times[widths].append(time.perf_counter() - start)

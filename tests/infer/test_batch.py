@@ -8,6 +8,7 @@ from infer_helpers import WINDOW, OracleDrafter, random_drafter, reference_greed
 
 from longspec.drafter import DrafterConfig
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.infer.policy import AUTO_TREES
 from longspec.testing import make_tiny_target
 
 LENGTHS = (
@@ -96,15 +97,39 @@ def test_batch_static_shapes_equal_eager(family):
         assert [r.tokens for r in results] == refs, method
 
 
-def test_batch_tree_auto_runs_the_default_fixed_tree():
+class CyclingCosts:
+    """Stub cost model: a different candidate is the cheapest at every cache length, so consecutive rounds of a
+    batch run different trees, "no speculation" among them (whose token must still reach the drafter's ring)."""
+
+    def cost(self, widths, context_len):
+        return 1.0 if AUTO_TREES.index(widths) == context_len % len(AUTO_TREES) else 1000.0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batch_tree_auto_mixes_trees_losslessly(family):
+    target = make_tiny_target(family)
+    prompts = _prompts(seed=5)
+    refs = [reference_greedy(target, p, 16) for p in prompts]
+    engine = SpeculativeEngine(target, random_drafter(target), costs=CyclingCosts())
+    for static in (False, True):
+        results = engine.generate_batch(prompts, GenerationConfig(max_new_tokens=16, static_shapes=static))
+        assert [r.tokens for r in results] == refs, static
+        trees = set().union(*(r.stats.trees for r in results))
+        assert "ar" in trees and len(trees) >= 2, trees
+
+
+def test_batch_tree_auto_measures_round_costs_at_the_batch_size():
     target = make_tiny_target("llama")
     prompts = _prompts()
     refs = [reference_greedy(target, p, 8) for p in prompts]
     engine = SpeculativeEngine(target, random_drafter(target))
     results = engine.generate_batch(prompts, GenerationConfig(max_new_tokens=8))
     assert [r.tokens for r in results] == refs
-    assert all(set(r.stats.trees) == {"4-16-16-16-16"} for r in results)
-    assert engine.costs is None  # no round costs measured for a batch
+    assert engine.costs.mode[-1] == len(prompts)  # measured with 3 rows per round
+    assert engine.cache.batch_size == len(prompts)
+    # Another batch size is another cost table; the batch of one gets its own.
+    assert engine.generate(prompts[0], GenerationConfig(max_new_tokens=8)).tokens == refs[0]
+    assert engine.costs.mode[-1] == 1
 
 
 @pytest.mark.parametrize("rule", ["rrs", "deterministic"])

@@ -10,8 +10,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from longspec.modules.rope import apply_rotary
-
 
 def rms_norm_naive(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF LlamaRMSNorm: normalise in float32, round to x's dtype, then scale by the weight."""
@@ -50,9 +48,15 @@ def qkv_rope_naive(
         q = rms_norm_naive(q, q_norm, eps)
     if k_norm is not None:
         k = rms_norm_naive(k, k_norm, eps)
-    q = apply_rotary(q.transpose(1, 2), cos, sin)
-    k = apply_rotary(k.transpose(1, 2), cos, sin)
+    q = _rotate(q.transpose(1, 2), cos, sin)
+    k = _rotate(k.transpose(1, 2), cos, sin)
     return q, k, v.transpose(1, 2)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D] rotated by cos/sin [B, T, D] in the HF "rotate_half" convention, op by op as HF rounds."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos[:, None] + torch.cat((-x2, x1), dim=-1) * sin[:, None]
 
 
 def silu_mul_naive(gate_up: torch.Tensor) -> torch.Tensor:
