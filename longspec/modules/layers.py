@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from longspec.modules.layer_ops import add_rms_norm
+
 __all__ = ["RMSNorm", "SwiGLU"]
 
 
@@ -21,10 +23,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # One fused Triton launch on CUDA without gradients (drafting), the same arithmetic elsewhere.
+        return add_rms_norm(x, None, self.weight, self.eps)[0]
 
     def extra_repr(self) -> str:
         return f"{self.weight.numel()}, eps={self.eps}"
