@@ -193,11 +193,14 @@ class TargetModel(nn.Module):
         position_ids: torch.Tensor | None = None,
         *,
         attn_fn: AttnFn | None = None,
+        kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> TargetOutput:
         """input_ids [B,T], position_ids [B,T] (default 0..T-1) -> TargetOutput.
 
         Default attention: causal over the given tokens (+ the layer's sliding window), no cache. With
-        `attn_fn`, each layer's attention is delegated (the engine's cache / hybrid tree attention)."""
+        `attn_fn`, each layer's attention is delegated (the engine's cache / hybrid tree attention). With
+        kv_cache = (keys, values [L,B,Hkv,Tmax,D], slots [B,T]), each layer writes its new K/V to its cache
+        slots before its attention runs (fused into the RoPE kernel on the packed path)."""
         B, T = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
@@ -206,7 +209,7 @@ class TargetModel(nn.Module):
         hidden = self.embed_tokens(input_ids)  # [B,T,Dm]
         cos, sin = self.rotary.cos_sin(position_ids, dtype=hidden.dtype)  # [B,T,D]
         if self.packed is not None:
-            return self._forward_packed(hidden, cos, sin, attn_fn)
+            return self._forward_packed(hidden, cos, sin, attn_fn, kv_cache)
         last_k = last_v = None
         for idx, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -218,6 +221,8 @@ class TargetModel(nn.Module):
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q = apply_rotary(q.transpose(1, 2), cos, sin)  # [B,H,T,D]
             k = apply_rotary(k.transpose(1, 2), cos, sin)  # [B,Hkv,T,D]
+            if kv_cache is not None:
+                layer_ops.write_kv(kv_cache[0][idx], kv_cache[1][idx], kv_cache[2], k, v)
             if attn_fn is None:
                 out, _ = attention(q, k, v, causal=True, window=self.layer_windows[idx], scale=attn.scaling)
             else:
@@ -229,7 +234,7 @@ class TargetModel(nn.Module):
         hidden = self.model.model.norm(hidden)
         return TargetOutput(hidden=hidden, last_k=last_k, last_v=last_v)
 
-    def _forward_packed(self, hidden, cos, sin, attn_fn: AttnFn | None) -> TargetOutput:
+    def _forward_packed(self, hidden, cos, sin, attn_fn: AttnFn | None, kv_cache) -> TargetOutput:
         """`forward` after `pack_weights`: the same layer, computed with packed projections and fused steps. The
         residual stream is carried as (delta, residual) so each add is fused into the next norm."""
         B, T, _ = hidden.shape
@@ -242,9 +247,11 @@ class TargetModel(nn.Module):
             eps = 1e-6
             if self.family == "qwen3":
                 (q_norm, eps), (k_norm, _) = _norm_args(attn.q_norm), _norm_args(attn.k_norm)
+            cache = None if kv_cache is None else (kv_cache[0][idx], kv_cache[1][idx], kv_cache[2])
             q, k, v = layer_ops.qkv_rope(
-                qkv, cos, sin, self.num_heads, self.num_kv_heads, q_norm=q_norm, k_norm=k_norm, eps=eps
-            )
+                qkv, cos, sin, self.num_heads, self.num_kv_heads, q_norm=q_norm, k_norm=k_norm, eps=eps,
+                cache=cache,
+            )  # fmt: skip
             if attn_fn is None:
                 out, _ = attention(q, k, v, causal=True, window=self.layer_windows[idx], scale=attn.scaling)
             else:

@@ -101,26 +101,6 @@ class StaticKVCache:
                 f"KV cache overflow: {stop} tokens > max_len {self.max_len}; raise the engine's max_len"
             )
 
-    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write new K/V [B, Hkv, T, D] to the pending slots of one layer (rows of one `length`); return that
-        layer's full (keys, values) [B, Hkv, Tmax, D] so attention can read [0, length + T)."""
-        self.check_room(k.shape[2])
-        start, stop = self.length, self.length + k.shape[2]
-        self.keys[layer_idx, :, :, start:stop] = k
-        self.values[layer_idx, :, :, start:stop] = v
-        return self.keys[layer_idx], self.values[layer_idx]
-
-    def update_static(
-        self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`update` for ragged or static-shape steps: slots [B, T] = lengths_t[:, None] + arange(T) are device
-        indices (no host value needed, so the step can be captured in a CUDA graph). No overflow check: callers
-        size the cache (`check_room`)."""
-        index = slots[:, None, :, None].expand_as(k)  # [B, Hkv, T, D]
-        self.keys[layer_idx].scatter_(2, index, k)
-        self.values[layer_idx].scatter_(2, index, v)
-        return self.keys[layer_idx], self.values[layer_idx]
-
     def commit(self, num_tokens: int | list[int]) -> None:
         """Keep the pending tokens written by the last forward (prefill chunk, AR step): `num_tokens` for every
         row, or a count per row (a ragged prefill chunk, whose shorter rows were padded)."""

@@ -89,18 +89,14 @@ class TargetStep:
         first_chunk = not on_device and new_mask is None and n == 0
         if new_mask is None:
             new_mask = offsets[None, :] <= offsets[:, None]  # causal
-        if on_device:
-            slots = n[:, None] + torch.arange(T, device=tokens.device)  # [B, T]
-
-            def write(layer_idx, k, v):
-                return cache.update_static(layer_idx, k, v, slots)
-
-        else:
-            write = cache.update
+        # The pending slots each row's new K/V go to; the layers write them there themselves (in the RoPE
+        # kernel on the packed path), before their attention reads the cache.
+        slots = n[:, None] if on_device else torch.full((tokens.shape[0], 1), n, device=tokens.device)
+        slots = slots + torch.arange(T, device=tokens.device)  # [B, T]
         windowed: dict[int, tuple[slice | torch.Tensor, torch.Tensor]] = {}
 
         def attn_fn(layer_idx, q, k, v):
-            keys, values = write(layer_idx, k, v)  # [B, Hkv, Tmax, D]
+            keys, values = cache.keys[layer_idx], cache.values[layer_idx]  # [B, Hkv, Tmax, D], new K/V written
             window, scale = self.target.layer_windows[layer_idx], self.scales[layer_idx]
             if first_chunk and window is None:
                 out, _ = attn_ops.attention(q, k, v, causal=True, scale=scale)
@@ -115,7 +111,8 @@ class TargetStep:
             out, _ = attn_ops.tree_attention(q, _take(keys, select), _take(values, select), mask, scale=scale)
             return out
 
-        return self.target(tokens, _positions(n, offsets), attn_fn=attn_fn).hidden
+        kv_cache = (cache.keys, cache.values, slots)
+        return self.target(tokens, _positions(n, offsets), attn_fn=attn_fn, kv_cache=kv_cache).hidden
 
     def prefill(self, prompts: list[torch.Tensor], chunk_size: int) -> torch.Tensor:
         """Chunked prefill of every prompt into its cache row, committed chunk by chunk; returns each prompt's

@@ -12,7 +12,7 @@ import torch
 from longspec.kernels import HAS_TRITON
 from longspec.kernels import layer_ops as kernels
 
-__all__ = ["add_rms_norm", "qkv_rope", "silu_mul"]
+__all__ = ["add_rms_norm", "qkv_rope", "silu_mul", "write_kv"]
 
 
 def _triton(x: torch.Tensor) -> bool:
@@ -28,11 +28,17 @@ def add_rms_norm(x, residual, weight, eps: float):
 
 
 def qkv_rope(
-    qkv, cos, sin, num_heads: int, num_kv_heads: int, *, q_norm=None, k_norm=None, eps: float = 1e-6
+    qkv, cos, sin, num_heads: int, num_kv_heads: int, *, q_norm=None, k_norm=None, eps: float = 1e-6, cache=None
 ):
-    """Packed qkv [B, T, (H + 2 Hkv) * D] -> q [B, H, T, D], k, v [B, Hkv, T, D], q and k rotated."""
+    """Packed qkv [B, T, (H + 2 Hkv) * D] -> q [B, H, T, D], k, v [B, Hkv, T, D], q and k rotated; with cache =
+    (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T]) k and v are also written to those cache slots."""
     fn = kernels.qkv_rope if _triton(qkv) else kernels.qkv_rope_naive
-    return fn(qkv, cos, sin, num_heads, num_kv_heads, q_norm=q_norm, k_norm=k_norm, eps=eps)
+    return fn(qkv, cos, sin, num_heads, num_kv_heads, q_norm=q_norm, k_norm=k_norm, eps=eps, cache=cache)
+
+
+def write_kv(k_cache, v_cache, slots, k, v) -> None:
+    """k/v [B, Hkv, T, D] into a KV cache [B, Hkv, Tmax, D] at slots [B, T] (the unpacked layer's write)."""
+    kernels.write_kv(k_cache, v_cache, slots, k, v)
 
 
 def silu_mul(gate_up):

@@ -119,3 +119,21 @@ def test_silu_mul(dtype, shape):
     got = silu_mul(gate_up, out=out)
     assert got.data_ptr() == out.data_ptr()
     _close(got, silu_mul_naive(gate_up), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qkv_rope_writes_the_cache_slots(dtype):
+    # Ragged rows: each row's new K/V go to its own pending slots; every other slot is left as it was.
+    B, T, H, Hkv, D, Tmax = 2, 5, 4, 2, 16, 32
+    qkv, cos, sin = _rope_inputs(B, T, H, Hkv, D, dtype, shared_positions=False)
+    slots = torch.tensor([[3, 4, 5, 6, 7], [20, 21, 22, 23, 24]], device=DEVICE)
+    k_cache = torch.randn(B, Hkv, Tmax, D, dtype=dtype, device=DEVICE)
+    v_cache = torch.randn(B, Hkv, Tmax, D, dtype=dtype, device=DEVICE)
+    ref_k_cache, ref_v_cache = k_cache.clone(), v_cache.clone()
+    q, k, v = qkv_rope(qkv, cos, sin, H, Hkv, cache=(k_cache, v_cache, slots))
+    ref = qkv_rope_naive(qkv, cos, sin, H, Hkv, cache=(ref_k_cache, ref_v_cache, slots))
+    for got, want in zip((q, k, v, k_cache, v_cache), (*ref, ref_k_cache, ref_v_cache), strict=True):
+        _close(got, want, dtype)
+    untouched = torch.ones(B, Tmax, dtype=torch.bool, device=DEVICE).scatter_(1, slots, False)
+    assert torch.equal(k_cache.transpose(1, 2)[untouched], ref_k_cache.transpose(1, 2)[untouched])
+    assert torch.equal(v_cache[:, :, 20:25][1], v[1])  # v is copied, not computed

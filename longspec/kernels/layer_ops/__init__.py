@@ -1,7 +1,7 @@
 """The decoder layer's element-wise steps fused into one launch each: residual add + RMSNorm, q/k norm + RoPE
 (straight from the packed QKV projection into the [B, H, T, D] layout attention reads), and SiLU(gate) * up."""
 
-from longspec.kernels.layer_ops.naive import add_rms_norm_naive, qkv_rope_naive, silu_mul_naive
+from longspec.kernels.layer_ops.naive import add_rms_norm_naive, qkv_rope_naive, silu_mul_naive, write_kv
 
 __all__ = [
     "add_rms_norm",
@@ -10,6 +10,7 @@ __all__ = [
     "qkv_rope_naive",
     "silu_mul",
     "silu_mul_naive",
+    "write_kv",
 ]
 
 

@@ -37,10 +37,12 @@ def qkv_rope_naive(
     q_norm: torch.Tensor | None = None,
     k_norm: torch.Tensor | None = None,
     eps: float = 1e-6,
+    cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv [B, T, (H + 2 Hkv) * D] (the packed projection: q heads, then k heads, then v heads), cos/sin
     [B, T, D] -> q [B, H, T, D], k [B, Hkv, T, D] rotated (after the per-head RMSNorm q_norm / k_norm [D] when
-    given: Qwen3), v [B, Hkv, T, D]."""
+    given: Qwen3), v [B, Hkv, T, D]. cache = (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T]): k and v are
+    also written there (`write_kv`)."""
     B, T, _ = qkv.shape
     D = qkv.shape[-1] // (num_heads + 2 * num_kv_heads)
     q, k, v = qkv.view(B, T, -1, D).split([num_heads, num_kv_heads, num_kv_heads], dim=2)
@@ -50,7 +52,19 @@ def qkv_rope_naive(
         k = rms_norm_naive(k, k_norm, eps)
     q = _rotate(q.transpose(1, 2), cos, sin)
     k = _rotate(k.transpose(1, 2), cos, sin)
-    return q, k, v.transpose(1, 2)
+    v = v.transpose(1, 2)
+    if cache is not None:
+        write_kv(*cache, k, v)
+    return q, k, v
+
+
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """k/v [B, Hkv, T, D] into k_cache / v_cache [B, Hkv, Tmax, D] at slots [B, T] (per row)."""
+    index = slots[:, None, :, None].expand_as(k)
+    k_cache.scatter_(2, index, k)
+    v_cache.scatter_(2, index, v)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

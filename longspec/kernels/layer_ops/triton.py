@@ -86,13 +86,17 @@ def add_rms_norm(
 
 @triton.jit(do_not_specialize=["num_tokens", "eps"])
 def _qkv_rope_kernel(
-    QKV, COS, SIN, QN, KN, Q, K, V,
+    QKV, COS, SIN, QN, KN, Q, K, V, KC, VC, SLOTS,
     stride_m, stride_cb, stride_ct,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt,
+    stride_kcb, stride_kch, stride_kct,
+    stride_vcb, stride_vch, stride_vct,
+    stride_sb, stride_st,
     num_tokens, num_heads, num_kv_heads, eps,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, HAS_NORM: tl.constexpr,
+    HAS_CACHE: tl.constexpr,
 ):  # fmt: skip
     # One program per token: every head of its packed row [q heads | k heads | v heads] as one [heads, D] tile,
     # each head split into its two rotary halves (x1 = d < R, x2 = d >= R).
@@ -143,6 +147,17 @@ def _qkv_rope_kernel(
     tl.store(k_dst + HALF, y2, mask=ok & is_k[:, None])
     tl.store(v_dst, y1, mask=ok & is_v[:, None])
     tl.store(v_dst + HALF, y2, mask=ok & is_v[:, None])
+    if HAS_CACHE:  # the new K/V also go to the cache slot of this token (the write the attention would do)
+        slot = tl.load(SLOTS + b * stride_sb + t * stride_st).to(tl.int64)
+        kc_dst = KC + b * stride_kcb + slot * stride_kct + (h - num_heads)[:, None] * stride_kch + d[None, :]
+        vc_dst = (
+            VC + b * stride_vcb + slot * stride_vct + (h - num_heads - num_kv_heads)[:, None] * stride_vch
+            + d[None, :]
+        )  # fmt: skip
+        tl.store(kc_dst, y1, mask=ok & is_k[:, None])
+        tl.store(kc_dst + HALF, y2, mask=ok & is_k[:, None])
+        tl.store(vc_dst, y1, mask=ok & is_v[:, None])
+        tl.store(vc_dst + HALF, y2, mask=ok & is_v[:, None])
 
 
 def qkv_rope(
@@ -156,10 +171,12 @@ def qkv_rope(
     k_norm: torch.Tensor | None = None,
     eps: float = 1e-6,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv [B, T, (H + 2 Hkv) * D], cos/sin [B, T, D] (batch stride 0 allowed) -> q [B, H, T, D], k and v
     [B, Hkv, T, D] (new contiguous tensors, or the buffers `out`); q/k normalised per head first when
-    q_norm / k_norm [D] are given. One launch."""
+    q_norm / k_norm [D] are given. cache = (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T] integer): k and v
+    are also written to slot slots[b, t] of row b (a KV cache's pending slots). One launch."""
     B, T, width = qkv.shape
     heads = num_heads + 2 * num_kv_heads
     D = width // heads
@@ -177,16 +194,27 @@ def qkv_rope(
     cos3 = cos.expand(B, T, D)
     sin3 = sin.expand(B, T, D)
     norm = q_norm if q_norm is not None else rows  # a dummy pointer when there is no norm
+    if cache is not None:
+        k_cache, v_cache, slots = cache
+        assert k_cache.shape[:2] == (B, num_kv_heads) and k_cache.shape[3] == D and v_cache.shape == k_cache.shape
+        assert k_cache.stride(-1) == v_cache.stride(-1) == 1 and k_cache.dtype == v_cache.dtype == qkv.dtype
+        assert slots.shape == (B, T) and not slots.dtype.is_floating_point
+    else:
+        k_cache = v_cache = k  # dummies, never written (HAS_CACHE=False)
+        slots = torch.zeros(1, 1, dtype=torch.long, device=qkv.device)
     if B * T:
         _qkv_rope_kernel[(B * T,)](
-            rows, cos3, sin3, norm, k_norm if k_norm is not None else rows, q, k, v,
+            rows, cos3, sin3, norm, k_norm if k_norm is not None else rows, q, k, v, k_cache, v_cache, slots,
             rows.stride(0), cos3.stride(0), cos3.stride(1),
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            slots.stride(0), slots.stride(1),
             T, num_heads, num_kv_heads, float(eps),
             HALF=D // 2, BLOCK_H=triton.next_power_of_2(heads), BLOCK_R=triton.next_power_of_2(D // 2),
-            HAS_NORM=q_norm is not None, num_warps=4,
+            HAS_NORM=q_norm is not None, HAS_CACHE=cache is not None, num_warps=4,
         )  # fmt: skip
     return q, k, v
 
