@@ -38,7 +38,8 @@ def test_logits_and_last_kv_match_hf(variant, packed, anchor_ids):
     out = target(ids, pos)
     torch.testing.assert_close(target.logits(out.hidden), ref.logits, atol=1e-5, rtol=1e-5)
     # A sliding-window cache layer keeps only its last window-1 tokens: compare those.
-    ref_k, ref_v = ref.cache.layers[-1].keys, ref.cache.layers[-1].values
+    cache = ref.cache if hasattr(ref, "cache") else ref.past_key_values  # renamed in transformers 5.2x
+    ref_k, ref_v = cache.layers[-1].keys, cache.layers[-1].values
     n = ref_k.shape[2]
     assert out.last_k.shape == (B, target.num_kv_heads, T, target.head_dim)
     torch.testing.assert_close(out.last_k[:, :, T - n :], ref_k, atol=1e-5, rtol=1e-5)
