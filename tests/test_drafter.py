@@ -370,3 +370,35 @@ def test_bf16_drafter_on_bf16_target_is_close_to_fp32():
         h = drafter(ids, pos, out.last_k, out.last_v, lag=1)
     assert h.dtype == torch.bfloat16
     torch.testing.assert_close(h.float(), ref, atol=0.1, rtol=0.05)
+
+
+def test_ring_append_is_the_per_token_ring_write():
+    """DrafterCache.append (fixed shapes, no host sync) against the obvious loop: each valid token, in order,
+    goes to slot num_appended % window of its row; padding (-1) is skipped. Ragged rows, padding at the left
+    (prefill), on the right (a round's shorter accepted path), wrap-around, and n > window."""
+    config = DrafterConfig.from_target_config(make_tiny_target("llama").config, window=4)
+    cache = DrafterCache(config, 2)
+    keys, values = cache.keys.clone(), cache.values.clone()
+    positions, count = cache.positions.clone(), [0, 0]
+    gen = torch.Generator().manual_seed(0)
+    calls = [
+        [[-1, -1, 0, 1], [0, 1, 2, 3]],  # left-padded prompt tails
+        [[2, 3, -1], [4, -1, -1]],  # accepted paths of different lengths
+        [[-1, -1, -1], [5, 6, 7]],  # a frozen row
+        [[4, 5, 6, 7, 8, 9], [8, 9, 10, 11, 12, 13]],  # more than the window
+    ]
+    for pos in calls:
+        pos = torch.tensor(pos)
+        k = torch.randn(2, config.num_kv_heads, pos.shape[1], config.head_dim, generator=gen)
+        v = torch.randn_like(k)
+        cache.append(k, v, pos)
+        for row in range(2):
+            for col in range(pos.shape[1]):
+                if pos[row, col] >= 0:
+                    slot = count[row] % 4
+                    keys[row, :, slot], values[row, :, slot] = k[row, :, col], v[row, :, col]
+                    positions[row, slot] = pos[row, col]
+                    count[row] += 1
+        assert cache.num_appended.tolist() == count
+        assert torch.equal(cache.positions, positions)
+        assert torch.equal(cache.keys, keys) and torch.equal(cache.values, values)

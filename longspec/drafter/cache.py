@@ -49,22 +49,30 @@ class DrafterCache:
         self.num_appended.zero_()
 
     def append(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
-        """k/v [B,Hkv,n,D], positions [B,n] (or [n]); entries with position < 0 are padding and skipped,
-        so rows may append different numbers of tokens. Only each row's last `window` tokens are kept."""
-        B, n = k.shape[0], k.shape[2]
+        """k/v [B,Hkv,n,D], positions [B,n] (or [n]); entries with position < 0 are padding and skipped, so rows
+        may append different numbers of tokens. Only the last `window` columns can survive in the ring: with
+        n > window, rows must be unpadded or left-padded (as `Drafter.fill_cache` passes them).
+
+        Fixed shapes, no host sync (so a CUDA graph can replay it): every entry gets a distinct slot -- a row's
+        valid entries the next ones in its ring order, its padding the slots after those -- and a padding entry
+        writes back what its slot already holds."""
         if positions.dim() == 1:
-            positions = positions.expand(B, n)
+            positions = positions.expand(k.shape[0], k.shape[2])
+        if k.shape[2] > self.window:  # the dropped columns still count as appended (the ring order's clock)
+            self.num_appended += (positions[:, : -self.window] >= 0).sum(1).to(self.num_appended.device)
+            k, v, positions = k[:, :, -self.window :], v[:, :, -self.window :], positions[:, -self.window :]
+        B, n = k.shape[0], k.shape[2]
         positions = positions.to(self.positions.device)
         valid = positions >= 0  # [B,n]
-        order = valid.long().cumsum(1) - 1  # index of each valid token among its row's new tokens
-        keep = valid & (order >= valid.sum(1, keepdim=True) - self.window)  # no two writes to one slot
-        rows, cols = keep.nonzero(as_tuple=True)
-        slots = (self.num_appended[rows] + order[rows, cols]) % self.window
-        # Advanced indexing on dims (0, 2) puts the index axis first: [N,Hkv,D] on both sides.
-        self.keys[rows, :, slots] = k[rows, :, cols].to(self.keys.dtype)
-        self.values[rows, :, slots] = v[rows, :, cols].to(self.values.dtype)
-        self.positions[rows, slots] = positions[rows, cols]
-        self.num_appended += valid.sum(1)
+        num_valid = valid.sum(1, keepdim=True)
+        rank = torch.where(valid, valid.cumsum(1) - 1, num_valid + (~valid).cumsum(1) - 1)  # distinct in [0, n)
+        slots = (self.num_appended[:, None] + rank) % self.window  # [B,n]
+        index = slots[:, None, :, None].expand(B, self.keys.shape[1], n, self.keys.shape[3])
+        keep = valid[:, None, :, None]
+        for ring, new in ((self.keys, k), (self.values, v)):
+            ring.scatter_(2, index, torch.where(keep, new.to(ring.dtype), ring.gather(2, index)))
+        self.positions.scatter_(1, slots, torch.where(valid, positions, self.positions.gather(1, slots)))
+        self.num_appended += num_valid[:, 0]
 
     def visible_mask(self, query_positions: torch.Tensor) -> torch.Tensor:
         """query_positions [B,Tq] -> bool [B,Tq,W]: slot visible iff filled and within the query's window."""

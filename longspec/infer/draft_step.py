@@ -67,6 +67,27 @@ class DraftStep:
         recomputing them for k+1 tokens is cheaper than keeping them for every tree node."""
         self.drafter.fill_cache(self.cache, path_tokens, positions)
 
+    def commit_static(
+        self, tokens: torch.Tensor, paths: torch.Tensor, counts: torch.Tensor, target: TargetStep, capture: bool
+    ) -> None:
+        """`commit` as a static step (captured when asked), with nothing built on the host: tokens [B, N] of the
+        round's trees, paths [B, k] their accepted node slots (padded), counts [B] how many each row keeps, all
+        on the device. Run after the target cache committed: row b's path sits at positions lengths[b] - counts[b]
+        onward. The ring is restored after the step's warm-up runs (they append too)."""
+        k = paths.shape[1]
+
+        def fn(tokens, paths, counts):
+            steps = torch.arange(k, device=tokens.device)
+            starts = target.cache.lengths_t - counts  # synced by static_step: the committed lengths
+            positions = torch.where(steps < counts[:, None], starts[:, None] + steps, -1)
+            self.drafter.fill_cache(self.cache, tokens.gather(1, paths), positions)
+
+        ring = self.cache
+        target.static_step(
+            ("drafter_commit", tokens.shape[1], k), fn, (tokens, paths, counts), capture,
+            preserve=(ring.keys, ring.values, ring.positions, ring.num_appended),
+        )  # fmt: skip
+
     def draft(
         self,
         roots: torch.Tensor,

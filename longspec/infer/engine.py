@@ -245,7 +245,11 @@ class SpeculativeEngine:
             counts = [row[-1] if keep else 0 for row, keep in zip(out, active, strict=True)]
             starts = list(self.cache.lengths)
             self.cache.commit_path(paths, counts)
-            if spec.needs_drafter and commit_drafter and max(counts):
+            if spec.needs_drafter and commit_drafter and max(counts) and static:
+                # Fixed shapes (the whole path width), counts from the device unless a row is frozen.
+                counts_t = packed[:, -1] if all(active) else torch.tensor(counts, device=self.device)
+                self.draft_step.commit_static(tree.tokens, paths, counts_t, self.target_step, capture)
+            elif spec.needs_drafter and commit_drafter and max(counts):
                 k = max(counts)
                 tokens = tree.tokens.gather(1, paths[:, :k])
                 positions = [
