@@ -117,11 +117,17 @@ class StaticKVCache:
         k = max(counts)
         if k == 0:
             return
-        L, B, Hkv, _, D = self.keys.shape
         self.sync_length()
-        src = paths[:, :k].to(self.keys.device) + self.lengths_t[:, None]  # [B, k]
-        dst = self.lengths_t[:, None] + torch.arange(k, device=self.keys.device)
+        self.move_path(paths[:, :k].to(self.keys.device), self.lengths_t)
+        self.commit(list(counts))
+
+    def move_path(self, paths: torch.Tensor, starts: torch.Tensor) -> None:
+        """The device half of `commit_path`, fixed shapes: slot starts[b] + paths[b, i] -> starts[b] + i for
+        every i < k (paths [B, k], starts [B] on the device), all layers; the host lengths are not touched."""
+        L, B, Hkv, _, D = self.keys.shape
+        k = paths.shape[1]
+        src = (paths + starts[:, None]).clamp(min=0)  # [B, k]; a padded entry reads some slot, harmlessly
+        dst = starts[:, None] + torch.arange(k, device=self.keys.device)
         for cache in (self.keys, self.values):
             moved = cache.gather(3, src[None, :, None, :, None].expand(L, B, Hkv, k, D))
             cache.scatter_(3, dst[None, :, None, :, None].expand(L, B, Hkv, k, D), moved)
-        self.commit(list(counts))

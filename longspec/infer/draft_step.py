@@ -67,26 +67,15 @@ class DraftStep:
         recomputing them for k+1 tokens is cheaper than keeping them for every tree node."""
         self.drafter.fill_cache(self.cache, path_tokens, positions)
 
-    def commit_static(
-        self, tokens: torch.Tensor, paths: torch.Tensor, counts: torch.Tensor, target: TargetStep, capture: bool
+    def fill_path(
+        self, tokens: torch.Tensor, paths: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor
     ) -> None:
-        """`commit` as a static step (captured when asked), with nothing built on the host: tokens [B, N] of the
-        round's trees, paths [B, k] their accepted node slots (padded), counts [B] how many each row keeps, all
-        on the device. Run after the target cache committed: row b's path sits at positions lengths[b] - counts[b]
-        onward. The ring is restored after the step's warm-up runs (they append too)."""
-        k = paths.shape[1]
-
-        def fn(tokens, paths, counts):
-            steps = torch.arange(k, device=tokens.device)
-            starts = target.cache.lengths_t - counts  # synced by static_step: the committed lengths
-            positions = torch.where(steps < counts[:, None], starts[:, None] + steps, -1)
-            self.drafter.fill_cache(self.cache, tokens.gather(1, paths), positions)
-
-        ring = self.cache
-        target.static_step(
-            ("drafter_commit", tokens.shape[1], k), fn, (tokens, paths, counts), capture,
-            preserve=(ring.keys, ring.values, ring.positions, ring.num_appended),
-        )  # fmt: skip
+        """`commit` from device values only (fixed shapes, no host value: part of the round's captured commit
+        step): tokens [B, N] of the round's trees, paths [B, k] their accepted node slots (padded), counts [B] how
+        many each row keeps, starts [B] the position of each row's root."""
+        steps = torch.arange(paths.shape[1], device=tokens.device)
+        positions = torch.where(steps < counts[:, None], starts[:, None] + steps, -1)
+        self.drafter.fill_cache(self.cache, tokens.gather(1, paths.clamp(min=0)), positions)
 
     def draft(
         self,

@@ -244,12 +244,12 @@ class SpeculativeEngine:
             out = packed.tolist()  # host sync: the round's one copy (emitted tokens, paths, counts)
             counts = [row[-1] if keep else 0 for row, keep in zip(out, active, strict=True)]
             starts = list(self.cache.lengths)
-            self.cache.commit_path(paths, counts)
-            if spec.needs_drafter and commit_drafter and max(counts) and static:
-                # Fixed shapes (the whole path width), counts from the device unless a row is frozen.
-                counts_t = packed[:, -1] if all(active) else torch.tensor(counts, device=self.device)
-                self.draft_step.commit_static(tree.tokens, paths, counts_t, self.target_step, capture)
-            elif spec.needs_drafter and commit_drafter and max(counts):
+            ring = self.draft_step if spec.needs_drafter and commit_drafter else None
+            if static:
+                self._commit_static(tree.tokens, paths, packed, counts, active, ring, capture)
+            else:
+                self.cache.commit_path(paths, counts)
+            if ring is not None and not static and max(counts):
                 k = max(counts)
                 tokens = tree.tokens.gather(1, paths[:, :k])
                 positions = [
@@ -262,6 +262,23 @@ class SpeculativeEngine:
         new_tokens = [row[: row[-1]] for row in out]
         path_slots = [row[depth + 1 : depth + 1 + row[-1]] for row in out]
         return new_tokens, path_slots, bonus
+
+    def _commit_static(self, tokens, paths, packed, counts, active, ring, capture: bool) -> None:
+        """The round's commit as one static step (one graph launch with cuda_graphs), fed by device values: the
+        accepted path's K/V moved in the target cache (the whole path width, `StaticKVCache.move_path`) and, with
+        `ring`, the path entering the drafter's ring buffer. Then the host lengths advance by `counts`."""
+        counts_t = packed[:, -1] if all(active) else torch.tensor(counts, device=self.device)
+        cache = self.cache
+
+        def fn(tokens, paths, counts_t):
+            starts = cache.lengths_t  # synced by static_step: the committed lengths before this round
+            cache.move_path(paths, starts)
+            if ring is not None:
+                ring.fill_path(tokens, paths, counts_t, starts)
+
+        key = ("commit", tokens.shape[1], paths.shape[1], ring is not None, capture)
+        self.target_step.static_step(key, fn, (tokens, paths, counts_t), capture, effects=True)
+        cache.commit(counts)
 
     def _verify_accept(
         self,

@@ -22,7 +22,8 @@ class StaticStep:
     also lets Triton compile and autotune outside the capture); each call then copies its inputs into the
     buffers and replays. Outputs are the graph's static tensors: consume them before the next call.
     capture=False runs fn eagerly on the same buffers: the CPU-testable twin of the captured path.
-    fn must not read host values from the device, nor change shapes between calls."""
+    fn must not read host values from the device, nor change shapes between calls. A step whose calls change
+    state for good (a commit) is built with warmup=1 on the call's real inputs: that warm-up IS the call."""
 
     def __init__(
         self, fn: Callable, example_inputs: Sequence[torch.Tensor], *, capture: bool, warmup: int = 2
@@ -31,6 +32,7 @@ class StaticStep:
         self.inputs = tuple(x.clone() for x in example_inputs)
         self.graph = None
         self.outputs = None
+        self.warmup_outputs = None  # what the last warm-up call returned
         if not capture:
             return
         device = self.inputs[0].device
@@ -40,7 +42,7 @@ class StaticStep:
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(warmup):
-                fn(*self.inputs)
+                self.warmup_outputs = fn(*self.inputs)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):

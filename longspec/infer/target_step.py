@@ -42,18 +42,18 @@ class TargetStep:
         self.steps = {}
         self.cache = StaticKVCache.for_target(self.target, max_len=needed, batch_size=batch_size)
 
-    def static_step(self, key, fn, inputs: tuple[torch.Tensor, ...], capture: bool, preserve=()):
+    def static_step(self, key, fn, inputs: tuple[torch.Tensor, ...], capture: bool, *, effects: bool = False):
         """Run fn on static buffers (built, and captured when asked, on first use) with the cache lengths
         mirrored on the device. Warm-up / capture calls of a forward or a draft only write pending cache slots:
-        harmless; a step that changes state for good (a commit) names the tensors it changes in `preserve`,
-        which are restored after the warm-up runs."""
+        harmless. A step with lasting `effects` (a commit) warms up once, on this call's inputs, and that run
+        is this call's (capture itself executes nothing)."""
         self.cache.sync_length()
         key = (*key, self.cache.batch_size)
         if key not in self.steps:
-            saved = [t.clone() for t in preserve]
-            self.steps[key] = StaticStep(fn, inputs, capture=capture)
-            for tensor, value in zip(preserve, saved, strict=True):
-                tensor.copy_(value)
+            step = StaticStep(fn, inputs, capture=capture, warmup=1 if effects else 2)
+            self.steps[key] = step
+            if effects and capture:
+                return step.warmup_outputs
         return self.steps[key](*inputs)
 
     def lengths(self, static: bool) -> int | torch.Tensor:
