@@ -235,6 +235,31 @@ def _set_gguf_special_tokens(tokenizer, path: str) -> None:
         token = tokenizer.convert_ids_to_tokens(int(field.contents()))
         if token is not None and getattr(tokenizer, role, None) != token:
             setattr(tokenizer, role, token)
+    _register_control_tokens(tokenizer, reader)
+
+
+_GGUF_CONTROL = 3  # llama.cpp's token type of special tokens (<|im_start|>, <|endoftext|>, bos/eos, ...)
+
+
+def _register_control_tokens(tokenizer, reader) -> None:
+    """Every token the GGUF types as control becomes a special added token (matched whole in text, as the
+    model's own HF tokenizer does). transformers versions register different subsets when they rebuild a
+    tokenizer from a GGUF (5.17: a Qwen2 file's <|im_start|> but not its <|bos|>; 5.24 the reverse), which gave
+    one file two tokenizers; the full set is the same everywhere."""
+    from tokenizers import AddedToken
+
+    types, tokens = reader.get_field("tokenizer.ggml.token_type"), reader.get_field("tokenizer.ggml.tokens")
+    if types is None or tokens is None:
+        return
+    registered = set(tokenizer.get_added_vocab())
+    missing = [
+        token
+        for token, kind in zip(tokens.contents(), types.contents(), strict=True)
+        if int(kind) == _GGUF_CONTROL and token not in registered
+    ]
+    if missing:
+        special = [AddedToken(t, special=True, normalized=False, lstrip=False, rstrip=False) for t in missing]
+        tokenizer.add_tokens(special, special_tokens=True)
 
 
 def _declares_generic_backend(directory: str) -> bool:

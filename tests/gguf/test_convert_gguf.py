@@ -61,3 +61,23 @@ def test_cli_error_is_one_line_naming_the_file(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and str(bad) in err and "\n" not in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2-tied"])
+def test_every_control_token_of_the_gguf_is_a_special_token(tiny_gguf, family):
+    # transformers versions register different subsets (5.17 missed a Qwen2 file's <|bos|>, giving the GGUF and
+    # its converted directory two tokenizer fingerprints); longspec registers the file's whole control set.
+    from gguf import GGUFReader
+
+    path, _ = tiny_gguf(family)
+    reader = GGUFReader(str(path))
+    tokens = reader.get_field("tokenizer.ggml.tokens").contents()
+    types = reader.get_field("tokenizer.ggml.token_type").contents()
+    control = {t for t, kind in zip(tokens, types, strict=True) if int(kind) == 3}
+    assert control, "the tiny GGUF writer marks its special tokens as control tokens"
+    tokenizer = load_tokenizer(path)
+    assert control <= set(tokenizer.get_added_vocab())
+    for token in control:  # matched whole in text
+        assert tokenizer(f"a{token}b", add_special_tokens=False)["input_ids"][
+            1
+        ] == tokenizer.convert_tokens_to_ids(token)
