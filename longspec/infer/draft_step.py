@@ -148,11 +148,7 @@ class DraftStep:
                 temperature, top_k, top_p = shaping
                 q = target_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
                 tree.draft_probs[:, sl] = q
-                # TODO(#13): one batched sample_step; a loop over rows keeps the row's draws as at batch 1.
-                steps = [
-                    sample_step(scores[b], q[b], noise[b, sl], layout.widths[level]) for b in range(batch)
-                ]
-                parent_local, tokens, scores, valid = (torch.stack(part) for part in zip(*steps, strict=True))
+                parent_local, tokens, scores, valid = sample_step(scores, q, noise[:, sl], layout.widths[level])
                 tree.valid[:, child_slice] = valid
             tree.set_level(child_slice, parent_local + sl.start, tokens)
         return tree

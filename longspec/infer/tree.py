@@ -163,11 +163,12 @@ _BUDGET_DECAY = math.log(2.0)
 def sample_step(
     parent_scores: torch.Tensor, draft_probs: torch.Tensor, noise: torch.Tensor, width: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One level of a SAMPLED tree (T > 0, recursive rejection acceptance).
+    """One level of a SAMPLED tree (T > 0, recursive rejection acceptance), for one tree or a batch of trees.
 
-    parent_scores [P] path log-q of the current level's nodes (-inf: invalid node), draft_probs [P, V] the q each
-    node's children are drawn from, noise [P, V] i.i.d. Exp(1). Returns (parent_local [W], tokens [W], scores [W],
-    valid [W]); a parent's children appear in draw order.
+    parent_scores [..., P] path log-q of the current level's nodes (-inf: invalid node), draft_probs [..., P, V]
+    the q each node's children are drawn from, noise [..., P, V] i.i.d. Exp(1); the leading dims (none, or B
+    trees) are independent. Returns (parent_local, tokens, scores, valid), each [..., W]; a parent's children
+    appear in draw order.
 
     1. Budgets first, from parent_scores alone: slot (i, j) = "the j-th child of node i" is worth
        parent_scores[i] - j * log 2; the level takes the W best slots (a parent's slots form a prefix 0..b_i - 1),
@@ -176,22 +177,27 @@ def sample_step(
        q_i without replacement, in draw order (the "exponential race").
     Slots past every parent's support are filled with invalid nodes (fixed shapes), never accepted.
     """
-    num_parents, vocab = draft_probs.shape
+    lead = parent_scores.shape[:-1]
+    num_parents, vocab = draft_probs.shape[-2:]
+    parent_scores = parent_scores.reshape(-1, num_parents)  # [B, P] (B = 1 for one tree)
+    draft_probs = draft_probs.reshape(-1, num_parents, vocab)
+    noise = noise.reshape(-1, num_parents, vocab)
     k = min(width, vocab)
-    support = (draft_probs > 0).sum(-1)  # [P]
+    support = (draft_probs > 0).sum(-1)  # [B, P]
     rank = torch.arange(k, device=draft_probs.device)
-    worth = parent_scores[:, None].float() - rank[None, :] * _BUDGET_DECAY  # [P, k]
-    worth = worth.masked_fill(rank[None, :] >= support[:, None], float("-inf"))
+    worth = parent_scores[..., None].float() - rank * _BUDGET_DECAY  # [B, P, k]
+    worth = worth.masked_fill(rank >= support[..., None], float("-inf"))
     if width > num_parents * k:
         raise ValueError(f"tree level width {width} exceeds {num_parents} nodes x {k} candidates")
-    slot_worth, flat = torch.topk(worth.flatten(), width)
-    parent_local, child_rank = flat // k, flat % k
+    slot_worth, flat = torch.topk(worth.flatten(1), width)  # [B, W]: slot = parent_local * k + child rank
+    parent_local = flat // k
     log_q = torch.log(draft_probs.float())
-    draws = torch.topk(log_q - torch.log(noise), k, dim=-1).indices  # [P, k] draw order
-    tokens = draws[parent_local, child_rank]
+    draws = torch.topk(log_q - torch.log(noise), k, dim=-1).indices  # [B, P, k] draw order
+    tokens = draws.flatten(1).gather(1, flat)  # draws[b, parent_local, child rank]
     valid = torch.isfinite(slot_worth)
-    scores = torch.where(valid, parent_scores[parent_local] + log_q[parent_local, tokens], float("-inf"))
-    return parent_local, tokens, scores, valid
+    chosen_log_q = log_q.flatten(1).gather(1, parent_local * vocab + tokens)  # log_q[b, parent_local, tokens]
+    scores = torch.where(valid, parent_scores.gather(1, parent_local) + chosen_log_q, float("-inf"))
+    return tuple(x.reshape(*lead, width) for x in (parent_local, tokens, scores, valid))
 
 
 def tree_name(widths: tuple[int, ...]) -> str:

@@ -352,3 +352,24 @@ def test_sample_step_budgets_then_draws_without_replacement(chi_square):
             second[tokens[1]] += 1
     assert chi_square(first, q[1]) > 1e-3
     assert chi_square(second, q[1].index_fill(0, torch.tensor(3), 0.0)) > 1e-3
+
+
+def test_sample_step_on_a_batch_is_each_tree_alone():
+    """sample_step over [B, ...] (the batched draft) == sample_step per tree: same budgets, same draws, same
+    scores for every valid slot (invalid slots are padding, never read)."""
+    gen = torch.Generator().manual_seed(4)
+    B, P, V, width = 3, 4, 7, 9
+    scores = torch.randn(B, P, generator=gen)
+    scores[1, 2] = float("-inf")  # an invalid parent
+    q = torch.softmax(torch.randn(B, P, V, generator=gen) * 2, -1)
+    q[2, :, 2:] = 0.0  # truncated q: 4 parents x 2 tokens < 9 slots, so invalid slots appear
+    q = q / q.sum(-1, keepdim=True)
+    noise = torch.empty(B, P, V).exponential_(generator=gen)
+    batched = sample_step(scores, q, noise, width)
+    for b in range(B):
+        alone = sample_step(scores[b], q[b], noise[b], width)
+        valid = alone[3]
+        assert torch.equal(batched[3][b], valid)
+        for got, want in zip(batched[:3], alone[:3], strict=True):
+            assert torch.equal(got[b][valid], want[valid])
+    assert not batched[3][2].all()  # the truncated tree has invalid slots
