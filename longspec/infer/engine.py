@@ -85,6 +85,7 @@ class SpeculativeEngine:
         # times) carries over to the next call, since drafter, target and device stay the same. A new call
         # then starts from the last one's estimates instead of the prior (short outputs never leave it).
         self.policies: dict[tuple, AdaptivePolicy] = {}
+        self._masks: dict[tuple[bool, ...], torch.Tensor] = {}
         self.device = target.embed_tokens.weight.device
         # Packed projections + fused layer steps for every forward this engine runs (a frozen target only).
         target.pack_weights()
@@ -126,7 +127,8 @@ class SpeculativeEngine:
         prompt, decoded together: one target forward per round for the whole batch. At T = 0 each sequence's
         tokens are its own single-sequence greedy output. With tree="auto" the policy's round costs are measured at
         this batch size (a larger batch makes big trees cost more: it may pick smaller ones), and its acceptance
-        model learns from every row."""
+        model learns from every row. On static shapes / CUDA graphs a batch runs in its power-of-two bucket,
+        padded with frozen one-token rows, so one set of steps serves e.g. batches of 5 to 8."""
         spec = get_method(method, runner="engine")
         if spec.needs_drafter and self.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (pass one, or use drafter.init=random)")
@@ -138,8 +140,14 @@ class SpeculativeEngine:
         prompts = [torch.as_tensor(p, dtype=torch.long, device=self.device).flatten() for p in prompts]
         if any(p.numel() == 0 for p in prompts):
             raise ValueError("empty prompt")
+        real = len(prompts)
+        if static and real > 1:
+            # Batch buckets (powers of two): the static / captured steps of a batch of 5 are the batch of 8's.
+            # The padding rows hold one token each (a cheap prefill and cache row) and are frozen from the start.
+            prompts = prompts + [prompts[-1][-1:]] * ((1 << (real - 1).bit_length()) - real)
         batch, lengths = len(prompts), [p.numel() for p in prompts]
         self._ensure_cache(_needed_slots(lengths, config), batch)
+        self._masks = {}  # device copies of the active-row pattern, one per pattern met in this call
         policy = None
         if spec.needs_drafter:  # may measure round costs (at this batch size): before any timing, on a scratch state
             policy = choose_policy(self, config, max(lengths), batch_size=batch)
@@ -158,7 +166,7 @@ class SpeculativeEngine:
 
         clock = PhaseClock(self.device)
         decode_start = now(self.device)
-        active = [not _finished(e, config, new=e) for e in emitted]
+        active = [row < real and not _finished(e, config, new=e) for row, e in enumerate(emitted)]
         # Committed tokens whose K/V are in the drafter's ring buffer: positions < drafter_synced. At batch 1 a
         # plain round ("no speculation", tree="auto") leaves the ring alone, so it costs what one AR step costs;
         # the ring catches up (its last `window` tokens at most) when speculation resumes. In a batch the rows'
@@ -191,7 +199,7 @@ class SpeculativeEngine:
                 active[row] = not _finished(emitted[row], config, new=new_tokens[row])
         decode_s = now(self.device) - decode_start
         results = []
-        for row in range(batch):
+        for row in range(real):
             stats[row].prefill_s, stats[row].decode_s = stats[0].prefill_s, decode_s
             clock.add_to(stats[row])
             tokens = _truncate(emitted[row], config)
@@ -258,16 +266,23 @@ class SpeculativeEngine:
                 ]
                 self.draft_step.commit(tokens, torch.tensor(positions, device=self.device))
             if not all(active):
-                bonus = torch.where(torch.tensor(active, device=self.device), bonus, roots)
+                bonus = torch.where(self._active_mask(active), bonus, roots)
         new_tokens = [row[: row[-1]] for row in out]
         path_slots = [row[depth + 1 : depth + 1 + row[-1]] for row in out]
         return new_tokens, path_slots, bonus
+
+    def _active_mask(self, active: list[bool]) -> torch.Tensor:
+        """`active` as a device bool tensor [B], copied once per pattern (rows finish rarely)."""
+        key = tuple(active)
+        if key not in self._masks:
+            self._masks[key] = torch.tensor(active, device=self.device)
+        return self._masks[key]
 
     def _commit_static(self, tokens, paths, packed, counts, active, ring, capture: bool) -> None:
         """The round's commit as one static step (one graph launch with cuda_graphs), fed by device values: the
         accepted path's K/V moved in the target cache (the whole path width, `StaticKVCache.move_path`) and, with
         `ring`, the path entering the drafter's ring buffer. Then the host lengths advance by `counts`."""
-        counts_t = packed[:, -1] if all(active) else torch.tensor(counts, device=self.device)
+        counts_t = packed[:, -1] if all(active) else packed[:, -1] * self._active_mask(active)
         cache = self.cache
 
         def fn(tokens, paths, counts_t):

@@ -49,6 +49,8 @@ class OracleDrafter:
         out = torch.zeros(*hidden.shape[:-1], self.config.vocab_size)  # [B, P, V]
         for index in torch.cartesian_prod(*(torch.arange(d) for d in hidden.shape[:-1])).tolist():
             row, pos = (int(x) for x in hidden[tuple(index)].tolist())
+            if row >= len(self.sequences):  # a batch bucket's padding row (frozen): any proposal
+                continue
             token = self.sequences[row][pos + 1]
             out[tuple(index) + (token,)] = 10.0 if self.favour(pos + 1) else float("-inf")
         return out

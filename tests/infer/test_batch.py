@@ -184,3 +184,20 @@ def test_batch_sampling_reproduces_each_rows_target_distribution(chi_square, rul
     ):
         accepted += sum(result.stats.accepted)
     assert accepted > 0  # the rule accepts drafts here, not only residual draws
+
+
+def test_static_batches_run_in_power_of_two_buckets():
+    """On static shapes a batch of 3 runs as the bucket of 4 (a frozen one-token padding row), so a batch of 4
+    afterwards reuses every static step instead of building (on a GPU: capturing) new ones."""
+    target = make_tiny_target("llama")
+    prompts = _prompts(seed=7)
+    refs = [reference_greedy(target, p, 10) for p in prompts]
+    engine = SpeculativeEngine(target, random_drafter(target))
+    config = GenerationConfig(max_new_tokens=10, tree_widths=(2, 2), static_shapes=True)
+    results = engine.generate_batch(prompts, config)
+    assert [r.tokens for r in results] == refs and engine.cache.batch_size == 4
+    steps = set(engine.target_step.steps)
+    four = [*prompts, prompts[0]]
+    results = engine.generate_batch(four, config)
+    assert [r.tokens for r in results] == [*refs, refs[0]]
+    assert set(engine.target_step.steps) == steps
