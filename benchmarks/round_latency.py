@@ -13,6 +13,8 @@ and times, per context (CUDA events, median of --iters after --warmup):
 - AR step, ours + CUDA graph: the same step replayed from a captured graph (packed q/k/v and gate/up
   projections, fused add + RMSNorm, q/k norm + RoPE and SiLU * up kernels: `TargetModel.pack_weights`), and
   "unfused": the same graph step through the HF modules' own projections and element-wise ops (verify too);
+  and with --layer-routes (default liger torch) the packed graph step with Liger's kernels or the plain PyTorch
+  references for the element-wise steps, each first compared with ours (max abs logit difference recorded);
 - AR step, HF static cache + torch.compile(mode="reduce-overhead"): transformers' own fastest decoding (the
   cache is prefilled with `context` random tokens by the model itself; compilation happens in the warm-up);
 - speculative round: draft (dynamic beam tree, default widths -> 69 nodes, random drafter, window 512) and
@@ -127,6 +129,66 @@ def module_layers(engine: SpeculativeEngine):
         engine.target_step.steps = {}
 
 
+LAYER_ROUTES = ("ours", "liger", "torch")
+
+
+def _liger_ops():
+    """The layer's element-wise steps through Liger's Triton kernels (fused add + RMSNorm, RoPE, fused gate-up
+    SwiGLU), adapted to `longspec.modules.layer_ops`' signatures; the cache write stays a scatter."""
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    from liger_kernel.ops.rope import LigerRopeFunction
+    from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction
+
+    from longspec.kernels.layer_ops import write_kv
+
+    def add_rms_norm(x, residual, weight, eps):
+        if residual is None:
+            return LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False), x
+        return LigerFusedAddRMSNormFunction.apply(x, residual, weight, eps, 0.0, "llama", False)
+
+    def qkv_rope(qkv, cos, sin, num_heads, num_kv_heads, *, q_norm=None, k_norm=None, eps=1e-6, cache=None):
+        if q_norm is not None:
+            raise ValueError("the liger route has no q/k norm (Qwen3)")
+        B, T, width = qkv.shape
+        D = width // (num_heads + 2 * num_kv_heads)
+        q, k, v = qkv.view(B, T, -1, D).split([num_heads, num_kv_heads, num_kv_heads], dim=2)
+        q, k = LigerRopeFunction.apply(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        v = v.transpose(1, 2)
+        if cache is not None:
+            write_kv(*cache, k, v)
+        return q, k, v
+
+    return add_rms_norm, qkv_rope, lambda gate_up: LigerFusedGateUpSiLUMulFunction.apply(gate_up)
+
+
+@contextlib.contextmanager
+def layer_route(engine: SpeculativeEngine, route: str):
+    """The packed target's element-wise steps through `route`: "ours" (longspec's Triton kernels), "liger"
+    (Liger's), "torch" (the plain-PyTorch references: eager element-wise ops, packed projections). Steps built
+    meanwhile are dropped on both sides, as in `module_layers`."""
+    from longspec.kernels import layer_ops as kernels
+    from longspec.modules import layer_ops
+
+    names = ("add_rms_norm", "qkv_rope", "silu_mul")
+    saved = tuple(getattr(layer_ops, n) for n in names)
+    if route == "liger":
+        replacement = _liger_ops()
+    elif route == "torch":
+        replacement = (kernels.add_rms_norm_naive, kernels.qkv_rope_naive, kernels.silu_mul_naive)
+    else:
+        replacement = saved
+    for name, fn in zip(names, replacement, strict=True):
+        setattr(layer_ops, name, fn)
+    engine.target_step.steps = {}
+    try:
+        yield
+    finally:
+        for name, fn in zip(names, saved, strict=True):
+            setattr(layer_ops, name, fn)
+        engine.target_step.steps = {}
+
+
 class Timer:
     """Median milliseconds of fn() over `iters` runs after `warmup` runs (CUDA events on GPU)."""
 
@@ -161,7 +223,9 @@ def _try_graph(row: dict, key: str, measure) -> None:
         print(f"{key}: capture failed: {row[key.replace('_ms', '_error')]}", flush=True)
 
 
-def bench_context(target, drafter, engine, context: int, timer: Timer, capture: bool) -> dict:
+def bench_context(
+    target, drafter, engine, context: int, timer: Timer, capture: bool, routes: tuple[str, ...] = ()
+) -> dict:
     device = engine.device
     generator = torch.Generator(device=device).manual_seed(context)
     layout = TreeLayout(DEFAULT_TREE_WIDTHS)
@@ -188,6 +252,14 @@ def bench_context(target, drafter, engine, context: int, timer: Timer, capture: 
             row["ar_ours_graph_ms"] = timer(lambda: engine.verify(one, static=True, capture=True))
             with module_layers(engine):  # the same graph step through the HF modules, unfused
                 row["ar_ours_graph_unfused_ms"] = timer(lambda: engine.verify(one, static=True, capture=True))
+            for route in routes:  # other kernels for the fused steps, each checked against ours first
+                try:
+                    with layer_route(engine, route):
+                        replayed = engine.verify(one, static=True, capture=True).float()
+                        row[f"ar_graph_{route}_max_abs_diff"] = float((replayed - static.float()).abs().max())
+                        row[f"ar_graph_{route}_ms"] = timer(lambda: engine.verify(one, static=True, capture=True))
+                except Exception as exc:  # noqa: BLE001 - a route that cannot run here is recorded, not fatal
+                    row[f"ar_graph_{route}_error"] = f"{type(exc).__name__}: {exc}"[:300]
 
         engine.prefill_drafter(
             torch.randint(0, target.vocab_size, (context,), device=device, generator=generator)
@@ -251,6 +323,8 @@ def table(rows: list[dict]) -> str:
         ("ar_hf_compile_ms", "AR HF static+compile ms", ".2f"),
         ("ar_ours_graph_unfused_ms", "AR ours+graph, unfused ms", ".2f"),
         ("ar_ours_graph_ms", "AR ours+graph ms", ".2f"),
+        ("ar_graph_liger_ms", "AR graph, Liger kernels ms", ".2f"),
+        ("ar_graph_torch_ms", "AR graph, torch element-wise ms", ".2f"),
         ("draft_ms", "draft ms", ".2f"),
         ("draft_graph_ms", "draft+graph ms", ".2f"),
         ("verify_ms", "verify ms", ".2f"),
@@ -294,6 +368,13 @@ def main(argv: list[str] | None = None) -> dict:
         help="also time the engine's whole round (draft + verify + accept + commit, as generate runs it) for "
         "every tree=auto candidate at T=0 and T=1 (SpeculativeEngine.measure_round_costs)",
     )
+    parser.add_argument(
+        "--layer-routes",
+        nargs="*",
+        default=["liger", "torch"],
+        choices=[r for r in LAYER_ROUTES if r != "ours"],
+        help="also time the graph AR step with these kernels for the fused element-wise steps (GPU)",
+    )
     args = parser.parse_args(argv)
 
     if args.tiny:
@@ -314,7 +395,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     engine = SpeculativeEngine(target, drafter)
     timer = Timer(device, warmup, iters)
-    rows = [bench_context(target, drafter, engine, context, timer, capture) for context in contexts]
+    routes = tuple(args.layer_routes) if capture else ()
+    rows = [bench_context(target, drafter, engine, context, timer, capture, routes) for context in contexts]
 
     round_costs = {}
     if args.round_costs:

@@ -32,3 +32,25 @@ def test_tiny_mode_writes_a_complete_table(round_latency, tmp_path, monkeypatch,
     assert set(costs) == {"T=0", "T=1"} and all(len(c) == 9 and min(c.values()) > 0 for c in costs.values())
     out = capsys.readouterr().out
     assert "| context |" in out and "whole round, ms (T=1): 1024:ar" in out
+
+
+def test_layer_routes_swap_the_fused_steps_and_restore_them(round_latency):
+    # The routes the GPU run compares (Liger's kernels need CUDA; "torch" runs anywhere): swapped in for the
+    # context only, with the engine's steps dropped on both sides so no route replays another's.
+    import torch
+
+    from longspec.infer.engine import SpeculativeEngine
+    from longspec.kernels import layer_ops as kernels
+    from longspec.modules import layer_ops
+    from longspec.testing import make_tiny_target
+
+    engine = SpeculativeEngine(make_tiny_target("llama"))
+    before = (layer_ops.add_rms_norm, layer_ops.qkv_rope, layer_ops.silu_mul)
+    ids = torch.arange(5)[None]
+    expected = engine.target(ids).hidden
+    engine.target_step.steps = {"stale": None}
+    with round_latency.layer_route(engine, "torch"):
+        assert layer_ops.qkv_rope is kernels.qkv_rope_naive and engine.target_step.steps == {}
+        assert torch.equal(engine.target(ids).hidden, expected)
+    assert (layer_ops.add_rms_norm, layer_ops.qkv_rope, layer_ops.silu_mul) == before
+    assert engine.target_step.steps == {}
