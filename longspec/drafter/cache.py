@@ -74,6 +74,16 @@ class DrafterCache:
         self.positions.scatter_(1, slots, torch.where(valid, positions, self.positions.gather(1, slots)))
         self.num_appended += num_valid[:, 0]
 
+    def select_rows(self, rows: list[int]) -> DrafterCache:
+        """A new ring buffer holding these rows (in this order, repeats allowed); this one is left as it was."""
+        index = torch.tensor(rows, device=self.keys.device)
+        new = object.__new__(DrafterCache)
+        new.window = self.window
+        new.keys, new.values = self.keys.index_select(0, index), self.values.index_select(0, index)
+        new.positions = self.positions.index_select(0, index)
+        new.num_appended = self.num_appended.index_select(0, index)
+        return new
+
     def visible_mask(self, query_positions: torch.Tensor) -> torch.Tensor:
         """query_positions [B,Tq] -> bool [B,Tq,W]: slot visible iff filled and within the query's window."""
         pos = self.positions[:, None, :]  # [B,1,W]

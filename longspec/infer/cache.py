@@ -93,6 +93,16 @@ class StaticKVCache:
         else:
             self.lengths_t.copy_(torch.tensor(self.lengths))
 
+    def select_rows(self, rows: list[int]) -> StaticKVCache:
+        """A new cache holding these rows (in this order, repeats allowed) with their lengths; this one is left as
+        it was (free it by dropping it)."""
+        index = torch.tensor(rows, device=self.keys.device)
+        new = object.__new__(StaticKVCache)
+        new.keys, new.values = self.keys.index_select(1, index), self.values.index_select(1, index)
+        new.lengths = [self.lengths[row] for row in rows]
+        new.lengths_t = self.lengths_t.index_select(0, index)
+        return new
+
     def check_room(self, num_tokens: int) -> None:
         """Raise when a forward of `num_tokens` per row would write past the reserved slots."""
         stop = max(self.lengths) + num_tokens

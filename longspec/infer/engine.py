@@ -22,8 +22,9 @@ tree="auto" (longspec.infer.policy) the shape may change between rounds: one sta
 A batch (`generate_batch`) runs the same round with one tree per sequence: every sequence has its own position,
 cache length and ring-buffer row; the trees share one layout (widths) and are verified in ONE target forward
 [B, N]; each sequence commits its own accepted path (ragged counts). A sequence that has finished stays in the
-batch, frozen (it commits nothing more and its output is ignored), so the shapes stay those of the batch and
-no cache row is moved; `generate` is the batch of one.
+batch, frozen (it commits nothing more and its output is ignored), so the shapes stay those of the batch; on
+static shapes a batch runs in its power-of-two bucket and moves to the smaller one once half of it has finished
+(`_compact`). `generate` is the batch of one.
 
 This module strings the round together (`generate` -> `_round`) and accepts; the pieces live by side:
 `draft_step.DraftStep` (the drafter's ring buffer and the draft tree), `target_step.TargetStep` (the target's
@@ -173,6 +174,7 @@ class SpeculativeEngine:
         # lengths differ, so a plain round commits its token to the ring at once (what its measured cost holds).
         drafter_synced = max(self.cache.lengths)
         lazy_ring = batch == 1
+        slot_rows = list(range(batch))  # the prompt each batch slot decodes (compaction moves them)
         while any(active):
             context_len = max(self.cache.lengths)
             widths = policy.choose(context_len) if policy is not None else ()
@@ -190,13 +192,18 @@ class SpeculativeEngine:
                 if widths or not lazy_ring:
                     drafter_synced = max(self.cache.lengths)
             tree = tree_name(widths) if spec.needs_drafter else None
-            for row in filter(active.__getitem__, range(batch)):
-                stats[row].record_round(len(new_tokens[row]) - 1, tree)
-                emitted[row].extend(new_tokens[row])
+            for slot in filter(active.__getitem__, range(batch)):
+                row = slot_rows[slot]
+                stats[row].record_round(len(new_tokens[slot]) - 1, tree)
+                emitted[row].extend(new_tokens[slot])
                 if contexts is not None:
-                    new = torch.tensor(new_tokens[row], device=self.device)
-                    contexts[row] = torch.cat([contexts[row], new])
-                active[row] = not _finished(emitted[row], config, new=new_tokens[row])
+                    new = torch.tensor(new_tokens[slot], device=self.device)
+                    contexts[slot] = torch.cat([contexts[slot], new])
+                active[slot] = not _finished(emitted[row], config, new=new_tokens[slot])
+            if static and batch > 1 and 0 < 2 * sum(active) <= batch:
+                # Finished rows leave: the batch moves to the smaller bucket, so they stop costing compute.
+                roots, active, slot_rows, contexts = self._compact(roots, active, slot_rows, contexts)
+                batch = len(active)
         decode_s = now(self.device) - decode_start
         results = []
         for row in range(real):
@@ -270,6 +277,21 @@ class SpeculativeEngine:
         new_tokens = [row[: row[-1]] for row in out]
         path_slots = [row[depth + 1 : depth + 1 + row[-1]] for row in out]
         return new_tokens, path_slots, bonus
+
+    def _compact(self, roots, active, slot_rows, contexts):
+        """Keep the active slots only, in the bucket (power of two) that holds them, padded with a finished slot
+        (frozen): the target cache rows, the drafter's ring rows, the roots and the slot bookkeeping follow. The
+        next round builds (or captures) its steps for the new batch size; the old ones are dropped."""
+        keep = [slot for slot, on in enumerate(active) if on]
+        spare = active.index(False)
+        index = keep + [spare] * ((1 << (len(keep) - 1).bit_length()) - len(keep))
+        self.target_step.select_rows(index)
+        if self.draft_step is not None and self.draft_step.cache is not None:
+            self.draft_step.cache = self.draft_step.cache.select_rows(index)
+        self._masks = {}
+        roots = roots.index_select(0, torch.tensor(index, device=self.device))
+        contexts = None if contexts is None else [contexts[slot] for slot in index]
+        return roots, [active[slot] for slot in index], [slot_rows[slot] for slot in index], contexts
 
     def _active_mask(self, active: list[bool]) -> torch.Tensor:
         """`active` as a device bool tensor [B], copied once per pattern (rows finish rarely)."""

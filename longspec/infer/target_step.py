@@ -42,6 +42,12 @@ class TargetStep:
         self.steps = {}
         self.cache = StaticKVCache.for_target(self.target, max_len=needed, batch_size=batch_size)
 
+    def select_rows(self, rows: list[int]) -> None:
+        """Keep these cache rows (in this order; a batch that shrinks): the steps, built for the old batch size
+        and its cache's addresses, are dropped."""
+        self.steps = {}
+        self.cache = self.cache.select_rows(rows)
+
     def static_step(self, key, fn, inputs: tuple[torch.Tensor, ...], capture: bool, *, effects: bool = False):
         """Run fn on static buffers (built, and captured when asked, on first use) with the cache lengths
         mirrored on the device. Warm-up / capture calls of a forward or a draft only write pending cache slots:

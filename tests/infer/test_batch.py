@@ -188,16 +188,35 @@ def test_batch_sampling_reproduces_each_rows_target_distribution(chi_square, rul
 
 def test_static_batches_run_in_power_of_two_buckets():
     """On static shapes a batch of 3 runs as the bucket of 4 (a frozen one-token padding row), so a batch of 4
-    afterwards reuses every static step instead of building (on a GPU: capturing) new ones."""
+    afterwards reuses every static step instead of building (on a GPU: capturing) new ones. (ar: every row
+    emits one token per round, so no row finishes first and the batch never shrinks.)"""
     target = make_tiny_target("llama")
     prompts = _prompts(seed=7)
     refs = [reference_greedy(target, p, 10) for p in prompts]
     engine = SpeculativeEngine(target, random_drafter(target))
-    config = GenerationConfig(max_new_tokens=10, tree_widths=(2, 2), static_shapes=True)
-    results = engine.generate_batch(prompts, config)
+    config = GenerationConfig(max_new_tokens=10, static_shapes=True)
+    results = engine.generate_batch(prompts, config, method="ar")
     assert [r.tokens for r in results] == refs and engine.cache.batch_size == 4
     steps = set(engine.target_step.steps)
-    four = [*prompts, prompts[0]]
-    results = engine.generate_batch(four, config)
+    assert steps and all(key[-1] == 4 for key in steps)
+    results = engine.generate_batch([*prompts, prompts[0]], config, method="ar")
     assert [r.tokens for r in results] == [*refs, refs[0]]
     assert set(engine.target_step.steps) == steps
+
+
+@pytest.mark.parametrize("method", ["longspec", "pld"])
+def test_finished_rows_leave_a_static_batch(method):
+    """On static shapes, once half a batch has finished the rest moves to the smaller bucket (cache rows, ring
+    rows and roots compacted): every row's output is still its own greedy output, to its own EOS."""
+    target = make_tiny_target("qwen2")
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (21, 34, 15, 40)]
+    refs = [reference_greedy(target, p, 14) for p in prompts]
+    eos = (refs[0][2], refs[2][4])  # rows 0 and 2 stop early (others too, where they meet these tokens)
+    expected = [next((r[: i + 1] for i, t in enumerate(r) if t in eos), r) for r in refs]
+    assert sum(len(e) < 14 for e in expected) >= 2
+    engine = SpeculativeEngine(target, random_drafter(target))
+    config = GenerationConfig(max_new_tokens=14, tree_widths=(2, 2), static_shapes=True, eos_token_ids=eos)
+    results = engine.generate_batch(prompts, config, method=method)
+    assert [r.tokens for r in results] == expected
+    assert engine.cache.batch_size < len(prompts)  # the batch shrank on the way
