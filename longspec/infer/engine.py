@@ -24,7 +24,7 @@ cache length and ring-buffer row; the trees share one layout (widths) and are ve
 [B, N]; each sequence commits its own accepted path (ragged counts). A sequence that has finished stays in the
 batch, frozen (it commits nothing more and its output is ignored), so the shapes stay those of the batch; on
 static shapes a batch runs in its power-of-two bucket and moves to the smaller one once half of it has finished
-(`_compact`). `generate` is the batch of one.
+(`slots.BatchSlots`). `generate` is the batch of one.
 
 This module strings the round together (`generate` -> `_round`) and accepts; the pieces live by side:
 `draft_step.DraftStep` (the drafter's ring buffer and the draft tree), `target_step.TargetStep` (the target's
@@ -55,6 +55,7 @@ from longspec.infer.pld import prompt_lookup
 from longspec.infer.policy import AdaptivePolicy, MeasuredCosts
 from longspec.infer.round_costs import choose_policy
 from longspec.infer.round_costs import measure_round_costs as _measure_round_costs
+from longspec.infer.slots import BatchSlots, bucket
 from longspec.infer.stats import GenerationStats
 from longspec.infer.target_step import TargetStep, prefill_slots
 from longspec.infer.timing import PhaseClock, now, timer
@@ -86,7 +87,6 @@ class SpeculativeEngine:
         # times) carries over to the next call, since drafter, target and device stay the same. A new call
         # then starts from the last one's estimates instead of the prior (short outputs never leave it).
         self.policies: dict[tuple, AdaptivePolicy] = {}
-        self._masks: dict[tuple[bool, ...], torch.Tensor] = {}
         self.device = target.embed_tokens.weight.device
         # Packed projections + fused layer steps for every forward this engine runs (a frozen target only).
         target.pack_weights()
@@ -142,15 +142,14 @@ class SpeculativeEngine:
         if any(p.numel() == 0 for p in prompts):
             raise ValueError("empty prompt")
         real = len(prompts)
-        if static and real > 1:
-            # Batch buckets (powers of two): the static / captured steps of a batch of 5 are the batch of 8's.
-            # The padding rows hold one token each (a cheap prefill and cache row) and are frozen from the start.
-            prompts = prompts + [prompts[-1][-1:]] * ((1 << (real - 1).bit_length()) - real)
+        if static and real > 1:  # run in the batch's bucket; padding rows hold one token (a cheap prefill)
+            prompts = prompts + [prompts[-1][-1:]] * (bucket(real) - real)
         batch, lengths = len(prompts), [p.numel() for p in prompts]
         self._ensure_cache(_needed_slots(lengths, config), batch)
-        self._masks = {}  # device copies of the active-row pattern, one per pattern met in this call
         policy = None
-        if spec.needs_drafter:  # may measure round costs (at this batch size): before any timing, on a scratch state
+        if (
+            spec.needs_drafter
+        ):  # may measure round costs (at this batch size): before any timing, on a scratch state
             policy = choose_policy(self, config, max(lengths), batch_size=batch)
         # On the device: a round's random draws need no host-to-device copy (and no host sync).
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -167,15 +166,16 @@ class SpeculativeEngine:
 
         clock = PhaseClock(self.device)
         decode_start = now(self.device)
-        active = [row < real and not _finished(e, config, new=e) for row, e in enumerate(emitted)]
+        slots = BatchSlots(
+            [row < real and not _finished(e, config, new=e) for row, e in enumerate(emitted)], self.device
+        )
         # Committed tokens whose K/V are in the drafter's ring buffer: positions < drafter_synced. At batch 1 a
         # plain round ("no speculation", tree="auto") leaves the ring alone, so it costs what one AR step costs;
         # the ring catches up (its last `window` tokens at most) when speculation resumes. In a batch the rows'
         # lengths differ, so a plain round commits its token to the ring at once (what its measured cost holds).
         drafter_synced = max(self.cache.lengths)
         lazy_ring = batch == 1
-        slot_rows = list(range(batch))  # the prompt each batch slot decodes (compaction moves them)
-        while any(active):
+        while any(slots.active):
             context_len = max(self.cache.lengths)
             widths = policy.choose(context_len) if policy is not None else ()
             if spec.needs_drafter and widths and drafter_synced < context_len:
@@ -183,27 +183,24 @@ class SpeculativeEngine:
             round_start = time.perf_counter()
             new_tokens, path_slots, roots = self._round(
                 method, widths, roots, config, generator, static=static, clock=clock, contexts=contexts,
-                commit_drafter=bool(widths) or not lazy_ring, active=active,
+                commit_drafter=bool(widths) or not lazy_ring, slots=slots,
             )  # fmt: skip
             if policy is not None:
                 policy.observe_time(widths, context_len, time.perf_counter() - round_start)
-                for row in filter(active.__getitem__, range(batch)):
-                    policy.observe(widths, _level_ranks(widths, path_slots[row]), context_len)
+                for slot, _ in slots.running():
+                    policy.observe(widths, _level_ranks(widths, path_slots[slot]), context_len)
                 if widths or not lazy_ring:
                     drafter_synced = max(self.cache.lengths)
             tree = tree_name(widths) if spec.needs_drafter else None
-            for slot in filter(active.__getitem__, range(batch)):
-                row = slot_rows[slot]
+            for slot, row in slots.running():
                 stats[row].record_round(len(new_tokens[slot]) - 1, tree)
                 emitted[row].extend(new_tokens[slot])
                 if contexts is not None:
                     new = torch.tensor(new_tokens[slot], device=self.device)
                     contexts[slot] = torch.cat([contexts[slot], new])
-                active[slot] = not _finished(emitted[row], config, new=new_tokens[slot])
-            if static and batch > 1 and 0 < 2 * sum(active) <= batch:
-                # Finished rows leave: the batch moves to the smaller bucket, so they stop costing compute.
-                roots, active, slot_rows, contexts = self._compact(roots, active, slot_rows, contexts)
-                batch = len(active)
+                slots.active[slot] = not _finished(emitted[row], config, new=new_tokens[slot])
+            if static and (index := slots.shrink()) is not None:  # finished rows leave the batch
+                roots, contexts = self._select_slots(index, roots, contexts)
         decode_s = now(self.device) - decode_start
         results = []
         for row in range(real):
@@ -226,7 +223,7 @@ class SpeculativeEngine:
         clock: PhaseClock,
         contexts: list[torch.Tensor] | None = None,
         commit_drafter: bool = True,
-        active: list[bool] | None = None,
+        slots: BatchSlots | None = None,
     ) -> tuple[list[list[int]], list[list[int]], torch.Tensor]:
         """One round (draft, verify, accept, commit) from `roots` [B], one tree per sequence; widths () = one
         plain target step. Returns, per sequence, (emitted tokens, accepted path's node slots) after ONE host
@@ -235,7 +232,7 @@ class SpeculativeEngine:
         enter the drafter's ring buffer (a plain round; `DraftStep.catch_up` adds them later)."""
         capture, spec = config.cuda_graphs, get_method(method, runner="engine")
         batch = roots.shape[0]
-        active = [True] * batch if active is None else active
+        active = [True] * batch if slots is None else slots.active
         if spec.needs_drafter and widths:
             layout = TreeLayout(widths)
             with clock.phase("draft_s"):
@@ -261,7 +258,8 @@ class SpeculativeEngine:
             starts = list(self.cache.lengths)
             ring = self.draft_step if spec.needs_drafter and commit_drafter else None
             if static:
-                self._commit_static(tree.tokens, paths, packed, counts, active, ring, capture)
+                mask = None if all(active) else slots.mask()
+                self._commit_static(tree.tokens, paths, packed, counts, mask, ring, capture)
             else:
                 self.cache.commit_path(paths, counts)
             if ring is not None and not static and max(counts):
@@ -273,38 +271,26 @@ class SpeculativeEngine:
                 ]
                 self.draft_step.commit(tokens, torch.tensor(positions, device=self.device))
             if not all(active):
-                bonus = torch.where(self._active_mask(active), bonus, roots)
+                bonus = torch.where(slots.mask(), bonus, roots)
         new_tokens = [row[: row[-1]] for row in out]
         path_slots = [row[depth + 1 : depth + 1 + row[-1]] for row in out]
         return new_tokens, path_slots, bonus
 
-    def _compact(self, roots, active, slot_rows, contexts):
-        """Keep the active slots only, in the bucket (power of two) that holds them, padded with a finished slot
-        (frozen): the target cache rows, the drafter's ring rows, the roots and the slot bookkeeping follow. The
-        next round builds (or captures) its steps for the new batch size; the old ones are dropped."""
-        keep = [slot for slot, on in enumerate(active) if on]
-        spare = active.index(False)
-        index = keep + [spare] * ((1 << (len(keep) - 1).bit_length()) - len(keep))
+    def _select_slots(self, index: list[int], roots: torch.Tensor, contexts):
+        """Per-slot state follows `BatchSlots.shrink`: the target cache rows, the drafter's ring rows, the roots
+        and the PLD contexts. The next round builds (or captures) its steps for the new batch size."""
         self.target_step.select_rows(index)
         if self.draft_step is not None and self.draft_step.cache is not None:
             self.draft_step.cache = self.draft_step.cache.select_rows(index)
-        self._masks = {}
         roots = roots.index_select(0, torch.tensor(index, device=self.device))
-        contexts = None if contexts is None else [contexts[slot] for slot in index]
-        return roots, [active[slot] for slot in index], [slot_rows[slot] for slot in index], contexts
+        return roots, None if contexts is None else [contexts[slot] for slot in index]
 
-    def _active_mask(self, active: list[bool]) -> torch.Tensor:
-        """`active` as a device bool tensor [B], copied once per pattern (rows finish rarely)."""
-        key = tuple(active)
-        if key not in self._masks:
-            self._masks[key] = torch.tensor(active, device=self.device)
-        return self._masks[key]
-
-    def _commit_static(self, tokens, paths, packed, counts, active, ring, capture: bool) -> None:
+    def _commit_static(self, tokens, paths, packed, counts, mask, ring, capture: bool) -> None:
         """The round's commit as one static step (one graph launch with cuda_graphs), fed by device values: the
         accepted path's K/V moved in the target cache (the whole path width, `StaticKVCache.move_path`) and, with
-        `ring`, the path entering the drafter's ring buffer. Then the host lengths advance by `counts`."""
-        counts_t = packed[:, -1] if all(active) else packed[:, -1] * self._active_mask(active)
+        `ring`, the path entering the drafter's ring buffer (`mask`: the running rows, None = all). Then the host
+        lengths advance by `counts`."""
+        counts_t = packed[:, -1] if mask is None else packed[:, -1] * mask
         cache = self.cache
 
         def fn(tokens, paths, counts_t):

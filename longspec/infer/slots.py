@@ -1,0 +1,53 @@
+"""A batch's slots: which prompt each slot of the batch decodes and which slots are still running. On static
+shapes a batch runs in its power-of-two bucket (padding slots frozen from the start), and moves to the smaller
+bucket once half of it has finished, so finished sequences stop costing compute.
+
+Shape legend: B slots (the batch size the steps run at).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["BatchSlots", "bucket"]
+
+
+def bucket(n: int) -> int:
+    """The power of two a static batch of n prompts runs at: the static / captured steps of a batch of 5 are
+    the batch of 8's."""
+    return 1 << (n - 1).bit_length()
+
+
+class BatchSlots:
+    """`rows[slot]`: the prompt a slot decodes; `active[slot]`: whether it is still running (a finished or
+    padding slot is frozen: it commits nothing and its output is ignored)."""
+
+    def __init__(self, active: list[bool], device: torch.device):
+        self.rows = list(range(len(active)))
+        self.active = list(active)
+        self.device = device
+        self._masks: dict[tuple[bool, ...], torch.Tensor] = {}
+
+    def running(self) -> list[tuple[int, int]]:
+        """(slot, row) of every running slot."""
+        return [(slot, self.rows[slot]) for slot, on in enumerate(self.active) if on]
+
+    def mask(self) -> torch.Tensor:
+        """`active` as a device bool tensor [B], copied once per pattern (slots finish rarely)."""
+        key = tuple(self.active)
+        if key not in self._masks:
+            self._masks[key] = torch.tensor(self.active, device=self.device)
+        return self._masks[key]
+
+    def shrink(self) -> list[int] | None:
+        """When at most half the slots still run: the slots to keep, in order, padded to their bucket with a
+        finished slot (the caller moves its per-slot state to match); else None."""
+        running = sum(self.active)
+        if len(self.active) == 1 or not 0 < 2 * running <= len(self.active):
+            return None
+        keep = [slot for slot, on in enumerate(self.active) if on]
+        index = keep + [self.active.index(False)] * (bucket(running) - running)
+        self.rows = [self.rows[slot] for slot in index]
+        self.active = [self.active[slot] for slot in index]
+        self._masks = {}
+        return index
