@@ -99,3 +99,23 @@ def test_graph_batch_is_lossless_per_sequence(family):
         )
         results = engine.generate_batch(prompts, config, method=method)
         assert [r.tokens for r in results] == expected, (family, method)
+
+
+@pytest.mark.parametrize("method", ["longspec", "pld"])
+def test_graph_batch_buckets_and_shrinks_losslessly(method):
+    """Captured steps of a bucketed batch (5 prompts -> 8 slots) that shrinks twice as rows meet their EOS
+    (8 -> 4 -> 2 or 1): the commit step, the compaction and the re-captures on the way keep every sequence
+    equal to its own greedy output; then tree="auto" at that batch size, measured round costs and all."""
+    target = _cuda_target("qwen2")
+    gen = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).cuda() for n in (60, 130, 90, 200, 75)]
+    refs = [reference_greedy(target, p, 24) for p in prompts]
+    eos = (refs[0][2], refs[1][4], refs[3][6])
+    expected = [next((r[: i + 1] for i, t in enumerate(r) if t in eos), r) for r in refs]
+    engine = SpeculativeEngine(target, random_drafter(target).cuda())
+    config = GenerationConfig(max_new_tokens=24, tree_widths=(2, 4), cuda_graphs=True, eos_token_ids=eos)
+    assert [r.tokens for r in engine.generate_batch(prompts, config, method=method)] == expected
+    assert engine.cache.batch_size < 8
+    if method == "longspec":
+        auto = GenerationConfig(max_new_tokens=24, cuda_graphs=True, eos_token_ids=eos)
+        assert [r.tokens for r in engine.generate_batch(prompts, auto)] == expected
