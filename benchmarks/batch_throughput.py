@@ -265,6 +265,9 @@ def main(argv: list[str] | None = None) -> dict:
             # A fresh engine per cell: the last cell's cache and captured graphs are gone before this one's
             # cache (up to ~70 GB at batch 16, 32K, 8B shape) is allocated.
             engine = SpeculativeEngine(target, drafter)
+            # What is still allocated when a cell starts (weights + anything an earlier cell left behind): on the
+            # H200, 32K x batch 16 ran out of memory with ~65 GB held beyond the weights.
+            allocated = torch.cuda.memory_allocated() / 2**30 if device.type == "cuda" else None
             try:
                 row = bench_cell(engine, drafter, prompts, args, widths, capture)
             except torch.OutOfMemoryError:  # recorded; the larger cells of this context are skipped
@@ -274,6 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
                 gc.collect()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
+            row["allocated_gib_at_start"] = allocated
             if vanilla is not None:
                 row["vanilla_fa_tok_s"] = vanilla
                 if "longspec_tok_s" in row:
