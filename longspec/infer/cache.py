@@ -5,7 +5,7 @@ Shape legend: L layers, B batch, Hkv key/value heads, Tmax slots, D head dim, T 
 Row b's slots [0, lengths[b]) hold its committed sequence (a batch of sequences of different lengths: ragged).
 A forward over T new tokens per row (a prefill chunk, one AR token or a draft tree) first writes its K/V into
 each row's pending slots [lengths[b], lengths[b] + T) of every layer; then either `commit(T)` keeps them
-(prefill / AR; per-row counts for a ragged prefill), or `commit_path(paths, counts)` keeps only each row's
+(prefill / AR; per-row counts for a ragged prefill), or `move_path` + `commit(counts)` keep only each row's
 accepted tree nodes, moving their K/V to [lengths[b], lengths[b] + k_b) for all layers at once. Nothing is re-fed
 to the target after verification.
 """
@@ -118,22 +118,12 @@ class StaticKVCache:
         self.lengths = [n + c for n, c in zip(self.lengths, counts, strict=True)]
         assert max(self.lengths) <= self.max_len
 
-    def commit_path(self, paths: torch.Tensor, counts: list[int]) -> None:
-        """Keep only each row's accepted tree nodes: pending slot lengths[b] + paths[b, i] -> slot lengths[b] + i
-        for i < counts[b], all layers at once. paths [B, depth + 1] root-first, ascending, padded (the host
-        already holds `counts` from the round's one copy). Slots past a row's count receive padding, but they
-        are pending slots (the next forward overwrites them before any read). The gather reads before the
-        scatter writes, so overlap is safe."""
-        k = max(counts)
-        if k == 0:
-            return
-        self.sync_length()
-        self.move_path(paths[:, :k].to(self.keys.device), self.lengths_t)
-        self.commit(list(counts))
-
     def move_path(self, paths: torch.Tensor, starts: torch.Tensor) -> None:
-        """The device half of `commit_path`, fixed shapes: slot starts[b] + paths[b, i] -> starts[b] + i for
-        every i < k (paths [B, k], starts [B] on the device), all layers; the host lengths are not touched."""
+        """Keep each row's accepted tree nodes, fixed shapes: slot starts[b] + paths[b, i] -> starts[b] + i for
+        every i < k (paths [B, k] root-first, ascending, padded; starts [B] on the device), all layers at once.
+        Slots past a row's count receive padding, but they are pending slots (the next forward overwrites them
+        before any read); the gather reads before the scatter writes, so overlap is safe. The host lengths are
+        not touched: `commit(counts)` follows."""
         L, B, Hkv, _, D = self.keys.shape
         k = paths.shape[1]
         src = (paths + starts[:, None]).clamp(min=0)  # [B, k]; a padded entry reads some slot, harmlessly

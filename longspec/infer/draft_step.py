@@ -61,18 +61,14 @@ class DraftStep:
         positions = torch.arange(start, end, device=self.device)
         self.drafter.fill_cache(self.cache, ids[None], positions)
 
-    def commit(self, path_tokens: torch.Tensor, positions: torch.Tensor) -> None:
-        """Each row's accepted path (root first) enters the drafter's ring buffer: path_tokens / positions [B, k],
-        position -1 where a row accepted fewer (skipped). Self K/V depend only on token and position, so
-        recomputing them for k+1 tokens is cheaper than keeping them for every tree node."""
-        self.drafter.fill_cache(self.cache, path_tokens, positions)
-
     def fill_path(
         self, tokens: torch.Tensor, paths: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor
     ) -> None:
-        """`commit` from device values only (fixed shapes, no host value: part of the round's captured commit
-        step): tokens [B, N] of the round's trees, paths [B, k] their accepted node slots (padded), counts [B] how
-        many each row keeps, starts [B] the position of each row's root."""
+        """Each row's accepted path (root first) enters the ring buffer, from device values only (fixed shapes, no
+        host value: it runs inside the round's captured commit step): tokens [B, N] of the round's trees, paths
+        [B, k] their accepted node slots (padded), counts [B] how many each row keeps, starts [B] the position of
+        each row's root. Self K/V depend only on token and position, so recomputing them for the k path tokens
+        is cheaper than keeping them for every tree node."""
         steps = torch.arange(paths.shape[1], device=tokens.device)
         positions = torch.where(steps < counts[:, None], starts[:, None] + steps, -1)
         self.drafter.fill_cache(self.cache, tokens.gather(1, paths.clamp(min=0)), positions)

@@ -147,9 +147,7 @@ class SpeculativeEngine:
         batch, lengths = len(prompts), [p.numel() for p in prompts]
         self._ensure_cache(_needed_slots(lengths, config), batch)
         policy = None
-        if (
-            spec.needs_drafter
-        ):  # may measure round costs (at this batch size): before any timing, on a scratch state
+        if spec.needs_drafter:  # may measure round costs (at this batch size): before timing, on a scratch state
             policy = choose_policy(self, config, max(lengths), batch_size=batch)
         # On the device: a round's random draws need no host-to-device copy (and no host sync).
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -255,21 +253,9 @@ class SpeculativeEngine:
             paths = packed[:, depth + 1 : 2 * (depth + 1)]
             out = packed.tolist()  # host sync: the round's one copy (emitted tokens, paths, counts)
             counts = [row[-1] if keep else 0 for row, keep in zip(out, active, strict=True)]
-            starts = list(self.cache.lengths)
             ring = self.draft_step if spec.needs_drafter and commit_drafter else None
-            if static:
-                mask = None if all(active) else slots.mask()
-                self._commit_static(tree.tokens, paths, packed, counts, mask, ring, capture)
-            else:
-                self.cache.commit_path(paths, counts)
-            if ring is not None and not static and max(counts):
-                k = max(counts)
-                tokens = tree.tokens.gather(1, paths[:, :k])
-                positions = [
-                    [n + i if i < count else -1 for i in range(k)]
-                    for n, count in zip(starts, counts, strict=True)
-                ]
-                self.draft_step.commit(tokens, torch.tensor(positions, device=self.device))
+            mask = None if all(active) else slots.mask()
+            self._commit(tree.tokens, paths, packed, counts, mask, ring, static, capture)
             if not all(active):
                 bonus = torch.where(slots.mask(), bonus, roots)
         new_tokens = [row[: row[-1]] for row in out]
@@ -285,22 +271,26 @@ class SpeculativeEngine:
         roots = roots.index_select(0, torch.tensor(index, device=self.device))
         return roots, None if contexts is None else [contexts[slot] for slot in index]
 
-    def _commit_static(self, tokens, paths, packed, counts, mask, ring, capture: bool) -> None:
-        """The round's commit as one static step (one graph launch with cuda_graphs), fed by device values: the
-        accepted path's K/V moved in the target cache (the whole path width, `StaticKVCache.move_path`) and, with
-        `ring`, the path entering the drafter's ring buffer (`mask`: the running rows, None = all). Then the host
-        lengths advance by `counts`."""
+    def _commit(self, tokens, paths, packed, counts, mask, ring, static: bool, capture: bool) -> None:
+        """The round's commit from device values (paths [B, depth + 1], counts from `packed`; `mask`: the running
+        rows, None = all): each row's accepted path moved in the target cache (`StaticKVCache.move_path`, the
+        whole path width) and, with `ring`, entering the drafter's ring buffer (`DraftStep.fill_path`). On static
+        shapes it is one static step (one graph launch with cuda_graphs). Then the host lengths advance."""
         counts_t = packed[:, -1] if mask is None else packed[:, -1] * mask
         cache = self.cache
 
         def fn(tokens, paths, counts_t):
-            starts = cache.lengths_t  # synced by static_step: the committed lengths before this round
+            starts = cache.lengths_t  # synced first: the committed lengths before this round
             cache.move_path(paths, starts)
             if ring is not None:
                 ring.fill_path(tokens, paths, counts_t, starts)
 
-        key = ("commit", tokens.shape[1], paths.shape[1], ring is not None, capture)
-        self.target_step.static_step(key, fn, (tokens, paths, counts_t), capture, effects=True)
+        if static:
+            key = ("commit", tokens.shape[1], paths.shape[1], ring is not None, capture)
+            self.target_step.static_step(key, fn, (tokens, paths, counts_t), capture, effects=True)
+        else:
+            cache.sync_length()
+            fn(tokens, paths, counts_t)
         cache.commit(counts)
 
     def _verify_accept(
@@ -381,7 +371,7 @@ class SpeculativeEngine:
 
     def verify(self, tree: DraftTree, *, static: bool = False, capture: bool = False) -> torch.Tensor:
         """ONE target forward over all tree nodes -> logits [N, V] (a tree of [B, N]: [B, N, V];
-        `TargetStep.verify`); their K/V stay in the cache's pending slots until `cache.commit_path`.
+        `TargetStep.verify`); their K/V stay in the cache's pending slots until the round's commit.
         static / capture: see GenerationConfig."""
         if tree.tokens.dim() == 2:
             return self.target_step.verify(tree, static=static, capture=capture)

@@ -156,7 +156,7 @@ class TargetStep:
         head_key: tuple = (),
     ):
         """ONE target forward over all tree nodes of every sequence's tree [B, N] -> logits [B, N, V] (node i
-        predicts its children). Their K/V stay in the cache's pending slots until `cache.commit_path`.
+        predicts its children). Their K/V stay in the cache's pending slots until the round's commit.
         static / capture: see GenerationConfig.
 
         `head(logits, tokens, depths, ancestor_mask, *head_inputs)`, when given, is what the round does with the
