@@ -50,6 +50,7 @@ from longspec.drafter import Drafter, DrafterConfig  # noqa: E402
 from longspec.eval.divergence import analyse_divergence  # noqa: E402
 from longspec.infer.baselines import run_method  # noqa: E402
 from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine  # noqa: E402
+from longspec.infer.slots import bucket  # noqa: E402
 from longspec.provenance import run_info  # noqa: E402
 
 MAX_PROFILE_DEPTH = 64  # profile entries past the given ones are 0
@@ -75,7 +76,7 @@ class ProfileDrafter:
 
     def set_references(self, sequences: list[list[int]]) -> None:
         """Each row's prompt followed by the target's greedy continuation (token at index p = position p)."""
-        batch = len(sequences)
+        batch = bucket(len(sequences))  # static batches run padded to their bucket (infer.slots)
         if batch not in self.buffers:
             self.buffers[batch] = torch.zeros(
                 batch, self.max_len, dtype=torch.long, device=self.profile.device

@@ -114,22 +114,7 @@ def time_hf_compiled_step(timer, target: TargetModel, context: int, generator: t
         return timer(step)
 
 
-@contextlib.contextmanager
-def module_layers(engine: SpeculativeEngine):
-    """Run the target's layers through its HF modules (5 projections, eager element-wise ops) instead of the
-    packed projections and fused steps, to time both routes side by side; the steps built meanwhile are
-    dropped on both sides so that neither route replays the other's graphs."""
-    target = engine.target
-    packed, target.packed = target.packed, None
-    engine.target_step.steps = {}
-    try:
-        yield
-    finally:
-        target.packed = packed
-        engine.target_step.steps = {}
-
-
-LAYER_ROUTES = ("ours", "liger", "torch")
+LAYER_ROUTES = ("ours", "liger", "torch", "unfused")
 
 
 def _liger_ops():
@@ -164,28 +149,31 @@ def _liger_ops():
 
 @contextlib.contextmanager
 def layer_route(engine: SpeculativeEngine, route: str):
-    """The packed target's element-wise steps through `route`: "ours" (longspec's Triton kernels), "liger"
-    (Liger's), "torch" (the plain-PyTorch references: eager element-wise ops, packed projections). Steps built
-    meanwhile are dropped on both sides, as in `module_layers`."""
+    """The target's layers through `route`, to time the routes side by side: "ours" (packed projections,
+    longspec's Triton kernels for the element-wise steps), "liger" (Liger's kernels for them), "torch" (the
+    plain-PyTorch references), "unfused" (the HF modules: 5 projections, eager element-wise ops). The steps
+    built meanwhile are dropped on both sides, so no route replays another's graphs."""
     from longspec.kernels import layer_ops as kernels
     from longspec.modules import layer_ops
 
+    target = engine.target
     names = ("add_rms_norm", "qkv_rope", "silu_mul")
-    saved = tuple(getattr(layer_ops, n) for n in names)
-    if route == "liger":
-        replacement = _liger_ops()
-    elif route == "torch":
-        replacement = (kernels.add_rms_norm_naive, kernels.qkv_rope_naive, kernels.silu_mul_naive)
-    else:
-        replacement = saved
+    saved, packed = tuple(getattr(layer_ops, n) for n in names), target.packed
+    replacement = {
+        "liger": _liger_ops,
+        "torch": lambda: (kernels.add_rms_norm_naive, kernels.qkv_rope_naive, kernels.silu_mul_naive),
+    }.get(route, lambda: saved)()
     for name, fn in zip(names, replacement, strict=True):
         setattr(layer_ops, name, fn)
+    if route == "unfused":
+        target.packed = None
     engine.target_step.steps = {}
     try:
         yield
     finally:
         for name, fn in zip(names, saved, strict=True):
             setattr(layer_ops, name, fn)
+        target.packed = packed
         engine.target_step.steps = {}
 
 
@@ -250,7 +238,7 @@ def bench_context(
         row["ar_ours_static_ms"] = timer(lambda: engine.verify(one, static=True, capture=False))
         if capture:
             row["ar_ours_graph_ms"] = timer(lambda: engine.verify(one, static=True, capture=True))
-            with module_layers(engine):  # the same graph step through the HF modules, unfused
+            with layer_route(engine, "unfused"):  # the same graph step through the HF modules, unfused
                 row["ar_ours_graph_unfused_ms"] = timer(lambda: engine.verify(one, static=True, capture=True))
             for route in routes:  # other kernels for the fused steps, each checked against ours first
                 try:
@@ -282,7 +270,7 @@ def bench_context(
             _try_graph(
                 row, "verify_graph_ms", lambda: timer(lambda: engine.verify(tree, static=True, capture=True))
             )
-            with module_layers(engine):
+            with layer_route(engine, "unfused"):
                 row["verify_graph_unfused_ms"] = timer(lambda: engine.verify(tree, static=True, capture=True))
         logits = engine.verify(tree)
         row["accept_ms"] = timer(
@@ -372,7 +360,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--layer-routes",
         nargs="*",
         default=["liger", "torch"],
-        choices=[r for r in LAYER_ROUTES if r != "ours"],
+        choices=[r for r in LAYER_ROUTES if r not in ("ours", "unfused")],
         help="also time the graph AR step with these kernels for the fused element-wise steps (GPU)",
     )
     args = parser.parse_args(argv)

@@ -11,6 +11,7 @@ import torch
 
 from longspec.kernels import HAS_TRITON
 from longspec.kernels import layer_ops as kernels
+from longspec.kernels.layer_ops import write_kv  # the unpacked layer's cache write: one scatter per tensor
 
 __all__ = ["add_rms_norm", "qkv_rope", "silu_mul", "write_kv"]
 
@@ -35,10 +36,6 @@ def qkv_rope(
     fn = kernels.qkv_rope if _triton(qkv) else kernels.qkv_rope_naive
     return fn(qkv, cos, sin, num_heads, num_kv_heads, q_norm=q_norm, k_norm=k_norm, eps=eps, cache=cache)
 
-
-def write_kv(k_cache, v_cache, slots, k, v) -> None:
-    """k/v [B, Hkv, T, D] into a KV cache [B, Hkv, Tmax, D] at slots [B, T] (the unpacked layer's write)."""
-    kernels.write_kv(k_cache, v_cache, slots, k, v)
 
 
 def silu_mul(gate_up):

@@ -54,3 +54,8 @@ def test_layer_routes_swap_the_fused_steps_and_restore_them(round_latency):
         assert torch.equal(engine.target(ids).hidden, expected)
     assert (layer_ops.add_rms_norm, layer_ops.qkv_rope, layer_ops.silu_mul) == before
     assert engine.target_step.steps == {}
+    packed = engine.target.packed
+    with round_latency.layer_route(engine, "unfused"):  # the HF modules' own layer
+        assert engine.target.packed is None
+        assert torch.equal(engine.target(ids).hidden, expected)
+    assert engine.target.packed is packed

@@ -1,5 +1,5 @@
-"""Triton kernels of the decoder layer's element-wise steps, one launch each where eager PyTorch runs 5-15
-(`naive.py` is the reference and states the semantics).
+"""Triton kernels of the decoder layer's element-wise steps, one launch each where the eager HF modules run
+several element-wise kernels (`naive.py` is the reference and states the semantics).
 
 Shape legend: M rows (B * T tokens), N row width, B batch, T tokens, H query heads, Hkv key/value heads, D head
 dim (R = D / 2, the rotary half), F MLP width.
