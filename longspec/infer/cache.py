@@ -39,6 +39,7 @@ class StaticKVCache:
         self.lengths = [0] * batch_size  # committed tokens per row (host)
         # Device mirror of `lengths` for ragged / static-shape steps (CUDA graphs read it; set by `sync_length`).
         self.lengths_t = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self._synced: list[int] | None = [0] * batch_size  # the lengths `lengths_t` holds (None: unknown)
 
     @classmethod
     def for_target(
@@ -84,14 +85,19 @@ class StaticKVCache:
     def reset(self) -> None:
         self.length = 0
         self.lengths_t.zero_()
+        self._synced = [0] * self.batch_size
 
     def sync_length(self) -> None:
         """Copy `lengths` to `lengths_t` before a ragged or static-shape step: a device fill when the rows agree,
-        else one small host-to-device copy (no device value is read)."""
+        else one small host-to-device copy (no device value is read). Nothing when the device already holds
+        these lengths: a round's draft, verify and commit steps all start from the same ones."""
+        if self._synced == self.lengths:
+            return
         if self.uniform:
             self.lengths_t.fill_(self.lengths[0])
         else:
             self.lengths_t.copy_(torch.tensor(self.lengths))
+        self._synced = list(self.lengths)
 
     def select_rows(self, rows: list[int]) -> StaticKVCache:
         """A new cache holding these rows (in this order, repeats allowed) with their lengths; this one is left as
@@ -101,6 +107,7 @@ class StaticKVCache:
         new.keys, new.values = self.keys.index_select(1, index), self.values.index_select(1, index)
         new.lengths = [self.lengths[row] for row in rows]
         new.lengths_t = self.lengths_t.index_select(0, index)
+        new._synced = None  # this cache's device lengths may be a step behind its host ones
         return new
 
     def check_room(self, num_tokens: int) -> None:

@@ -220,3 +220,24 @@ def test_finished_rows_leave_a_static_batch(method):
     results = engine.generate_batch(prompts, config, method=method)
     assert [r.tokens for r in results] == expected
     assert engine.cache.batch_size < len(prompts)  # the batch shrank on the way
+
+
+def test_device_lengths_are_copied_once_per_change():
+    """sync_length skips the device write when lengths_t already holds the host lengths (a round's draft, verify
+    and commit steps start from the same ones), and writes again after any change; a compacted cache syncs."""
+    engine = SpeculativeEngine(make_tiny_target("llama"))
+    engine.reserve(32, batch_size=2)
+    cache = engine.cache
+    cache.commit([3, 5])
+    cache.sync_length()
+    assert cache.lengths_t.tolist() == [3, 5]
+    cache.lengths_t.fill_(-7)  # a stand-in for "not written again": the next sync must leave it
+    cache.sync_length()
+    assert cache.lengths_t.tolist() == [-7, -7]
+    cache.commit([1, 0])
+    cache.sync_length()
+    assert cache.lengths_t.tolist() == [4, 5]
+    shrunk = cache.select_rows([1])
+    shrunk.lengths_t.fill_(-7)
+    shrunk.sync_length()
+    assert shrunk.lengths_t.tolist() == [5]
