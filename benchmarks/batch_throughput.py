@@ -27,8 +27,9 @@ otherwise bans it (the top children are then wrong tokens). Limits: the tree's o
 drafter's, so only the top path ever gets accepted (a trained drafter's second candidates sometimes are); the draws
 are independent across rounds and rows (a real drafter's are correlated with the text); depths past the profile
 accept nothing; and once a row's output diverges from ar's (a bf16 near-tie) its stand-in proposes the wrong text,
-so that row then accepts nothing. The expected τ of a profile, 1 + sum_d prod_{i<=d} p_i (at the tree's depth), is
-recorded beside the measured one.
+so that row then accepts nothing. Random weights would diverge within a few tokens (flat logits):
+`give_greedy_margin` gives them a robust greedy choice at the same cost; a real --target keeps its weights.
+The expected τ of a profile, 1 + sum_d prod_{i<=d} p_i (at the tree's depth), is recorded beside the measured one.
 Prints a markdown table last; writes JSON to $OUT/batch_throughput.json when OUT is set, else to --json.
 """
 
@@ -76,16 +77,28 @@ class ProfileDrafter:
 
     def set_references(self, sequences: list[list[int]]) -> None:
         """Each row's prompt followed by the target's greedy continuation (token at index p = position p)."""
-        batch = bucket(len(sequences))  # static batches run padded to their bucket (infer.slots)
+        rows = torch.full((bucket(len(sequences)), self.max_len), -1)  # -1: unknown; static batches run
+        for row, tokens in enumerate(sequences):  # padded to their bucket (infer.slots)
+            tokens = tokens[: self.max_len]
+            rows[row, : len(tokens)] = torch.tensor(tokens)
+        self._use(rows.to(self.profile.device))
+
+    def select_rows(self, index: list[int]) -> None:
+        """The references follow the engine's slots when a static batch shrinks (`SpeculativeEngine`): slot i
+        now decodes what slot index[i] did."""
+        rows = self.references.index_select(0, torch.tensor(index, device=self.references.device))
+        self._use(rows)
+
+    def _use(self, rows: torch.Tensor) -> None:
+        """Copy `rows` [b, <= L] into the buffer of batch b (captured graphs read that buffer's address)."""
+        batch = rows.shape[0]
         if batch not in self.buffers:
-            self.buffers[batch] = torch.zeros(
+            self.buffers[batch] = torch.empty(
                 batch, self.max_len, dtype=torch.long, device=self.profile.device
             )
         buffer = self.buffers[batch]
-        buffer.zero_()
-        for row, tokens in enumerate(sequences):
-            tokens = tokens[: self.max_len]
-            buffer[row, : len(tokens)] = torch.tensor(tokens)
+        buffer.fill_(-1)
+        buffer[:, : rows.shape[1]] = rows
         self.references = buffer
 
     def tree_level(self, input_ids, cache, nodes, level, *args):
@@ -97,10 +110,42 @@ class ProfileDrafter:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.inner.logits(hidden).float()  # [B, P, V]
         draw = torch.rand(logits.shape[0], 1, device=logits.device)  # one per row and level
-        accept = draw < self.profile[self._depths]  # [B, P]
+        # Past a row's reference (the last round overshoots the ar run's tokens) the continuation is unknown:
+        # the drafter's own top token is banned there instead, so the stand-in does not accept by chance.
+        known = self._targets >= 0  # [B, P]
+        targets = torch.where(known, self._targets, logits.argmax(dim=-1))
+        accept = (draw < self.profile[self._depths]) & known  # [B, P]
         top = logits.amax(dim=-1) + 10.0  # far above the rest: the reference token is the top child
         value = torch.where(accept, top, torch.full_like(top, float("-inf")))  # else banned: a wrong top
-        return logits.scatter(-1, self._targets[..., None], value[..., None])
+        # Not kept: under capture these tensors live in the graph's private memory pool, and one live block
+        # keeps that pool from being freed when the engine that captured it goes.
+        self._depths = self._targets = None
+        return logits.scatter(-1, targets[..., None], value[..., None])
+
+
+def give_greedy_margin(target, generator: torch.Generator, scale: float = 0.01) -> str:
+    """Random weights give flat logits: the top two of ~128K differ by less than a bf16 rounding step at ~10% of
+    positions (measured on a random Llama on the CPU: bf16 and fp32 greedy differ at 5% of positions), so a batched
+    verify and an AR step, whose kernels round differently, leave each other's text within a few tokens, and
+    the stand-in, which proposes the AR text, then accepts nothing. This makes the random target's greedy choice
+    robust, at the same cost (same shapes, same kernels): every layer's output projections (attention out, MLP
+    down) are scaled by `scale`, so a position's residual stream is its token's embedding plus small context
+    terms, and (untied LM heads) the LM head's rows are the embedding rows permuted, so the greedy successor of
+    token x is perm(x) by a logit margin of ~15 (bf16's step there: 0.125). A tied head can only repeat x.
+    Returns what was done, for the JSON."""
+    model = target.model
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(scale)
+            layer.mlp.down_proj.weight.mul_(scale)
+        embed, head = target.embed_tokens.weight, target.lm_head.weight
+        if head.data_ptr() == embed.data_ptr():
+            return f"random; layer outputs x {scale}; tied head: the greedy successor of x is x"
+        order = torch.randperm(embed.shape[0], generator=generator).to(embed.device)
+        head.copy_(embed[order])
+    return (
+        f"random; layer outputs x {scale}; LM head = permuted embedding rows: greedy successor of x = perm(x)"
+    )
 
 
 def expected_tau(profile: list[float], depth: int) -> float:
@@ -234,6 +279,9 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"--accept-profile values must lie in [0, 1], got {profile}")
 
     target = build_target(args, device, dtype)
+    weights = f"{args.target}, as trained"
+    if not args.target:  # random weights: made robust to rounding, or bf16 near-ties derail the stand-in
+        weights = give_greedy_margin(target, torch.Generator().manual_seed(args.seed))
     torch.manual_seed(args.seed)
     drafter_config = DrafterConfig.from_target_config(target.config, window=window)
     drafter = (
@@ -248,6 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
         **run_info(device=device, argv=argv),
         "dtype": str(dtype).removeprefix("torch."),
         "model": "tiny" if args.tiny else (args.target or f"random {args.shape}"),
+        "target_weights": weights,
         "tree_widths": list(widths),
         "tokens": args.tokens,
         "accept_profile": profile,

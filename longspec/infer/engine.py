@@ -263,11 +263,14 @@ class SpeculativeEngine:
         return new_tokens, path_slots, bonus
 
     def _select_slots(self, index: list[int], roots: torch.Tensor, contexts):
-        """Per-slot state follows `BatchSlots.shrink`: the target cache rows, the drafter's ring rows, the roots
-        and the PLD contexts. The next round builds (or captures) its steps for the new batch size."""
+        """Per-slot state follows `BatchSlots.shrink`: the target cache rows, the drafter's ring rows (and the
+        drafter's own per-row state, if it has a `select_rows`), the roots and the PLD contexts. The next round
+        builds (or captures) its steps for the new batch size."""
         self.target_step.select_rows(index)
         if self.draft_step is not None and self.draft_step.cache is not None:
             self.draft_step.cache = self.draft_step.cache.select_rows(index)
+        if hasattr(self.drafter, "select_rows"):  # a drafter with per-row state of its own
+            self.drafter.select_rows(index)
         roots = roots.index_select(0, torch.tensor(index, device=self.device))
         return roots, None if contexts is None else [contexts[slot] for slot in index]
 

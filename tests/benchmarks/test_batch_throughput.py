@@ -32,3 +32,45 @@ def test_tiny_mode_writes_a_complete_table(batch_throughput, tmp_path, monkeypat
 def test_expected_tau(batch_throughput):
     assert batch_throughput.expected_tau([1.0, 0.5], 3) == 2.5  # 1 + 1 + 0.5; depth 3 accepts nothing
     assert batch_throughput.expected_tau([0.8] * 10, 2) == pytest.approx(1 + 0.8 + 0.64)
+
+
+def test_stand_in_follows_the_slots_when_the_batch_shrinks(batch_throughput):
+    """Rows 0 and 1 reach an EOS early, the batch of 4 shrinks to 2 and rows 2 and 3 move to slots 0 and 1: with a
+    profile that always accepts, their rounds keep accepting the whole depth, which they can only do if the
+    stand-in's references moved with them (before the fix, they read rows 0 and 1's references and accepted
+    nothing). The margin target makes the CPU run's greedy text robust, as on the GPU."""
+    import torch
+
+    from longspec.drafter import Drafter, DrafterConfig
+    from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+
+    class Args:
+        tiny, target, shape = True, None, "8b"
+
+    target = batch_throughput.build_target(Args, torch.device("cpu"), torch.float32)
+    assert "perm(x)" in batch_throughput.give_greedy_margin(target, torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    config = DrafterConfig.from_target_config(target.config, window=8)
+    drafter = batch_throughput.ProfileDrafter(
+        Drafter(config, target.embed_tokens, target.lm_head).eval(), [1.0, 1.0, 1.0], max_len=128
+    )
+    engine = SpeculativeEngine(target, drafter)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(0, target.vocab_size, (30 + 2 * row,), generator=generator).tolist() for row in range(4)
+    ]
+    plain = GenerationConfig(max_new_tokens=32, static_shapes=True, tree_widths=(2, 2, 2))
+    ar = engine.generate_batch(prompts, plain, method="ar")
+    # The EOS: rows 0 and 1's first token (after 2) that rows 2 and 3 never write.
+    others = set(ar[2].tokens + ar[3].tokens)
+    stops = [next(i for i in range(2, 32) if ar[row].tokens[i] not in others) for row in (0, 1)]
+    assert max(stops) < 8  # the batch shrinks early: rows 2 and 3 run several rounds in their new slots
+    eos = tuple(ar[row].tokens[i] for row, i in zip((0, 1), stops, strict=True))
+    drafter.set_references([p + r.tokens for p, r in zip(prompts, ar, strict=True)])
+    config = GenerationConfig(max_new_tokens=32, static_shapes=True, tree_widths=(2, 2, 2), eos_token_ids=eos)
+    spec = engine.generate_batch(prompts, config, method="longspec")
+    assert [len(r.tokens) for r in spec] == [stops[0] + 1, stops[1] + 1, 32, 32]  # 0, 1 stop at their EOS
+    for row in (2, 3):
+        assert spec[row].tokens == ar[row].tokens
+        # 31 tokens after the prefill's: 7 rounds of 4 (the whole depth accepted), then the last round's 3
+        assert spec[row].stats.accepted == [3] * 8, spec[row].stats.accepted
