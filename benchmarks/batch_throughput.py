@@ -163,16 +163,18 @@ def prompts_for(context: int, batch: int, vocab: int, generator: torch.Generator
     ]
 
 
-def timed_batch(engine, prompts, config, method: str, repeats: int):
+def timed_batch(engine, prompts, config, method: str, repeats: int, before=lambda: None):
     """Untimed warm-up (8 tokens: graph capture, kernel selection), then `repeats` timed runs: (results of the last
-    run, median tokens/s of the batch)."""
+    run, median tokens/s of the batch). `before()` runs before each run (outside its timing)."""
     import dataclasses
 
+    before()
     engine.generate_batch(
         prompts, dataclasses.replace(config, max_new_tokens=min(8, config.max_new_tokens)), method=method
     )
     speeds = []
     for _ in range(repeats):
+        before()
         results = engine.generate_batch(prompts, config, method=method)
         tokens = sum(max(r.stats.num_new_tokens - 1, 0) for r in results)
         decode_s = results[0].stats.decode_s  # every row's: the batch's decode wall time
@@ -186,10 +188,12 @@ def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> dict:
     )
     row: dict = {"context": len(prompts[0]), "batch": len(prompts)}
     ar, row["ar_tok_s"] = timed_batch(engine, prompts, config, "ar", args.repeats)
-    if isinstance(drafter, ProfileDrafter):  # the stand-in proposes ar's greedy continuation
-        drafter.set_references([p + r.tokens for p, r in zip(prompts, ar, strict=True)])
+    before = lambda: None  # noqa: E731
+    if isinstance(drafter, ProfileDrafter):  # the stand-in proposes ar's greedy continuation, from the first
+        references = [p + r.tokens for p, r in zip(prompts, ar, strict=True)]  # slots (a run may shrink them)
+        before = lambda: drafter.set_references(references)  # noqa: E731
     torch.manual_seed(args.seed)  # the stand-in's draws
-    spec, row["longspec_tok_s"] = timed_batch(engine, prompts, config, "longspec", args.repeats)
+    spec, row["longspec_tok_s"] = timed_batch(engine, prompts, config, "longspec", args.repeats, before)
     row["speedup"] = row["longspec_tok_s"] / row["ar_tok_s"]
     row["lossless"] = [s.tokens == a.tokens for s, a in zip(spec, ar, strict=True)]
     row["longspec_matches_ar"] = all(row["lossless"])

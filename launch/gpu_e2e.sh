@@ -79,9 +79,9 @@ kill "$watchdog" 2>/dev/null  # its sleep runs out on its own; it no longer stop
 python -m longspec.pipeline --preset smollm2 --out "$WORK/e2e" --data "$DATA" --report-only "${sets[@]}" "$@" \
     > "$OUT/e2e_table.txt" 2>&1
 cp "$WORK/e2e/report.md" "$WORK/e2e/e2e_summary.json" "$OUT/" 2>/dev/null
+evals=$(cd "$WORK/e2e" && ls -d eval_* 2>/dev/null)  # one folder per evaluation of the preset
 tar -czf "$OUT/e2e_logs.tar.gz" -C "$WORK/e2e" --exclude='checkpoints' --exclude='*.safetensors' \
-    --exclude='data' --exclude='target' logs runs eval_t0_graphs eval_t1_graphs eval_t1_deterministic eval_t0_fp32 e2e_manifest.json \
-    training_loss.png 2>/dev/null
+    --exclude='data' --exclude='target' logs runs $evals e2e_manifest.json training_loss.png 2>/dev/null
 grep -E "done in|FAILED|skipped|fallback|budget" "$OUT/e2e.log"  # one line per step
 cat "$OUT/e2e_table.txt"
 echo "gpu_e2e: $(( $(date +%s) - start )) s"

@@ -66,9 +66,13 @@ def test_stand_in_follows_the_slots_when_the_batch_shrinks(batch_throughput):
     stops = [next(i for i in range(2, 32) if ar[row].tokens[i] not in others) for row in (0, 1)]
     assert max(stops) < 8  # the batch shrinks early: rows 2 and 3 run several rounds in their new slots
     eos = tuple(ar[row].tokens[i] for row, i in zip((0, 1), stops, strict=True))
-    drafter.set_references([p + r.tokens for p, r in zip(prompts, ar, strict=True)])
+    references = [p + r.tokens for p, r in zip(prompts, ar, strict=True)]
     config = GenerationConfig(max_new_tokens=32, static_shapes=True, tree_widths=(2, 2, 2), eos_token_ids=eos)
-    spec = engine.generate_batch(prompts, config, method="longspec")
+    # The script's path: a warm-up run (which shrinks the batch too), then the timed run, each from the
+    # references of the full batch.
+    spec, _ = batch_throughput.timed_batch(
+        engine, prompts, config, "longspec", 1, before=lambda: drafter.set_references(references)
+    )
     assert [len(r.tokens) for r in spec] == [stops[0] + 1, stops[1] + 1, 32, 32]  # 0, 1 stop at their EOS
     for row in (2, 3):
         assert spec[row].tokens == ar[row].tokens
