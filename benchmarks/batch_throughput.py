@@ -148,6 +148,33 @@ def give_greedy_margin(target, generator: torch.Generator, scale: float = 0.01) 
     )
 
 
+def measured_profile(results_path: str, method: str = "longspec") -> list[float]:
+    """A drafter's measured acceptance profile, from a `python -m longspec.eval` results.json: P(depth d accepted |
+    depth d-1 was), pooled over the rounds of every sample whose target reference is not degenerate
+    (`eval.quality`: a looping reference would inflate it), cut at the first depth no round reached."""
+    with open(results_path) as f:
+        results = json.load(f)
+    reached: list[int] = []
+    accepted: list[int] = []
+    for dataset, records in results["methods"].get(method, {}).items():
+        quality = results["summary"][dataset][method]["quality"]  # JSON: keyed by str(sample id)
+        for record in records:
+            if quality.get(str(record["id"]), {"degenerate": True})["degenerate"]:
+                continue
+            for d, (n, a) in enumerate(zip(record["depth_reached"], record["depth_accepted"], strict=True)):
+                if d == len(reached):
+                    reached.append(0)
+                    accepted.append(0)
+                reached[d] += n
+                accepted[d] += a
+    profile = [a / n for n, a in zip(reached, accepted, strict=True) if n]
+    if not profile:
+        raise SystemExit(
+            f"{results_path}: no {method} rounds on non-degenerate samples to measure a profile from"
+        )
+    return profile
+
+
 def expected_tau(profile: list[float], depth: int) -> float:
     """1 + sum_d prod_{i<=d} p_i over the tree's depths: τ when every round runs the whole tree."""
     tau, reach = 1.0, 1.0
@@ -249,7 +276,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--accept-profile",
         default=None,
-        help="p1,p2,...: per-depth acceptance of the stand-in drafter (default: random drafter)",
+        help="p1,p2,...: per-depth acceptance of the stand-in drafter, or an eval results.json to measure it "
+        "from (its longspec records on non-degenerate samples); default: the random drafter",
     )
     parser.add_argument("--no-vanilla-fa", action="store_true", help="skip the HF vanilla_fa baseline")
     parser.add_argument("--seed", type=int, default=0)
@@ -278,7 +306,11 @@ def main(argv: list[str] | None = None) -> dict:
         args.tokens, window = args.tokens or 256, 512
         widths = tuple(int(w) for w in args.tree.split(",")) if args.tree else DEFAULT_TREE_WIDTHS
     capture = device.type == "cuda"
-    profile = [float(p) for p in args.accept_profile.split(",")] if args.accept_profile else None
+    profile = None
+    if args.accept_profile and os.path.isfile(args.accept_profile):
+        profile = measured_profile(args.accept_profile)
+    elif args.accept_profile:
+        profile = [float(p) for p in args.accept_profile.split(",")]
     if profile is not None and not all(0 <= p <= 1 for p in profile):
         raise SystemExit(f"--accept-profile values must lie in [0, 1], got {profile}")
 

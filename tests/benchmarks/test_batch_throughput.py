@@ -78,3 +78,32 @@ def test_stand_in_follows_the_slots_when_the_batch_shrinks(batch_throughput):
         assert spec[row].tokens == ar[row].tokens
         # 31 tokens after the prefill's: 7 rounds of 4 (the whole depth accepted), then the last round's 3
         assert spec[row].stats.accepted == [3] * 8, spec[row].stats.accepted
+
+
+def test_the_profile_is_measured_from_an_eval_results_file(batch_throughput, tmp_path):
+    """--accept-profile RESULTS.json: P(depth d accepted | d-1 was) pooled over the longspec rounds of the samples
+    whose reference is real text; a looping sample (which a drafter predicts perfectly) does not count."""
+    import random
+
+    from longspec.eval.report import summarise
+
+    real = random.Random(0).sample(range(1000), 100)  # 100 distinct tokens: real text to the quality guard
+
+    def record(sample_id, output, reached, accepted):
+        return {"id": sample_id, "prompt_len": 100, "output_ids": output, "num_new_tokens": len(output),
+                "rounds": reached[0], "accepted": [1] * accepted[0], "decode_s": 1.0, "draft_s": 0.0,
+                "verify_s": 0.0, "overhead_s": 0.0, "depth_reached": reached, "depth_accepted": accepted}  # fmt: skip
+
+    methods = {
+        "ar": {"d": [record(0, real, [0], [0]), record(1, [5] * 100, [0], [0])]},
+        "longspec": {
+            "d": [record(0, real, [10, 8, 4], [8, 4, 0]), record(1, [5] * 100, [10, 10, 10], [10, 10, 10])],
+            "e": [record(0, real, [10, 5, 0], [5, 0, 0])],  # depth 3 never reached here
+        },
+    }
+    results = {"methods": methods, "summary": summarise(methods, greedy=True)}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))  # the keys of "quality" become strings, as in a real file
+    assert batch_throughput.measured_profile(str(path)) == [13 / 20, 4 / 13, 0.0]
+    with pytest.raises(SystemExit, match="no pld rounds"):
+        batch_throughput.measured_profile(str(path), method="pld")
