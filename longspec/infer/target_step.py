@@ -129,9 +129,11 @@ class TargetStep:
         """Chunked prefill of every prompt into its cache row, committed chunk by chunk; returns each prompt's
         last-token logits [B, V] (what the first generated token is picked from). Prompts of different lengths
         share each chunk's forward: a shorter row is padded at its end, and its padding, written past its
-        length, is never committed (causal attention keeps it out of the real tokens' view)."""
+        length, is never committed (causal attention keeps it out of the real tokens' view). A forward holds
+        about `chunk_size` tokens in all (`chunk_len`): its activations do not grow with the batch."""
         lengths = [p.numel() for p in prompts]
         last: list[torch.Tensor | None] = [None] * len(prompts)
+        chunk_size = chunk_len(chunk_size, len(prompts))
         for start in range(0, max(lengths), chunk_size):
             counts = [min(max(n - start, 0), chunk_size) for n in lengths]
             T = max(counts)
@@ -175,10 +177,17 @@ class TargetStep:
         return self.static_step(("verify", tree.num_nodes, capture, head_key), run, inputs, capture)
 
 
+def chunk_len(chunk_size: int, batch: int) -> int:
+    """Prefill positions per forward for a batch: `chunk_size` tokens shared by the rows. Per row it would grow
+    with the batch: at 32K context, a batch of 16 rows x 4096 positions ran out of memory on a 141 GB GPU."""
+    return max(1, chunk_size // batch)
+
+
 def prefill_slots(lengths: list[int], chunk_size: int) -> int:
     """Cache slots `TargetStep.prefill` writes for prompts of these lengths: a row whose prompt ended early
     still receives the later chunks' padding past its length."""
     most = 0
+    chunk_size = chunk_len(chunk_size, len(lengths))
     for start in range(0, max(lengths), chunk_size):
         counts = [min(max(n - start, 0), chunk_size) for n in lengths]
         most = max(most, max(min(n, start) + max(counts) for n in lengths))

@@ -72,6 +72,32 @@ def test_batch_with_real_drafter_and_baselines(family):
             assert all(r.stats.rounds == 11 for r in results)
 
 
+def test_batched_prefill_shares_the_chunk_budget(monkeypatch):
+    """prefill_chunk is tokens per forward for the whole batch (at 32K context, 16 rows x a 4096-position chunk
+    each ran out of memory on the GPU): 3 ragged rows with prefill_chunk=16 prefill 5 positions per forward, and
+    the output is still every row's greedy output."""
+    from longspec.infer.target_step import TargetStep
+
+    target = make_tiny_target("llama")
+    prompts = _prompts(seed=1)
+    assert len(prompts) == 3
+    refs = [reference_greedy(target, p, 6) for p in prompts]
+    shapes = []
+    forward = TargetStep.forward
+
+    def spy(self, tokens, *args, **kwargs):
+        shapes.append(tuple(tokens.shape))
+        return forward(self, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(TargetStep, "forward", spy)
+    engine = SpeculativeEngine(target, random_drafter(target))
+    results = engine.generate_batch(prompts, GenerationConfig(max_new_tokens=6, prefill_chunk=16), method="ar")
+    assert [r.tokens for r in results] == refs
+    longest = max(p.numel() for p in prompts)
+    prefill = shapes[: -(6 - 1)]  # then one decode step per token after the prefill's
+    assert prefill == [(3, min(5, longest - start)) for start in range(0, longest, 5)]
+
+
 def test_batch_of_one_equals_generate():
     target = make_tiny_target("llama")
     prompt = _prompts()[1]
