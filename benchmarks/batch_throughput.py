@@ -41,6 +41,7 @@ import json
 import os
 import statistics
 import sys
+import traceback
 
 import torch
 
@@ -356,8 +357,11 @@ def main(argv: list[str] | None = None) -> dict:
             allocated = torch.cuda.memory_allocated() / 2**30 if device.type == "cuda" else None
             try:
                 row = bench_cell(engine, drafter, prompts, args, widths, capture)
-            except torch.OutOfMemoryError:  # recorded; the larger cells of this context are skipped
-                row = {"context": context, "batch": batch, "error": "out of memory"}
+            except torch.OutOfMemoryError as error:  # recorded; the larger cells of this context are skipped
+                where = traceback.extract_tb(error.__traceback__)[-3:]  # the allocation and its callers
+                row = {"context": context, "batch": batch, "error": "out of memory",
+                       "message": str(error).split("\n")[0],
+                       "where": [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in where]}  # fmt: skip
             finally:
                 del engine
                 gc.collect()
@@ -373,7 +377,8 @@ def main(argv: list[str] | None = None) -> dict:
             with open(path, "w") as f:  # after every cell: a later failure keeps what was measured
                 json.dump(result, f, indent=1)
             if "error" in row:
-                print(f"context {context} batch {batch}: {row['error']}", flush=True)
+                print(f"context {context} batch {batch}: {row['error']} {row.get('message', '')} at "
+                      f"{row.get('where')}", flush=True)  # fmt: skip
                 break
             print(
                 f"context {context} batch {batch}: ar {row['ar_tok_s']:.1f} tok/s, longspec "

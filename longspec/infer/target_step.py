@@ -38,7 +38,10 @@ class TargetStep:
         if cache is not None and cache.max_len >= needed and cache.batch_size == batch_size:
             cache.reset()
             return
-        self.cache = None  # free the old one first
+        # Free the old cache (and the steps that hold its addresses) before allocating: at 32K x batch 16 on the
+        # 8B shape the two would not fit together. `del cache` too: a local reference kept it alive.
+        del cache
+        self.cache = None
         self.steps = {}
         self.cache = StaticKVCache.for_target(self.target, max_len=needed, batch_size=batch_size)
 

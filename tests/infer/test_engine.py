@@ -100,6 +100,31 @@ def test_caches_are_allocated_once(llama):
         assert (engine.cache.keys.data_ptr(), engine.drafter_cache.keys.data_ptr()) == pointers
 
 
+def test_a_grown_cache_frees_the_old_one_before_allocating(llama, monkeypatch):
+    """Growing the cache (a longer call, another batch size) must not hold the old and the new together: at 32K
+    x batch 16 on the 8B shape the two did not fit on the GPU (a local reference kept the old one alive)."""
+    import gc
+    import weakref
+
+    from longspec.infer import target_step
+
+    engine = SpeculativeEngine(llama, random_drafter(llama))
+    engine.reserve(64, batch_size=2)
+    allocate = target_step.StaticKVCache.for_target
+    seen = []
+
+    def spy(*args, **kwargs):
+        gc.collect()
+        seen.append(old() is None)
+        return allocate(*args, **kwargs)
+
+    monkeypatch.setattr(target_step.StaticKVCache, "for_target", spy)
+    for needed, batch_size in ((128, 2), (128, 1)):  # longer, then another batch size
+        old = weakref.ref(engine.cache)
+        engine.reserve(needed, batch_size=batch_size)
+    assert seen == [True, True] and engine.cache.batch_size == 1
+
+
 def test_eos_and_max_new_tokens_truncate(llama):
     prompt = torch.randint(0, 256, (16,))
     ref = reference_greedy(llama, prompt, 12)
