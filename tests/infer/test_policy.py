@@ -335,3 +335,29 @@ def test_an_exploration_that_does_not_change_the_decision_backs_off():
             since = 0
         policy.observe(widths, _ranks(rng, widths, 0.5), 1000)  # half the explorations accept a draft
     assert policy.best(1000) == () and gaps[-3:] == [MAX_EXPLORE_EVERY] * 3
+
+
+def test_a_new_call_on_a_text_the_drafter_cannot_predict_drops_the_tree_within_rounds():
+    """The GPU failure this guards against: after samples the drafter predicted well, a short answer it could
+    not predict ran the tree in all of its 19 rounds (0.68x of plain decoding). At a new call the realised-yield
+    history weighs about one round, so the policy goes plain in half the rounds it takes when the same history
+    carries on within one call (test above); on a text like the last one nothing changes."""
+    costs = NodeCosts(per_node=0.005, draft=0.5)  # BIG costs ~1.85x a plain step
+
+    def first_plain_round(new_call: bool, accept_first: float) -> int | None:
+        rng = random.Random(0)
+        policy = AdaptivePolicy(costs)
+        for _ in range(100):  # a text the drafter predicts well
+            widths = policy.choose(4096)
+            policy.observe(widths, _ranks(rng, widths, 0.9), 4096)
+        if new_call:
+            policy.start()
+        for i in range(40):
+            widths = policy.choose(4096)
+            if widths == ():
+                return i
+            policy.observe(widths, _ranks(rng, widths, accept_first), 4096)
+        return None
+
+    assert 2 * first_plain_round(True, 0.2) <= first_plain_round(False, 0.2)
+    assert first_plain_round(True, 0.9) is None  # the same kind of text: the tree stays
