@@ -9,7 +9,8 @@ context, on a real model's shape.
 For each context (default 8192 32768) and batch size (default 1 2 4 8 16): B random prompts of about `context`
 tokens (ragged: row b has context - 3 b), then, each after an untimed short warm-up (graph capture):
 - ar: `generate_batch(method="ar")`, CUDA graphs on GPU: batched graph AR, the baseline;
-- longspec: `generate_batch(method="longspec")` with the fixed tree --tree (default the engine's default tree);
+- longspec: `generate_batch(method="longspec")` with the fixed tree --tree (default the engine's default tree),
+  or --tree auto (the adaptive policy at that batch size; the rounds per tree are recorded);
 - vanilla_fa (once per context, batch 1; off with --no-vanilla-fa): HF decoding with SDPA / flash-attn, one
   sequence at a time, so its throughput is its tokens/s whatever the batch size.
 tokens/s = all tokens the batch decoded (each row's first token, from the prefill, excluded) / the batch's decode
@@ -176,6 +177,11 @@ def measured_profile(results_path: str, method: str = "longspec") -> list[float]
     return profile
 
 
+def parse_tree(text: str) -> tuple[int, ...] | str:
+    """--tree: "auto" (the adaptive policy, with round costs measured at each cell's batch size) or widths."""
+    return "auto" if text == "auto" else tuple(int(w) for w in text.split(","))
+
+
 def expected_tau(profile: list[float], depth: int) -> float:
     """1 + sum_d prod_{i<=d} p_i over the tree's depths: τ when every round runs the whole tree."""
     tau, reach = 1.0, 1.0
@@ -211,9 +217,8 @@ def timed_batch(engine, prompts, config, method: str, repeats: int, before=lambd
 
 
 def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> dict:
-    config = GenerationConfig(
-        max_new_tokens=args.tokens, cuda_graphs=capture, static_shapes=True, tree_widths=widths
-    )
+    tree = {"tree": "auto"} if widths == "auto" else {"tree_widths": widths}
+    config = GenerationConfig(max_new_tokens=args.tokens, cuda_graphs=capture, static_shapes=True, **tree)
     row: dict = {"context": len(prompts[0]), "batch": len(prompts)}
     ar, row["ar_tok_s"] = timed_batch(engine, prompts, config, "ar", args.repeats)
     before = lambda: None  # noqa: E731
@@ -235,6 +240,10 @@ def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> dict:
     rounds = sum(s.stats.rounds for s in spec)
     row["tau"] = (sum(sum(s.stats.accepted) for s in spec) + rounds) / rounds if rounds else float("nan")
     row["tokens_per_row"] = [r.stats.num_new_tokens for r in spec]
+    row["trees"] = {}  # rounds per tree, summed over rows (one tree for a fixed --tree)
+    for result in spec:
+        for name, count in result.stats.trees.items():
+            row["trees"][name] = row["trees"].get(name, 0) + count
     return row
 
 
@@ -272,7 +281,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tokens", type=int, default=None, help="new tokens per sequence (default 256)")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per cell (median)")
     parser.add_argument(
-        "--tree", default=None, help="longspec's fixed tree widths, e.g. 4,16,16 (default: the default tree)"
+        "--tree",
+        default=None,
+        help="longspec's tree: fixed widths, e.g. 4,16,16 (default: the default tree), or auto (tree=auto: "
+        "round costs measured at each cell's batch size, the tree chosen per round)",
     )
     parser.add_argument(
         "--accept-profile",
@@ -294,18 +306,14 @@ def main(argv: list[str] | None = None) -> dict:
     if args.tiny:
         device, dtype = torch.device("cpu"), torch.float32
         batch_sizes, contexts = args.batch_sizes or [1, 2], args.contexts or [40]
-        args.tokens, window, widths = (
-            args.tokens or 8,
-            8,
-            tuple(int(w) for w in (args.tree or "2,2,2").split(",")),
-        )
+        args.tokens, window, widths = args.tokens or 8, 8, parse_tree(args.tree or "2,2,2")
     else:
         if not torch.cuda.is_available():
             raise SystemExit("batch_throughput needs a CUDA GPU (or --tiny for the CPU smoke test)")
         device, dtype = torch.device("cuda"), torch.bfloat16
         batch_sizes, contexts = args.batch_sizes or [1, 2, 4, 8, 16], args.contexts or [8192, 32768]
         args.tokens, window = args.tokens or 256, 512
-        widths = tuple(int(w) for w in args.tree.split(",")) if args.tree else DEFAULT_TREE_WIDTHS
+        widths = parse_tree(args.tree) if args.tree else DEFAULT_TREE_WIDTHS
     capture = device.type == "cuda"
     profile = None
     if args.accept_profile and os.path.isfile(args.accept_profile):
@@ -325,7 +333,8 @@ def main(argv: list[str] | None = None) -> dict:
         Drafter(drafter_config, target.embed_tokens, target.lm_head).to(device=device, dtype=dtype).eval()
     )
     if profile is not None:
-        drafter = ProfileDrafter(drafter, profile, max_len=max(contexts) + args.tokens + 2 * sum(widths) + 8)
+        nodes = sum(DEFAULT_TREE_WIDTHS if widths == "auto" else widths)  # auto's largest candidate
+        drafter = ProfileDrafter(drafter, profile, max_len=max(contexts) + args.tokens + 2 * nodes + 8)
     generator = torch.Generator().manual_seed(args.seed)
     out_dir = os.environ.get("OUT")
     path = os.path.join(out_dir, "batch_throughput.json") if out_dir else args.json
@@ -334,10 +343,13 @@ def main(argv: list[str] | None = None) -> dict:
         "dtype": str(dtype).removeprefix("torch."),
         "model": "tiny" if args.tiny else (args.target or f"random {args.shape}"),
         "target_weights": weights,
-        "tree_widths": list(widths),
+        "tree_widths": widths if widths == "auto" else list(widths),
         "tokens": args.tokens,
         "accept_profile": profile,
-        "expected_tau": None if profile is None else expected_tau(profile, len(widths)),
+        # τ of the profile if every round ran the tree (tree=auto: the default tree, its largest candidate)
+        "expected_tau": None
+        if profile is None
+        else expected_tau(profile, len(DEFAULT_TREE_WIDTHS if widths == "auto" else widths)),
         "vanilla_fa": "per sequence, batch 1" if not args.no_vanilla_fa else None,
         "rows": [],
     }

@@ -107,3 +107,17 @@ def test_the_profile_is_measured_from_an_eval_results_file(batch_throughput, tmp
     assert batch_throughput.measured_profile(str(path)) == [13 / 20, 4 / 13, 0.0]
     with pytest.raises(SystemExit, match="no pld rounds"):
         batch_throughput.measured_profile(str(path), method="pld")
+
+
+def test_tree_auto_cells_record_the_trees_run(batch_throughput, tmp_path, monkeypatch):
+    """--tree auto: the adaptive policy (round costs measured at the cell's batch size) decodes each cell; the
+    outputs still equal AR's and the rounds per tree are recorded."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    result = batch_throughput.main(
+        ["--tiny", "--tree", "auto", "--accept-profile", "1,1", "--batch-sizes", "2"]
+    )
+    assert result["tree_widths"] == "auto" and result["all_lossless"]
+    (row,) = result["rows"]
+    assert sum(row["trees"].values()) > 0 and row["tokens_per_row"] == [8, 8]
+    assert set(row["trees"]) <= {"ar", "1", "1-1", "1-1-1-1", "2-2-2", "4-4-4", "4-8-8-8", "4-16-16-16",
+                                 "4-16-16-16-16"}  # fmt: skip
