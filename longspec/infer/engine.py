@@ -277,14 +277,20 @@ class SpeculativeEngine:
     def _commit(self, tokens, paths, packed, counts, mask, ring, static: bool, capture: bool) -> None:
         """The round's commit from device values (paths [B, depth + 1], counts from `packed`; `mask`: the running
         rows, None = all): each row's accepted path moved in the target cache (`StaticKVCache.move_path`, the
-        whole path width) and, with `ring`, entering the drafter's ring buffer (`DraftStep.fill_path`). On static
-        shapes it is one static step (one graph launch with cuda_graphs). Then the host lengths advance."""
-        counts_t = packed[:, -1] if mask is None else packed[:, -1] * mask
+        whole path width; a plain round's one node is already in place) and, with `ring`, entering the drafter's
+        ring buffer (`DraftStep.fill_path`). On static shapes it is one static step (one graph launch with
+        cuda_graphs); a plain round without a ring runs none. Then the host lengths advance."""
         cache = self.cache
+        plain = paths.shape[1] == 1  # no drafts: the one node's K/V already sit at each row's length
+        if plain and ring is None:  # nothing to move or fill: no step at all (a plain round = verify + copy)
+            cache.commit(counts)
+            return
+        counts_t = packed[:, -1] if mask is None else packed[:, -1] * mask
 
         def fn(tokens, paths, counts_t):
             starts = cache.lengths_t  # synced first: the committed lengths before this round
-            cache.move_path(paths, starts)
+            if not plain:
+                cache.move_path(paths, starts)
             if ring is not None:
                 ring.fill_path(tokens, paths, counts_t, starts)
 
