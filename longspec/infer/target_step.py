@@ -181,8 +181,9 @@ class TargetStep:
 
 
 def chunk_len(chunk_size: int, batch: int) -> int:
-    """Prefill positions per forward for a batch: `chunk_size` tokens shared by the rows. Per row it would grow
-    with the batch: at 32K context, a batch of 16 rows x 4096 positions ran out of memory on a 141 GB GPU."""
+    """Prefill positions per forward for a batch: `chunk_size` tokens shared by the rows, so a forward's
+    activations (the MLP's [tokens, intermediate] and the attention's per-chunk work) stay the same whatever the
+    batch; per row they grew with it (16 rows x 4096 positions = 64K tokens a forward)."""
     return max(1, chunk_size // batch)
 
 

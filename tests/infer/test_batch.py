@@ -73,9 +73,9 @@ def test_batch_with_real_drafter_and_baselines(family):
 
 
 def test_batched_prefill_shares_the_chunk_budget(monkeypatch):
-    """prefill_chunk is tokens per forward for the whole batch (at 32K context, 16 rows x a 4096-position chunk
-    each ran out of memory on the GPU): 3 ragged rows with prefill_chunk=16 prefill 5 positions per forward, and
-    the output is still every row's greedy output."""
+    """prefill_chunk is tokens per forward for the whole batch (per row, a forward's activations grew with the
+    batch): 3 ragged rows with prefill_chunk=16 prefill 5 positions per forward, and the output is still every
+    row's greedy output."""
     from longspec.infer.target_step import TargetStep
 
     target = make_tiny_target("llama")
