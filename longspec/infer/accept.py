@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from longspec.kernels.tree_sampling import child_table, sample_walk_naive
+
 __all__ = [
     "target_distribution",
     "greedy_accept",
@@ -28,7 +30,6 @@ __all__ = [
     "children_lists",
     "greedy_path",
     "sample_path",
-    "sibling_ranks",
     "emitted_tokens",
 ]
 
@@ -176,15 +177,6 @@ def sample_token(target_probs: torch.Tensor, generator: torch.Generator | None =
 
 
 # ---------------------------------------------------------------------------------------------- device-side rules
-def sibling_ranks(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """rank[..., i] = number of valid earlier siblings of node i (its place in the parent's candidate order);
-    parents / valid [..., N]. A [N, N] comparison: cheap for the trees' sizes, and fixed-shape."""
-    n = parents.shape[-1]
-    earlier = torch.ones(n, n, dtype=torch.bool, device=parents.device).tril(-1)  # [i, j]: j < i
-    same = (parents.unsqueeze(-1) == parents.unsqueeze(-2)) & valid.unsqueeze(-2) & earlier
-    return same.sum(-1)
-
-
 def _path_from_deepest(ancestor_mask: torch.Tensor, depths: torch.Tensor, deepest: torch.Tensor, depth: int):
     """(path [..., depth + 1], length [...]) of node `deepest` [...]: path[d] = its ancestor at depth d, padded
     with 0. ancestor_mask [..., N, N]; depths [N] (one layout for every tree of a batch)."""
@@ -261,55 +253,20 @@ def sample_path(
     the number of children a node keeps would depend on the values drawn, so its candidates would no longer be
     a fixed-size without-replacement sample from q.
     """
-    batch, num_nodes = tokens.shape
-    device = tokens.device
-    rows = torch.arange(batch, device=device)
-    ranks = sibling_ranks(parents, valid)  # [B, N]
-    node = torch.zeros(batch, dtype=torch.long, device=device)
-    # alive: still walking (the last step accepted a child)
-    alive = torch.ones(batch, dtype=torch.bool, device=device)
-    path = torch.zeros(batch, depth + 1, dtype=torch.long, device=device)
-    length = torch.ones(batch, dtype=torch.long, device=device)
-    residual = target_probs[rows, node].double()  # the distribution the bonus comes from where the walk stops
-    for level in range(depth):
-        p = target_probs[rows, node].double()  # [B, V]
-        q = draft_probs[rows, node].double() if draft_probs is not None else None
-        chosen = torch.full((batch,), -1, dtype=torch.long, device=device)
-        is_child = (parents == node[:, None]) & valid  # [B, N]
-        for k in range(max_children):
-            slot = is_child & (ranks == k)
-            active = alive & slot.any(-1) & (chosen < 0)
-            child = slot.to(torch.int8).argmax(-1)  # [B]
-            x = tokens[rows, child][:, None]  # [B, 1]
-            px = p.gather(-1, x)[:, 0]
-            u = draws[:, level * max_children + k]
-            if q is None:
-                accept = active & (u * p.sum(-1) < px)
-                rejected = (active & ~accept)[:, None]
-                p = torch.where(rejected, p.scatter(-1, x, 0.0), p)
-            else:
-                accept = active & (u * q.gather(-1, x)[:, 0] < px)  # u < min(1, p/q), q(x) > 0
-                rejected = (active & ~accept)[:, None]
-                rest = (p - q).clamp(min=0)
-                mass = rest.sum(-1, keepdim=True)
-                # mass 0 means p_i == q_i on its support: acceptance was certain, the branch is never taken.
-                p = torch.where(rejected & (mass > 0), rest / mass.clamp(min=1e-300), p)
-                q_rest = q.scatter(-1, x, 0.0)
-                q = torch.where(rejected, q_rest / q_rest.sum(-1, keepdim=True).clamp(min=1e-300), q)
-            chosen = torch.where(accept, child, chosen)
-        stepped = alive & (chosen >= 0)
-        stops = alive & ~stepped
-        residual = torch.where(stops[:, None], p, residual)
-        path[:, level + 1] = torch.where(stepped, chosen, 0)
-        length += stepped.long()
-        node = torch.where(stepped, chosen, node)
-        alive = stepped
-    # Walked to a leaf: nothing was proposed below it, the bonus comes from p there.
-    residual = torch.where(alive[:, None], target_probs[rows, node].double(), residual)
-    # Children holding ~all the mass are all rejected only through rounding: fall back to p itself.
-    empty = residual.sum(-1, keepdim=True) <= 0
-    residual = torch.where(empty, target_probs[rows, node].double(), residual)
+    children = child_table(parents, valid, max_children)  # [B, N, K]
+    walk = _walk_for(tokens.device)
+    path, length, residual = walk(tokens, children, target_probs, draws, depth, draft_probs)
     return path, length, _inverse_cdf(residual, draws[:, -1])
+
+
+def _walk_for(device: torch.device):
+    """The sampling walk on `device`: the Triton kernel on CUDA (one program per tree, one launch; imports
+    Triton), else the plain-PyTorch reference (one small kernel per step of the walk)."""
+    if device.type == "cuda":
+        from longspec.kernels.tree_sampling import sample_walk
+
+        return sample_walk
+    return sample_walk_naive
 
 
 def emitted_tokens(tokens: torch.Tensor, path: torch.Tensor, length: torch.Tensor, bonus: torch.Tensor):
