@@ -110,3 +110,46 @@ def test_sample_path_through_the_kernel_equals_the_reference(monkeypatch):
     got = sample_path(*args, depth=layout.depth, max_children=4, draft_probs=q)
     for a, b in zip(got, ref, strict=True):
         assert torch.equal(a, b)
+
+
+COMPILE_FOR_SM90 = """
+import inspect, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from longspec.kernels.tree_sampling.triton import _walk_kernel
+
+pointers = {"TOKENS": "*i64", "CHILDREN": "*i64", "P_IN": "*fp32", "Q_IN": "*fp32", "DRAWS": "*fp64",
+            "PATH": "*i64", "LENGTH": "*i64", "RESIDUAL": "*fp64", "QW": "*fp64"}
+signature = {}
+for name in inspect.signature(_walk_kernel.fn).parameters:
+    if name in ("DEPTH", "K", "HAS_Q", "BLOCK"):
+        signature[name] = "constexpr"
+    else:
+        signature[name] = pointers.get(name, "i64" if name.startswith("stride") else "i32")
+for has_q in (True, False):
+    constexprs = {"DEPTH": 5, "K": 16, "HAS_Q": has_q, "BLOCK": 1024}
+    try:
+        compiled = triton.compile(ASTSource(_walk_kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+    except RuntimeError as error:
+        if "ptxas" in str(error):
+            sys.exit(77)  # this Triton build ships no CUDA assembler
+        raise
+    assert compiled.asm["cubin"]
+"""
+
+
+def test_the_kernel_compiles_for_an_h100_class_gpu():
+    """The interpreter runs the kernel's Python; this compiles it to a CUDA binary (sm_90, both rules) on any
+    machine, in a process without the interpreter, so a construct the GPU compiler refuses fails here rather
+    than in the first T > 0 round on a GPU."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True)
+    if done.returncode == 77:
+        pytest.skip("no CUDA assembler in this Triton build")
+    assert done.returncode == 0, done.stderr[-3000:]
