@@ -121,3 +121,32 @@ def test_tree_auto_cells_record_the_trees_run(batch_throughput, tmp_path, monkey
     assert sum(row["trees"].values()) > 0 and row["tokens_per_row"] == [8, 8]
     assert set(row["trees"]) <= {"ar", "1", "1-1", "1-1-1-1", "2-2-2", "4-4-4", "4-8-8-8", "4-16-16-16",
                                  "4-16-16-16-16"}  # fmt: skip
+
+
+def test_the_margin_makes_a_random_targets_greedy_choice_survive_bf16(batch_throughput):
+    """Why random targets get `give_greedy_margin`: their logits are flat, so bf16 and fp32 greedy already
+    disagree at some of 256 positions; with the margin they agree everywhere, by gaps far above bf16's rounding
+    step at those logits (<= 0.0625 below 16)."""
+    import torch
+    from transformers import LlamaConfig
+
+    from longspec.testing import random_target
+
+    config = LlamaConfig(
+        hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=2, vocab_size=16384, tie_word_embeddings=False,
+    )  # fmt: skip
+    ids = torch.randint(0, config.vocab_size, (1, 256), generator=torch.Generator().manual_seed(1))
+    for margin in (False, True):
+        target = random_target(config, "cpu", torch.float32)
+        if margin:
+            batch_throughput.give_greedy_margin(target, torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            fp32 = target.model(ids).logits[0]
+            bf16 = target.model.to(torch.bfloat16)(ids).logits[0].float()
+        differ = (fp32.argmax(-1) != bf16.argmax(-1)).sum().item()
+        top2 = fp32.topk(2, dim=-1).values
+        if not margin:
+            assert differ > 0  # flat logits: rounding alone changes the text
+        else:
+            assert differ == 0 and fp32.max() < 16 and (top2[:, 0] - top2[:, 1]).min() > 50 * 0.0625
