@@ -1,7 +1,9 @@
-"""Batched decoding throughput (issue 13): batched graph AR vs batched LongSpec with a fixed tree, per batch size and
-context, on a real model's shape.
+"""Batched decoding throughput (issue 13): batched graph AR vs batched LongSpec (a fixed tree, or tree=auto), per batch
+size and context, on a real model's shape.
 
     PYTHONPATH=. python benchmarks/batch_throughput.py --accept-profile 0.8,0.7,0.6,0.5,0.4        # CUDA, bf16, 8B
+    PYTHONPATH=. python benchmarks/batch_throughput.py --accept-profile EVAL_DIR/results.json     # a measured profile
+    PYTHONPATH=. python benchmarks/batch_throughput.py --accept-profile 0.5,0.5 --tree auto       # tree=auto per batch
     PYTHONPATH=. python benchmarks/batch_throughput.py --shape smollm2 --contexts 4096 8192       # SmolLM2-135M shape
     PYTHONPATH=. python benchmarks/batch_throughput.py --target DIR [--gguf-file F]               # real weights
     PYTHONPATH=. python benchmarks/batch_throughput.py --tiny --accept-profile 1,0.5              # CPU smoke test
