@@ -52,20 +52,14 @@ def walk_inputs(widths, batch: int, vocab: int, generator: torch.Generator, devi
     return (*move, layout.depth)
 
 
-def graphed(fn, device: torch.device):
-    """fn() replayed from a CUDA graph (after a warm-up on a side stream), or fn itself off CUDA."""
+def graph_replay(fn, device: torch.device):
+    """fn() replayed from a CUDA graph, as inside the engine's verify step (verify_attention's capture), or fn
+    itself off CUDA."""
     if device.type != "cuda":
         return fn
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    from verify_attention import graphed  # imports the attention kernels: CUDA only
+
+    return graphed(fn)
 
 
 def bench(widths, batch: int, vocab: int, rule: str, timer: Timer, device, generator) -> dict:
@@ -84,8 +78,8 @@ def bench(widths, batch: int, vocab: int, rule: str, timer: Timer, device, gener
     )
     if not row["equal"]:
         raise SystemExit(f"kernel != reference at batch {batch}, vocab {vocab}, {rule}")
-    row["reference_ms"] = timer(graphed(lambda: sample_walk_naive(*args), device))
-    row["kernel_ms"] = timer(graphed(lambda: sample_walk(*args), device))
+    row["reference_ms"] = timer(graph_replay(lambda: sample_walk_naive(*args), device))
+    row["kernel_ms"] = timer(graph_replay(lambda: sample_walk(*args), device))
     row["speedup"] = row["reference_ms"] / row["kernel_ms"]
     return row
 
