@@ -14,6 +14,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Triton decides interpreter vs compiled when a kernel is *defined* (the first import of a kernel module), so
+# without a GPU the CPU interpreter must be requested before any test module imports Triton or a kernel, in
+# whatever order pytest collects them (longspec itself imports kernel modules lazily).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
