@@ -256,8 +256,8 @@ class SpeculativeEngine:
             ring = self.draft_step if spec.needs_drafter and commit_drafter else None
             mask = None if all(active) else slots.mask()
             self._commit(tree.tokens, paths, packed, counts, mask, ring, static, capture)
-            if not all(active):
-                bonus = torch.where(slots.mask(), bonus, roots)
+            if mask is not None:  # frozen rows keep their root
+                bonus = torch.where(mask, bonus, roots)
         new_tokens = [row[: row[-1]] for row in out]
         path_slots = [row[depth + 1 : depth + 1 + row[-1]] for row in out]
         return new_tokens, path_slots, bonus

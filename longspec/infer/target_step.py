@@ -34,13 +34,11 @@ class TargetStep:
     def reserve(self, needed: int, batch_size: int = 1) -> None:
         """Allocate the cache once and reuse it across calls (reset to length 0); reallocate (and drop captured
         graphs, which hold its addresses) only when a call needs more slots or another batch size."""
-        cache = self.cache
-        if cache is not None and cache.max_len >= needed and cache.batch_size == batch_size:
-            cache.reset()
+        if self.cache is not None and self.cache.max_len >= needed and self.cache.batch_size == batch_size:
+            self.cache.reset()
             return
         # Free the old cache (and the steps that hold its addresses) before allocating: at 32K x batch 16 on the
-        # 8B shape the two would not fit together. `del cache` too: a local reference kept it alive.
-        del cache
+        # 8B shape the two do not fit together. No local name may hold it here (one did, and kept it alive).
         self.cache = None
         self.steps = {}
         self.cache = StaticKVCache.for_target(self.target, max_len=needed, batch_size=batch_size)

@@ -37,7 +37,6 @@ def qkv_rope(
     return fn(qkv, cos, sin, num_heads, num_kv_heads, q_norm=q_norm, k_norm=k_norm, eps=eps, cache=cache)
 
 
-
 def silu_mul(gate_up):
     """gate_up [..., 2F] -> silu(gate) * up [..., F]."""
     return kernels.silu_mul(gate_up) if _triton(gate_up) else kernels.silu_mul_naive(gate_up)

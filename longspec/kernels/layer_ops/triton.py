@@ -200,8 +200,7 @@ def qkv_rope(
         assert k_cache.stride(-1) == v_cache.stride(-1) == 1 and k_cache.dtype == v_cache.dtype == qkv.dtype
         assert slots.shape == (B, T) and not slots.dtype.is_floating_point
     else:
-        k_cache = v_cache = k  # dummies, never written (HAS_CACHE=False)
-        slots = torch.zeros(1, 1, dtype=torch.long, device=qkv.device)
+        k_cache = v_cache = slots = k  # dummy pointers, never read or written (HAS_CACHE=False)
     if B * T:
         _qkv_rope_kernel[(B * T,)](
             rows, cos3, sin3, norm, k_norm if k_norm is not None else rows, q, k, v, k_cache, v_cache, slots,
