@@ -53,6 +53,7 @@ from round_latency import SHAPES, build_target, markdown_table  # noqa: E402
 
 from longspec.drafter import Drafter, DrafterConfig  # noqa: E402
 from longspec.eval.divergence import analyse_divergence  # noqa: E402
+from longspec.eval.report import pooled_acceptance_profile  # noqa: E402
 from longspec.infer.baselines import run_method  # noqa: E402
 from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine  # noqa: E402
 from longspec.infer.slots import bucket  # noqa: E402
@@ -159,20 +160,13 @@ def measured_profile(results_path: str, method: str = "longspec") -> list[float]
     (`eval.quality`: a looping reference would inflate it), cut at the first depth no round reached."""
     with open(results_path) as f:
         results = json.load(f)
-    reached: list[int] = []
-    accepted: list[int] = []
+    kept = []
     for dataset, records in results["methods"].get(method, {}).items():
         quality = results["summary"][dataset][method]["quality"]  # JSON: keyed by str(sample id)
-        for record in records:
-            if quality.get(str(record["id"]), {"degenerate": True})["degenerate"]:
-                continue
-            for d, (n, a) in enumerate(zip(record["depth_reached"], record["depth_accepted"], strict=True)):
-                if d == len(reached):
-                    reached.append(0)
-                    accepted.append(0)
-                reached[d] += n
-                accepted[d] += a
-    profile = [a / n for n, a in zip(reached, accepted, strict=True) if n]
+        kept += [r for r in records if not quality.get(str(r["id"]), {"degenerate": True})["degenerate"]]
+    profile = pooled_acceptance_profile(kept)
+    if None in profile:
+        profile = profile[: profile.index(None)]
     if not profile:
         raise SystemExit(
             f"{results_path}: no {method} rounds on non-degenerate samples to measure a profile from"

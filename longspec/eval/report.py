@@ -15,6 +15,7 @@ __all__ = [
     "GREEDY_REFERENCES",
     "greedy_reference",
     "identical_text",
+    "pooled_acceptance_profile",
     "sample_quality",
     "summarise",
     "write_report",
@@ -27,6 +28,18 @@ BASELINES = ("vanilla_fa", "vanilla_hf", "hf_compile", "ar", "pld")
 GREEDY_REFERENCES = ("ar", "vanilla_fa", "hf_compile", "vanilla_hf")
 
 
+def pooled_acceptance_profile(records: list[dict]) -> list[float | None]:
+    """Per depth d: P(depth d accepted | depths < d were) over the rounds of every record (their `depth_reached`
+    / `depth_accepted` summed), None where no round reached d."""
+    depth = max((len(r.get("depth_reached") or []) for r in records), default=0)
+    reached, accepted = [0] * depth, [0] * depth
+    for r in records:
+        for d, (n, a) in enumerate(zip(r.get("depth_reached") or [], r.get("depth_accepted") or [], strict=True)):
+            reached[d] += n
+            accepted[d] += a
+    return acceptance_profile(reached, accepted)
+
+
 def _aggregate(records: list[dict]) -> dict:
     rounds = sum(r["rounds"] for r in records)
     accepted = sum(sum(r["accepted"]) for r in records)
@@ -37,17 +50,11 @@ def _aggregate(records: list[dict]) -> dict:
     for r in records:
         for name, count in (r.get("trees") or {}).items():
             trees[name] = trees.get(name, 0) + count
-    depth = max((len(r.get("depth_reached") or []) for r in records), default=0)
-    reached, accepted_at = [0] * depth, [0] * depth
-    for r in records:
-        for d, (n, a) in enumerate(zip(r.get("depth_reached") or [], r.get("depth_accepted") or [], strict=True)):
-            reached[d] += n
-            accepted_at[d] += a
     out = {
         "trees": trees,
         # P(depth d accepted | depths < d were), pooled over rounds: the drafter's measured acceptance profile
         # (e.g. benchmarks/batch_throughput.py --accept-profile).
-        "acceptance_profile": acceptance_profile(reached, accepted_at),
+        "acceptance_profile": pooled_acceptance_profile(records),
         "num_samples": len(records),
         "mean_prompt_len": sum(r["prompt_len"] for r in records) / max(len(records), 1),
         "rounds": rounds,
