@@ -1,5 +1,5 @@
 """The T > 0 acceptance walk down a batch of draft trees: the plain-PyTorch reference (what `sample_path` ran
-before: depth x children steps of ~15 small kernels) against the Triton kernel (one program per tree), each
+before: depth x children steps of about 30 small tensor ops each) against the Triton kernel (one program per tree), each
 replayed from a CUDA graph as inside the engine's verify step.
 
     PYTHONPATH=. python benchmarks/tree_sampling.py                       # CUDA: default tree, vocab 49152 and 128256

@@ -1,7 +1,7 @@
 """The sampling acceptance walk down a verified draft tree (`longspec.infer.accept.sample_path`): at each node,
 its children tried in candidate order against the target's p (recursive rejection sampling against the
 drafter's q, or the deterministic-candidates rule), descending into the accepted child. `naive.py` is the
-plain-PyTorch reference (one small kernel per step of the walk: depth x children steps of ~15 kernels each);
+plain-PyTorch reference (depth x children steps, each about 30 tensor ops, i.e. kernel launches: see `naive.py`);
 `triton.py` walks each tree in one program of one launch."""
 
 from longspec.kernels.tree_sampling.naive import child_table, sample_walk_naive
