@@ -15,7 +15,15 @@ from longspec.infer.accept import target_distribution
 from longspec.infer.target_step import TargetStep
 from longspec.infer.tree import DraftTree, TreeLayout, beam_step, sample_step
 
-__all__ = ["DraftStep"]
+__all__ = ["DraftStep", "ring_commit"]
+
+
+def ring_commit(widths: tuple[int, ...], batch_size: int) -> bool:
+    """Whether a round enters its tokens into the drafter's ring at once: a drafting round always; a plain round
+    ("no speculation") only in a batch. At batch 1 it leaves the ring alone, so it costs what one AR step
+    costs, and `DraftStep.catch_up` adds the missed tokens when speculation resumes; rows of different
+    lengths cannot catch up together. `generate_batch` runs this rule and `measure_round_costs` times it."""
+    return bool(widths) or batch_size > 1
 
 
 class DraftStep:

@@ -49,7 +49,7 @@ from longspec.infer.accept import (
 )
 from longspec.infer.cache import StaticKVCache
 from longspec.infer.config import DEFAULT_TREE_WIDTHS, GenerationConfig
-from longspec.infer.draft_step import DraftStep
+from longspec.infer.draft_step import DraftStep, ring_commit
 from longspec.infer.methods import get_method
 from longspec.infer.pld import prompt_lookup
 from longspec.infer.policy import AdaptivePolicy, MeasuredCosts
@@ -167,12 +167,9 @@ class SpeculativeEngine:
         slots = BatchSlots(
             [row < real and not _finished(e, config, new=e) for row, e in enumerate(emitted)], self.device
         )
-        # Committed tokens whose K/V are in the drafter's ring buffer: positions < drafter_synced. At batch 1 a
-        # plain round ("no speculation", tree="auto") leaves the ring alone, so it costs what one AR step costs;
-        # the ring catches up (its last `window` tokens at most) when speculation resumes. In a batch the rows'
-        # lengths differ, so a plain round commits its token to the ring at once (what its measured cost holds).
+        # Committed tokens whose K/V are in the drafter's ring buffer: positions < drafter_synced (`ring_commit`:
+        # at batch 1 a plain round leaves the ring to catch up later).
         drafter_synced = max(self.cache.lengths)
-        lazy_ring = batch == 1
         while any(slots.active):
             context_len = max(self.cache.lengths)
             widths = policy.choose(context_len) if policy is not None else ()
@@ -181,13 +178,13 @@ class SpeculativeEngine:
             round_start = time.perf_counter()
             new_tokens, path_slots, roots = self._round(
                 method, widths, roots, config, generator, static=static, clock=clock, contexts=contexts,
-                commit_drafter=bool(widths) or not lazy_ring, slots=slots,
+                commit_drafter=ring_commit(widths, batch), slots=slots,
             )  # fmt: skip
             if policy is not None:
                 policy.observe_time(widths, context_len, time.perf_counter() - round_start)
                 for slot, _ in slots.running():
                     policy.observe(widths, _level_ranks(widths, path_slots[slot]), context_len)
-                if widths or not lazy_ring:
+                if ring_commit(widths, batch):
                     drafter_synced = max(self.cache.lengths)
             tree = tree_name(widths) if spec.needs_drafter else None
             for slot, row in slots.running():

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from longspec.infer.config import GenerationConfig
+from longspec.infer.draft_step import ring_commit
 from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts, context_bucket
 from longspec.infer.timing import PhaseClock
 
@@ -91,7 +92,7 @@ def measure_round_costs(
                 start = time.perf_counter()
                 engine._round(
                     "longspec", widths, root, config, generator, static=static, clock=clock,
-                    commit_drafter=bool(widths) or batch_size > 1,
+                    commit_drafter=ring_commit(widths, batch_size),
                 )  # fmt: skip
                 if rep:
                     times[widths].append(time.perf_counter() - start)
