@@ -158,7 +158,7 @@ def run_eval(cfg: EvalConfig) -> dict:
 
     # Size the static cache once for the longest prompt, so no sample pays for a reallocation (or, with
     # cuda_graphs, a re-capture) inside its timed decode; then warm every method up untimed.
-    engine.reserve(longest + cfg.max_new_tokens + gen_config.max_round_nodes + 1)
+    engine.reserve_for([longest], gen_config)
     if "hf_compile" in methods:  # the same for HF's static cache: one compilation, in the warm-up
         reserve_hf_compiled(target.model, longest + cfg.max_new_tokens)
     if cfg.warmup:
@@ -181,7 +181,7 @@ def run_eval(cfg: EvalConfig) -> dict:
         batched = [m for m in methods if get_method(m).runner == "engine"] if cfg.batch_size > 1 else []
         if batched:  # the batch's cache, and its static steps / graphs (keyed by batch size), set up untimed
             # (after the batch-1 work above, which reallocates the cache for one row)
-            engine.reserve(longest + cfg.max_new_tokens + 2 * gen_config.max_round_nodes, cfg.batch_size)
+            engine.reserve_for([longest] * cfg.batch_size, gen_config)
             for prompt in warm_prompts:
                 for method in batched:
                     engine.generate_batch([prompt] * cfg.batch_size, warm, method=method)

@@ -62,7 +62,7 @@ from longspec.infer.timing import PhaseClock, now, timer
 from longspec.infer.tree import DraftTree, TreeLayout, chain_tree, tree_name
 
 # GenerationConfig and DEFAULT_TREE_WIDTHS live in longspec.infer.config; the engine is their public home.
-__all__ = ["GenerationConfig", "GenerationResult", "SpeculativeEngine", "DEFAULT_TREE_WIDTHS"]
+__all__ = ["GenerationConfig", "GenerationResult", "SpeculativeEngine", "DEFAULT_TREE_WIDTHS", "cache_slots"]
 
 
 @dataclass
@@ -142,12 +142,13 @@ class SpeculativeEngine:
         if any(p.numel() == 0 for p in prompts):
             raise ValueError("empty prompt")
         real = len(prompts)
-        if static and real > 1:  # run in the batch's bucket; padding rows hold one token (a cheap prefill)
-            prompts = prompts + [prompts[-1][-1:]] * (bucket(real) - real)
+        # Run in the batch's bucket (static shapes); padding rows hold one token (a cheap prefill).
+        prompts = prompts + [prompts[-1][-1:]] * (_rows(real, config) - real)
         batch, lengths = len(prompts), [p.numel() for p in prompts]
-        self._ensure_cache(_needed_slots(lengths, config), batch)
+        self._ensure_cache(cache_slots(lengths, config), batch)
         policy = None
-        if spec.needs_drafter:  # may measure round costs (at this batch size): before timing, on a scratch state
+        # May measure round costs (at this batch size): before timing, on a scratch state.
+        if spec.needs_drafter:
             policy = choose_policy(self, config, max(lengths), batch_size=batch)
         # On the device: a round's random draws need no host-to-device copy (and no host sync).
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -342,6 +343,16 @@ class SpeculativeEngine:
         front, so later calls up to that size neither reallocate nor, with cuda_graphs, re-capture."""
         self._ensure_cache(max_len, batch_size)
 
+    def reserve_for(self, prompt_lengths: list[int], config: GenerationConfig) -> None:
+        """Allocate the target cache for a `generate_batch` of prompts up to these lengths (one per row) under
+        `config`: exactly the slots and rows the call will ask for (`cache_slots`, the batch's bucket), so it
+        does not reallocate. A reallocation inside a call drops every captured step with the old cache and
+        re-captures them inside the timed decode: the eval once reserved one round short, and its longest
+        samples decoded at a third of their speed."""
+        lengths = list(prompt_lengths)
+        lengths += [1] * (_rows(len(lengths), config) - len(lengths))
+        self._ensure_cache(cache_slots(lengths, config), len(lengths))
+
     def prefill(self, prompt, config: GenerationConfig, generator=None) -> torch.Tensor:
         """Chunked prefill of the whole prompt into the (reserved) cache; returns the first generated token
         (0-d, on device). A list of prompts fills one cache row each and returns their first tokens [B]."""
@@ -446,7 +457,14 @@ def accept_path(
     )
 
 
-def _needed_slots(lengths: list[int], config: GenerationConfig) -> int:
+def _rows(batch: int, config: GenerationConfig) -> int:
+    """Cache rows for a batch of `batch` prompts: on static shapes its power-of-two bucket (`slots.bucket`), so
+    one set of steps serves e.g. batches of 5 to 8."""
+    static = config.static_shapes or config.cuda_graphs
+    return bucket(batch) if static and batch > 1 else batch
+
+
+def cache_slots(lengths: list[int], config: GenerationConfig) -> int:
     """Cache slots per row for a call: the longest prompt + max_new_tokens + two rounds of slack (the last
     round may commit past max_new_tokens, and a finished row's frozen tree is still verified, into pending
     slots, while the others run), or what the ragged prefill writes if more."""

@@ -100,6 +100,26 @@ def test_caches_are_allocated_once(llama):
         assert (engine.cache.keys.data_ptr(), engine.drafter_cache.keys.data_ptr()) == pointers
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_reserve_for_is_what_a_call_needs(llama, batch):
+    """reserve_for sizes the cache exactly as generate_batch will ask (a batch of 3 on static shapes runs in a
+    bucket of 4): the longest prompt's call neither reallocates nor drops the static steps built before it (a
+    reservation one round short once re-captured every graph inside the eval's timed decode)."""
+    engine = SpeculativeEngine(llama, random_drafter(llama))
+    config = GenerationConfig(max_new_tokens=8, static_shapes=True)
+    prompts = [torch.randint(0, 256, (n,)) for n in (40, 25, 33)[:batch]]
+    engine.reserve_for([p.numel() for p in prompts], config)
+    # method "ar": every row emits one token a round, so no row leaves the batch early (a shrink is another
+    # cache by design: `SpeculativeEngine._select_slots`)
+    engine.generate_batch([p[:5] for p in prompts], config, method="ar")  # builds the static steps
+    pointer, steps = engine.cache.keys.data_ptr(), dict(engine.target_step.steps)
+    assert steps
+    engine.generate_batch(prompts, config, method="ar")
+    assert engine.cache.keys.data_ptr() == pointer
+    assert all(engine.target_step.steps.get(key) is step for key, step in steps.items())
+    assert engine.cache.batch_size == (1 if batch == 1 else 4)
+
+
 def test_a_grown_cache_frees_the_old_one_before_allocating(llama, monkeypatch):
     """Growing the cache (a longer call, another batch size) must not hold the old and the new together: at 32K
     x batch 16 on the 8B shape the two did not fit on the GPU (a local reference kept the old one alive)."""
