@@ -152,7 +152,9 @@ def hf_compiled_generate(hf_model, prompt_ids, config: GenerationConfig) -> Gene
         position = torch.full((1, 1), prompt.numel(), dtype=torch.long, device=device)
         start = _now(device)
         while len(emitted) < config.max_new_tokens and emitted[-1] not in config.eos_token_ids:
-            out = decoder.step(token.reshape(1, 1), position_ids=position, use_cache=True, **{cache_arg: cache})
+            out = decoder.step(
+                token.reshape(1, 1), position_ids=position, use_cache=True, **{cache_arg: cache}
+            )
             token = _pick(out.logits[0, -1], config, generator)
             emitted.append(int(token))  # host sync: the stopping test needs the token
             position = position + 1
@@ -167,7 +169,9 @@ def _pick(logits: torch.Tensor, config: GenerationConfig, generator) -> torch.Te
     """The engine's sampling rule (same target_distribution and sampler), so outputs are comparable."""
     if config.temperature == 0:
         return torch.argmax(logits, dim=-1)
-    probs = target_distribution(logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
+    probs = target_distribution(
+        logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
+    )
     return sample_token(probs, generator)
 
 

@@ -40,6 +40,9 @@ class StaticKVCache:
         # Device mirror of `lengths` for ragged / static-shape steps (CUDA graphs read it; set by `sync_length`).
         self.lengths_t = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._synced: list[int] | None = [0] * batch_size  # the lengths `lengths_t` holds (None: unknown)
+        # While rounds are in flight the device lengths lead (each round's commit advances them on the device)
+        # and the host's follow as rounds settle: `sync_length` must not write the host's behind them.
+        self.device_leads = False
 
     @classmethod
     def for_target(
@@ -90,14 +93,26 @@ class StaticKVCache:
     def sync_length(self) -> None:
         """Copy `lengths` to `lengths_t` before a ragged or static-shape step: a device fill when the rows agree,
         else one small host-to-device copy (no device value is read). Nothing when the device already holds
-        these lengths: a round's draft, verify and commit steps all start from the same ones."""
-        if self._synced == self.lengths:
+        these lengths (a round's draft, verify and commit steps all start from the same ones), nor while the
+        device leads (`device_leads`: decoding with rounds in flight)."""
+        if self.device_leads or self._synced == self.lengths:
             return
         if self.uniform:
             self.lengths_t.fill_(self.lengths[0])
         else:
             self.lengths_t.copy_(torch.tensor(self.lengths))
         self._synced = list(self.lengths)
+
+    def advance(self, counts: torch.Tensor) -> None:
+        """Add each row's committed `counts` [B] to the device lengths, on the device (a round's commit). The host
+        lengths follow when the round settles (`commit`); until then the device's are not the host's. Inside a
+        captured step the host half of this runs only at capture: call `device_advanced` after each replay."""
+        self.lengths_t.add_(counts)
+        self.device_advanced()
+
+    def device_advanced(self) -> None:
+        """The device lengths moved without the host's: the next `sync_length` writes them again."""
+        self._synced = None
 
     def select_rows(self, rows: list[int]) -> StaticKVCache:
         """A new cache holding these rows (in this order, repeats allowed) with their lengths; this one is left as
@@ -108,6 +123,7 @@ class StaticKVCache:
         new.lengths = [self.lengths[row] for row in rows]
         new.lengths_t = self.lengths_t.index_select(0, index)
         new._synced = None  # this cache's device lengths may be a step behind its host ones
+        new.device_leads = self.device_leads
         return new
 
     def check_room(self, num_tokens: int) -> None:

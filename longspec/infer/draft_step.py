@@ -152,7 +152,9 @@ class DraftStep:
                 temperature, top_k, top_p = shaping
                 q = target_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
                 tree.draft_probs[:, sl] = q
-                parent_local, tokens, scores, valid = sample_step(scores, q, noise[:, sl], layout.widths[level])
+                parent_local, tokens, scores, valid = sample_step(
+                    scores, q, noise[:, sl], layout.widths[level]
+                )
                 tree.valid[:, child_slice] = valid
             tree.set_level(child_slice, parent_local + sl.start, tokens)
         return tree

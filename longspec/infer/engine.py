@@ -13,9 +13,13 @@ One round (docs/ALGORITHM.md §4), starting from the root = the last token emitt
              pending slots and attention = merge(cache part unmasked, tree part under the ancestor mask);
   3. accept: greedy or lossless sampling (longspec.infer.accept), on the device with fixed shapes, inside the
              verify's step (one captured graph with the forward) -> accepted path (padded) + its length + bonus
-             token; then the round's ONE host sync: the emitted tokens, the path and its length copied out together;
+             token;
   4. commit: the path's K/V move into place for every layer (no re-feeding); the drafter's ring buffer takes
-             the path's self-attention K/V; the bonus becomes the next root.
+             the path's self-attention K/V; the committed lengths advance on the device; the bonus becomes the
+             next root. The emitted tokens, the path and its length start ONE asynchronous copy to the host.
+Steps 1-4 read nothing on the host (`_launch`); the round settles (`_finish`: the round's one host sync) later.
+On static shapes the next round is launched before the last one settles: the host's work between rounds
+(stats, stops, the tree policy) runs while the device computes.
 Every round of one tree shape has the same shapes (N fixed, padded), which is what CUDA-graph capture needs; with
 tree="auto" (longspec.infer.policy) the shape may change between rounds: one static / captured step per shape.
 
@@ -26,7 +30,8 @@ batch, frozen (it commits nothing more and its output is ignored), so the shapes
 static shapes a batch runs in its power-of-two bucket and moves to the smaller one once half of it has finished
 (`slots.BatchSlots`). `generate` is the batch of one.
 
-This module strings the round together (`generate` -> `_round`) and accepts; the pieces live by side:
+This module strings the rounds together (`generate_batch` -> `_launch` / `_finish`) and accepts; the pieces
+live by side:
 `draft_step.DraftStep` (the drafter's ring buffer and the draft tree), `target_step.TargetStep` (the target's
 cache, prefill and verify forward, the static steps), `round_costs` (tree="auto": the policy and the measured
 round costs), `timing` (phase clocks).
@@ -69,6 +74,33 @@ __all__ = ["GenerationConfig", "GenerationResult", "SpeculativeEngine", "DEFAULT
 class GenerationResult:
     tokens: list[int]  # generated tokens (prompt excluded), truncated at EOS / max_new_tokens
     stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+@dataclass
+class _Round:
+    """A launched round, until it settles: what the host needs to finish it."""
+
+    widths: tuple[int, ...]  # its tree (() = a plain step)
+    depth: int  # levels drafted (the packed output is [B, 2 (depth + 1) + 1])
+    active: list[bool]  # the rows it commits for (the host's view at launch)
+    ring: bool  # whether its tokens entered the drafter's ring
+    packed: torch.Tensor  # emitted tokens, path, count per row: on the host once `copied` has completed
+    copied: torch.cuda.Event | None  # the copy's event (None: already on the host)
+    launched_at: float
+    context_len: int  # the context length the policy chose it for (its bucket)
+    index: int = 0  # the call's round number
+
+
+def _to_host(packed: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Start the round's device-to-host copy without waiting for it: into pinned memory (an asynchronous copy
+    needs it), with an event to wait on; a CPU tensor is already there."""
+    if packed.device.type != "cuda":
+        return packed, None
+    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+    host.copy_(packed, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return host, copied
 
 
 class SpeculativeEngine:
@@ -168,35 +200,97 @@ class SpeculativeEngine:
         slots = BatchSlots(
             [row < real and not _finished(e, config, new=e) for row, e in enumerate(emitted)], self.device
         )
+        # One round ahead: on static shapes the next round is launched before the last one's tokens reach the
+        # host (a round's inputs, its roots, the cache lengths and the ring, are on the device), so the host's
+        # work between rounds hides behind the device's. PLD looks its drafts up on the host (from the last
+        # round's tokens) and eager rounds gain nothing: they settle each round before the next.
+        lookahead = static and spec.drafts != "ngram"
         # Committed tokens whose K/V are in the drafter's ring buffer: positions < drafter_synced (`ring_commit`:
-        # at batch 1 a plain round leaves the ring to catch up later).
+        # at batch 1 a plain round leaves the ring to catch up later, from the host's tokens).
         drafter_synced = max(self.cache.lengths)
-        while any(slots.active):
-            context_len = max(self.cache.lengths)
-            widths = policy.choose(context_len) if policy is not None else ()
-            if spec.needs_drafter and widths and drafter_synced < context_len:
-                self.draft_step.catch_up(emitted[0], lengths[0], drafter_synced, context_len)
-            round_start = time.perf_counter()
-            new_tokens, path_slots, roots = self._round(
-                method, widths, roots, config, generator, static=static, clock=clock, contexts=contexts,
-                commit_drafter=ring_commit(widths, batch), slots=slots,
-            )  # fmt: skip
-            if policy is not None:
-                policy.observe_time(widths, context_len, time.perf_counter() - round_start)
-                for slot, _ in slots.running():
-                    policy.observe(widths, _level_ranks(widths, path_slots[slot]), context_len)
-                if ring_commit(widths, batch):
-                    drafter_synced = max(self.cache.lengths)
-            tree = tree_name(widths) if spec.needs_drafter else None
-            for slot, row in slots.running():
+        ring_behind = False  # a launched round skipped the ring
+        inflight: list[_Round] = []
+        settled_at = time.perf_counter()
+        # The policy decides round j from what rounds < j - 1 showed (their acceptance, times and context length),
+        # whether round j - 1 is still in flight or not: the trees, and so a sampled output, do not depend on
+        # how far ahead the rounds run (static shapes vs eager, with or without graphs).
+        lags: list[
+            tuple
+        ] = []  # (round, widths, ranks of each running row, context_len, seconds) not yet observed
+        context_after = [max(self.cache.lengths)]  # the host's context length after each settled round
+
+        def settle() -> None:
+            """The oldest round in flight: its tokens to the host (the round's one host sync), then the host's
+            bookkeeping: stats, stops, what the policy will observe."""
+            nonlocal drafter_synced, settled_at
+            rnd = inflight.pop(0)
+            new_tokens, path_slots = self._finish(rnd)
+            # In flight, a round's time is the gap between two settles (or since its launch, if later).
+            seconds = time.perf_counter() - max(settled_at, rnd.launched_at)
+            settled_at = time.perf_counter()
+            ranks = [_level_ranks(rnd.widths, path_slots[slot]) for slot, _ in slots.running()]
+            lags.append((rnd.index, rnd.widths, ranks, rnd.context_len, seconds))
+            context_after.append(max(self.cache.lengths))
+            if rnd.ring:
+                drafter_synced = max(self.cache.lengths)
+            tree = tree_name(rnd.widths) if spec.needs_drafter else None
+            for slot, row in slots.running():  # rows that finished in an earlier round ignore this one
                 stats[row].record_round(len(new_tokens[slot]) - 1, tree)
                 emitted[row].extend(new_tokens[slot])
                 if contexts is not None:
                     new = torch.tensor(new_tokens[slot], device=self.device)
                     contexts[slot] = torch.cat([contexts[slot], new])
                 slots.active[slot] = not _finished(emitted[row], config, new=new_tokens[slot])
-            if static and (index := slots.shrink()) is not None:  # finished rows leave the batch
-                roots, contexts = self._select_slots(index, roots, contexts)
+
+        def choose(index: int) -> tuple[tuple[int, ...], int]:
+            """Round `index`'s tree and context length, from rounds < index - 1 (see `lags`)."""
+            while lags and lags[0][0] <= index - 2:
+                _, widths, ranks, context_len, seconds = lags.pop(0)
+                policy.observe_time(widths, context_len, seconds)
+                for row_ranks in ranks:
+                    policy.observe(widths, row_ranks, context_len)
+            context_len = context_after[max(0, index - 1)]
+            return policy.choose(context_len), context_len
+
+        rounds = 0  # rounds launched
+        with self.target_step.device_lengths_lead():
+            while True:
+                launched = False
+                if any(slots.active):  # the host's view: a row that ended in a round in flight still runs
+                    widths, context_len = choose(rounds) if policy is not None else ((), 0)
+                    if spec.needs_drafter and widths and (ring_behind or drafter_synced < context_len):
+                        while inflight:  # the ring catches up from the host's tokens: all of them first
+                            settle()
+                        context_len = max(self.cache.lengths)
+                        if drafter_synced < context_len:
+                            self.draft_step.catch_up(emitted[0], lengths[0], drafter_synced, context_len)
+                            drafter_synced = context_len
+                        ring_behind = False
+                    if any(slots.active):
+                        ring = spec.needs_drafter and ring_commit(widths, batch)
+                        rnd, roots = self._launch(
+                            method, widths, roots, config, generator, static=static, clock=clock,
+                            contexts=contexts, commit_drafter=ring, slots=slots, context_len=context_len,
+                        )  # fmt: skip
+                        rnd.index, rounds = rounds, rounds + 1
+                        inflight.append(rnd)
+                        ring_behind |= spec.needs_drafter and not ring
+                        launched = True
+                while len(inflight) > (1 if lookahead and launched else 0):
+                    settle()
+                # Nothing more in flight when the newest round may end every running row (no wasted round).
+                if inflight and all(
+                    len(emitted[row]) + inflight[-1].depth + 1 >= config.max_new_tokens
+                    for _, row in slots.running()
+                ):
+                    settle()
+                if static and slots.shrink_due():  # finished rows leave the batch, once nothing is in flight
+                    while inflight:
+                        settle()
+                    if (index := slots.shrink()) is not None:
+                        roots, contexts = self._select_slots(index, roots, contexts)
+                if not inflight and not any(slots.active):
+                    break
         decode_s = now(self.device) - decode_start
         results = []
         for row in range(real):
@@ -207,7 +301,7 @@ class SpeculativeEngine:
             results.append(GenerationResult(tokens=tokens, stats=stats[row]))
         return results
 
-    def _round(
+    def _launch(
         self,
         method: str,
         widths: tuple[int, ...],
@@ -220,15 +314,18 @@ class SpeculativeEngine:
         contexts: list[torch.Tensor] | None = None,
         commit_drafter: bool = True,
         slots: BatchSlots | None = None,
-    ) -> tuple[list[list[int]], list[list[int]], torch.Tensor]:
-        """One round (draft, verify, accept, commit) from `roots` [B], one tree per sequence; widths () = one
-        plain target step. Returns, per sequence, (emitted tokens, accepted path's node slots) after ONE host
-        copy, and the next roots [B] on the device. Sequences not `active` (finished) commit nothing and keep
-        their root: they are computed but frozen. commit_drafter=False: longspec's accepted tokens do not
-        enter the drafter's ring buffer (a plain round; `DraftStep.catch_up` adds them later)."""
+        context_len: int = 0,
+    ) -> tuple[_Round, torch.Tensor]:
+        """Queue one round (draft, verify, accept, commit) from `roots` [B], one tree per sequence; widths () = one
+        plain target step. Nothing is read on the host: the commit advances the cache lengths on the device and
+        the round's outputs start their way to the host (`_finish` waits for them). Returns the round and the
+        next roots [B] on the device. Rows not active in `slots` (finished) commit nothing and keep their root:
+        computed but frozen. commit_drafter=False: longspec's accepted tokens do not enter the drafter's ring
+        (a plain round; `DraftStep.catch_up` adds them later)."""
         capture, spec = config.cuda_graphs, get_method(method, runner="engine")
         batch = roots.shape[0]
-        active = [True] * batch if slots is None else slots.active
+        active = [True] * batch if slots is None else list(slots.active)
+        launched_at = time.perf_counter()
         if spec.needs_drafter and widths:
             layout = TreeLayout(widths)
             with clock.phase("draft_s"):
@@ -248,17 +345,26 @@ class SpeculativeEngine:
         with clock.phase("verify_s"):
             packed, bonus = self._verify_accept(tree, config, generator, depth, max_children, static, capture)
         with clock.phase("overhead_s"):
-            paths = packed[:, depth + 1 : 2 * (depth + 1)]
-            out = packed.tolist()  # host sync: the round's one copy (emitted tokens, paths, counts)
-            counts = [row[-1] if keep else 0 for row, keep in zip(out, active, strict=True)]
-            ring = self.draft_step if spec.needs_drafter and commit_drafter else None
             mask = None if all(active) else slots.mask()
-            self._commit(tree.tokens, paths, packed, counts, mask, ring, static, capture)
+            counts = packed[:, -1] if mask is None else packed[:, -1] * mask
+            ring = self.draft_step if spec.needs_drafter and commit_drafter else None
+            self._commit(tree.tokens, packed[:, depth + 1 : 2 * (depth + 1)], counts, ring, static, capture)
             if mask is not None:  # frozen rows keep their root
                 bonus = torch.where(mask, bonus, roots)
-        new_tokens = [row[: row[-1]] for row in out]
-        path_slots = [row[depth + 1 : depth + 1 + row[-1]] for row in out]
-        return new_tokens, path_slots, bonus
+            host, copied = _to_host(packed)
+        rnd = _Round(widths, depth, active, ring is not None, host, copied, launched_at, context_len)
+        return rnd, bonus
+
+    def _finish(self, rnd: _Round) -> tuple[list[list[int]], list[list[int]]]:
+        """Wait for a launched round's outputs (the round's ONE host sync: emitted tokens, paths and counts
+        copied together) and commit its counts on the host. Returns, per sequence, the emitted tokens and the
+        accepted path's node slots (a frozen row's are its frozen tree's: ignore them)."""
+        if rnd.copied is not None:
+            rnd.copied.synchronize()
+        out = rnd.packed.tolist()
+        self.cache.commit([row[-1] if keep else 0 for row, keep in zip(out, rnd.active, strict=True)])
+        depth = rnd.depth
+        return [row[: row[-1]] for row in out], [row[depth + 1 : depth + 1 + row[-1]] for row in out]
 
     def _select_slots(self, index: list[int], roots: torch.Tensor, contexts):
         """Per-slot state follows `BatchSlots.shrink`: the target cache rows, the drafter's ring rows (and the
@@ -272,33 +378,33 @@ class SpeculativeEngine:
         roots = roots.index_select(0, torch.tensor(index, device=self.device))
         return roots, None if contexts is None else [contexts[slot] for slot in index]
 
-    def _commit(self, tokens, paths, packed, counts, mask, ring, static: bool, capture: bool) -> None:
-        """The round's commit from device values (paths [B, depth + 1], counts from `packed`; `mask`: the running
-        rows, None = all): each row's accepted path moved in the target cache (`StaticKVCache.move_path`, the
-        whole path width; a plain round's one node is already in place) and, with `ring`, entering the drafter's
-        ring buffer (`DraftStep.fill_path`). On static shapes it is one static step (one graph launch with
-        cuda_graphs); a plain round without a ring runs none. Then the host lengths advance."""
+    def _commit(self, tokens, paths, counts, ring, static: bool, capture: bool) -> None:
+        """The round's commit from device values only (paths [B, depth + 1], counts [B]: 0 for frozen rows): each
+        row's accepted path moved in the target cache (`StaticKVCache.move_path`, the whole path width; a plain
+        round's one node is already in place), with `ring` entering the drafter's ring buffer
+        (`DraftStep.fill_path`), and the committed lengths advanced on the device. On static shapes it is one
+        static step (one graph launch with cuda_graphs); a plain round without a ring only adds its counts.
+        The host lengths follow when the round settles (`_finish`)."""
         cache = self.cache
         plain = paths.shape[1] == 1  # no drafts: the one node's K/V already sit at each row's length
-        if plain and ring is None:  # nothing to move or fill: no step at all (a plain round = verify + copy)
-            cache.commit(counts)
+        if plain and ring is None:  # nothing to move or fill
+            cache.advance(counts)
             return
-        counts_t = packed[:, -1] if mask is None else packed[:, -1] * mask
 
-        def fn(tokens, paths, counts_t):
-            starts = cache.lengths_t  # synced first: the committed lengths before this round
+        def fn(tokens, paths, counts):
+            starts = cache.lengths_t  # the committed lengths before this round
             if not plain:
                 cache.move_path(paths, starts)
             if ring is not None:
-                ring.fill_path(tokens, paths, counts_t, starts)
+                ring.fill_path(tokens, paths, counts, starts)
+            cache.advance(counts)
 
         if static:
             key = ("commit", tokens.shape[1], paths.shape[1], ring is not None, capture)
-            self.target_step.static_step(key, fn, (tokens, paths, counts_t), capture, effects=True)
+            self.target_step.static_step(key, fn, (tokens, paths, counts), capture, effects=True)
+            cache.device_advanced()  # a replay runs only the step's device half
         else:
-            cache.sync_length()
-            fn(tokens, paths, counts_t)
-        cache.commit(counts)
+            fn(tokens, paths, counts)
 
     def _verify_accept(
         self,
@@ -465,11 +571,12 @@ def _rows(batch: int, config: GenerationConfig) -> int:
 
 
 def cache_slots(lengths: list[int], config: GenerationConfig) -> int:
-    """Cache slots per row for a call: the longest prompt + max_new_tokens + two rounds of slack (the last
-    round may commit past max_new_tokens, and a finished row's frozen tree is still verified, into pending
-    slots, while the others run), or what the ragged prefill writes if more."""
+    """Cache slots per row for a call: the longest prompt + max_new_tokens + three rounds of slack (the last
+    round may commit past max_new_tokens; a row that ended in a round still in flight commits one more; a
+    finished row's frozen tree is still verified, into pending slots, while the others run), or what the
+    ragged prefill writes if more."""
     return max(
-        max(lengths) + config.max_new_tokens + 2 * config.max_round_nodes,
+        max(lengths) + config.max_new_tokens + 3 * config.max_round_nodes,
         prefill_slots(lengths, config.prefill_chunk),
     )
 

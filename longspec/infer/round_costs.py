@@ -55,8 +55,9 @@ def choose_policy(
 def measure_round_costs(
     engine: SpeculativeEngine, config: GenerationConfig, context_lens, *, reps: int = 8, batch_size: int = 1
 ) -> MeasuredCosts:
-    """Measure, on the engine's device, the seconds of one real round (`engine._round`: draft + verify + accept +
-    commit, on the static / captured path when the config asks for it) of every tree="auto" candidate, per
+    """Measure, on the engine's device, the seconds of one real round (draft + verify + accept + commit, on the
+    static / captured path when the config asks for it, launched one ahead as `generate_batch` runs them:
+    `_time_rounds`) of every tree="auto" candidate, per
     context bucket between min(context_lens) and max(context_lens). The cache's content is whatever it holds (a
     round's cost does not depend on it); its length is set to the bucket (within the reserved size). Only
     missing buckets are measured; the cache and ring buffer are reset after. First use of a shape captures its
@@ -75,29 +76,52 @@ def measure_round_costs(
     missing = costs.missing(config.trees, buckets)
     if not missing:
         return costs
-    engine.reserve(max(context_lens) + config.max_round_nodes + 1, batch_size)
+    # Room for a block: each round commits at most depth + 1 tokens, the last one's tree is pending on top.
+    room = _BLOCK * (1 + max(len(widths) for widths in config.trees)) + config.max_round_nodes
+    engine.reserve(max(context_lens) + room, batch_size)
     generator = torch.Generator(device=engine.device).manual_seed(0)
     root = torch.zeros(batch_size, dtype=torch.long, device=engine.device)
     clock = PhaseClock(engine.device)
     engine.drafter_cache.reset()
     for bucket in missing:
-        length = max(1, min(bucket, engine.cache.max_len - config.max_round_nodes - 1))
+        length = max(1, min(bucket, engine.cache.max_len - room))
         times: dict[tuple[int, ...], list[float]] = {w: [] for w in config.trees}
-        # Candidates interleaved rep by rep (a slow moment hits them all), each round timed on its own (it
-        # ends with its host copy), the median kept; the first rep is untimed: lazy init, autotuning,
-        # graph capture.
+        # Candidates interleaved rep by rep (a slow moment hits them all), the median kept; the first rep is
+        # untimed: lazy init, autotuning, graph capture.
         for rep in range(reps + 1):
             for widths in config.trees:
                 engine.cache.length = length
-                start = time.perf_counter()
-                engine._round(
-                    "longspec", widths, root, config, generator, static=static, clock=clock,
-                    commit_drafter=ring_commit(widths, batch_size),
-                )  # fmt: skip
+                seconds = _time_rounds(engine, widths, root, config, generator, static, clock, batch_size)
                 if rep:
-                    times[widths].append(time.perf_counter() - start)
+                    times[widths].append(seconds)
         for widths, seconds in times.items():
             costs.seconds[(bucket, widths)] = statistics.median(seconds)
     engine.cache.reset()
     engine.drafter_cache.reset()
     return costs
+
+
+_BLOCK = 4  # rounds of one tree run back to back per timing
+
+
+def _time_rounds(engine, widths, root, config, generator, static: bool, clock, batch_size: int) -> float:
+    """Seconds per round of `widths` as `generate_batch` runs them: a block of rounds, each launched before the
+    previous one settles (on static shapes: the host's work between rounds overlaps the device's), timed
+    between settles once the block is under way, so the first launch's host work is not counted; eager rounds
+    settle one by one, as they do in a call."""
+    lookahead = static
+    ring = ring_commit(widths, batch_size)
+    inflight, marks = [], []
+    with engine.target_step.device_lengths_lead():
+        for _ in range(_BLOCK):
+            rnd, root = engine._launch(
+                "longspec", widths, root, config, generator, static=static, clock=clock, commit_drafter=ring
+            )
+            inflight.append(rnd)
+            while len(inflight) > (1 if lookahead else 0):
+                engine._finish(inflight.pop(0))
+                marks.append(time.perf_counter())
+        while inflight:
+            engine._finish(inflight.pop(0))
+            marks.append(time.perf_counter())
+    return (marks[-2] - marks[0]) / (len(marks) - 2)

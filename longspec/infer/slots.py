@@ -39,12 +39,17 @@ class BatchSlots:
             self._masks[key] = torch.tensor(self.active, device=self.device)
         return self._masks[key]
 
+    def shrink_due(self) -> bool:
+        """Whether at most half the slots still run (and some do): `shrink` would move to a smaller bucket."""
+        running = sum(self.active)
+        return len(self.active) > 1 and 0 < 2 * running <= len(self.active)
+
     def shrink(self) -> list[int] | None:
         """When at most half the slots still run: the slots to keep, in order, padded to their bucket with a
         finished slot (the caller moves its per-slot state to match); else None."""
-        running = sum(self.active)
-        if len(self.active) == 1 or not 0 < 2 * running <= len(self.active):
+        if not self.shrink_due():
             return None
+        running = sum(self.active)
         keep = [slot for slot, on in enumerate(self.active) if on]
         index = keep + [self.active.index(False)] * (bucket(running) - running)
         self.rows = [self.rows[slot] for slot in index]

@@ -8,6 +8,9 @@ Dm model width, Hkv key-value heads, D head dim, Tmax cache slots.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from longspec.infer.cache import StaticKVCache
@@ -42,6 +45,21 @@ class TargetStep:
         self.cache = None
         self.steps = {}
         self.cache = StaticKVCache.for_target(self.target, max_len=needed, batch_size=batch_size)
+
+    @contextmanager
+    def device_lengths_lead(self) -> Iterator[None]:
+        """Decode with rounds in flight: the cache's device lengths are synced from the host once, then lead
+        (every round's commit advances them on the device, `StaticKVCache.device_leads`), and the host's catch
+        up as rounds settle. Every round launched inside must have settled before the block ends."""
+        self.cache.sync_length()
+        self.cache.device_leads = True
+        try:
+            yield
+        finally:
+            self.cache.device_leads = False
+            self.cache._synced = (
+                None  # equal again once every round settled; an exception leaves them unknown
+            )
 
     def select_rows(self, rows: list[int]) -> None:
         """Keep these cache rows (in this order; a batch that shrinks): the steps, built for the old batch size
@@ -108,7 +126,10 @@ class TargetStep:
         windowed: dict[int, tuple[slice | torch.Tensor, torch.Tensor]] = {}
 
         def attn_fn(layer_idx, q, k, v):
-            keys, values = cache.keys[layer_idx], cache.values[layer_idx]  # [B, Hkv, Tmax, D], new K/V written
+            keys, values = (
+                cache.keys[layer_idx],
+                cache.values[layer_idx],
+            )  # [B, Hkv, Tmax, D], new K/V written
             window, scale = self.target.layer_windows[layer_idx], self.scales[layer_idx]
             if first_chunk and window is None:
                 out, _ = attn_ops.attention(q, k, v, causal=True, scale=scale)

@@ -91,7 +91,9 @@ def test_batched_prefill_shares_the_chunk_budget(monkeypatch):
 
     monkeypatch.setattr(TargetStep, "forward", spy)
     engine = SpeculativeEngine(target, random_drafter(target))
-    results = engine.generate_batch(prompts, GenerationConfig(max_new_tokens=6, prefill_chunk=16), method="ar")
+    results = engine.generate_batch(
+        prompts, GenerationConfig(max_new_tokens=6, prefill_chunk=16), method="ar"
+    )
     assert [r.tokens for r in results] == refs
     longest = max(p.numel() for p in prompts)
     prefill = shapes[: -(6 - 1)]  # then one decode step per token after the prefill's

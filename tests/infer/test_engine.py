@@ -6,7 +6,7 @@ import torch
 from infer_helpers import WINDOW, OracleDrafter, random_drafter, reference_greedy
 
 from longspec.drafter import DrafterConfig
-from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine
+from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine, cache_slots
 from longspec.infer.tree import TreeLayout
 from longspec.testing import make_tiny_target
 
@@ -93,7 +93,7 @@ def test_drafter_state_is_independent_of_context_length(llama):
 def test_caches_are_allocated_once(llama):
     """reserve() sizes the static target cache; later calls (any length up to it) reuse the same storage."""
     engine = SpeculativeEngine(llama, random_drafter(llama))
-    engine.reserve(300)
+    engine.reserve(cache_slots([150], GenerationConfig(max_new_tokens=8)))
     pointers = (engine.cache.keys.data_ptr(), engine.drafter_cache.keys.data_ptr())
     for length in (150, 20):
         engine.generate(torch.randint(0, 256, (length,)), GenerationConfig(max_new_tokens=8))
@@ -241,6 +241,35 @@ def test_static_shape_rounds_equal_eager(family):
     longer = torch.randint(0, 256, (70,))
     result = engine.generate(longer, GenerationConfig(max_new_tokens=8, static_shapes=True))
     assert result.tokens == reference_greedy(target, longer, 8)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_static_rounds_run_one_ahead(llama, static, monkeypatch):
+    """On static shapes round k + 1 is launched before round k settles (its tokens reach the host while the
+    next round runs); eager rounds settle one by one. Both write the target's greedy output, and the last
+    launched round is not wasted when max_new_tokens ends the call."""
+    engine = SpeculativeEngine(llama, random_drafter(llama))
+    events = []
+    launch, finish = engine._launch, engine._finish
+
+    def spy_launch(*args, **kwargs):
+        out = launch(*args, **kwargs)
+        events.append("L")
+        return out
+
+    def spy_finish(rnd):
+        events.append("F")
+        return finish(rnd)
+
+    monkeypatch.setattr(engine, "_launch", spy_launch)
+    monkeypatch.setattr(engine, "_finish", spy_finish)
+    prompt = torch.randint(0, 256, (24,))
+    config = GenerationConfig(max_new_tokens=20, static_shapes=static, tree_widths=(2, 2))
+    result = engine.generate(prompt, config)
+    assert result.tokens == reference_greedy(llama, prompt, 20)
+    order = "".join(events)
+    assert order.count("L") == order.count("F") == result.stats.rounds
+    assert ("LLF" in order) == static and order.endswith("F")
 
 
 def test_cuda_graphs_need_cuda(llama):

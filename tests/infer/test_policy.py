@@ -176,8 +176,8 @@ def test_round_costs_are_measured_per_bucket_and_reused():
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_round_copies_to_the_host_once(monkeypatch, temperature):
-    """The static-shape round (draft, verify, device-side acceptance, commit) reads device values on the host
-    exactly once: the packed emitted tokens / path / count."""
+    """The static-shape round (draft, verify, device-side acceptance, commit) reads no device value on the host
+    when it is launched, and exactly one when it settles: the packed emitted tokens / path / count."""
     target = make_tiny_target("llama")
     engine = SpeculativeEngine(target, random_drafter(target))
     config = GenerationConfig(
@@ -191,8 +191,8 @@ def test_a_round_copies_to_the_host_once(monkeypatch, temperature):
     from longspec.infer.timing import PhaseClock
 
     clock = PhaseClock(engine.device)
-    engine._round(
-        "longspec", (2, 3), root.reshape(1), config, generator, static=True, clock=clock
+    engine._finish(
+        engine._launch("longspec", (2, 3), root.reshape(1), config, generator, static=True, clock=clock)[0]
     )  # builds the steps
     reads = []
     for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
@@ -203,11 +203,11 @@ def test_a_round_copies_to_the_host_once(monkeypatch, temperature):
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, spy)
-    tokens, path, _ = engine._round(
-        "longspec", (2, 3), root.reshape(1), config, generator, static=True, clock=clock
-    )
+    rnd, _ = engine._launch("longspec", (2, 3), root.reshape(1), config, generator, static=True, clock=clock)
+    launch_reads = list(reads)
+    tokens, path = engine._finish(rnd)
     monkeypatch.undo()
-    assert reads == ["tolist"] and 1 <= len(tokens[0]) == len(path[0]) <= 3
+    assert launch_reads == [] and reads == ["tolist"] and 1 <= len(tokens[0]) == len(path[0]) <= 3
 
 
 @pytest.mark.parametrize("rule", ["rrs", "deterministic"])
