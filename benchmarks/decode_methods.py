@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--methods", nargs="+", default=["vanilla_hf", "vanilla_fa", "hf_compile", "ar", "ar_graphs"])
+    parser.add_argument(
+        "--methods", nargs="+", default=["vanilla_hf", "vanilla_fa", "hf_compile", "ar", "ar_graphs"]
+    )
     parser.add_argument("--no-cudnn-sdp", action="store_true")
     parser.add_argument("--tree", default="auto", help="longspec's tree: auto, or fixed widths like 4,16,16")
     parser.add_argument("--window", type=int, default=512, help="the random drafter's window (longspec)")
@@ -55,7 +57,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch.backends.cuda.enable_cudnn_sdp(False)
     longest = max(args.contexts) + args.tokens
     if args.shape:
-        config = {"8b": llama31_8b_config, "smollm2": smollm2_135m_config}[args.shape](attn_implementation="sdpa")
+        config = {"8b": llama31_8b_config, "smollm2": smollm2_135m_config}[args.shape](
+            attn_implementation="sdpa"
+        )
         config.max_position_embeddings = max(config.max_position_embeddings, longest)
     else:
         shape = dict(MODEL_PRESETS[args.preset])

@@ -245,7 +245,9 @@ def bench_context(
                     with layer_route(engine, route):
                         replayed = engine.verify(one, static=True, capture=True).float()
                         row[f"ar_graph_{route}_max_abs_diff"] = float((replayed - static.float()).abs().max())
-                        row[f"ar_graph_{route}_ms"] = timer(lambda: engine.verify(one, static=True, capture=True))
+                        row[f"ar_graph_{route}_ms"] = timer(
+                            lambda: engine.verify(one, static=True, capture=True)
+                        )
                 except Exception as exc:  # noqa: BLE001 - a route that cannot run here is recorded, not fatal
                     row[f"ar_graph_{route}_error"] = f"{type(exc).__name__}: {exc}"[:300]
 

@@ -50,7 +50,9 @@ def _unknown_token_options(data):
 
 def test_unknown_piece_options_do_not_count_for_byte_level_bpe(tmp_path):
     tokenizer = build_tiny_bpe_tokenizer()
-    assert tokenizer_hash(_saved(tokenizer, tmp_path / "a", _unknown_token_options)) == tokenizer_hash(tokenizer)
+    assert tokenizer_hash(_saved(tokenizer, tmp_path / "a", _unknown_token_options)) == tokenizer_hash(
+        tokenizer
+    )
 
 
 def _swap_merge(data):

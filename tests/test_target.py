@@ -183,7 +183,9 @@ def test_packing_shares_storage_and_keeps_the_hf_model_working(anchor_ids):
     attn, mlp, packed = target.layers[0].self_attn, target.layers[0].mlp, target.packed[0]
     assert attn.k_proj.weight.untyped_storage().data_ptr() == packed.qkv_weight.untyped_storage().data_ptr()
     assert attn.v_proj.bias.untyped_storage().data_ptr() == packed.qkv_bias.untyped_storage().data_ptr()
-    assert mlp.up_proj.weight.untyped_storage().data_ptr() == packed.gate_up_weight.untyped_storage().data_ptr()
+    assert (
+        mlp.up_proj.weight.untyped_storage().data_ptr() == packed.gate_up_weight.untyped_storage().data_ptr()
+    )
     assert sum(p.numel() for p in target.parameters()) == params_before
     assert not any(name.startswith("packed") for name in target.state_dict())  # checkpoints keep HF names
     torch.testing.assert_close(target.model(ids, position_ids=pos).logits, hf_before, atol=0, rtol=0)

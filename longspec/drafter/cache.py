@@ -31,18 +31,30 @@ class DrafterCache:
         W = config.window
         self.window = W
         shape = (batch_size, config.num_kv_heads, W, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [B,Hkv,W,D] post-RoPE
-        self.values = torch.zeros(shape, dtype=dtype, device=device)  # [B,Hkv,W,D]
-        self.positions = torch.full((batch_size, W), -1, dtype=torch.long, device=device)  # [B,W]
-        self.num_appended = torch.zeros(
-            batch_size, dtype=torch.long, device=device
-        )  # [B] tokens ever written
+        # The storage: `batch_size` rows for good; the buffer works on its first `rows` (`use_rows`), views whose
+        # addresses depend only on that number (what captured draft steps need when a batch shrinks).
+        self._storage = (
+            torch.zeros(shape, dtype=dtype, device=device),  # keys [B,Hkv,W,D] post-RoPE
+            torch.zeros(shape, dtype=dtype, device=device),  # values [B,Hkv,W,D]
+            torch.full((batch_size, W), -1, dtype=torch.long, device=device),  # positions [B,W]
+            torch.zeros(batch_size, dtype=torch.long, device=device),  # num_appended [B]: tokens ever written
+        )
+        self.use_rows(batch_size)
+
+    def use_rows(self, rows: int) -> None:
+        """Work on the first `rows` rows of the storage (at most `capacity`)."""
+        if not 0 < rows <= self.capacity:
+            raise ValueError(f"{rows} rows do not fit a ring buffer of {self.capacity}")
+        self.keys, self.values, self.positions, self.num_appended = (t[:rows] for t in self._storage)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the storage holds."""
+        return self._storage[0].shape[0]
 
     @property
     def nbytes(self) -> int:
-        return sum(
-            t.numel() * t.element_size() for t in (self.keys, self.values, self.positions, self.num_appended)
-        )
+        return sum(t.numel() * t.element_size() for t in self._storage)
 
     def reset(self) -> None:
         self.positions.fill_(-1)
@@ -65,7 +77,9 @@ class DrafterCache:
         positions = positions.to(self.positions.device)
         valid = positions >= 0  # [B,n]
         num_valid = valid.sum(1, keepdim=True)
-        rank = torch.where(valid, valid.cumsum(1) - 1, num_valid + (~valid).cumsum(1) - 1)  # distinct in [0, n)
+        rank = torch.where(
+            valid, valid.cumsum(1) - 1, num_valid + (~valid).cumsum(1) - 1
+        )  # distinct in [0, n)
         slots = (self.num_appended[:, None] + rank) % self.window  # [B,n]
         index = slots[:, None, :, None].expand(B, self.keys.shape[1], n, self.keys.shape[3])
         keep = valid[:, None, :, None]
@@ -74,15 +88,13 @@ class DrafterCache:
         self.positions.scatter_(1, slots, torch.where(valid, positions, self.positions.gather(1, slots)))
         self.num_appended += num_valid[:, 0]
 
-    def select_rows(self, rows: list[int]) -> DrafterCache:
-        """A new ring buffer holding these rows (in this order, repeats allowed); this one is left as it was."""
-        index = torch.tensor(rows, device=self.keys.device)
-        new = object.__new__(DrafterCache)
-        new.window = self.window
-        new.keys, new.values = self.keys.index_select(0, index), self.values.index_select(0, index)
-        new.positions = self.positions.index_select(0, index)
-        new.num_appended = self.num_appended.index_select(0, index)
-        return new
+    def move_rows(self, moves: list[tuple[int, int]], rows: int) -> None:
+        """Row `to` takes what row `src` held, for each (to, src) in `moves` in order (an order that is safe in
+        place: `longspec.infer.slots.compaction`), then the buffer works on the first `rows` rows."""
+        for tensor in self._storage:
+            for to, src in moves:
+                tensor[to].copy_(tensor[src])
+        self.use_rows(rows)
 
     def visible_mask(self, query_positions: torch.Tensor) -> torch.Tensor:
         """query_positions [B,Tq] -> bool [B,Tq,W]: slot visible iff filled and within the query's window."""

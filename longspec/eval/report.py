@@ -34,7 +34,9 @@ def pooled_acceptance_profile(records: list[dict]) -> list[float | None]:
     depth = max((len(r.get("depth_reached") or []) for r in records), default=0)
     reached, accepted = [0] * depth, [0] * depth
     for r in records:
-        for d, (n, a) in enumerate(zip(r.get("depth_reached") or [], r.get("depth_accepted") or [], strict=True)):
+        for d, (n, a) in enumerate(
+            zip(r.get("depth_reached") or [], r.get("depth_accepted") or [], strict=True)
+        ):
             reached[d] += n
             accepted[d] += a
     return acceptance_profile(reached, accepted)
@@ -240,7 +242,11 @@ def report_markdown(results: dict) -> str:
             )
     tree_rows = [(d, m, agg["trees"]) for d in datasets for m, agg in summary[d].items() if agg.get("trees")]
     if tree_rows:
-        lines += ["", "## Trees run (share of rounds; ar = no speculation) and acceptance per depth d (P(d accepted | d-1 was))", ""]
+        lines += [
+            "",
+            "## Trees run (share of rounds; ar = no speculation) and acceptance per depth d (P(d accepted | d-1 was))",
+            "",
+        ]
         for d, method, trees in tree_rows:
             total = sum(trees.values())
             shares = sorted(trees.items(), key=lambda kv: -kv[1])

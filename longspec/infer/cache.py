@@ -34,12 +34,15 @@ class StaticKVCache:
         if max_len < 1:
             raise ValueError(f"KV cache max_len must be positive, got {max_len}")
         shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.lengths = [0] * batch_size  # committed tokens per row (host)
+        # The storage: `batch_size` rows, for good. The cache works on its first `rows` (`use_rows`): views whose
+        # addresses depend only on that number, so the steps captured for a batch bucket stay valid when a batch
+        # shrinks to it and in later calls (one layer's slab, keys[l], stays contiguous).
+        self._keys = torch.zeros(shape, dtype=dtype, device=device)
+        self._values = torch.zeros(shape, dtype=dtype, device=device)
         # Device mirror of `lengths` for ragged / static-shape steps (CUDA graphs read it; set by `sync_length`).
-        self.lengths_t = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self._synced: list[int] | None = [0] * batch_size  # the lengths `lengths_t` holds (None: unknown)
+        self._lengths_t = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.lengths = [0] * batch_size  # committed tokens per row (host)
+        self.use_rows(batch_size)
         # While rounds are in flight the device lengths lead (each round's commit advances them on the device)
         # and the host's follow as rounds settle: `sync_length` must not write the host's behind them.
         self.device_leads = False
@@ -58,6 +61,21 @@ class StaticKVCache:
             dtype=dtype or weight.dtype,
             device=device or weight.device,
         )
+
+    def use_rows(self, rows: int) -> None:
+        """Work on the first `rows` rows of the storage (a batch of `rows`; at most `capacity`), their lengths
+        kept (new rows start at 0)."""
+        if not 0 < rows <= self.capacity:
+            raise ValueError(f"{rows} rows do not fit a cache of {self.capacity}")
+        self.keys, self.values = self._keys[:, :rows], self._values[:, :rows]  # [L, rows, Hkv, Tmax, D]
+        self.lengths_t = self._lengths_t[:rows]
+        self.lengths = (self.lengths + [0] * rows)[:rows]
+        self._synced: list[int] | None = None  # the lengths `lengths_t` holds (None: unknown)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the storage holds (the largest batch this cache serves)."""
+        return self._keys.shape[1]
 
     @property
     def max_len(self) -> int:
@@ -83,7 +101,8 @@ class StaticKVCache:
         self.lengths = [int(value)] * self.batch_size
 
     def nbytes(self) -> int:
-        return self.keys.numel() * self.keys.element_size() * 2
+        """Bytes of the storage (every row, used or not)."""
+        return self._keys.numel() * self._keys.element_size() * 2
 
     def reset(self) -> None:
         self.length = 0
@@ -114,17 +133,19 @@ class StaticKVCache:
         """The device lengths moved without the host's: the next `sync_length` writes them again."""
         self._synced = None
 
-    def select_rows(self, rows: list[int]) -> StaticKVCache:
-        """A new cache holding these rows (in this order, repeats allowed) with their lengths; this one is left as
-        it was (free it by dropping it)."""
-        index = torch.tensor(rows, device=self.keys.device)
-        new = object.__new__(StaticKVCache)
-        new.keys, new.values = self.keys.index_select(1, index), self.values.index_select(1, index)
-        new.lengths = [self.lengths[row] for row in rows]
-        new.lengths_t = self.lengths_t.index_select(0, index)
-        new._synced = None  # this cache's device lengths may be a step behind its host ones
-        new.device_leads = self.device_leads
-        return new
+    def move_rows(self, moves: list[tuple[int, int]], rows: int) -> None:
+        """Row `to` takes what row `src` held (K/V and length), for each (to, src) in `moves` in order (a safe
+        order: `slots.compaction`), then the cache works on the first `rows` rows. In place: no second cache is
+        allocated (at 32K x 16 rows on an 8B target a copy would not fit beside it)."""
+        for cache in (self._keys, self._values):
+            for to, src in moves:
+                cache[:, to].copy_(cache[:, src])
+        lengths = list(self.lengths)
+        for to, src in moves:
+            self._lengths_t[to].copy_(self._lengths_t[src])
+            lengths[to] = lengths[src]
+        self.use_rows(rows)
+        self.lengths = lengths[:rows]
 
     def check_room(self, num_tokens: int) -> None:
         """Raise when a forward of `num_tokens` per row would write past the reserved slots."""

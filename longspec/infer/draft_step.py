@@ -37,11 +37,16 @@ class DraftStep:
         self.device = device
         self.cache: DrafterCache | None = None  # the ring buffer, allocated by `allocate`
 
-    def allocate(self, dtype: torch.dtype, batch_size: int = 1) -> None:
+    def allocate(self, dtype: torch.dtype, batch_size: int = 1) -> bool:
         """Allocate the ring buffer (in the target cache's dtype, one row per sequence) on first use; later calls
-        of the same batch size keep it."""
-        if self.cache is None or self.cache.keys.shape[0] != batch_size:
-            self.cache = DrafterCache(self.drafter.config, batch_size, dtype=dtype, device=self.device)
+        of up to as many rows keep it (working on their first rows), so captured draft steps stay valid.
+        Returns whether it was (re)allocated: the steps that read the old one must go."""
+        if self.cache is not None and self.cache.capacity >= batch_size and self.cache.keys.dtype == dtype:
+            self.cache.use_rows(batch_size)
+            return False
+        self.cache = None  # freed before the new one
+        self.cache = DrafterCache(self.drafter.config, batch_size, dtype=dtype, device=self.device)
+        return True
 
     def prefill(self, prompts: list[torch.Tensor]) -> None:
         """Fill each row of the ring buffer with the self-attention K/V of the last `window` tokens of its

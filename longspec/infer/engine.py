@@ -60,7 +60,7 @@ from longspec.infer.pld import prompt_lookup
 from longspec.infer.policy import AdaptivePolicy, MeasuredCosts
 from longspec.infer.round_costs import choose_policy
 from longspec.infer.round_costs import measure_round_costs as _measure_round_costs
-from longspec.infer.slots import BatchSlots, bucket
+from longspec.infer.slots import BatchSlots, bucket, compaction
 from longspec.infer.stats import GenerationStats
 from longspec.infer.target_step import TargetStep, prefill_slots
 from longspec.infer.timing import PhaseClock, now, timer
@@ -367,12 +367,12 @@ class SpeculativeEngine:
         return [row[: row[-1]] for row in out], [row[depth + 1 : depth + 1 + row[-1]] for row in out]
 
     def _select_slots(self, index: list[int], roots: torch.Tensor, contexts):
-        """Per-slot state follows `BatchSlots.shrink`: the target cache rows, the drafter's ring rows (and the
-        drafter's own per-row state, if it has a `select_rows`), the roots and the PLD contexts. The next round
-        builds (or captures) its steps for the new batch size."""
+        """Per-slot state follows `BatchSlots.shrink`: the target cache rows and the drafter's ring rows (moved
+        in place, so the steps of the smaller bucket, built once, serve again), the drafter's own per-row state
+        (if it has a `select_rows`), the roots and the PLD contexts."""
         self.target_step.select_rows(index)
         if self.draft_step is not None and self.draft_step.cache is not None:
-            self.draft_step.cache = self.draft_step.cache.select_rows(index)
+            self.draft_step.cache.move_rows(compaction(index), len(index))
         if hasattr(self.drafter, "select_rows"):  # a drafter with per-row state of its own
             self.drafter.select_rows(index)
         roots = roots.index_select(0, torch.tensor(index, device=self.device))
@@ -512,8 +512,8 @@ class SpeculativeEngine:
         """The target cache reserved for `needed` tokens per row (reused, or grown); the drafter's ring buffer
         allocated with it on first use, in the cache's dtype, one row per sequence."""
         self.target_step.reserve(needed, batch_size)
-        if self.draft_step is not None:
-            self.draft_step.allocate(self.cache.keys.dtype, batch_size)
+        if self.draft_step is not None and self.draft_step.allocate(self.cache.keys.dtype, batch_size):
+            self.target_step.steps = {}  # the draft steps read the old ring's addresses
 
     def _prefill(self, prompts: list[torch.Tensor], config: GenerationConfig, generator) -> torch.Tensor:
         """`TargetStep.prefill` of every prompt -> the first generated token of each [B] (on device)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BatchSlots", "bucket"]
+__all__ = ["BatchSlots", "bucket", "compaction"]
 
 
 def bucket(n: int) -> int:
@@ -45,14 +45,26 @@ class BatchSlots:
         return len(self.active) > 1 and 0 < 2 * running <= len(self.active)
 
     def shrink(self) -> list[int] | None:
-        """When at most half the slots still run: the slots to keep, in order, padded to their bucket with a
-        finished slot (the caller moves its per-slot state to match); else None."""
+        """When at most half the slots still run: `index`, what each slot of the smaller bucket takes over (the
+        running slots in order, then padding slots that keep what they hold, frozen), else None. The caller
+        moves its per-slot state to match (`compaction`). Every slot that moves takes a later one, in
+        increasing order, so the state can move in place, front to back."""
         if not self.shrink_due():
             return None
-        running = sum(self.active)
         keep = [slot for slot, on in enumerate(self.active) if on]
-        index = keep + [self.active.index(False)] * (bucket(running) - running)
+        index = keep + list(range(len(keep), bucket(len(keep))))
         self.rows = [self.rows[slot] for slot in index]
-        self.active = [self.active[slot] for slot in index]
+        self.active = [slot < len(keep) for slot in range(len(index))]
         self._masks = {}
         return index
+
+
+def compaction(index: list[int]) -> list[tuple[int, int]]:
+    """The (to, from) row moves that make rows [0, len(index)) hold what rows `index` held, in an order that is
+    safe in place: a row is read before any move writes it. `index` as `BatchSlots.shrink` gives it (a row
+    that moves takes a later one, in increasing order); anything else is refused."""
+    moves = [(to, src) for to, src in enumerate(index) if src != to]
+    sources = [src for _, src in moves]
+    if any(src < to for to, src in moves) or sources != sorted(set(sources)):
+        raise ValueError(f"rows {index} cannot move in place (a row may only take a later one, in order)")
+    return moves

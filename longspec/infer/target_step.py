@@ -15,6 +15,7 @@ import torch
 
 from longspec.infer.cache import StaticKVCache
 from longspec.infer.graphs import StaticStep
+from longspec.infer.slots import compaction
 from longspec.infer.tree import DraftTree
 from longspec.modules import attention as attn_ops
 from longspec.modules.attention import within_window
@@ -35,9 +36,11 @@ class TargetStep:
         self.steps: dict[tuple, StaticStep] = {}  # static / captured steps by (kind, shape, capture, ...)
 
     def reserve(self, needed: int, batch_size: int = 1) -> None:
-        """Allocate the cache once and reuse it across calls (reset to length 0); reallocate (and drop captured
-        graphs, which hold its addresses) only when a call needs more slots or another batch size."""
-        if self.cache is not None and self.cache.max_len >= needed and self.cache.batch_size == batch_size:
+        """Allocate the cache once and reuse it across calls (reset to length 0), for any batch up to its rows
+        (a smaller batch works on its first rows: `StaticKVCache.use_rows`); reallocate (and drop the captured
+        graphs, which hold its addresses) only when a call needs more slots or more rows."""
+        if self.cache is not None and self.cache.max_len >= needed and self.cache.capacity >= batch_size:
+            self.cache.use_rows(batch_size)
             self.cache.reset()
             return
         # Free the old cache (and the steps that hold its addresses) before allocating: at 32K x batch 16 on the
@@ -61,11 +64,11 @@ class TargetStep:
                 None  # equal again once every round settled; an exception leaves them unknown
             )
 
-    def select_rows(self, rows: list[int]) -> None:
-        """Keep these cache rows (in this order; a batch that shrinks): the steps, built for the old batch size
-        and its cache's addresses, are dropped."""
-        self.steps = {}
-        self.cache = self.cache.select_rows(rows)
+    def select_rows(self, index: list[int]) -> None:
+        """Keep the cache rows `index` (a batch that shrinks, `BatchSlots.shrink`), moved in place to the front
+        (`slots.compaction`). The steps stay: each was built for its batch size, on the views of that many rows,
+        which do not move, so a bucket's captured steps serve every later shrink to it and later calls."""
+        self.cache.move_rows(compaction(index), len(index))
 
     def static_step(self, key, fn, inputs: tuple[torch.Tensor, ...], capture: bool, *, effects: bool = False):
         """Run fn on static buffers (built, and captured when asked, on first use) with the cache lengths

@@ -29,7 +29,16 @@ def add_rms_norm(x, residual, weight, eps: float):
 
 
 def qkv_rope(
-    qkv, cos, sin, num_heads: int, num_kv_heads: int, *, q_norm=None, k_norm=None, eps: float = 1e-6, cache=None
+    qkv,
+    cos,
+    sin,
+    num_heads: int,
+    num_kv_heads: int,
+    *,
+    q_norm=None,
+    k_norm=None,
+    eps: float = 1e-6,
+    cache=None,
 ):
     """Packed qkv [B, T, (H + 2 Hkv) * D] -> q [B, H, T, D], k, v [B, Hkv, T, D], q and k rotated; with cache =
     (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T]) k and v are also written to those cache slots."""

@@ -53,7 +53,10 @@ def test_eval_cli_end_to_end(tiny_target_dir, longbench_jsonl, tmp_path):
     report = (out / "report.md").read_text()
     assert "| longspec |" in report and "rows τ" in report and "3 malformed" in report
     # tree=auto (the default): costs measured at warm-up, the trees that ran counted and reported
-    assert results["round_costs_s"] and sum(summary["longspec"]["trees"].values()) == summary["longspec"]["rounds"]
+    assert (
+        results["round_costs_s"]
+        and sum(summary["longspec"]["trees"].values()) == summary["longspec"]["rounds"]
+    )
     assert "## Trees run" in report and "- rows / longspec: `" in report
 
 

@@ -248,6 +248,14 @@ def test_finished_rows_leave_a_static_batch(method):
     results = engine.generate_batch(prompts, config, method=method)
     assert [r.tokens for r in results] == expected
     assert engine.cache.batch_size < len(prompts)  # the batch shrank on the way
+    # The rows moved in place: the same storage, and the smaller bucket's steps, built once, serve the next
+    # call's shrink (with graphs: captured once, not inside every timed decode).
+    storage, steps = engine.cache.nbytes(), dict(engine.target_step.steps)
+    assert {key[-1] for key in steps} >= {4, engine.cache.batch_size}
+    results = engine.generate_batch(prompts, config, method=method)
+    assert [r.tokens for r in results] == expected and engine.cache.nbytes() == storage
+    assert engine.target_step.steps.keys() == steps.keys()
+    assert all(engine.target_step.steps[key] is step for key, step in steps.items())
 
 
 def test_device_lengths_are_copied_once_per_change():
@@ -265,7 +273,8 @@ def test_device_lengths_are_copied_once_per_change():
     cache.commit([1, 0])
     cache.sync_length()
     assert cache.lengths_t.tolist() == [4, 5]
-    shrunk = cache.select_rows([1])
-    shrunk.lengths_t.fill_(-7)
-    shrunk.sync_length()
-    assert shrunk.lengths_t.tolist() == [5]
+    engine.target_step.select_rows([1])  # row 1 moves to the front, in place
+    assert cache.lengths == [5] and cache.lengths_t.tolist() == [5] and engine.cache is cache
+    cache.lengths_t.fill_(-7)
+    cache.sync_length()
+    assert cache.lengths_t.tolist() == [5]

@@ -121,8 +121,9 @@ def test_reserve_for_is_what_a_call_needs(llama, batch):
 
 
 def test_a_grown_cache_frees_the_old_one_before_allocating(llama, monkeypatch):
-    """Growing the cache (a longer call, another batch size) must not hold the old and the new together: at 32K
-    x batch 16 on the 8B shape the two did not fit on the GPU (a local reference kept the old one alive)."""
+    """Growing the cache (a longer call, more rows) must not hold the old and the new together: at 32K x batch 16
+    on the 8B shape the two did not fit on the GPU (a local reference kept the old one alive). A smaller batch
+    works on the first rows of the cache it finds."""
     import gc
     import weakref
 
@@ -139,10 +140,12 @@ def test_a_grown_cache_frees_the_old_one_before_allocating(llama, monkeypatch):
         return allocate(*args, **kwargs)
 
     monkeypatch.setattr(target_step.StaticKVCache, "for_target", spy)
-    for needed, batch_size in ((128, 2), (128, 1)):  # longer, then another batch size
+    for needed, batch_size in ((128, 2), (128, 4)):  # longer, then more rows
         old = weakref.ref(engine.cache)
         engine.reserve(needed, batch_size=batch_size)
-    assert seen == [True, True] and engine.cache.batch_size == 1
+    assert seen == [True, True] and engine.cache.batch_size == 4
+    engine.reserve(100, batch_size=1)  # fewer rows, fewer slots: the same storage, its first row
+    assert len(seen) == 2 and engine.cache.batch_size == 1 and engine.cache.capacity == 4
 
 
 def test_eos_and_max_new_tokens_truncate(llama):

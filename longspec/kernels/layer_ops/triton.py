@@ -196,7 +196,11 @@ def qkv_rope(
     norm = q_norm if q_norm is not None else rows  # a dummy pointer when there is no norm
     if cache is not None:
         k_cache, v_cache, slots = cache
-        assert k_cache.shape[:2] == (B, num_kv_heads) and k_cache.shape[3] == D and v_cache.shape == k_cache.shape
+        assert (
+            k_cache.shape[:2] == (B, num_kv_heads)
+            and k_cache.shape[3] == D
+            and v_cache.shape == k_cache.shape
+        )
         assert k_cache.stride(-1) == v_cache.stride(-1) == 1 and k_cache.dtype == v_cache.dtype == qkv.dtype
         assert slots.shape == (B, T) and not slots.dtype.is_floating_point
     else:
