@@ -91,6 +91,131 @@ class _Round:
     index: int = 0  # the call's round number
 
 
+class _DecodeLoop:
+    """One `generate_batch` call's rounds, from the first root to the last settle.
+
+    One round ahead: on static shapes the next round is launched before the last one's tokens reach the host (a
+    round's inputs, its roots, the cache lengths and the ring, are on the device), so the host's work between
+    rounds hides behind the device's. PLD looks its drafts up on the host (from the last round's tokens) and eager
+    rounds gain nothing: they settle each round before the next. Everything is settled first where the host's
+    tokens are needed (the ring's catch-up, a batch that shrinks), and nothing stays in flight when the newest
+    round may end every running row (no wasted round).
+
+    The policy decides round j from what rounds < j - 1 showed (acceptance, times, context length), whether round
+    j - 1 is still in flight or not: the trees, and so a sampled output, do not depend on how far ahead the
+    rounds run (static shapes or eager, with or without graphs)."""
+
+    def __init__(self, engine, method, config, policy, slots, emitted, stats, contexts, generator, clock):
+        self.engine, self.method, self.config, self.policy = engine, method, config, policy
+        self.spec = get_method(method, runner="engine")
+        self.slots, self.emitted, self.stats, self.contexts = slots, emitted, stats, contexts
+        self.generator, self.clock = generator, clock
+        self.static = config.static_shapes or config.cuda_graphs
+        self.lookahead = self.static and self.spec.drafts != "ngram"
+        # The call's batch (its bucket) decides whether plain rounds fill the ring (`ring_commit`), also after a
+        # shrink: rows of different lengths cannot catch up together.
+        self.batch = engine.cache.batch_size
+        self.inflight: list[_Round] = []
+        self.launched = 0  # rounds launched so far (the next one's index)
+        # Committed tokens whose K/V are in the drafter's ring buffer: positions < drafter_synced (`ring_commit`:
+        # at batch 1 a plain round leaves the ring to catch up later, from the host's tokens).
+        self.drafter_synced = max(engine.cache.lengths)
+        self.ring_behind = False  # a launched round skipped the ring
+        self.settled_at = time.perf_counter()
+        # What settled rounds showed, not yet given to the policy: (round, widths, ranks per running row,
+        # context_len, seconds); and the host's context length after each settled round (index 0: the prompt).
+        self.lags: list[tuple] = []
+        self.context_after = [max(engine.cache.lengths)]
+
+    def run(self, roots: torch.Tensor, *, prompt_len: int) -> None:
+        """Decode until every row has finished; `prompt_len` (of the first row) places the ring's catch-up."""
+        engine, slots = self.engine, self.slots
+        with engine.target_step.device_lengths_lead():
+            while True:
+                launched = False
+                if any(slots.active):  # the host's view: a row that ended in a round in flight still runs
+                    roots, launched = self._launch_next(roots, prompt_len)
+                while len(self.inflight) > (1 if self.lookahead and launched else 0):
+                    self._settle()
+                if self.inflight and all(
+                    len(self.emitted[row]) + self.inflight[-1].depth + 1 >= self.config.max_new_tokens
+                    for _, row in slots.running()
+                ):
+                    self._settle()
+                if self.static and slots.shrink_due():  # finished rows leave the batch, nothing in flight
+                    while self.inflight:
+                        self._settle()
+                    if (index := slots.shrink()) is not None:
+                        roots, self.contexts = engine._select_slots(index, roots, self.contexts)
+                if not self.inflight and not any(slots.active):
+                    break
+        self._observe(self.launched + 1)  # the last rounds' lessons, for the policy's next call
+
+    def _launch_next(self, roots: torch.Tensor, prompt_len: int) -> tuple[torch.Tensor, bool]:
+        """Choose and launch the next round (after the ring's catch-up, if it needs one); returns the next roots
+        and whether a round was launched (a catch-up settles everything first, and may find every row done)."""
+        engine, spec = self.engine, self.spec
+        widths, context_len = self._choose(self.launched) if self.policy is not None else ((), 0)
+        if spec.needs_drafter and widths and (self.ring_behind or self.drafter_synced < context_len):
+            while self.inflight:  # the ring catches up from the host's tokens: all of them first
+                self._settle()
+            end = max(engine.cache.lengths)
+            if self.drafter_synced < end:
+                engine.draft_step.catch_up(self.emitted[0], prompt_len, self.drafter_synced, end)
+                self.drafter_synced = end
+            self.ring_behind = False
+            if not any(self.slots.active):
+                return roots, False
+        ring = spec.needs_drafter and ring_commit(widths, self.batch)
+        rnd, roots = engine._launch(
+            self.method, widths, roots, self.config, self.generator, static=self.static, clock=self.clock,
+            contexts=self.contexts, commit_drafter=ring, slots=self.slots, context_len=context_len,
+        )  # fmt: skip
+        rnd.index, self.launched = self.launched, self.launched + 1
+        self.inflight.append(rnd)
+        self.ring_behind |= spec.needs_drafter and not ring
+        return roots, True
+
+    def _settle(self) -> None:
+        """The oldest round in flight: its tokens to the host (the round's one host sync), then the host's
+        bookkeeping: stats, stops, what the policy will observe."""
+        engine, slots = self.engine, self.slots
+        rnd = self.inflight.pop(0)
+        new_tokens, path_slots = engine._finish(rnd)
+        # In flight, a round's time is the gap between two settles (or since its launch, if later).
+        seconds = time.perf_counter() - max(self.settled_at, rnd.launched_at)
+        self.settled_at = time.perf_counter()
+        ranks = [_level_ranks(rnd.widths, path_slots[slot]) for slot, _ in slots.running()]
+        self.lags.append((rnd.index, rnd.widths, ranks, rnd.context_len, seconds))
+        self.context_after.append(max(engine.cache.lengths))
+        if rnd.ring:
+            self.drafter_synced = max(engine.cache.lengths)
+        tree = tree_name(rnd.widths) if self.spec.needs_drafter else None
+        for slot, row in slots.running():  # rows that finished in an earlier round ignore this one
+            self.stats[row].record_round(len(new_tokens[slot]) - 1, tree)
+            self.emitted[row].extend(new_tokens[slot])
+            if self.contexts is not None:
+                new = torch.tensor(new_tokens[slot], device=engine.device)
+                self.contexts[slot] = torch.cat([self.contexts[slot], new])
+            slots.active[slot] = not _finished(self.emitted[row], self.config, new=new_tokens[slot])
+
+    def _choose(self, index: int) -> tuple[tuple[int, ...], int]:
+        """Round `index`'s tree and the context length it is chosen for, from rounds < index - 1."""
+        self._observe(index)
+        context_len = self.context_after[max(0, index - 1)]
+        return self.policy.choose(context_len), context_len
+
+    def _observe(self, index: int) -> None:
+        """Give the policy what settled rounds < index - 1 showed."""
+        if self.policy is None:
+            return
+        while self.lags and self.lags[0][0] <= index - 2:
+            _, widths, ranks, context_len, seconds = self.lags.pop(0)
+            self.policy.observe_time(widths, context_len, seconds)
+            for row_ranks in ranks:
+                self.policy.observe(widths, row_ranks, context_len)
+
+
 def _to_host(packed: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     """Start the round's device-to-host copy without waiting for it: into pinned memory (an asynchronous copy
     needs it), with an event to wait on; a CPU tensor is already there."""
@@ -165,7 +290,6 @@ class SpeculativeEngine:
         spec = get_method(method, runner="engine")
         if spec.needs_drafter and self.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (pass one, or use drafter.init=random)")
-        static = config.static_shapes or config.cuda_graphs
         if config.cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs the target on a CUDA device")
         if len(prompts) == 0:
@@ -200,97 +324,8 @@ class SpeculativeEngine:
         slots = BatchSlots(
             [row < real and not _finished(e, config, new=e) for row, e in enumerate(emitted)], self.device
         )
-        # One round ahead: on static shapes the next round is launched before the last one's tokens reach the
-        # host (a round's inputs, its roots, the cache lengths and the ring, are on the device), so the host's
-        # work between rounds hides behind the device's. PLD looks its drafts up on the host (from the last
-        # round's tokens) and eager rounds gain nothing: they settle each round before the next.
-        lookahead = static and spec.drafts != "ngram"
-        # Committed tokens whose K/V are in the drafter's ring buffer: positions < drafter_synced (`ring_commit`:
-        # at batch 1 a plain round leaves the ring to catch up later, from the host's tokens).
-        drafter_synced = max(self.cache.lengths)
-        ring_behind = False  # a launched round skipped the ring
-        inflight: list[_Round] = []
-        settled_at = time.perf_counter()
-        # The policy decides round j from what rounds < j - 1 showed (their acceptance, times and context length),
-        # whether round j - 1 is still in flight or not: the trees, and so a sampled output, do not depend on
-        # how far ahead the rounds run (static shapes vs eager, with or without graphs).
-        lags: list[
-            tuple
-        ] = []  # (round, widths, ranks of each running row, context_len, seconds) not yet observed
-        context_after = [max(self.cache.lengths)]  # the host's context length after each settled round
-
-        def settle() -> None:
-            """The oldest round in flight: its tokens to the host (the round's one host sync), then the host's
-            bookkeeping: stats, stops, what the policy will observe."""
-            nonlocal drafter_synced, settled_at
-            rnd = inflight.pop(0)
-            new_tokens, path_slots = self._finish(rnd)
-            # In flight, a round's time is the gap between two settles (or since its launch, if later).
-            seconds = time.perf_counter() - max(settled_at, rnd.launched_at)
-            settled_at = time.perf_counter()
-            ranks = [_level_ranks(rnd.widths, path_slots[slot]) for slot, _ in slots.running()]
-            lags.append((rnd.index, rnd.widths, ranks, rnd.context_len, seconds))
-            context_after.append(max(self.cache.lengths))
-            if rnd.ring:
-                drafter_synced = max(self.cache.lengths)
-            tree = tree_name(rnd.widths) if spec.needs_drafter else None
-            for slot, row in slots.running():  # rows that finished in an earlier round ignore this one
-                stats[row].record_round(len(new_tokens[slot]) - 1, tree)
-                emitted[row].extend(new_tokens[slot])
-                if contexts is not None:
-                    new = torch.tensor(new_tokens[slot], device=self.device)
-                    contexts[slot] = torch.cat([contexts[slot], new])
-                slots.active[slot] = not _finished(emitted[row], config, new=new_tokens[slot])
-
-        def choose(index: int) -> tuple[tuple[int, ...], int]:
-            """Round `index`'s tree and context length, from rounds < index - 1 (see `lags`)."""
-            while lags and lags[0][0] <= index - 2:
-                _, widths, ranks, context_len, seconds = lags.pop(0)
-                policy.observe_time(widths, context_len, seconds)
-                for row_ranks in ranks:
-                    policy.observe(widths, row_ranks, context_len)
-            context_len = context_after[max(0, index - 1)]
-            return policy.choose(context_len), context_len
-
-        rounds = 0  # rounds launched
-        with self.target_step.device_lengths_lead():
-            while True:
-                launched = False
-                if any(slots.active):  # the host's view: a row that ended in a round in flight still runs
-                    widths, context_len = choose(rounds) if policy is not None else ((), 0)
-                    if spec.needs_drafter and widths and (ring_behind or drafter_synced < context_len):
-                        while inflight:  # the ring catches up from the host's tokens: all of them first
-                            settle()
-                        context_len = max(self.cache.lengths)
-                        if drafter_synced < context_len:
-                            self.draft_step.catch_up(emitted[0], lengths[0], drafter_synced, context_len)
-                            drafter_synced = context_len
-                        ring_behind = False
-                    if any(slots.active):
-                        ring = spec.needs_drafter and ring_commit(widths, batch)
-                        rnd, roots = self._launch(
-                            method, widths, roots, config, generator, static=static, clock=clock,
-                            contexts=contexts, commit_drafter=ring, slots=slots, context_len=context_len,
-                        )  # fmt: skip
-                        rnd.index, rounds = rounds, rounds + 1
-                        inflight.append(rnd)
-                        ring_behind |= spec.needs_drafter and not ring
-                        launched = True
-                while len(inflight) > (1 if lookahead and launched else 0):
-                    settle()
-                # Nothing more in flight when the newest round may end every running row (no wasted round).
-                if inflight and all(
-                    len(emitted[row]) + inflight[-1].depth + 1 >= config.max_new_tokens
-                    for _, row in slots.running()
-                ):
-                    settle()
-                if static and slots.shrink_due():  # finished rows leave the batch, once nothing is in flight
-                    while inflight:
-                        settle()
-                    if (index := slots.shrink()) is not None:
-                        roots, contexts = self._select_slots(index, roots, contexts)
-                if not inflight and not any(slots.active):
-                    break
+        loop = _DecodeLoop(self, method, config, policy, slots, emitted, stats, contexts, generator, clock)
+        loop.run(roots, prompt_len=lengths[0])
         decode_s = now(self.device) - decode_start
         results = []
         for row in range(real):
