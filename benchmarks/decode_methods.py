@@ -18,8 +18,11 @@ Writes JSON to $OUT/decode_methods.json when OUT is set.
 from __future__ import annotations
 
 import argparse
+import functools
+import gzip
 import json
 import os
+import time
 
 import torch
 
@@ -46,6 +49,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--no-cudnn-sdp", action="store_true")
     parser.add_argument("--tree", default="auto", help="longspec's tree: auto, or fixed widths like 4,16,16")
     parser.add_argument("--window", type=int, default=512, help="the random drafter's window (longspec)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed repeats, one more run of each method under torch.profiler: wall vs device-busy time "
+        "(how much of a token the device waits for the host), the top host ops, a trace per method in $OUT",
+    )
     args = parser.parse_args(argv)
 
     from transformers import LlamaConfig
@@ -74,7 +83,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         drafter_config = DrafterConfig.from_target_config(target.config, window=args.window)
         drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head).to(device=device, dtype=dtype)
     engine = SpeculativeEngine(target, drafter)
-    engine.reserve(max(args.contexts) + args.tokens + GenerationConfig().max_round_nodes + 1)
+    engine.reserve_for([max(args.contexts)], GenerationConfig(max_new_tokens=args.tokens))
     generator = torch.Generator().manual_seed(0)
 
     rows = []
@@ -97,6 +106,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rows.append({"context": context, "method": method, "tokens_per_s": speeds})
             if trees:
                 rows[-1]["trees"] = trees
+            if args.profile:
+                out = os.environ.get("OUT")
+                trace = os.path.join(out, f"trace_{method}_{context}.json") if out else None
+                run = functools.partial(run_method, base, prompt, config_, target=target, engine=engine)
+                rows[-1]["profile"] = profile = profile_once(run, device, trace)
+                summary = {k: round(v, 4) for k, v in profile.items() if k != "top_host_ops"}
+                print(f"  profile: {summary}", flush=True)
             print(
                 f"context {context:>6} {method:<11} tok/s per repeat: "
                 + " ".join(f"{s:8.1f}" for s in speeds),
@@ -106,6 +122,39 @@ def main(argv: list[str] | None = None) -> list[dict]:
         with open(os.path.join(os.environ["OUT"], "decode_methods.json"), "w") as f:
             json.dump({**run_info(device=device, argv=argv), "args": vars(args), "rows": rows}, f, indent=1)
     return rows
+
+
+def profile_once(run, device: torch.device, trace: str | None = None) -> dict:
+    """One `run()` (a generation) under torch.profiler: wall time, the device's busy time (the sum of its
+    kernels, graph replays included) and their ratio per generated token, and the 12 host ops with the most
+    self time. A device busy for much less than the wall time waits for the host between steps. `trace`: write
+    the Chrome trace there (gzipped)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        result = run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    busy_us = sum(getattr(e, "self_device_time_total", 0.0) for e in events)
+    tokens = max(result.stats.num_new_tokens, 1)
+    if trace:
+        prof.export_chrome_trace(trace)
+        with open(trace, "rb") as raw, gzip.open(trace + ".gz", "wb") as packed:
+            packed.write(raw.read())
+        os.remove(trace)
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+    return {
+        "wall_ms_per_token": 1e3 * wall / tokens,
+        "device_busy_ms_per_token": busy_us / 1e3 / tokens,
+        "device_busy_share": busy_us / 1e6 / wall if wall > 0 else float("nan"),
+        "top_host_ops": [
+            {"op": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3} for e in top
+        ],
+    }
 
 
 if __name__ == "__main__":

@@ -538,7 +538,7 @@ class SpeculativeEngine:
         )
         return self.target_step.verify(batched, static=static, capture=capture)[0]
 
-    def measure_round_costs(self, config: GenerationConfig, context_lens, *, reps: int = 8) -> MeasuredCosts:
+    def measure_round_costs(self, config: GenerationConfig, context_lens, *, reps: int = 4) -> MeasuredCosts:
         """tree="auto"'s round costs measured on this device, per context bucket (`round_costs`); kept in
         `self.costs` for later calls."""
         return _measure_round_costs(self, config, context_lens, reps=reps)

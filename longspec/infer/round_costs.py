@@ -53,7 +53,7 @@ def choose_policy(
 
 @torch.no_grad()
 def measure_round_costs(
-    engine: SpeculativeEngine, config: GenerationConfig, context_lens, *, reps: int = 8, batch_size: int = 1
+    engine: SpeculativeEngine, config: GenerationConfig, context_lens, *, reps: int = 4, batch_size: int = 1
 ) -> MeasuredCosts:
     """Measure, on the engine's device, the seconds of one real round (draft + verify + accept + commit, on the
     static / captured path when the config asks for it, launched one ahead as `generate_batch` runs them:

@@ -29,3 +29,15 @@ def test_longspec_with_tree_auto(decode_methods):
     (row,) = rows
     assert row["method"] == "longspec" and row["tokens_per_s"][0] > 0
     assert sum(row["trees"].values()) >= 1  # which trees tree=auto ran
+
+
+def test_profile_reports_where_a_token_goes(decode_methods, tmp_path, monkeypatch):
+    """--profile: one more run under torch.profiler per method, with wall and device-busy time per token, the top
+    host ops and a gzipped Chrome trace in $OUT (on a CPU the device-busy time is 0: there is no device)."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    rows = decode_methods.main(["--preset", "smoke", "--vocab-size", "256", "--contexts", "48", "--tokens", "6",
+                                "--repeats", "1", "--methods", "ar", "--profile"])  # fmt: skip
+    profile = rows[0]["profile"]
+    assert profile["wall_ms_per_token"] > 0 and profile["device_busy_ms_per_token"] >= 0
+    assert profile["top_host_ops"] and all(op["calls"] > 0 for op in profile["top_host_ops"])
+    assert (tmp_path / "trace_ar_48.json.gz").stat().st_size > 0
