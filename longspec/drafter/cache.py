@@ -77,9 +77,8 @@ class DrafterCache:
         positions = positions.to(self.positions.device)
         valid = positions >= 0  # [B,n]
         num_valid = valid.sum(1, keepdim=True)
-        rank = torch.where(
-            valid, valid.cumsum(1) - 1, num_valid + (~valid).cumsum(1) - 1
-        )  # distinct in [0, n)
+        # distinct in [0, n): a row's valid entries first, then its padding
+        rank = torch.where(valid, valid.cumsum(1) - 1, num_valid + (~valid).cumsum(1) - 1)
         slots = (self.num_appended[:, None] + rank) % self.window  # [B,n]
         index = slots[:, None, :, None].expand(B, self.keys.shape[1], n, self.keys.shape[3])
         keep = valid[:, None, :, None]

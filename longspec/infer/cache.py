@@ -12,6 +12,9 @@ to the target after verification.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 __all__ = ["StaticKVCache"]
@@ -123,15 +126,27 @@ class StaticKVCache:
         self._synced = list(self.lengths)
 
     def advance(self, counts: torch.Tensor) -> None:
-        """Add each row's committed `counts` [B] to the device lengths, on the device (a round's commit). The host
-        lengths follow when the round settles (`commit`); until then the device's are not the host's. Inside a
-        captured step the host half of this runs only at capture: call `device_advanced` after each replay."""
+        """Add each row's committed `counts` [B] to the device lengths, on the device only (a round's commit, also
+        inside a captured step). The host lengths follow when the round settles (`commit`); the caller says
+        `device_advanced` once the step has run (a replayed graph runs no Python)."""
         self.lengths_t.add_(counts)
-        self.device_advanced()
 
     def device_advanced(self) -> None:
         """The device lengths moved without the host's: the next `sync_length` writes them again."""
         self._synced = None
+
+    @contextmanager
+    def lead_on_device(self) -> Iterator[None]:
+        """Decode with rounds in flight: the device lengths are synced from the host once, then lead (every
+        round's commit advances them on the device) and the host's catch up as rounds settle; `sync_length`
+        writes nothing meanwhile. Every round launched inside must have settled before the block ends."""
+        self.sync_length()
+        self.device_leads = True
+        try:
+            yield
+        finally:
+            self.device_leads = False
+            self.device_advanced()  # equal again once every round settled; after an exception, unknown
 
     def move_rows(self, moves: list[tuple[int, int]], rows: int) -> None:
         """Row `to` takes what row `src` held (K/V and length), for each (to, src) in `moves` in order (a safe

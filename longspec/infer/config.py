@@ -37,9 +37,13 @@ class GenerationConfig:
     prefill_chunk: int = 4096  # target prefill tokens per forward
     seed: int = 0  # sampling RNG seed (T > 0)
     static_shapes: bool = False  # rounds read the cache length from the device (what a CUDA graph replays)
-    cuda_graphs: bool = (
-        False  # capture each round's draft and target forward in CUDA graphs (implies static_shapes)
-    )
+    # Capture each round's draft and target forward in CUDA graphs (implies static_shapes).
+    cuda_graphs: bool = False
+
+    @property
+    def static(self) -> bool:
+        """Whether rounds run on static shapes: asked for, or implied by cuda_graphs."""
+        return self.static_shapes or self.cuda_graphs
 
     def __post_init__(self):
         if self.max_new_tokens < 1:

@@ -110,7 +110,7 @@ class _DecodeLoop:
         self.spec = get_method(method, runner="engine")
         self.slots, self.emitted, self.stats, self.contexts = slots, emitted, stats, contexts
         self.generator, self.clock = generator, clock
-        self.static = config.static_shapes or config.cuda_graphs
+        self.static = config.static
         self.lookahead = self.static and self.spec.drafts != "ngram"
         # The call's batch (its bucket) decides whether plain rounds fill the ring (`ring_commit`), also after a
         # shrink: rows of different lengths cannot catch up together.
@@ -130,7 +130,7 @@ class _DecodeLoop:
     def run(self, roots: torch.Tensor, *, prompt_len: int) -> None:
         """Decode until every row has finished; `prompt_len` (of the first row) places the ring's catch-up."""
         engine, slots = self.engine, self.slots
-        with engine.target_step.device_lengths_lead():
+        with engine.cache.lead_on_device():
             while True:
                 launched = False
                 if any(slots.active):  # the host's view: a row that ended in a round in flight still runs
@@ -216,16 +216,35 @@ class _DecodeLoop:
                 self.policy.observe(widths, row_ranks, context_len)
 
 
-def _to_host(packed: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """Start the round's device-to-host copy without waiting for it: into pinned memory (an asynchronous copy
-    needs it), with an event to wait on; a CPU tensor is already there."""
-    if packed.device.type != "cuda":
-        return packed, None
-    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-    host.copy_(packed, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-    return host, copied
+class _HostCopies:
+    """The rounds' device-to-host copies, started without waiting: into pinned memory (an asynchronous copy needs
+    it), each with an event to wait on. Buffers and events are kept per shape and reused once their round has
+    settled, so a round allocates nothing (at most two rounds are in flight)."""
+
+    def __init__(self):
+        self.free: dict[tuple, list[tuple[torch.Tensor, torch.cuda.Event]]] = {}
+
+    def start(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """(host tensor, event) for `packed`; a CPU tensor is already on the host (no event)."""
+        if packed.device.type != "cuda":
+            return packed, None
+        free = self.free.setdefault((tuple(packed.shape), packed.dtype), [])
+        if free:
+            host, copied = free.pop()
+        else:
+            host, copied = torch.empty_like(packed, device="cpu").pin_memory(), torch.cuda.Event()
+        host.copy_(packed, non_blocking=True)
+        copied.record()
+        return host, copied
+
+    def read(self, host: torch.Tensor, copied: torch.cuda.Event | None) -> list:
+        """Wait for the copy (the round's one host sync), read it, and give the buffer back."""
+        if copied is None:
+            return host.tolist()
+        copied.synchronize()
+        out = host.tolist()
+        self.free[(tuple(host.shape), host.dtype)].append((host, copied))
+        return out
 
 
 class SpeculativeEngine:
@@ -248,6 +267,7 @@ class SpeculativeEngine:
         # Packed projections + fused layer steps for every forward this engine runs (a frozen target only).
         target.pack_weights()
         self.target_step = TargetStep(target)
+        self._host_copies = _HostCopies()
         self.draft_step = None
         if drafter is not None:
             self.draft_step = DraftStep(drafter, vocab_size=target.vocab_size, device=self.device)
@@ -386,7 +406,7 @@ class SpeculativeEngine:
             self._commit(tree.tokens, packed[:, depth + 1 : 2 * (depth + 1)], counts, ring, static, capture)
             if mask is not None:  # frozen rows keep their root
                 bonus = torch.where(mask, bonus, roots)
-            host, copied = _to_host(packed)
+            host, copied = self._host_copies.start(packed)
         rnd = _Round(widths, depth, active, ring is not None, host, copied, launched_at, context_len)
         return rnd, bonus
 
@@ -394,9 +414,7 @@ class SpeculativeEngine:
         """Wait for a launched round's outputs (the round's ONE host sync: emitted tokens, paths and counts
         copied together) and commit its counts on the host. Returns, per sequence, the emitted tokens and the
         accepted path's node slots (a frozen row's are its frozen tree's: ignore them)."""
-        if rnd.copied is not None:
-            rnd.copied.synchronize()
-        out = rnd.packed.tolist()
+        out = self._host_copies.read(rnd.packed, rnd.copied)
         self.cache.commit([row[-1] if keep else 0 for row, keep in zip(out, rnd.active, strict=True)])
         depth = rnd.depth
         return [row[: row[-1]] for row in out], [row[depth + 1 : depth + 1 + row[-1]] for row in out]
@@ -405,9 +423,10 @@ class SpeculativeEngine:
         """Per-slot state follows `BatchSlots.shrink`: the target cache rows and the drafter's ring rows (moved
         in place, so the steps of the smaller bucket, built once, serve again), the drafter's own per-row state
         (if it has a `select_rows`), the roots and the PLD contexts."""
-        self.target_step.select_rows(index)
+        moves = compaction(index)
+        self.cache.move_rows(moves, len(index))
         if self.draft_step is not None and self.draft_step.cache is not None:
-            self.draft_step.cache.move_rows(compaction(index), len(index))
+            self.draft_step.cache.move_rows(moves, len(index))
         if hasattr(self.drafter, "select_rows"):  # a drafter with per-row state of its own
             self.drafter.select_rows(index)
         roots = roots.index_select(0, torch.tensor(index, device=self.device))
@@ -422,9 +441,6 @@ class SpeculativeEngine:
         The host lengths follow when the round settles (`_finish`)."""
         cache = self.cache
         plain = paths.shape[1] == 1  # no drafts: the one node's K/V already sit at each row's length
-        if plain and ring is None:  # nothing to move or fill
-            cache.advance(counts)
-            return
 
         def fn(tokens, paths, counts):
             starts = cache.lengths_t  # the committed lengths before this round
@@ -434,12 +450,14 @@ class SpeculativeEngine:
                 ring.fill_path(tokens, paths, counts, starts)
             cache.advance(counts)
 
-        if static:
+        if plain and ring is None:  # nothing to move or fill: the lengths only, no step
+            cache.advance(counts)
+        elif static:
             key = ("commit", tokens.shape[1], paths.shape[1], ring is not None, capture)
             self.target_step.static_step(key, fn, (tokens, paths, counts), capture, effects=True)
-            cache.device_advanced()  # a replay runs only the step's device half
         else:
             fn(tokens, paths, counts)
+        cache.device_advanced()
 
     def _verify_accept(
         self,
@@ -601,8 +619,7 @@ def accept_path(
 def _rows(batch: int, config: GenerationConfig) -> int:
     """Cache rows for a batch of `batch` prompts: on static shapes its power-of-two bucket (`slots.bucket`), so
     one set of steps serves e.g. batches of 5 to 8."""
-    static = config.static_shapes or config.cuda_graphs
-    return bucket(batch) if static and batch > 1 else batch
+    return bucket(batch) if config.static and batch > 1 else batch
 
 
 def cache_slots(lengths: list[int], config: GenerationConfig) -> int:

@@ -66,7 +66,7 @@ def measure_round_costs(
     batch size is another mode, measured anew. Returns the table, kept as `engine.costs`."""
     if engine.drafter is None:
         raise ValueError("measuring longspec round costs needs a drafter")
-    static = config.static_shapes or config.cuda_graphs
+    static = config.static
     mode = (config.temperature > 0, config.sampling_rule, static, config.cuda_graphs, batch_size)
     if not isinstance(engine.costs, MeasuredCosts) or engine.costs.mode != mode:
         engine.costs = MeasuredCosts(mode=mode)
@@ -112,7 +112,7 @@ def _time_rounds(engine, widths, root, config, generator, static: bool, clock, b
     lookahead = static
     ring = ring_commit(widths, batch_size)
     inflight, marks = [], []
-    with engine.target_step.device_lengths_lead():
+    with engine.cache.lead_on_device():
         for _ in range(_BLOCK):
             rnd, root = engine._launch(
                 "longspec", widths, root, config, generator, static=static, clock=clock, commit_drafter=ring

@@ -8,14 +8,10 @@ Dm model width, Hkv key-value heads, D head dim, Tmax cache slots.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 
 from longspec.infer.cache import StaticKVCache
 from longspec.infer.graphs import StaticStep
-from longspec.infer.slots import compaction
 from longspec.infer.tree import DraftTree
 from longspec.modules import attention as attn_ops
 from longspec.modules.attention import within_window
@@ -48,27 +44,6 @@ class TargetStep:
         self.cache = None
         self.steps = {}
         self.cache = StaticKVCache.for_target(self.target, max_len=needed, batch_size=batch_size)
-
-    @contextmanager
-    def device_lengths_lead(self) -> Iterator[None]:
-        """Decode with rounds in flight: the cache's device lengths are synced from the host once, then lead
-        (every round's commit advances them on the device, `StaticKVCache.device_leads`), and the host's catch
-        up as rounds settle. Every round launched inside must have settled before the block ends."""
-        self.cache.sync_length()
-        self.cache.device_leads = True
-        try:
-            yield
-        finally:
-            self.cache.device_leads = False
-            self.cache._synced = (
-                None  # equal again once every round settled; an exception leaves them unknown
-            )
-
-    def select_rows(self, index: list[int]) -> None:
-        """Keep the cache rows `index` (a batch that shrinks, `BatchSlots.shrink`), moved in place to the front
-        (`slots.compaction`). The steps stay: each was built for its batch size, on the views of that many rows,
-        which do not move, so a bucket's captured steps serve every later shrink to it and later calls."""
-        self.cache.move_rows(compaction(index), len(index))
 
     def static_step(self, key, fn, inputs: tuple[torch.Tensor, ...], capture: bool, *, effects: bool = False):
         """Run fn on static buffers (built, and captured when asked, on first use) with the cache lengths
@@ -129,10 +104,8 @@ class TargetStep:
         windowed: dict[int, tuple[slice | torch.Tensor, torch.Tensor]] = {}
 
         def attn_fn(layer_idx, q, k, v):
-            keys, values = (
-                cache.keys[layer_idx],
-                cache.values[layer_idx],
-            )  # [B, Hkv, Tmax, D], new K/V written
+            # [B, Hkv, Tmax, D], the new K/V already written
+            keys, values = cache.keys[layer_idx], cache.values[layer_idx]
             window, scale = self.target.layer_windows[layer_idx], self.scales[layer_idx]
             if first_chunk and window is None:
                 out, _ = attn_ops.attention(q, k, v, causal=True, scale=scale)

@@ -10,6 +10,7 @@ from longspec.drafter import DrafterConfig
 from longspec.infer.accept import target_distribution
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.policy import AUTO_TREES
+from longspec.infer.slots import compaction
 from longspec.testing import make_tiny_target
 
 LENGTHS = (
@@ -273,7 +274,7 @@ def test_device_lengths_are_copied_once_per_change():
     cache.commit([1, 0])
     cache.sync_length()
     assert cache.lengths_t.tolist() == [4, 5]
-    engine.target_step.select_rows([1])  # row 1 moves to the front, in place
+    cache.move_rows(compaction([1]), 1)  # row 1 moves to the front, in place
     assert cache.lengths == [5] and cache.lengths_t.tolist() == [5] and engine.cache is cache
     cache.lengths_t.fill_(-7)
     cache.sync_length()

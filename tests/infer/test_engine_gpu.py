@@ -119,3 +119,20 @@ def test_graph_batch_buckets_and_shrinks_losslessly(method):
     if method == "longspec":
         auto = GenerationConfig(max_new_tokens=24, cuda_graphs=True, eos_token_ids=eos)
         assert [r.tokens for r in engine.generate_batch(prompts, auto)] == expected
+
+
+def test_host_copies_reuse_pinned_buffers_only_after_their_round_settled():
+    """Two rounds in flight get two pinned buffers; a settled round's buffer (and event) serves the next round,
+    so decoding allocates no host memory per round; every read returns its own round's values."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from longspec.infer.engine import _HostCopies
+
+    copies = _HostCopies()
+    first = copies.start(torch.arange(5, device="cuda"))
+    second = copies.start(torch.arange(5, device="cuda") + 10)
+    assert first[0].is_pinned() and first[0].data_ptr() != second[0].data_ptr()
+    assert copies.read(*first) == list(range(5))
+    third = copies.start(torch.arange(5, device="cuda") + 20)
+    assert third[0].data_ptr() == first[0].data_ptr() and third[1] is first[1]
+    assert copies.read(*second) == list(range(10, 15)) and copies.read(*third) == list(range(20, 25))
