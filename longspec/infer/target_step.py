@@ -102,6 +102,10 @@ class TargetStep:
         slots = n[:, None] if on_device else torch.full((tokens.shape[0], 1), n, device=tokens.device)
         slots = slots + torch.arange(T, device=tokens.device)  # [B, T]
         windowed: dict[int, tuple[slice | torch.Tensor, torch.Tensor]] = {}
+        # One new token (an AR step, a plain round): its K/V sit in slot n already, so its attention is the
+        # cache part alone over [0, n] -- the same keys as the hybrid split, one kernel instead of three.
+        one_token = T == 1 and not first_chunk
+        cache_len = n + 1 if one_token else n
 
         def attn_fn(layer_idx, q, k, v):
             # [B, Hkv, Tmax, D], the new K/V already written
@@ -109,6 +113,9 @@ class TargetStep:
             window, scale = self.target.layer_windows[layer_idx], self.scales[layer_idx]
             if first_chunk and window is None:
                 out, _ = attn_ops.attention(q, k, v, causal=True, scale=scale)
+                return out
+            if window is None and one_token:
+                out, _ = attn_ops.cache_attention(q, keys, values, cache_len, scale=scale)
                 return out
             if window is None:  # cache part unmasked + new part under new_mask, merged by LSE
                 out, _ = attn_ops.hybrid_attention(q, k, v, keys, values, n, new_mask, scale=scale)

@@ -47,6 +47,16 @@ def _poisoned(q):
         (2, 8, 2, 69, 300, 32, 237, 3),  # a 69-node tree, GQA 4, several splits
         (1, 8, 1, 16, 150, 24, 129, 5),  # GQA 8, head dim not a power of 2
         (1, 4, 2, 5, 200, 16, 70, 6),  # more splits than tiles: empty splits must get zero weight
+        (
+            1,
+            3,
+            1,
+            1,
+            2600,
+            16,
+            2500,
+            37,
+        ),  # an AR step: the reduce loads splits in two chunks, the last ones empty
     ],
 )
 def test_matches_naive(B, H, Hkv, Tq, Tmax, D, cache_len, num_splits):

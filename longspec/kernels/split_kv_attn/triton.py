@@ -111,61 +111,62 @@ def _split_kv_reduce_kernel(
     stride_ob, stride_oh, stride_ot,
     stride_lb, stride_lh, stride_lt,
     num_kv_heads, num_queries, group, num_rows, num_splits,
-    HAS_EXTRA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    HAS_EXTRA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
-    pid_r = tl.program_id(0)
+    # One folded row per program, BLOCK_S splits per load, merged online (one pass). A loop over the splits one
+    # at a time, two passes, was latency-bound: with 3 rows per kv head (SmolLM2's AR step) and 64 splits it
+    # took 20 us per layer on an H200, 4x the partial kernel (docs/BENCHMARKS.md).
+    row = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // num_kv_heads
-    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R] folded rows
-    row_ok = rows < num_rows
-    heads = (pid_bh % num_kv_heads * group + rows // num_queries).to(tl.int64)
-    tq = (rows % num_queries).to(tl.int64)
+    head = (pid_bh % num_kv_heads * group + row // num_queries).to(tl.int64)
+    tq = (row % num_queries).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    tile_ok = row_ok[:, None] & d_ok[None, :]
-    rows64 = rows.to(tl.int64)
+    s_off = tl.arange(0, BLOCK_S)
 
-    # Pass 1: the largest part LSE per row (log2 units), so every weight 2^(lse_s - m) is <= 1.
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    for s in range(0, num_splits):
-        lse_s = tl.load(
-            L_PART + (pid_bh * num_splits + s) * num_rows + rows64, mask=row_ok, other=float("-inf")
+    # Running max m (log2 units; -inf until a non-empty part), sum of weights and weighted sum of outputs,
+    # all relative to m. Empty parts (lse -inf) get weight exactly 0.
+    m = tl.full([1], float("-inf"), dtype=tl.float32)
+    denom = tl.zeros([1], dtype=tl.float32)
+    o = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + s_off
+        s_ok = s < num_splits
+        part = (pid_bh * num_splits + s) * num_rows + row  # [BLOCK_S]
+        lse_s = tl.load(L_PART + part, mask=s_ok, other=float("-inf"))
+        o_s = tl.load(
+            O_PART + part[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0
         )
-        m = tl.maximum(m, lse_s)
+        m_new = tl.maximum(m, tl.max(lse_s, axis=0))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_ref)  # 0 while m is -inf
+        w = tl.exp2(lse_s - m_ref)  # [BLOCK_S]
+        o = o * alpha + tl.sum(w[:, None] * o_s, axis=0)
+        denom = denom * alpha + tl.sum(w, axis=0)
+        m = m_new
     if HAS_EXTRA:
         lse_e = tl.load(
-            EXTRA_L + b * stride_elb + heads * stride_elh + tq * stride_elt, mask=row_ok, other=0.0
+            EXTRA_L + b * stride_elb + head * stride_elh + tq * stride_elt + tl.zeros([1], tl.int64)
         )
         lse_e = lse_e * 1.4426950408889634
-        m = tl.maximum(m, lse_e)
-    m = tl.where(m == float("-inf"), 0.0, m)  # all parts empty: keep every weight at exactly 0
-
-    # Pass 2: weighted sum of the parts' normalised outputs.
-    o = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for s in range(0, num_splits):
-        part = (pid_bh * num_splits + s) * num_rows + rows64
-        w = tl.exp2(tl.load(L_PART + part, mask=row_ok, other=float("-inf")) - m)
-        o_s = tl.load(O_PART + part[:, None] * HEAD_DIM + d[None, :], mask=tile_ok, other=0.0)
-        o += w[:, None] * o_s
-        denom += w
-    if HAS_EXTRA:
-        w_e = tl.exp2(lse_e - m)
         o_e = tl.load(
-            EXTRA_O + b * stride_eb + heads[:, None] * stride_eh + tq[:, None] * stride_et + d[None, :],
-            mask=tile_ok,
-            other=0.0,
-        )
-        o += w_e[:, None] * o_e.to(tl.float32)
-        denom += w_e
-    o = o / tl.where(denom == 0.0, 1.0, denom)[:, None]
+            EXTRA_O + b * stride_eb + head * stride_eh + tq * stride_et + d, mask=d_ok, other=0.0
+        ).to(tl.float32)
+        m_new = tl.maximum(m, lse_e)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_ref)
+        w_e = tl.exp2(lse_e - m_ref)
+        o = o * alpha + w_e * o_e
+        denom = denom * alpha + w_e
+        m = m_new
+    m = tl.where(m == float("-inf"), 0.0, m)
+    o = o / tl.where(denom == 0.0, 1.0, denom)
     lse = tl.where(denom == 0.0, float("-inf"), (m + tl.log2(denom)) * 0.6931471805599453)
     tl.store(
-        OUT + b * stride_ob + heads[:, None] * stride_oh + tq[:, None] * stride_ot + d[None, :],
-        o.to(OUT.dtype.element_ty),
-        mask=tile_ok,
+        OUT + b * stride_ob + head * stride_oh + tq * stride_ot + d, o.to(OUT.dtype.element_ty), mask=d_ok
     )
-    tl.store(LSE + b * stride_lb + heads * stride_lh + tq * stride_lt, lse, mask=row_ok)
+    tl.store(LSE + b * stride_lb + head * stride_lh + tq * stride_lt + tl.zeros([1], tl.int64), lse)
 
 
 @functools.cache
@@ -263,14 +264,14 @@ def split_kv_attn(
         assert extra_o.shape == q.shape and extra_l.shape == (B, H, Tq) and extra_o.stride(-1) == 1
     else:
         extra_o, extra_l = out, lse  # unused (HAS_EXTRA=False); any valid pointers
-    block_r = 16
-    _split_kv_reduce_kernel[(triton.cdiv(num_rows, block_r), B * Hkv)](
+    # BLOCK_S: fixed, so the kernel compiles once whatever the split count (a multiple of it is one more loop).
+    _split_kv_reduce_kernel[(num_rows, B * Hkv)](
         o_part, l_part, extra_o, extra_l, out, lse,
         extra_o.stride(0), extra_o.stride(1), extra_o.stride(2),
         extra_l.stride(0), extra_l.stride(1), extra_l.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
         Hkv, Tq, group, num_rows, num_splits,
-        HAS_EXTRA=merge_with is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4,
+        HAS_EXTRA=merge_with is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=32, num_warps=2,
     )  # fmt: skip
     return out, lse
