@@ -21,6 +21,7 @@ from torch import nn
 
 from longspec.modules import layer_ops
 from longspec.modules.attention import attention
+from longspec.modules.layers import bind_views, pack_linears
 from longspec.modules.rope import RotaryEmbedding, apply_rotary
 
 __all__ = ["TargetModel", "TargetOutput", "SUPPORTED_MODEL_TYPES", "AttnFn"]
@@ -164,15 +165,15 @@ class TargetModel(nn.Module):
         packed = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = _pack_linears((attn.q_proj, attn.k_proj, attn.v_proj))
-            gate_up = _pack_linears((mlp.gate_proj, mlp.up_proj))
+            qkv = pack_linears((attn.q_proj, attn.k_proj, attn.v_proj))
+            gate_up = pack_linears((mlp.gate_proj, mlp.up_proj))
             if qkv is None or gate_up is None:
                 return False
             packed.append((qkv, gate_up))
         self.packed = nn.ModuleList()
         for layer, (qkv, gate_up) in zip(self.layers, packed, strict=True):
-            _bind_views((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), *qkv)
-            _bind_views((layer.mlp.gate_proj, layer.mlp.up_proj), *gate_up)
+            bind_views((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), *qkv)
+            bind_views((layer.mlp.gate_proj, layer.mlp.up_proj), *gate_up)
             self.packed.append(_PackedLayer(*qkv, *gate_up))
         return True
 
@@ -278,28 +279,6 @@ class _PackedLayer(nn.Module):
         self.register_buffer("qkv_bias", qkv_bias, persistent=False)
         self.register_buffer("gate_up_weight", gate_up_weight, persistent=False)
         self.register_buffer("gate_up_bias", gate_up_bias, persistent=False)
-
-
-def _pack_linears(linears) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """(weight [sum of out, in], bias or None) of linears stacked along their outputs; None when only some of
-    them have a bias."""
-    biases = [lin.bias for lin in linears]
-    if any(b is None for b in biases) and not all(b is None for b in biases):
-        return None
-    weight = torch.cat([lin.weight.detach() for lin in linears])
-    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-    return weight, bias
-
-
-def _bind_views(linears, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """Make each linear's weight (and bias) a view of its rows of the packed tensors: one copy in memory."""
-    start = 0
-    for lin in linears:
-        rows = lin.weight.shape[0]
-        lin.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
-        if bias is not None:
-            lin.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
-        start += rows
 
 
 def _norm_args(norm: nn.Module) -> tuple[torch.Tensor, float]:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from longspec.drafter import Drafter, DrafterCache, DrafterConfig, DraftNodes
+from longspec.drafter import Drafter, DrafterCache, DrafterConfig
 from longspec.testing import make_tiny_target
 
 B, T, WINDOW = 2, 30, 8  # T > WINDOW so the ring buffer wraps and the self-attention window binds
@@ -25,7 +25,7 @@ def _setup(variant="llama", window=WINDOW, seed=0):
 def _draft(drafter, ids, pos, cache, tk, tv, cross_len):
     """Tokens ids [B,Tq] at pos as ONE causal level of `Drafter.tree_level` (the engine's draft step) ->
     (h [B,Tq,Dm], their self K/V [B,Hkv,Tq,D] for `cache.append`)."""
-    nodes = DraftNodes(cache, pos)
+    nodes = drafter.draft_nodes(cache, pos)
     Tq = ids.shape[1]
     causal = torch.ones(Tq, Tq, dtype=torch.bool).tril()
     h = drafter.tree_level(ids, cache, nodes, slice(0, Tq), causal, tk, tv, cross_len)
@@ -221,7 +221,7 @@ def test_tree_levels_equal_each_path_decoded_alone():
         r, a, b = ids[:, 20], ids[:, 21], (ids[:, 21] + 7) % 300
         p = pos[:, 20]
         tree_ids = torch.stack([r, a, b], dim=1)
-        nodes = DraftNodes(cache, torch.stack([p, p + 1, p + 1], dim=1))
+        nodes = drafter.draft_nodes(cache, torch.stack([p, p + 1, p + 1], dim=1))
         ancestors = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
         h_root = drafter.tree_level(tree_ids[:, :1], cache, nodes, slice(0, 1), ancestors[:1, :1], tk, tv, 20)
         h_kids = drafter.tree_level(tree_ids[:, 1:], cache, nodes, slice(1, 3), ancestors[1:], tk, tv, 20)
@@ -242,13 +242,43 @@ def test_tree_level_window_hides_far_ancestors():
         full = drafter(ids, pos, tk, tv, lag=0)
         cache = DrafterCache(drafter.config, B)
         drafter.fill_cache(cache, ids[:, :n], pos[:, :n])
-        nodes = DraftNodes(cache, pos[:, n:])
+        nodes = drafter.draft_nodes(cache, pos[:, n:])
         chain = torch.ones(T - n, T - n, dtype=torch.bool).tril()
         for level in range(T - n):
             sl = slice(level, level + 1)
             t = n + level  # sees target KV <= t, as forward with lag 0
             h = drafter.tree_level(ids[:, t, None], cache, nodes, sl, chain[sl, : sl.stop], tk, tv, t + 1)
             torch.testing.assert_close(h[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "qwen3"])  # plain, q/k/v biases, per-head q/k norms
+def test_packed_tree_level_equals_forward(variant):
+    # The engine packs the drafter's projections (`pack_weights`: one GEMM for q/k/v, one for gate/up); the
+    # packed draft step must still be the training forward, and the state dict must keep its names and values.
+    _, drafter, ids, pos, tk, tv = _setup(variant)
+    n = 10
+    state = {k: v.clone() for k, v in drafter.state_dict().items()}
+    with torch.no_grad():
+        full = drafter(ids, pos, tk, tv, lag=0)
+        for param in drafter.parameters():
+            param.requires_grad_(False)
+        assert drafter.pack_weights()
+        cache = DrafterCache(drafter.config, B)
+        drafter.fill_cache(cache, ids[:, :n], pos[:, :n])
+        nodes = drafter.draft_nodes(cache, pos[:, n:])
+        chain = torch.ones(T - n, T - n, dtype=torch.bool).tril()
+        for level in range(T - n):
+            sl, t = slice(level, level + 1), n + level
+            h = drafter.tree_level(ids[:, t, None], cache, nodes, sl, chain[sl, : sl.stop], tk, tv, t + 1)
+            torch.testing.assert_close(h[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+    assert drafter.state_dict().keys() == state.keys()
+    assert all(torch.equal(drafter.state_dict()[k], v) for k, v in state.items())
+
+
+def test_pack_weights_refuses_weights_that_train():
+    _, drafter, *_ = _setup()
+    assert not drafter.pack_weights()  # requires_grad: the optimizer's parameters must stay separate tensors
+    assert drafter._packed is None
 
 
 def test_prefill_fills_only_the_window_and_matches_forward():

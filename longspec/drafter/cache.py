@@ -103,15 +103,47 @@ class DrafterCache:
 
 
 class DraftNodes:
-    """Self-attention K/V of the uncommitted draft tokens (a tree's nodes, or a chain) that a draft step sees
-    beside the ring buffer: `keys`/`values` [B,Hkv,N,D] in the ring's dtype, filled slot range by slot range by
-    `Drafter.tree_level`; `positions` [B,N] (or [N]) long: every node's position, known up front (the root's
-    position + the node's depth in a tree), possibly computed from a device tensor (no host value read)."""
+    """What one draft's levels see beside the ring buffer, laid out once per draft so that a level is a few
+    launches with no concatenation: the uncommitted draft tokens' (a tree's nodes, or a chain's) self-attention
+    K/V in `keys`/`values` [B,Hkv,N,D] (filled slot range by slot range by `Drafter.tree_level`), stored right
+    after a copy of the ring, so [ring ++ nodes so far] is one view; every node's `positions` [B,N] (known up
+    front: the root's position + the node's depth in a tree, possibly a device tensor, no host value read) and
+    their rotary `cos`/`sin` [B,N,D]; and the self-attention mask's ring part (which filled slots each node's
+    window reaches), whose node part each level writes from the tree's ancestor mask.
 
-    def __init__(self, cache: DrafterCache, positions: torch.Tensor):
-        B, Hkv, _, D = cache.keys.shape
+    Built by `Drafter.draft_nodes`, in the drafter's compute dtype (the ring is converted once if it differs)."""
+
+    def __init__(
+        self,
+        cache: DrafterCache,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        dtype: torch.dtype | None = None,
+    ):
+        B, Hkv, W, D = cache.keys.shape
         if positions.dim() == 1:
             positions = positions.expand(B, -1)
-        self.positions = positions
-        self.keys = cache.keys.new_zeros(B, Hkv, positions.shape[1], D)
-        self.values = torch.zeros_like(self.keys)
+        N = positions.shape[1]
+        self.positions, self.cos, self.sin = positions, cos, sin
+        self.ring_slots = W
+        dtype = cache.keys.dtype if dtype is None else dtype
+        storage = cache.keys.new_empty((2, B, Hkv, W + N, D), dtype=dtype)
+        storage[:, :, :, :W] = torch.stack([cache.keys, cache.values])  # one copy per draft (both tensors)
+        self._keys, self._values = storage[0], storage[1]  # [B,Hkv,W+N,D]: ring ++ nodes
+        self.keys, self.values = self._keys[:, :, W:], self._values[:, :, W:]  # node slots [B,Hkv,N,D]
+        self.slots = torch.arange(N, device=positions.device).expand(B, N)  # node i -> slot i of `keys`
+        # Rows padded to 16 bytes: the attention kernels read the mask in place (online_softmax.mask_operand).
+        self._mask = torch.zeros(B, N, -(-(W + N) // 16) * 16, dtype=torch.bool, device=positions.device)
+        self._mask[:, :, :W] = cache.visible_mask(positions)
+        self._near = within_window(positions[:, :, None], positions[:, None, :], cache.window)  # [B,N,N]
+
+    def self_attention(
+        self, level: slice, node_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keys, values [B,Hkv,W+stop,D] and mask [B,P,W+stop] of the nodes in `level` (P of them; stop =
+        level.stop): the ring within each node's window, and node j iff node_mask[.., i, j] ([P, stop] or
+        [B, P, stop]: the tree's ancestor mask, self included) and within the window."""
+        W, stop = self.ring_slots, level.stop
+        self._mask[:, level, W : W + stop] = node_mask & self._near[:, level, :stop]
+        return self._keys[:, :, : W + stop], self._values[:, :, : W + stop], self._mask[:, level, : W + stop]

@@ -24,13 +24,15 @@ import json
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from longspec.drafter.cache import DrafterCache, DraftNodes
 from longspec.drafter.config import DrafterConfig
 from longspec.fingerprint import fingerprint_mismatches, target_fingerprint
-from longspec.modules.attention import attention, cache_attention, tree_attention, within_window
-from longspec.modules.layers import RMSNorm, SwiGLU
+from longspec.modules.attention import attention, cache_attention, tree_attention
+from longspec.modules.layer_ops import add_rms_norm, qkv_rope, silu_mul
+from longspec.modules.layers import RMSNorm, SwiGLU, bind_views, pack_linears
 from longspec.modules.noisy import flash_noisy_attention
 from longspec.modules.rope import RotaryEmbedding, apply_rotary, rope_config
 
@@ -84,6 +86,9 @@ class Drafter(nn.Module):
         # state_dict(), .to() and the optimizer; the target owns them.
         object.__setattr__(self, "_embed_tokens", embed_tokens)
         object.__setattr__(self, "_lm_head", lm_head)
+        object.__setattr__(
+            self, "_packed", None
+        )  # ((qkv weight, bias), (gate_up weight, bias)): pack_weights
         self.self_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # RMSNorm_a
         self.self_attn = _SelfAttention(config)
         self.cross_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # RMSNorm_b
@@ -200,37 +205,53 @@ class Drafter(nn.Module):
         k, v = self.self_kv(ids, pos.clamp(min=0))  # padding is skipped by append; clamp keeps RoPE finite
         cache.append(k, v, pos)
 
-    def block(
-        self,
-        h_in: torch.Tensor,
-        position_ids: torch.Tensor,
-        self_k: torch.Tensor,
-        self_v: torch.Tensor,
-        self_mask: torch.Tensor,
-        target_k: torch.Tensor,
-        target_v: torch.Tensor,
-        cross_len: int | torch.Tensor,
-    ) -> torch.Tensor:
-        """One block over Tq new tokens with explicit attention inputs -> h3 [B,Tq,Dm].
+    def draft_nodes(self, cache: DrafterCache, positions: torch.Tensor) -> DraftNodes:
+        """The per-draft layout (`DraftNodes`) of uncommitted tokens at `positions` [B,N] (or [N]) beside the
+        ring `cache`: their rotary angles once, in the drafter's compute dtype."""
+        dtype = self.mlp_norm.weight.dtype
+        cos, sin = self.rotary.cos_sin(positions, dtype=dtype)
+        if cos.shape[0] != cache.keys.shape[0]:
+            cos, sin = (t.expand(cache.keys.shape[0], -1, -1) for t in (cos, sin))
+        return DraftNodes(cache, positions, cos, sin, dtype)
 
-        h_in [B,Tq,Dm] (= embed(ids)); position_ids [B,Tq]; self_k/self_v [B,Hkv,Tk,D] post-RoPE (ring buffer ++
-        new tokens); self_mask bool [Tq,Tk] or [B,Tq,Tk], True = visible; target_k/target_v [B,Hkv,S,D] the
-        target's last-layer cache; cross_len: visible target prefix — an int or [B] (the same for every query:
-        all tree nodes see the committed prefix) or [B,Tq] (per query, e.g. re-fed accepted tokens)."""
-        cos, sin = self.rotary.cos_sin(position_ids, dtype=h_in.dtype)
-        q = self._self_q(self.self_attn_norm(h_in), cos, sin)
-        out, _ = tree_attention(q, self_k.to(q.dtype), self_v.to(q.dtype), self_mask)
-        h1 = h_in + self.self_attn.o_proj(_merge_heads(out))
-        qc = self._cross_q(h1, cos, sin)
-        target_k, target_v = target_k.to(qc.dtype), target_v.to(qc.dtype)
-        if isinstance(cross_len, torch.Tensor) and cross_len.dim() == 2:
-            slots = torch.arange(target_k.shape[2], device=qc.device)
-            mask = slots[None, None, :] < cross_len.to(qc.device)[:, :, None]  # [B,Tq,S]
-            out, _ = tree_attention(qc, target_k, target_v, mask)
-        else:
-            out, _ = cache_attention(qc, target_k, target_v, cross_len)
-        h2 = h1 + self.cross_attn.o_proj(_merge_heads(out))
-        return self._mlp(h2)
+    def pack_weights(self) -> bool:
+        """Inference only: one projection for the self-attention's q/k/v and one for the MLP's gate/up (the
+        modules' weights become views of the packed ones, no extra memory), as `TargetModel.pack_weights`.
+        Returns False, changing nothing, for weights that train or are sharded (ZeRO-3)."""
+        if self._packed is not None:
+            return True
+        if any(p.requires_grad or hasattr(p, "ds_id") or p.device.type == "meta" for p in self.parameters()):
+            return False
+        attn, mlp = self.self_attn, self.mlp
+        qkv = pack_linears((attn.q_proj, attn.k_proj, attn.v_proj))
+        gate_up = pack_linears((mlp.gate_proj, mlp.up_proj))
+        if qkv is None or gate_up is None:
+            return False
+        bind_views((attn.q_proj, attn.k_proj, attn.v_proj), *qkv)
+        bind_views((mlp.gate_proj, mlp.up_proj), *gate_up)
+        object.__setattr__(self, "_packed", (qkv, gate_up))  # not registered: the state dict keeps its names
+        return True
+
+    def _self_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """[B,T,Dm] -> packed [B,T,(H+2Hkv)*D]: one GEMM after `pack_weights`."""
+        if self._packed is not None:
+            return F.linear(x, *self._packed[0])
+        attn = self.self_attn
+        return torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1)
+
+    def _gate_up_act(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate(x)) * up(x) [B,T,F]: one GEMM + one fused step after `pack_weights`."""
+        if self._packed is not None:
+            return silu_mul(F.linear(x, *self._packed[1]))
+        mlp = self.mlp
+        return silu_mul(torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], dim=-1))
+
+    def _norms(self, attn: nn.Module) -> dict:
+        """qkv_rope's per-head norm arguments (Qwen3-style q/k norms), empty without them."""
+        if attn.q_norm is None:
+            return {}
+        k_norm = getattr(attn, "k_norm", None) or attn.q_norm  # cross-attention has no k heads
+        return dict(q_norm=attn.q_norm.weight, k_norm=k_norm.weight, eps=attn.q_norm.eps)
 
     def tree_level(
         self,
@@ -244,29 +265,44 @@ class Drafter(nn.Module):
         cross_len: int | torch.Tensor,
     ) -> torch.Tensor:
         """One draft step over the uncommitted tokens in `nodes` slots `level` -> h3 [B,P,Dm] (P = the level's
-        width): the one inference step, run by the engine per tree level and checked by the tests.
+        width): the one inference step, run by the engine per tree level and checked by the tests against the
+        training forward.
 
         input_ids [B,P] are the level's tokens, at positions `nodes.positions[:, level]`; their self K/V are
-        written into `nodes` (slots `level`), so later levels (and a commit: `cache.append(nodes.keys[:, :, idx],
-        ...)`) reuse them. Keys are [ring ++ nodes[:level.stop]]: a ring slot is visible within the window of
-        the query's position (`cache.visible_mask`); node j to query i iff node_mask[.., i, j] (the tree's
-        ancestor mask over nodes [0, level.stop), self included; [P, stop] or [B, P, stop]) and within the
-        window. cross_len: the visible target prefix, as in `block`. The ring is NOT modified."""
-        positions = nodes.positions[:, level]  # [B,P]
-        nodes.keys[:, :, level], nodes.values[:, :, level] = self.self_kv(input_ids, positions)
-        stop = level.stop
-        in_window = within_window(positions[:, :, None], nodes.positions[:, None, :stop], self.config.window)
-        self_mask = torch.cat([cache.visible_mask(positions), node_mask & in_window], dim=-1)  # [B,P,W+stop]
-        return self.block(
-            self.embed(input_ids),
-            positions,
-            torch.cat([cache.keys, nodes.keys[:, :, :stop]], dim=2),
-            torch.cat([cache.values, nodes.values[:, :, :stop]], dim=2),
-            self_mask,
-            target_k,
-            target_v,
-            cross_len,
+        written into `nodes` (slots `level`, by the RoPE step), so later levels reuse them. A query sees the
+        ring within its window and node j iff node_mask[.., i, j] (the tree's ancestor mask over nodes
+        [0, level.stop), self included; [P, stop] or [B, P, stop]) and within the window (`DraftNodes`).
+        cross_len: the visible target prefix -- an int or [B] (the same for every query: all tree nodes see
+        the committed prefix) or [B,P] (per query, e.g. re-fed accepted tokens). The ring is NOT modified.
+
+        The residual stream is carried as (delta, residual) so that each add is fused into the next norm, as
+        the target's packed layers do (`modules.layer_ops`; one launch per step on CUDA)."""
+        cfg = self.config
+        cos, sin = nodes.cos[:, level], nodes.sin[:, level]  # [B,P,D]
+        h0 = self.embed(input_ids)
+        x, h = add_rms_norm(h0, None, self.self_attn_norm.weight, self.self_attn_norm.eps)
+        q, _, _ = qkv_rope(
+            self._self_qkv(x), cos, sin, cfg.num_heads, cfg.num_kv_heads, **self._norms(self.self_attn),
+            cache=(nodes.keys, nodes.values, nodes.slots[:, level]),
+        )  # fmt: skip
+        out, _ = tree_attention(q, *nodes.self_attention(level, node_mask))
+        x, h = add_rms_norm(
+            self.self_attn.o_proj(_merge_heads(out)), h, self.cross_attn_norm.weight, self.cross_attn_norm.eps
+        )  # h = h1
+        qc, _, _ = qkv_rope(
+            self.cross_attn.q_proj(x), cos, sin, cfg.num_heads, 0, **self._norms(self.cross_attn)
         )
+        target_k, target_v = target_k.to(qc.dtype), target_v.to(qc.dtype)
+        if isinstance(cross_len, torch.Tensor) and cross_len.dim() == 2:
+            slots = torch.arange(target_k.shape[2], device=qc.device)
+            mask = slots[None, None, :] < cross_len.to(qc.device)[:, :, None]  # [B,P,S]
+            out, _ = tree_attention(qc, target_k, target_v, mask)
+        else:
+            out, _ = cache_attention(qc, target_k, target_v, cross_len)
+        x, h = add_rms_norm(
+            self.cross_attn.o_proj(_merge_heads(out)), h, self.mlp_norm.weight, self.mlp_norm.eps
+        )
+        return h + self.mlp.down_proj(self._gate_up_act(x))  # h3 = h2 + MLP(RMSNorm_c(h2))
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
     def save_pretrained(self, out_dir: str | os.PathLike) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from longspec.drafter import DrafterCache, DraftNodes
+from longspec.drafter import DrafterCache
 from longspec.infer.accept import target_distribution
 from longspec.infer.target_step import TargetStep
 from longspec.infer.tree import DraftTree, TreeLayout, beam_step, sample_step
@@ -139,7 +139,7 @@ class DraftStep:
             tree.draft_probs = torch.zeros(batch, layout.num_nodes, self.vocab_size, device=self.device)
         # Self-attention K/V of every tree node, filled level by level; a node sits at position n + its depth.
         positions = n[:, None] + tree.depths if isinstance(n, torch.Tensor) else n + tree.depths
-        nodes = DraftNodes(dcache, positions)
+        nodes = drafter.draft_nodes(dcache, positions)
         target_k, target_v = target.cache.keys[-1], target.cache.values[-1]  # last layer [B, Hkv, Tmax, D]
         scores = torch.zeros(batch, 1, device=self.device)  # cumulative draft log-prob of each level's paths
         for level in range(layout.depth):
@@ -151,8 +151,7 @@ class DraftStep:
             logits = drafter.logits(hidden).float()  # [B, P, V]
             child_slice = layout.level_slice(level + 1)
             if shaping is None:
-                logprobs = torch.log_softmax(logits, dim=-1)
-                parent_local, tokens, scores = beam_step(scores, logprobs, layout.widths[level])
+                parent_local, tokens, scores = beam_step(scores, logits, layout.widths[level])
             else:
                 temperature, top_k, top_p = shaping
                 q = target_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)

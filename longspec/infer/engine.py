@@ -270,6 +270,8 @@ class SpeculativeEngine:
         self._host_copies = _HostCopies()
         self.draft_step = None
         if drafter is not None:
+            if hasattr(drafter, "pack_weights"):  # the same for the drafter (stand-ins may have no weights)
+                drafter.pack_weights()
             self.draft_step = DraftStep(drafter, vocab_size=target.vocab_size, device=self.device)
         if (
             drafter is not None

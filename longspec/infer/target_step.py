@@ -15,6 +15,7 @@ from longspec.infer.graphs import StaticStep
 from longspec.infer.tree import DraftTree
 from longspec.modules import attention as attn_ops
 from longspec.modules.attention import within_window
+from longspec.modules.masks import aligned_rows
 
 __all__ = ["TargetStep"]
 
@@ -97,6 +98,7 @@ class TargetStep:
         first_chunk = not on_device and new_mask is None and n == 0
         if new_mask is None:
             new_mask = offsets[None, :] <= offsets[:, None]  # causal
+        new_mask = aligned_rows(new_mask)  # once here, not in each layer's attention kernel
         # The pending slots each row's new K/V go to; the layers write them there themselves (in the RoPE
         # kernel on the packed path), before their attention reads the cache.
         slots = n[:, None] if on_device else torch.full((tokens.shape[0], 1), n, device=tokens.device)

@@ -137,22 +137,28 @@ class DraftTree:
 
 
 def beam_step(
-    parent_scores: torch.Tensor, draft_logprobs: torch.Tensor, width: int
+    parent_scores: torch.Tensor, draft_logits: torch.Tensor, width: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One level of dynamic beam search.
 
-    parent_scores [..., P] cumulative log-probs of the current level's paths; draft_logprobs [..., P, V] the
-    drafter's next-token log-probs at those nodes (leading dims: one tree per sequence of a batch). Returns
+    parent_scores [..., P] cumulative log-probs of the current level's paths; draft_logits [..., P, V] the
+    drafter's next-token logits at those nodes (leading dims: one tree per sequence of a batch). Returns
     (parent_local [..., W] index into the P nodes, tokens [..., W], scores [..., W]), the global top-W of
-    parent_scores[..., None] + draft_logprobs per tree, best first. (parent, token) pairs are distinct, so
-    siblings never repeat a token (acceptance relies on that).
-    """
-    num_parents, vocab = draft_logprobs.shape[-2:]
+    parent_scores[..., None] + log_softmax(draft_logits) per tree, best first. (parent, token) pairs are
+    distinct, so siblings never repeat a token (acceptance relies on that).
+
+    Each of the global top-W is among its own parent's top-W, so the selection runs over P x W candidates
+    instead of P x V (a top-k over 16 x 128K scores per level at Llama-3's vocabulary), and log_softmax is
+    applied to those candidates alone."""
+    num_parents, vocab = draft_logits.shape[-2:]
     if width > num_parents * vocab:
         raise ValueError(f"tree level width {width} exceeds {num_parents} nodes x vocab {vocab}")
-    scores = (parent_scores[..., None] + draft_logprobs.float()).flatten(-2)
-    top_scores, flat = torch.topk(scores, width, dim=-1)
-    return flat // vocab, flat % vocab, top_scores
+    logits = draft_logits.float()
+    per_parent = min(width, vocab)
+    top, index = logits.topk(per_parent, dim=-1)  # [..., P, k]
+    candidates = parent_scores[..., None] + (top - logits.logsumexp(-1, keepdim=True))
+    top_scores, flat = candidates.flatten(-2).topk(width, dim=-1)
+    return flat // per_parent, index.flatten(-2).gather(-1, flat), top_scores
 
 
 # A later child of the same parent is worth this factor less than the previous one when budgets are shared out

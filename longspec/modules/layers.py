@@ -1,4 +1,5 @@
-"""Small building blocks of the drafter block: RMSNorm and the SwiGLU MLP (Llama/Qwen layout).
+"""Small building blocks of the drafter block: RMSNorm and the SwiGLU MLP (Llama/Qwen layout), and the packing of
+several projections into one (inference: one GEMM for q/k/v, one for gate/up) shared by target and drafter.
 
 Shape legend: B batch, T tokens, Dm model width, F MLP width.
 """
@@ -11,7 +12,7 @@ from torch import nn
 
 from longspec.modules.layer_ops import add_rms_norm
 
-__all__ = ["RMSNorm", "SwiGLU"]
+__all__ = ["RMSNorm", "SwiGLU", "bind_views", "pack_linears"]
 
 
 class RMSNorm(nn.Module):
@@ -41,3 +42,25 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def pack_linears(linears) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight [sum of out, in], bias or None) of linears stacked along their outputs; None when only some of
+    them have a bias."""
+    biases = [lin.bias for lin in linears]
+    if any(b is None for b in biases) and not all(b is None for b in biases):
+        return None
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    return weight, bias
+
+
+def bind_views(linears, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Make each linear's weight (and bias) a view of its rows of the packed tensors: one copy in memory."""
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
+        start += rows

@@ -1,5 +1,7 @@
 """Helpers shared by the inference tests (imported by name: tests/infer is on sys.path under pytest)."""
 
+from types import SimpleNamespace
+
 import torch
 
 from longspec.drafter import Drafter, DrafterConfig
@@ -26,24 +28,27 @@ class OracleDrafter:
     """Stub drafter that proposes sequence b's reference continuation (litgpt-style forcing; one sequence per
     batch row): the "hidden state" of a query is its
     (row, position), and the logits at position p favour (or ban) sequences[row][p + 1], per `favour(p + 1)`.
-    The ring buffer and the draft step are the real ones (`Drafter.fill_cache`, `Drafter.tree_level`)."""
+    The ring buffer is the real one (`Drafter.fill_cache`); a draft level's hidden state is `hidden(ids,
+    positions)`, which subclasses replace."""
 
     def __init__(self, config: DrafterConfig, sequences: list[list[int]], favour):
         self.config, self.sequences, self.favour = config, sequences, favour
 
     fill_cache = Drafter.fill_cache
-    tree_level = Drafter.tree_level
 
     def self_kv(self, input_ids, position_ids):
         shape = (input_ids.shape[0], self.config.num_kv_heads, input_ids.shape[1], self.config.head_dim)
         return torch.zeros(shape), torch.zeros(shape)
 
-    def embed(self, input_ids):
-        return torch.zeros(*input_ids.shape, 1)
+    def draft_nodes(self, cache, positions):
+        return SimpleNamespace(positions=positions.expand(cache.keys.shape[0], -1))
 
-    def block(self, h_in, position_ids, *args):
-        rows = torch.arange(position_ids.shape[0])[:, None].expand_as(position_ids)
-        return torch.stack([rows, position_ids], dim=-1).float()  # [B, P, 2]
+    def tree_level(self, input_ids, cache, nodes, level, *args):
+        return self.hidden(input_ids, nodes.positions[:, level])
+
+    def hidden(self, input_ids, positions):
+        rows = torch.arange(positions.shape[0])[:, None].expand_as(positions)
+        return torch.stack([rows, positions], dim=-1).float()  # [B, P, 2]
 
     def logits(self, hidden):
         out = torch.zeros(*hidden.shape[:-1], self.config.vocab_size)  # [B, P, V]

@@ -156,6 +156,17 @@ def test_beam_step_global_top_k():
         beam_step(scores, logprobs, 7)
 
 
+@pytest.mark.parametrize("width", [1, 5, 16, 40])  # 40 > V: a parent gives all its tokens
+def test_beam_step_equals_brute_force_over_every_pair(width):
+    gen = torch.Generator().manual_seed(width)
+    parents, logits = torch.randn(3, 4, generator=gen), torch.randn(3, 4, 30, generator=gen) * 3  # B=3, P=4
+    parent, tokens, scores = beam_step(parents, logits, width)
+    every = (parents[..., None] + torch.log_softmax(logits, dim=-1)).flatten(1)  # [B, P*V]
+    best, flat = every.topk(width, dim=-1)
+    assert torch.equal(parent, flat // 30) and torch.equal(tokens, flat % 30)
+    torch.testing.assert_close(scores, best)
+
+
 def test_tree_layout_and_ancestor_mask():
     layout = TreeLayout((2, 3))
     assert layout.num_nodes == 6 and layout.depths().tolist() == [0, 1, 1, 2, 2, 2]

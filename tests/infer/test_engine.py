@@ -164,11 +164,8 @@ class TableDrafter(OracleDrafter):
     def __init__(self, config: DrafterConfig, table: torch.Tensor):
         self.config, self.table = config, table
 
-    def embed(self, input_ids):
+    def hidden(self, input_ids, positions):
         return input_ids[..., None].float()
-
-    def block(self, h_in, position_ids, *args):
-        return h_in
 
     def logits(self, hidden):
         return self.table[hidden[..., 0].long()]

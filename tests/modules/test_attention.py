@@ -22,6 +22,7 @@ from longspec.modules.attention import (  # noqa: E402
     merge_attention,
     tree_attention,
 )
+from longspec.modules.masks import aligned_rows
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 needs_flash_attn = pytest.mark.skipif(not HAS_FLASH_ATTN, reason="flash-attn not installed")
@@ -422,3 +423,12 @@ def test_attention_math_backend_routes_long_windows_through_blocks():
     ref_out, ref_lse = math_attention(q, k, v, visibility_mask(T, T, causal=True, window=window))
     torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_aligned_rows_pads_once_and_keeps_values():
+    # A verify passes one tree mask to every layer: aligned once, each layer's kernel then reads it in place.
+    mask = torch.rand(2, 69, 69) < 0.5
+    aligned = aligned_rows(mask)
+    assert torch.equal(aligned, mask)
+    assert aligned.stride(-2) % 16 == 0 and aligned.data_ptr() % 16 == 0
+    assert aligned_rows(aligned) is aligned  # already laid out so: no copy
