@@ -326,7 +326,10 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
     drafter_config = DrafterConfig.from_target_config(target.config, window=window)
     drafter = (
-        Drafter(drafter_config, target.embed_tokens, target.lm_head).to(device=device, dtype=dtype).eval()
+        Drafter(drafter_config, target.embed_tokens, target.lm_head)
+        .to(device=device, dtype=dtype)
+        .requires_grad_(False)
+        .eval()
     )
     if profile is not None:
         nodes = sum(DEFAULT_TREE_WIDTHS if widths == "auto" else widths)  # auto's largest candidate

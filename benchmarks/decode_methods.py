@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         from longspec.drafter import Drafter, DrafterConfig
 
         drafter_config = DrafterConfig.from_target_config(target.config, window=args.window)
-        drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head).to(device=device, dtype=dtype)
+        drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head)
+        drafter = drafter.to(device=device, dtype=dtype).requires_grad_(False)
     engine = SpeculativeEngine(target, drafter)
     engine.reserve_for([max(args.contexts)], GenerationConfig(max_new_tokens=args.tokens))
     generator = torch.Generator().manual_seed(0)

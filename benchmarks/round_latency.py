@@ -381,7 +381,10 @@ def main(argv: list[str] | None = None) -> dict:
     window = 16 if args.tiny else 512
     drafter_config = DrafterConfig.from_target_config(target.config, window=window)
     drafter = (
-        Drafter(drafter_config, target.embed_tokens, target.lm_head).to(device=device, dtype=dtype).eval()
+        Drafter(drafter_config, target.embed_tokens, target.lm_head)
+        .to(device=device, dtype=dtype)
+        .requires_grad_(False)
+        .eval()
     )
     engine = SpeculativeEngine(target, drafter)
     timer = Timer(device, warmup, iters)

@@ -360,4 +360,6 @@ class Drafter(nn.Module):
             )
         drafter = cls(config, target.embed_tokens, target.lm_head)
         drafter.load_state_dict(load_file(weights_path), strict=True)
-        return drafter.to(device=device, dtype=dtype)
+        # For inference, like the target: frozen (so the engine can pack its projections) and in eval mode.
+        # Training starts from its weights through a fresh module (train.build.init_drafter_weights).
+        return drafter.to(device=device, dtype=dtype).requires_grad_(False).eval()

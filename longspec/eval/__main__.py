@@ -59,11 +59,11 @@ def _build_drafter(cfg: EvalConfig, target, tokenizer):
                 target.config, window=cfg.drafter.random_window, tokenizer=tokenizer
             )
             drafter = Drafter(config, target.embed_tokens, target.lm_head)
-        return drafter.to(device=weight.device, dtype=weight.dtype).eval()
+        return drafter.to(device=weight.device, dtype=weight.dtype).requires_grad_(False).eval()
     # Raises ValueError naming the mismatching fields when the drafter was trained for another target.
     return Drafter.from_pretrained(
         cfg.drafter.path, target, tokenizer, dtype=weight.dtype, device=weight.device
-    ).eval()
+    )
 
 
 def _eos_ids(tokenizer, hf_config) -> tuple[int, ...]:

@@ -40,6 +40,7 @@ round costs), `timing` (phase clocks).
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -270,8 +271,13 @@ class SpeculativeEngine:
         self._host_copies = _HostCopies()
         self.draft_step = None
         if drafter is not None:
-            if hasattr(drafter, "pack_weights"):  # the same for the drafter (stand-ins may have no weights)
-                drafter.pack_weights()
+            if hasattr(drafter, "pack_weights") and not drafter.pack_weights():  # stand-ins have no weights
+                warnings.warn(
+                    "the drafter's weights require grad (or are sharded), so the engine drafts with unpacked "
+                    "projections (slower); Drafter.from_pretrained returns it frozen, or call "
+                    "drafter.requires_grad_(False)",
+                    stacklevel=2,
+                )
             self.draft_step = DraftStep(drafter, vocab_size=target.vocab_size, device=self.device)
         if (
             drafter is not None

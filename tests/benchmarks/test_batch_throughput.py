@@ -52,7 +52,9 @@ def test_stand_in_follows_the_slots_when_the_batch_shrinks(batch_throughput):
     torch.manual_seed(0)
     config = DrafterConfig.from_target_config(target.config, window=8)
     drafter = batch_throughput.ProfileDrafter(
-        Drafter(config, target.embed_tokens, target.lm_head).eval(), [1.0, 1.0, 1.0], max_len=128
+        Drafter(config, target.embed_tokens, target.lm_head).requires_grad_(False),
+        [1.0, 1.0, 1.0],
+        max_len=128,
     )
     engine = SpeculativeEngine(target, drafter)
     generator = torch.Generator().manual_seed(0)

@@ -19,9 +19,9 @@ def reference_greedy(target, prompt: torch.Tensor, num_tokens: int) -> list[int]
 
 
 def random_drafter(target, window: int = WINDOW) -> Drafter:
-    return Drafter(
-        DrafterConfig.from_target_config(target.config, window=window), target.embed_tokens, target.lm_head
-    )
+    config = DrafterConfig.from_target_config(target.config, window=window)
+    # Frozen, as Drafter.from_pretrained returns one: the engine then packs its projections (what runs).
+    return Drafter(config, target.embed_tokens, target.lm_head).requires_grad_(False)
 
 
 class OracleDrafter:
