@@ -273,12 +273,13 @@ def test_packed_tree_level_equals_forward(variant):
             torch.testing.assert_close(h[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
     assert drafter.state_dict().keys() == state.keys()
     assert all(torch.equal(drafter.state_dict()[k], v) for k, v in state.items())
+    assert drafter.to(torch.float64).packed_qkv_weight.dtype == torch.float64  # packed weights follow .to()
 
 
 def test_pack_weights_refuses_weights_that_train():
     _, drafter, *_ = _setup()
     assert not drafter.pack_weights()  # requires_grad: the optimizer's parameters must stay separate tensors
-    assert drafter._packed is None
+    assert not drafter.packed
 
 
 def test_prefill_fills_only_the_window_and_matches_forward():

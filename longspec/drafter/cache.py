@@ -129,8 +129,9 @@ class DraftNodes:
         self.ring_slots = W
         dtype = cache.keys.dtype if dtype is None else dtype
         storage = cache.keys.new_empty((2, B, Hkv, W + N, D), dtype=dtype)
-        storage[:, :, :, :W] = torch.stack([cache.keys, cache.values])  # one copy per draft (both tensors)
         self._keys, self._values = storage[0], storage[1]  # [B,Hkv,W+N,D]: ring ++ nodes
+        self._keys[:, :, :W] = cache.keys  # the ring, copied once per draft
+        self._values[:, :, :W] = cache.values
         self.keys, self.values = self._keys[:, :, W:], self._values[:, :, W:]  # node slots [B,Hkv,N,D]
         self.slots = torch.arange(N, device=positions.device).expand(B, N)  # node i -> slot i of `keys`
         # Rows padded to 16 bytes: the attention kernels read the mask in place (online_softmax.mask_operand).

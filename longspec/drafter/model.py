@@ -86,9 +86,10 @@ class Drafter(nn.Module):
         # state_dict(), .to() and the optimizer; the target owns them.
         object.__setattr__(self, "_embed_tokens", embed_tokens)
         object.__setattr__(self, "_lm_head", lm_head)
-        object.__setattr__(
-            self, "_packed", None
-        )  # ((qkv weight, bias), (gate_up weight, bias)): pack_weights
+        # `pack_weights`: the stacked projections, as non-persistent buffers (they follow .to(), stay out of the
+        # state dict, whose names are the modules' own).
+        for name in ("packed_qkv_weight", "packed_qkv_bias", "packed_gate_up_weight", "packed_gate_up_bias"):
+            self.register_buffer(name, None, persistent=False)
         self.self_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # RMSNorm_a
         self.self_attn = _SelfAttention(config)
         self.cross_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # RMSNorm_b
@@ -218,7 +219,7 @@ class Drafter(nn.Module):
         """Inference only: one projection for the self-attention's q/k/v and one for the MLP's gate/up (the
         modules' weights become views of the packed ones, no extra memory), as `TargetModel.pack_weights`.
         Returns False, changing nothing, for weights that train or are sharded (ZeRO-3)."""
-        if self._packed is not None:
+        if self.packed:
             return True
         if any(p.requires_grad or hasattr(p, "ds_id") or p.device.type == "meta" for p in self.parameters()):
             return False
@@ -229,20 +230,26 @@ class Drafter(nn.Module):
             return False
         bind_views((attn.q_proj, attn.k_proj, attn.v_proj), *qkv)
         bind_views((mlp.gate_proj, mlp.up_proj), *gate_up)
-        object.__setattr__(self, "_packed", (qkv, gate_up))  # not registered: the state dict keeps its names
+        self.packed_qkv_weight, self.packed_qkv_bias = qkv
+        self.packed_gate_up_weight, self.packed_gate_up_bias = gate_up
         return True
+
+    @property
+    def packed(self) -> bool:
+        """Whether `pack_weights` has run."""
+        return self.packed_qkv_weight is not None
 
     def _self_qkv(self, x: torch.Tensor) -> torch.Tensor:
         """[B,T,Dm] -> packed [B,T,(H+2Hkv)*D]: one GEMM after `pack_weights`."""
-        if self._packed is not None:
-            return F.linear(x, *self._packed[0])
+        if self.packed:
+            return F.linear(x, self.packed_qkv_weight, self.packed_qkv_bias)
         attn = self.self_attn
         return torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1)
 
     def _gate_up_act(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate(x)) * up(x) [B,T,F]: one GEMM + one fused step after `pack_weights`."""
-        if self._packed is not None:
-            return silu_mul(F.linear(x, *self._packed[1]))
+        if self.packed:
+            return silu_mul(F.linear(x, self.packed_gate_up_weight, self.packed_gate_up_bias))
         mlp = self.mlp
         return silu_mul(torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], dim=-1))
 
@@ -250,7 +257,7 @@ class Drafter(nn.Module):
         """qkv_rope's per-head norm arguments (Qwen3-style q/k norms), empty without them."""
         if attn.q_norm is None:
             return {}
-        k_norm = getattr(attn, "k_norm", None) or attn.q_norm  # cross-attention has no k heads
+        k_norm = attn.k_norm if hasattr(attn, "k_norm") else attn.q_norm  # cross-attention: no k heads
         return dict(q_norm=attn.q_norm.weight, k_norm=k_norm.weight, eps=attn.q_norm.eps)
 
     def tree_level(
