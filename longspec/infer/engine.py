@@ -269,6 +269,9 @@ class SpeculativeEngine:
         target.pack_weights()
         self.target_step = TargetStep(target)
         self._host_copies = _HostCopies()
+        self._plain_trees: dict[
+            int, tuple[torch.Tensor, ...]
+        ] = {}  # batch size -> a plain round's constant parts
         self.draft_step = None
         if drafter is not None:
             if hasattr(drafter, "pack_weights") and not drafter.pack_weights():  # stand-ins have no weights
@@ -402,7 +405,7 @@ class SpeculativeEngine:
                 tree = _lookup_chains(roots, contexts, config)
             depth, max_children = config.pld_num_draft, 1
         else:  # "ar", or longspec's "no speculation"
-            tree = chain_tree(roots, roots.new_empty(batch, 0), 0, 1)
+            tree = self._plain_tree(roots)
             depth, max_children = 0, 0
         # verify_s holds the acceptance rule too: it runs in the verify's step (one graph with cuda_graphs)
         with clock.phase("verify_s"):
@@ -417,6 +420,17 @@ class SpeculativeEngine:
             host, copied = self._host_copies.start(packed)
         rnd = _Round(widths, depth, active, ring is not None, host, copied, launched_at, context_len)
         return rnd, bonus
+
+    def _plain_tree(self, roots: torch.Tensor) -> DraftTree:
+        """A plain round's one-node tree per row around `roots` [B]: everything but the tokens is the same in every
+        round, made once per batch size, so the round launches nothing to build it (a plain round's host work is
+        what keeps it from costing one AR step)."""
+        batch = roots.shape[0]
+        if batch not in self._plain_trees:
+            tree = chain_tree(roots, roots.new_empty(batch, 0), 0, 1)
+            self._plain_trees[batch] = (tree.parents, tree.depths, tree.ancestor_mask, tree.valid)
+        parents, depths, ancestor_mask, valid = self._plain_trees[batch]
+        return DraftTree(roots[:, None], parents, depths, ancestor_mask, valid)
 
     def _finish(self, rnd: _Round) -> tuple[list[list[int]], list[list[int]]]:
         """Wait for a launched round's outputs (the round's ONE host sync: emitted tokens, paths and counts

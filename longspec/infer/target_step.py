@@ -98,7 +98,6 @@ class TargetStep:
         first_chunk = not on_device and new_mask is None and n == 0
         if new_mask is None:
             new_mask = offsets[None, :] <= offsets[:, None]  # causal
-        new_mask = aligned_rows(new_mask)  # once here, not in each layer's attention kernel
         # The pending slots each row's new K/V go to; the layers write them there themselves (in the RoPE
         # kernel on the packed path), before their attention reads the cache.
         slots = n[:, None] if on_device else torch.full((tokens.shape[0], 1), n, device=tokens.device)
@@ -108,6 +107,8 @@ class TargetStep:
         # cache part alone over [0, n] -- the same keys as the hybrid split, one kernel instead of three.
         one_token = T == 1 and not first_chunk
         cache_len = n + 1 if one_token else n
+        if not one_token:
+            new_mask = aligned_rows(new_mask)  # once here, not in each layer's attention kernel
 
         def attn_fn(layer_idx, q, k, v):
             # [B, Hkv, Tmax, D], the new K/V already written

@@ -7,7 +7,7 @@ from infer_helpers import WINDOW, OracleDrafter, random_drafter, reference_greed
 
 from longspec.drafter import DrafterConfig
 from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine, cache_slots
-from longspec.infer.tree import TreeLayout
+from longspec.infer.tree import TreeLayout, chain_tree
 from longspec.testing import make_tiny_target
 
 
@@ -98,6 +98,22 @@ def test_caches_are_allocated_once(llama):
     for length in (150, 20):
         engine.generate(torch.randint(0, 256, (length,)), GenerationConfig(max_new_tokens=8))
         assert (engine.cache.keys.data_ptr(), engine.drafter_cache.keys.data_ptr()) == pointers
+
+
+def test_plain_rounds_build_no_tree(llama, monkeypatch):
+    """A plain round's tree is its roots around constant parts made once per batch size: no op per round builds
+    it (on the GPU each would be a launch outside the captured steps, in a round that should cost one AR step)."""
+    import longspec.infer.engine as engine_module
+
+    built = []
+    monkeypatch.setattr(engine_module, "chain_tree", lambda *a: built.append(a) or chain_tree(*a))
+    engine = SpeculativeEngine(llama)
+    prompt = torch.randint(0, 256, (30,))
+    tokens = engine.generate(
+        prompt, GenerationConfig(max_new_tokens=12, static_shapes=True), method="ar"
+    ).tokens
+    assert tokens == reference_greedy(llama, prompt, 12)
+    assert len(built) == 1  # the first round's, kept
 
 
 @pytest.mark.parametrize("batch", [1, 3])
