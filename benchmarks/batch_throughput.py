@@ -106,11 +106,11 @@ class ProfileDrafter:
         buffer[:, : rows.shape[1]] = rows
         self.references = buffer
 
-    def tree_level(self, input_ids, cache, nodes, level, *args):
+    def tree_level(self, input_ids, nodes, level, *args):
         positions = nodes.positions[:, level]  # [B, P]; slot 0 is the root
         self._depths = (positions - nodes.positions[:, :1] + 1).clamp(max=MAX_PROFILE_DEPTH)  # the children's
         self._targets = self.references.gather(1, (positions + 1).clamp(max=self.max_len - 1))  # [B, P]
-        return self.inner.tree_level(input_ids, cache, nodes, level, *args)
+        return self.inner.tree_level(input_ids, nodes, level, *args)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.inner.logits(hidden).float()  # [B, P, V]

@@ -28,7 +28,7 @@ def _draft(drafter, ids, pos, cache, tk, tv, cross_len):
     nodes = drafter.draft_nodes(cache, pos)
     Tq = ids.shape[1]
     causal = torch.ones(Tq, Tq, dtype=torch.bool).tril()
-    h = drafter.tree_level(ids, cache, nodes, slice(0, Tq), causal, tk, tv, cross_len)
+    h = drafter.tree_level(ids, nodes, slice(0, Tq), causal, tk, tv, cross_len)
     return h, nodes.keys, nodes.values
 
 
@@ -223,8 +223,8 @@ def test_tree_levels_equal_each_path_decoded_alone():
         tree_ids = torch.stack([r, a, b], dim=1)
         nodes = drafter.draft_nodes(cache, torch.stack([p, p + 1, p + 1], dim=1))
         ancestors = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-        h_root = drafter.tree_level(tree_ids[:, :1], cache, nodes, slice(0, 1), ancestors[:1, :1], tk, tv, 20)
-        h_kids = drafter.tree_level(tree_ids[:, 1:], cache, nodes, slice(1, 3), ancestors[1:], tk, tv, 20)
+        h_root = drafter.tree_level(tree_ids[:, :1], nodes, slice(0, 1), ancestors[:1, :1], tk, tv, 20)
+        h_kids = drafter.tree_level(tree_ids[:, 1:], nodes, slice(1, 3), ancestors[1:], tk, tv, 20)
         for col, child in ((0, a), (1, b)):
             path_ids = torch.stack([r, child], dim=1)
             h_path, k_path, _ = _draft(drafter, path_ids, nodes.positions[:, :2], cache, tk, tv, 20)
@@ -247,7 +247,7 @@ def test_tree_level_window_hides_far_ancestors():
         for level in range(T - n):
             sl = slice(level, level + 1)
             t = n + level  # sees target KV <= t, as forward with lag 0
-            h = drafter.tree_level(ids[:, t, None], cache, nodes, sl, chain[sl, : sl.stop], tk, tv, t + 1)
+            h = drafter.tree_level(ids[:, t, None], nodes, sl, chain[sl, : sl.stop], tk, tv, t + 1)
             torch.testing.assert_close(h[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
 
 
@@ -269,7 +269,7 @@ def test_packed_tree_level_equals_forward(variant):
         chain = torch.ones(T - n, T - n, dtype=torch.bool).tril()
         for level in range(T - n):
             sl, t = slice(level, level + 1), n + level
-            h = drafter.tree_level(ids[:, t, None], cache, nodes, sl, chain[sl, : sl.stop], tk, tv, t + 1)
+            h = drafter.tree_level(ids[:, t, None], nodes, sl, chain[sl, : sl.stop], tk, tv, t + 1)
             torch.testing.assert_close(h[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
     assert drafter.state_dict().keys() == state.keys()
     assert all(torch.equal(drafter.state_dict()[k], v) for k, v in state.items())

@@ -263,7 +263,6 @@ class Drafter(nn.Module):
     def tree_level(
         self,
         input_ids: torch.Tensor,
-        cache: DrafterCache,
         nodes: DraftNodes,
         level: slice,
         node_mask: torch.Tensor,
@@ -277,7 +276,7 @@ class Drafter(nn.Module):
 
         input_ids [B,P] are the level's tokens, at positions `nodes.positions[:, level]`; their self K/V are
         written into `nodes` (slots `level`, by the RoPE step), so later levels reuse them. A query sees the
-        ring within its window and node j iff node_mask[.., i, j] (the tree's ancestor mask over nodes
+        ring (as `nodes` copied it) within its window and node j iff node_mask[.., i, j] (the tree's ancestor mask over nodes
         [0, level.stop), self included; [P, stop] or [B, P, stop]) and within the window (`DraftNodes`).
         cross_len: the visible target prefix -- an int or [B] (the same for every query: all tree nodes see
         the committed prefix) or [B,P] (per query, e.g. re-fed accepted tokens). The ring is NOT modified.

@@ -146,7 +146,7 @@ class DraftStep:
             sl = layout.level_slice(level)
             ancestors = tree.ancestor_mask[:, sl, : sl.stop]  # [B, P, nodes so far], self included
             hidden = drafter.tree_level(
-                tree.tokens[:, sl], dcache, nodes, sl, ancestors, target_k, target_v, n
+                tree.tokens[:, sl], nodes, sl, ancestors, target_k, target_v, n
             )  # [B, P, Dm]
             logits = drafter.logits(hidden).float()  # [B, P, V]
             child_slice = layout.level_slice(level + 1)

@@ -18,7 +18,9 @@ def test_counts_the_loops_ops_outside_the_steps(host_ops, tmp_path, monkeypatch)
     # start-up (prefill logits, first token) spread over the tokens. Before the plain round's tree was kept,
     # building it (and aligning a mask the one token never reads) added seven: 9.5 per token at 48 tokens.
     assert rows["ar"]["ops_per_token"] < 4
-    assert rows["ar"]["top_ops_per_token"]["aten::add_"] == pytest.approx(1.0, abs=0.05)  # lengths.add_(counts)
+    assert rows["ar"]["top_ops_per_token"]["aten::add_"] == pytest.approx(
+        1.0, abs=0.05
+    )  # lengths.add_(counts)
 
 
 def test_steps_are_unmarked_afterwards(host_ops):

@@ -43,7 +43,7 @@ class OracleDrafter:
     def draft_nodes(self, cache, positions):
         return SimpleNamespace(positions=positions.expand(cache.keys.shape[0], -1))
 
-    def tree_level(self, input_ids, cache, nodes, level, *args):
+    def tree_level(self, input_ids, nodes, level, *args):
         return self.hidden(input_ids, nodes.positions[:, level])
 
     def hidden(self, input_ids, positions):
