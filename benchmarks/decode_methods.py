@@ -112,8 +112,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 trace = os.path.join(out, f"trace_{method}_{context}.json") if out else None
                 run = functools.partial(run_method, base, prompt, config_, target=target, engine=engine)
                 rows[-1]["profile"] = profile = profile_once(run, device, trace)
-                summary = {k: round(v, 4) for k, v in profile.items() if k != "top_host_ops"}
+                summary = {k: round(v, 4) for k, v in profile.items() if not k.startswith("top_")}
                 print(f"  profile: {summary}", flush=True)
+                for k in profile["top_device_kernels"]:
+                    print(
+                        f"    {k['ms_per_token']:.3f} ms/token  {k['calls_per_token']:.1f} x {k['us_per_call']:.1f} us"
+                        f"  {k['kernel'][:90]}",
+                        flush=True,
+                    )
             print(
                 f"context {context:>6} {method:<11} tok/s per repeat: "
                 + " ".join(f"{s:8.1f}" for s in speeds),
@@ -127,9 +133,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 def profile_once(run, device: torch.device, trace: str | None = None) -> dict:
     """One `run()` (a generation) under torch.profiler: wall time, the device's busy time (the sum of its
-    kernels, graph replays included) and their ratio per generated token, and the 12 host ops with the most
-    self time. A device busy for much less than the wall time waits for the host between steps. `trace`: write
-    the Chrome trace there (gzipped)."""
+    kernels, graph replays included) and their ratio per generated token, the 12 host ops with the most self
+    time, and the 12 device kernels with the most time (per token: calls and milliseconds; µs per call). A
+    device busy for much less than the wall time waits between kernels: for the host, or for launches inside
+    a graph. `trace`: write the Chrome trace there (gzipped)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -148,12 +155,23 @@ def profile_once(run, device: torch.device, trace: str | None = None) -> dict:
             packed.write(raw.read())
         os.remove(trace)
     top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA") and e.count]
+    kernels = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:12]
     return {
         "wall_ms_per_token": 1e3 * wall / tokens,
         "device_busy_ms_per_token": busy_us / 1e3 / tokens,
         "device_busy_share": busy_us / 1e6 / wall if wall > 0 else float("nan"),
         "top_host_ops": [
             {"op": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3} for e in top
+        ],
+        "top_device_kernels": [
+            {
+                "kernel": e.key[:160],
+                "calls_per_token": e.count / tokens,
+                "us_per_call": e.self_device_time_total / e.count,
+                "ms_per_token": e.self_device_time_total / 1e3 / tokens,
+            }
+            for e in kernels
         ],
     }
 

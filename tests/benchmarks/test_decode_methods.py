@@ -40,4 +40,5 @@ def test_profile_reports_where_a_token_goes(decode_methods, tmp_path, monkeypatc
     profile = rows[0]["profile"]
     assert profile["wall_ms_per_token"] > 0 and profile["device_busy_ms_per_token"] >= 0
     assert profile["top_host_ops"] and all(op["calls"] > 0 for op in profile["top_host_ops"])
+    assert profile["top_device_kernels"] == []  # none on the CPU; on a GPU, the kernels' time per token
     assert (tmp_path / "trace_ar_48.json.gz").stat().st_size > 0
