@@ -16,22 +16,19 @@ last, ragged tile and masked (tree) tiles pay for bounds and visibility checks.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from longspec.kernels.mask_layout import aligned_rows
 
 
 def mask_operand(mask: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """A bool mask [Tq, Tk] or [B, Tq, Tk] as the kernels read it: uint8 with unit key stride and rows aligned
     to 16 bytes, so each row's tile loads as wide vectors. Returns (mask_u8, batch stride, row stride).
 
-    A mask that is not laid out so is copied once per call (one small kernel); callers that reuse a mask
-    across layers can avoid that by allocating it with padded rows, e.g. `buf[:, :T]` of a [T, 16*ceil(T/16)]
-    bool buffer."""
-    m = mask.view(torch.uint8)  # same bytes
-    if m.stride(-1) != 1 or m.stride(-2) % 16 != 0 or m.data_ptr() % 16 != 0:
-        num_keys = m.shape[-1]
-        m = F.pad(m, (0, -num_keys % 16 or 16))[..., :num_keys]
+    A mask that is not laid out so is copied once per call (one small kernel, `mask_layout.aligned_rows`);
+    callers that reuse a mask across layers lay it out once with `aligned_rows` themselves."""
+    m = aligned_rows(mask).view(torch.uint8)  # same bytes
     batch_stride = 0 if m.dim() == 2 or m.shape[0] == 1 else m.stride(0)
     return m, batch_stride, m.stride(-2)
 

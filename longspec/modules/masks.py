@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from longspec.kernels.mask_layout import aligned_rows  # the layout the attention kernels read in place
+
 __all__ = ["aligned_rows", "within_window", "visibility_mask"]
 
 
@@ -32,15 +34,3 @@ def visibility_mask(
     if window is not None:
         mask &= within_window(q_pos, k_pos, window)
     return mask
-
-
-def aligned_rows(mask: torch.Tensor) -> torch.Tensor:
-    """A bool mask [..., Tq, Tk] with the same values, its rows padded to 16 bytes (a view of a padded copy;
-    the mask itself when it is laid out so already). The Triton attention kernels read such a mask in place and
-    copy any other one at every call: a forward that passes one mask to every layer aligns it once."""
-    if mask.stride(-1) == 1 and mask.stride(-2) % 16 == 0 and mask.data_ptr() % 16 == 0:
-        return mask
-    num_keys = mask.shape[-1]
-    padded = mask.new_zeros(*mask.shape[:-1], num_keys + (-num_keys % 16))
-    padded[..., :num_keys] = mask
-    return padded[..., :num_keys]
