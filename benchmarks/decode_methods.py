@@ -155,8 +155,6 @@ def profile_once(run, device: torch.device, trace: str | None = None) -> dict:
             packed.write(raw.read())
         os.remove(trace)
     top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
-    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA") and e.count]
-    kernels = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:12]
     return {
         "wall_ms_per_token": 1e3 * wall / tokens,
         "device_busy_ms_per_token": busy_us / 1e3 / tokens,
@@ -164,16 +162,24 @@ def profile_once(run, device: torch.device, trace: str | None = None) -> dict:
         "top_host_ops": [
             {"op": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3} for e in top
         ],
-        "top_device_kernels": [
-            {
-                "kernel": e.key[:160],
-                "calls_per_token": e.count / tokens,
-                "us_per_call": e.self_device_time_total / e.count,
-                "ms_per_token": e.self_device_time_total / 1e3 / tokens,
-            }
-            for e in kernels
-        ],
+        "top_device_kernels": device_kernels(events, tokens),
     }
+
+
+def device_kernels(events, tokens: int, top: int = 12) -> list[dict]:
+    """The `top` device kernels of profiler averages `events` by their time, per generated token (graph
+    replays' kernels included); host ops are left out."""
+    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA") and e.count]
+    kernels = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:top]
+    return [
+        {
+            "kernel": e.key[:160],
+            "calls_per_token": e.count / tokens,
+            "us_per_call": e.self_device_time_total / e.count,
+            "ms_per_token": e.self_device_time_total / 1e3 / tokens,
+        }
+        for e in kernels
+    ]
 
 
 if __name__ == "__main__":

@@ -122,10 +122,8 @@ class DraftNodes:
         dtype: torch.dtype | None = None,
     ):
         B, Hkv, W, D = cache.keys.shape
-        if positions.dim() == 1:
-            positions = positions.expand(B, -1)
-        N = positions.shape[1]
-        self.positions, self.cos, self.sin = positions, cos, sin
+        N = positions.shape[1]  # positions [B, N]
+        self.positions, self.cos, self.sin = positions, cos, sin  # [B, N], [B, N, D], [B, N, D]
         self.ring_slots = W
         dtype = cache.keys.dtype if dtype is None else dtype
         storage = cache.keys.new_empty((2, B, Hkv, W + N, D), dtype=dtype)
@@ -134,7 +132,7 @@ class DraftNodes:
         self._values[:, :, :W] = cache.values
         self.keys, self.values = self._keys[:, :, W:], self._values[:, :, W:]  # node slots [B,Hkv,N,D]
         self.slots = torch.arange(N, device=positions.device).expand(B, N)  # node i -> slot i of `keys`
-        # Rows padded to 16 bytes: the attention kernels read the mask in place (online_softmax.mask_operand).
+        # Rows padded to 16 bytes: the attention kernels read the mask in place (kernels.mask_layout).
         self._mask = torch.zeros(B, N, -(-(W + N) // 16) * 16, dtype=torch.bool, device=positions.device)
         self._mask[:, :, :W] = cache.visible_mask(positions)
         self._near = within_window(positions[:, :, None], positions[:, None, :], cache.window)  # [B,N,N]

@@ -210,10 +210,8 @@ class Drafter(nn.Module):
         """The per-draft layout (`DraftNodes`) of uncommitted tokens at `positions` [B,N] (or [N]) beside the
         ring `cache`: their rotary angles once, in the drafter's compute dtype."""
         dtype = self.mlp_norm.weight.dtype
-        cos, sin = self.rotary.cos_sin(positions, dtype=dtype)
-        if cos.shape[0] != cache.keys.shape[0]:
-            cos, sin = (t.expand(cache.keys.shape[0], -1, -1) for t in (cos, sin))
-        return DraftNodes(cache, positions, cos, sin, dtype)
+        positions = positions.expand(cache.keys.shape[0], -1)  # [B, N]
+        return DraftNodes(cache, positions, *self.rotary.cos_sin(positions, dtype=dtype), dtype)
 
     def pack_weights(self) -> bool:
         """Inference only: one projection for the self-attention's q/k/v and one for the MLP's gate/up (the

@@ -269,9 +269,8 @@ class SpeculativeEngine:
         target.pack_weights()
         self.target_step = TargetStep(target)
         self._host_copies = _HostCopies()
-        self._plain_trees: dict[
-            int, tuple[torch.Tensor, ...]
-        ] = {}  # batch size -> a plain round's constant parts
+        # Batch size -> a plain round's constant tree parts (`_plain_tree`).
+        self._plain_trees: dict[int, tuple[torch.Tensor, ...]] = {}
         self.draft_step = None
         if drafter is not None:
             if hasattr(drafter, "pack_weights") and not drafter.pack_weights():  # stand-ins have no weights

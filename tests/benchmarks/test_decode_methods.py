@@ -40,5 +40,26 @@ def test_profile_reports_where_a_token_goes(decode_methods, tmp_path, monkeypatc
     profile = rows[0]["profile"]
     assert profile["wall_ms_per_token"] > 0 and profile["device_busy_ms_per_token"] >= 0
     assert profile["top_host_ops"] and all(op["calls"] > 0 for op in profile["top_host_ops"])
-    assert profile["top_device_kernels"] == []  # none on the CPU; on a GPU, the kernels' time per token
+    assert profile["top_device_kernels"] == []  # no device kernels on the CPU
     assert (tmp_path / "trace_ar_48.json.gz").stat().st_size > 0
+
+
+def test_device_kernels_keeps_kernels_only_per_token(decode_methods):
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(key, device_type, count, device_us):
+        return SimpleNamespace(
+            key=key, device_type=device_type, count=count, self_device_time_total=device_us
+        )
+
+    events = [
+        event("aten::mm", DeviceType.CPU, 90, 9000.0),  # a host op (its kernels counted): left out
+        event("_split_kv_reduce_kernel", DeviceType.CUDA, 300, 6000.0),
+        event("_split_kv_partial_kernel", DeviceType.CUDA, 300, 1500.0),
+    ]
+    rows = decode_methods.device_kernels(events, tokens=10)
+    assert [r["kernel"] for r in rows] == ["_split_kv_reduce_kernel", "_split_kv_partial_kernel"]
+    assert rows[0] == {"kernel": "_split_kv_reduce_kernel", "calls_per_token": 30.0, "us_per_call": 20.0,
+                       "ms_per_token": 0.6}  # fmt: skip
