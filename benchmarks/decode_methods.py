@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 def profile_once(run, device: torch.device, trace: str | None = None) -> dict:
     """One `run()` (a generation) under torch.profiler: wall time, the device's busy time (the sum of its
     kernels, graph replays included) and their ratio per generated token, the 12 host ops with the most self
-    time, and the 12 device kernels with the most time (per token: calls and milliseconds; µs per call). A
+    time, and the 24 device kernels with the most time (per token: calls and milliseconds; µs per call). A
     device busy for much less than the wall time waits between kernels: for the host, or for launches inside
     a graph. `trace`: write the Chrome trace there (gzipped)."""
     from torch.profiler import ProfilerActivity, profile
@@ -166,7 +166,7 @@ def profile_once(run, device: torch.device, trace: str | None = None) -> dict:
     }
 
 
-def device_kernels(events, tokens: int, top: int = 12) -> list[dict]:
+def device_kernels(events, tokens: int, top: int = 24) -> list[dict]:
     """The `top` device kernels of profiler averages `events` by their time, per generated token (graph
     replays' kernels included); host ops are left out."""
     kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA") and e.count]
