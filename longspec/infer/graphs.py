@@ -8,11 +8,29 @@ with a single launch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import gc
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-__all__ = ["StaticStep"]
+__all__ = ["StaticStep", "no_gc"]
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (as it was after). A collection during a capture may
+    free a dead engine's captured graphs, and destroying a graph while a stream captures invalidates the
+    capture ("operation not permitted when stream is capturing"): seen on the GPU when one test's engines,
+    freed only by the cyclic collector, were collected during the next test's capture. Recent torch (2.11 in
+    those runs) no longer collects before a capture itself (torch.compiler.config.force_cudagraph_gc)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class StaticStep:
@@ -45,7 +63,7 @@ class StaticStep:
                 self.warmup_outputs = fn(*self.inputs)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with no_gc(), torch.cuda.graph(self.graph):
             self.outputs = fn(*self.inputs)
 
     def __call__(self, *inputs: torch.Tensor):

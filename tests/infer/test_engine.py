@@ -299,3 +299,24 @@ def test_bf16_drafter_keeps_fp32_rope_frequencies(llama):
     drafter = random_drafter(llama).to(dtype=torch.bfloat16)
     assert drafter.rotary.inv_freq.dtype == torch.float32
     assert drafter.self_attn.q_proj.weight.dtype == torch.bfloat16
+
+
+def test_no_gc_pauses_the_collector_and_restores_it():
+    """What a capture runs under (`StaticStep`; the GPU test shows why): the cyclic collector off inside, and
+    afterwards as it was, after an error too."""
+    import gc
+
+    from longspec.infer.graphs import no_gc
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), no_gc():
+        assert not gc.isenabled()
+        raise RuntimeError
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with no_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # left off: it was off before
+    finally:
+        gc.enable()

@@ -136,3 +136,33 @@ def test_host_copies_reuse_pinned_buffers_only_after_their_round_settled():
     third = copies.start(torch.arange(5, device="cuda") + 20)
     assert third[0].data_ptr() == first[0].data_ptr() and third[1] is first[1]
     assert copies.read(*second) == list(range(10, 15)) and copies.read(*third) == list(range(20, 25))
+
+
+def test_capture_survives_dead_graphs_collected_during_it():
+    """A dead engine's captured graphs, freed only by the cyclic garbage collector, must not be destroyed while
+    another step captures (that invalidates the capture): with the collector forced to run on every allocation,
+    a step still captures and replays. The failure this pins down: a mistral test's draft capture failed
+    when the previous test's engines were collected during it."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import gc
+
+    from longspec.infer.graphs import StaticStep
+
+    def dead_cycle():
+        holder = {"step": StaticStep(lambda x: x * 2, [torch.ones(4, device="cuda")], capture=True)}
+        holder["self"] = holder  # a reference cycle: only the cyclic collector frees it
+
+    threshold = gc.get_threshold()
+    try:
+        gc.collect()
+        gc.disable()
+        for _ in range(3):
+            dead_cycle()
+        gc.enable()
+        gc.set_threshold(1)  # a collection at (nearly) every allocation, captures included
+        step = StaticStep(lambda x: (x + 1).sum(), [torch.ones(4, device="cuda")], capture=True)
+        assert float(step(torch.full((4,), 2.0, device="cuda"))) == 12.0
+    finally:
+        gc.set_threshold(*threshold)
+        gc.enable()
