@@ -212,7 +212,14 @@ def _try_graph(row: dict, key: str, measure) -> None:
 
 
 def bench_context(
-    target, drafter, engine, context: int, timer: Timer, capture: bool, routes: tuple[str, ...] = ()
+    target,
+    drafter,
+    engine,
+    context: int,
+    timer: Timer,
+    capture: bool,
+    routes: tuple[str, ...] = (),
+    hf_compile: bool = True,
 ) -> dict:
     device = engine.device
     generator = torch.Generator(device=device).manual_seed(context)
@@ -230,7 +237,7 @@ def bench_context(
         row["ar_static_vs_eager_max_abs_diff"] = float((eager.float() - static.float()).abs().max())
 
         row["ar_hf_ms"] = time_hf_step(timer, target.model, root, hf_cache(target, engine, context))
-        if capture:
+        if capture and hf_compile:
             _try_graph(
                 row, "ar_hf_compile_ms", lambda: time_hf_compiled_step(timer, target, context, generator)
             )
@@ -359,6 +366,11 @@ def main(argv: list[str] | None = None) -> dict:
         "every tree=auto candidate at T=0 and T=1 (SpeculativeEngine.measure_round_costs)",
     )
     parser.add_argument(
+        "--no-hf-compile",
+        action="store_true",
+        help="skip the HF static cache + torch.compile step (its compilation takes minutes on a GPU)",
+    )
+    parser.add_argument(
         "--layer-routes",
         nargs="*",
         default=["liger", "torch"],
@@ -389,7 +401,10 @@ def main(argv: list[str] | None = None) -> dict:
     engine = SpeculativeEngine(target, drafter)
     timer = Timer(device, warmup, iters)
     routes = tuple(args.layer_routes) if capture else ()
-    rows = [bench_context(target, drafter, engine, context, timer, capture, routes) for context in contexts]
+    rows = [
+        bench_context(target, drafter, engine, context, timer, capture, routes, not args.no_hf_compile)
+        for context in contexts
+    ]
 
     round_costs = {}
     if args.round_costs:

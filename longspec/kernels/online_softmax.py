@@ -33,6 +33,15 @@ def mask_operand(mask: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     return m, batch_stride, m.stride(-2)
 
 
+def heads_last_like(q: torch.Tensor) -> torch.Tensor:
+    """An output for attention of q [B, H, Tq, D], laid out [B, Tq, H, D] in memory (returned as a [B, H, Tq, D]
+    view): the layout the output projection reads, so `out.transpose(1, 2).reshape(B, Tq, H * D)` is a view.
+    In the default layout that reshape was one copy kernel per layer whenever Tq > 1 (every verify and draft
+    level: 30 launches a round on SmolLM2, ~0.07 ms on an H200, docs/BENCHMARKS.md)."""
+    B, H, Tq, D = q.shape
+    return q.new_empty(B, Tq, H, D).transpose(1, 2)
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """tl.dot input precision: exact float32 products for float32 inputs (Triton would use TF32 otherwise);
     fp16/bf16 products are exact in the float32 accumulator anyway."""

@@ -103,6 +103,23 @@ def test_hybrid_equals_attention_over_union(cache_len, num_splits):
         assert_attn_close(out[b : b + 1], lse[b : b + 1], *ref, torch.float32)
 
 
+def test_default_outputs_are_laid_out_for_the_output_projection():
+    """Without an `out` buffer both kernels write [B, Tq, H, D] in memory, so merging the heads for o_proj is a
+    view (no copy kernel per layer); the values are the reference's, in the hybrid (merged) path too."""
+    B, H, Hkv, Tq, Tmax, D, n = 2, 4, 2, 5, 96, 16, 70
+    q, k_cache, v_cache = _inputs(B, H, Hkv, Tq, Tmax, D, n)
+    k_new, v_new = torch.randn(2, B, Hkv, Tq, D, device=DEVICE)
+    mask = torch.rand(B, Tq, Tq, device=DEVICE) < 0.5
+    tree = fused_mask_attn(q, k_new, v_new, mask, 0.25)
+    out, lse = split_kv_attn(q, k_cache, v_cache, n, 0.25, merge_with=tree)
+    for o in (tree[0], out):
+        assert o.transpose(1, 2).is_contiguous()
+        assert o.transpose(1, 2).reshape(B, Tq, H * D).data_ptr() == o.data_ptr()
+    assert_attn_close(*tree, *fused_mask_attn_naive(q, k_new, v_new, mask, 0.25), torch.float32)
+    ref = _union_reference(q, k_cache, v_cache, n, k_new, v_new, mask, 0.25)
+    assert_attn_close(out, lse, *ref, torch.float32)
+
+
 def test_merge_with_equals_attention_over_both_key_sets():
     # A part computed elsewhere (here the naive masked attention) folded into the reduce.
     B, H, Hkv, Tq, Tmax, D, n = 1, 8, 2, 11, 128, 16, 77

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from longspec.kernels.online_softmax import attend_range, dot_precision, mask_operand
+from longspec.kernels.online_softmax import attend_range, dot_precision, heads_last_like, mask_operand
 
 _LOG2E = 1.4426950408889634
 
@@ -91,7 +91,8 @@ def fused_mask_attn(
     num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [B,H,Tq,D], k/v [B,Hkv,Tk,D], mask bool [Tq,Tk] (shared) or [B,Tq,Tk] (one per row; True = visible).
-    out/lse: optional output buffers. Returns (out [B,H,Tq,D] in q.dtype (or out's), lse [B,H,Tq] float32)."""
+    out/lse: optional output buffers. Returns (out [B,H,Tq,D] in q.dtype (or out's; by default laid out
+    [B,Tq,H,D]: `heads_last_like`), lse [B,H,Tq] float32)."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     assert k.shape == v.shape and k.shape[0] == B and k.shape[3] == D and H % Hkv == 0
@@ -103,7 +104,7 @@ def fused_mask_attn(
     num_rows = group * Tq
     mask_u8, stride_mb, stride_mq = mask_operand(mask)
 
-    out = torch.empty_like(q) if out is None else out
+    out = heads_last_like(q) if out is None else out
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device) if lse is None else lse
     assert out.shape == q.shape and out.stride(-1) == 1 and lse.shape == (B, H, Tq)
     grid = (triton.cdiv(num_rows, block_m), B * Hkv)

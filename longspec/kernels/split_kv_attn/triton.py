@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from longspec.kernels.online_softmax import attend_range, dot_precision
+from longspec.kernels.online_softmax import attend_range, dot_precision, heads_last_like
 
 _LOG2E = 1.4426950408889634
 
@@ -214,7 +214,8 @@ def split_kv_attn(
     merge_with: optional (out [B,H,Tq,D], lse [B,H,Tq]) of attention over other keys, merged in the reduce.
     out/lse: optional output buffers. config: overrides of `default_config` (BLOCK_M, BLOCK_N, num_warps,
       num_stages, num_splits).
-    Returns (out [B,H,Tq,D] in q.dtype, lse [B,H,Tq] float32) over the union of all key sets."""
+    Returns (out [B,H,Tq,D] in q.dtype, by default laid out [B,Tq,H,D] (`heads_last_like`), lse [B,H,Tq]
+    float32) over the union of all key sets."""
     B, H, Tq, D = q.shape
     Hkv, Tmax = k_cache.shape[1], k_cache.shape[2]
     assert k_cache.shape == v_cache.shape and k_cache.shape[0] == B and k_cache.shape[3] == D and H % Hkv == 0
@@ -256,7 +257,7 @@ def split_kv_attn(
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, **cfg,
     )  # fmt: skip
 
-    out = torch.empty_like(q) if out is None else out
+    out = heads_last_like(q) if out is None else out
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device) if lse is None else lse
     assert out.shape == q.shape and out.stride(-1) == 1 and lse.shape == (B, H, Tq)
     if merge_with is not None:
