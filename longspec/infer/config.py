@@ -39,6 +39,12 @@ class GenerationConfig:
     static_shapes: bool = False  # rounds read the cache length from the device (what a CUDA graph replays)
     # Capture each round's draft and target forward in CUDA graphs (implies static_shapes).
     cuda_graphs: bool = False
+    # On static shapes a batch moves to its smaller bucket once at most half of it still runs, and only while
+    # its running rows may still generate this many tokens (max_new_tokens minus what they have): the first
+    # shrink to a bucket builds (with graphs: captures) that bucket's steps, every tree's draft, verify and
+    # commit, a few eager forwards each, which the last rounds before max_new_tokens never win back (rows
+    # of one batch reach max_new_tokens a few rounds apart). 0: shrink whenever half the batch has finished.
+    shrink_min_tokens: int = 64
 
     @property
     def static(self) -> bool:
@@ -54,6 +60,8 @@ class GenerationConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.shrink_min_tokens < 0:
+            raise ValueError(f"shrink_min_tokens must be >= 0, got {self.shrink_min_tokens}")
         if self.prefill_chunk < 1 or self.pld_num_draft < 1 or self.pld_max_ngram < 1:
             raise ValueError("prefill_chunk, pld_num_draft and pld_max_ngram must be >= 1")
         self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)

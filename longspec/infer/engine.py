@@ -27,8 +27,8 @@ A batch (`generate_batch`) runs the same round with one tree per sequence: every
 cache length and ring-buffer row; the trees share one layout (widths) and are verified in ONE target forward
 [B, N]; each sequence commits its own accepted path (ragged counts). A sequence that has finished stays in the
 batch, frozen (it commits nothing more and its output is ignored), so the shapes stay those of the batch; on
-static shapes a batch runs in its power-of-two bucket and moves to the smaller one once half of it has finished
-(`slots.BatchSlots`). `generate` is the batch of one.
+static shapes a batch runs in its power-of-two bucket and moves to the smaller one once half of it has finished,
+if the rest still has `shrink_min_tokens` to go (`slots.BatchSlots`, GenerationConfig). `generate` is the batch of one.
 
 This module strings the rounds together (`generate_batch` -> `_launch` / `_finish`) and accepts; the pieces
 live by side:
@@ -143,7 +143,8 @@ class _DecodeLoop:
                     for _, row in slots.running()
                 ):
                     self._settle()
-                if self.static and slots.shrink_due():  # finished rows leave the batch, nothing in flight
+                if self.static and slots.shrink_due() and self._tail() >= self.config.shrink_min_tokens:
+                    # finished rows leave the batch (GenerationConfig.shrink_min_tokens), nothing in flight
                     while self.inflight:
                         self._settle()
                     if (index := slots.shrink()) is not None:
@@ -151,6 +152,10 @@ class _DecodeLoop:
                 if not self.inflight and not any(slots.active):
                     break
         self._observe(self.launched + 1)  # the last rounds' lessons, for the policy's next call
+
+    def _tail(self) -> int:
+        """The most tokens a running row may still generate (its max_new_tokens budget, as the host sees it)."""
+        return max(self.config.max_new_tokens - len(self.emitted[row]) for _, row in self.slots.running())
 
     def _launch_next(self, roots: torch.Tensor, prompt_len: int) -> tuple[torch.Tensor, bool]:
         """Choose and launch the next round (after the ring's catch-up, if it needs one); returns the next roots

@@ -1,6 +1,7 @@
 """A batch's slots: which prompt each slot of the batch decodes and which slots are still running. On static
 shapes a batch runs in its power-of-two bucket (padding slots frozen from the start), and moves to the smaller
-bucket once half of it has finished, so finished sequences stop costing compute.
+bucket once half of it has finished (the engine's loop also asks for a long enough tail:
+GenerationConfig.shrink_min_tokens), so finished sequences stop costing compute.
 
 Shape legend: B slots (the batch size the steps run at).
 """

@@ -29,6 +29,32 @@ def test_tiny_mode_writes_a_complete_table(batch_throughput, tmp_path, monkeypat
     assert "| context | batch | AR tok/s | LongSpec tok/s | LongSpec/AR |" in out
 
 
+def test_timed_runs_build_no_steps(batch_throughput, tmp_path, monkeypatch):
+    """Nothing is built (with graphs: captured) inside a timed run, for either method: the cell reserves the
+    cache both runs need before the warm-ups (ar's timed run used to reallocate it and re-capture its step), and
+    a batch whose rows reach max_new_tokens a few rounds apart does not shrink into a new bucket near the end
+    (GenerationConfig.shrink_min_tokens)."""
+    from longspec.infer import graphs
+
+    built, timing = [], [False]
+    init, generate_batch = graphs.StaticStep.__init__, batch_throughput.SpeculativeEngine.generate_batch
+
+    def counting(self, *args, **kwargs):
+        built.append(timing[0])
+        init(self, *args, **kwargs)
+
+    def timed_generate(self, prompts, config, **kwargs):  # timed: the runs of the full length
+        timing[0] = config.max_new_tokens == 120
+        return generate_batch(self, prompts, config, **kwargs)
+
+    monkeypatch.setattr(graphs.StaticStep, "__init__", counting)
+    monkeypatch.setattr(batch_throughput.SpeculativeEngine, "generate_batch", timed_generate)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    args = ["--tiny", "--accept-profile", "0.9,0.8,0.7", "--tree", "auto", "--batch-sizes", "4", "--tokens", "120"]
+    batch_throughput.main([*args, "--no-vanilla-fa"])
+    assert built and not any(built)  # steps were built, in the warm-ups only
+
+
 def test_expected_tau(batch_throughput):
     assert batch_throughput.expected_tau([1.0, 0.5], 3) == 2.5  # 1 + 1 + 0.5; depth 3 accepts nothing
     assert batch_throughput.expected_tau([0.8] * 10, 2) == pytest.approx(1 + 0.8 + 0.64)
@@ -69,7 +95,9 @@ def test_stand_in_follows_the_slots_when_the_batch_shrinks(batch_throughput):
     assert max(stops) < 8  # the batch shrinks early: rows 2 and 3 run several rounds in their new slots
     eos = tuple(ar[row].tokens[i] for row, i in zip((0, 1), stops, strict=True))
     references = [p + r.tokens for p, r in zip(prompts, ar, strict=True)]
-    config = GenerationConfig(max_new_tokens=32, static_shapes=True, tree_widths=(2, 2, 2), eos_token_ids=eos)
+    config = GenerationConfig(
+        max_new_tokens=32, static_shapes=True, tree_widths=(2, 2, 2), eos_token_ids=eos, shrink_min_tokens=0
+    )
     # The script's path: a warm-up run (which shrinks the batch too), then the timed run, each from the
     # references of the full batch.
     spec, _ = batch_throughput.timed_batch(

@@ -245,7 +245,9 @@ def test_finished_rows_leave_a_static_batch(method):
     expected = [next((r[: i + 1] for i, t in enumerate(r) if t in eos), r) for r in refs]
     assert sum(len(e) < 14 for e in expected) >= 2
     engine = SpeculativeEngine(target, random_drafter(target))
-    config = GenerationConfig(max_new_tokens=14, tree_widths=(2, 2), static_shapes=True, eos_token_ids=eos)
+    config = GenerationConfig(
+        max_new_tokens=14, tree_widths=(2, 2), static_shapes=True, eos_token_ids=eos, shrink_min_tokens=0
+    )
     results = engine.generate_batch(prompts, config, method=method)
     assert [r.tokens for r in results] == expected
     assert engine.cache.batch_size < len(prompts)  # the batch shrank on the way
@@ -257,6 +259,27 @@ def test_finished_rows_leave_a_static_batch(method):
     assert [r.tokens for r in results] == expected and engine.cache.nbytes() == storage
     assert engine.target_step.steps.keys() == steps.keys()
     assert all(engine.target_step.steps[key] is step for key, step in steps.items())
+
+
+def test_a_batch_shrinks_only_for_a_long_enough_tail():
+    """Half the rows meet their EOS early: with 14 tokens of budget the batch stays in its bucket (the default
+    shrink_min_tokens, 64: building the smaller bucket's steps would not pay for the last rounds); with 90 the
+    rest moves to the smaller bucket while it still has more than 64 tokens to go. Lossless either way."""
+    target = make_tiny_target("llama")
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (21, 34, 15, 40)]
+    refs = [reference_greedy(target, p, 90) for p in prompts]
+    eos = (refs[0][2], refs[2][4])
+    for budget, shrinks in ((14, False), (90, True)):
+        expected = [next((r[: i + 1] for i, t in enumerate(r[:budget]) if t in eos), r[:budget]) for r in refs]
+        assert sum(len(e) < 10 for e in expected) >= 2 and max(len(e) for e in expected) == budget
+        engine = SpeculativeEngine(target, random_drafter(target))
+        config = GenerationConfig(
+            max_new_tokens=budget, tree_widths=(2, 2), static_shapes=True, eos_token_ids=eos
+        )
+        results = engine.generate_batch(prompts, config)
+        assert [r.tokens for r in results] == expected
+        assert (engine.cache.batch_size < len(prompts)) == shrinks, budget
 
 
 def test_device_lengths_are_copied_once_per_change():

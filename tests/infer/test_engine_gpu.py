@@ -113,11 +113,13 @@ def test_graph_batch_buckets_and_shrinks_losslessly(method):
     eos = (refs[0][2], refs[1][4], refs[3][6])
     expected = [next((r[: i + 1] for i, t in enumerate(r) if t in eos), r) for r in refs]
     engine = SpeculativeEngine(target, random_drafter(target).cuda())
-    config = GenerationConfig(max_new_tokens=24, tree_widths=(2, 4), cuda_graphs=True, eos_token_ids=eos)
+    config = GenerationConfig(
+        max_new_tokens=24, tree_widths=(2, 4), cuda_graphs=True, eos_token_ids=eos, shrink_min_tokens=0
+    )
     assert [r.tokens for r in engine.generate_batch(prompts, config, method=method)] == expected
     assert engine.cache.batch_size < 8
     if method == "longspec":
-        auto = GenerationConfig(max_new_tokens=24, cuda_graphs=True, eos_token_ids=eos)
+        auto = GenerationConfig(max_new_tokens=24, cuda_graphs=True, eos_token_ids=eos, shrink_min_tokens=0)
         assert [r.tokens for r in engine.generate_batch(prompts, auto)] == expected
 
 
