@@ -168,3 +168,23 @@ def test_capture_survives_dead_graphs_collected_during_it():
     finally:
         gc.set_threshold(*threshold)
         gc.enable()
+
+
+@pytest.mark.parametrize("batch, context", [(16, 4096), (4, 8000)])
+def test_graph_batch_at_long_context_equals_each_row_alone(batch, context):
+    """The shapes where the real SmolLM2 batch table found batched graph AR leaving the target's greedy text (bf16,
+    gaps of 10.25 and 3.5 logits, docs/BENCHMARKS.md): a ragged batch at 4K / 8K context decoding 256 tokens, in
+    fp32 (no near-ties), batched graph AR and batched longspec each equal every row decoded alone by graph AR."""
+    target = make_tiny_target("llama", max_position_embeddings=8192 + 512).to("cuda")
+    gen = torch.Generator().manual_seed(12)
+    prompts = [torch.randint(0, 256, (context - 3 * row,), generator=gen).cuda() for row in range(batch)]
+    engine = SpeculativeEngine(target, random_drafter(target).cuda())
+    config = GenerationConfig(max_new_tokens=256, cuda_graphs=True, tree_widths=(2, 2, 2))
+    engine.reserve_for([p.numel() for p in prompts], config)
+    batched = {
+        m: [r.tokens for r in engine.generate_batch(prompts, config, method=m)] for m in ("ar", "longspec")
+    }
+    alone = [engine.generate(p, config, method="ar").tokens for p in prompts]
+    for method, outputs in batched.items():
+        wrong = [row for row in range(batch) if outputs[row] != alone[row]]
+        assert not wrong, (method, wrong)
