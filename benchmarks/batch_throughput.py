@@ -239,7 +239,9 @@ def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> dict:
         divergence = analyse_divergence(engine.target.model, p, s.tokens, a.tokens).to_dict()
         if not divergence["near_tie"]:  # which batched output is off: the row decoded alone (graph AR) says
             alone = engine.generate(torch.tensor(p, device=engine.device), config, method="ar").tokens
-            divergence.update(row=index, alone_equals_ar=alone == a.tokens, alone_equals_longspec=alone == s.tokens)
+            divergence.update(
+                row=index, alone_equals_ar=alone == a.tokens, alone_equals_longspec=alone == s.tokens
+            )
         row["divergences"].append(divergence)
     row["near_ties_only"] = all(d["near_tie"] for d in row["divergences"])
     rounds = sum(s.stats.rounds for s in spec)

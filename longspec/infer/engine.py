@@ -434,7 +434,7 @@ class SpeculativeEngine:
             tree = chain_tree(roots, roots.new_empty(batch, 0), 0, 1)
             self._plain_trees[batch] = (tree.parents, tree.depths, tree.ancestor_mask, tree.valid)
         parents, depths, ancestor_mask, valid = self._plain_trees[batch]
-        return DraftTree(roots[:, None], parents, depths, ancestor_mask, valid)
+        return DraftTree(roots[:, None], parents, depths, ancestor_mask, valid, chain=True)
 
     def _finish(self, rnd: _Round) -> tuple[list[list[int]], list[list[int]]]:
         """Wait for a launched round's outputs (the round's ONE host sync: emitted tokens, paths and counts
@@ -578,8 +578,9 @@ class SpeculativeEngine:
         if tree.tokens.dim() == 2:
             return self.target_step.verify(tree, static=static, capture=capture)
         batched = DraftTree(
-            tree.tokens[None], tree.parents[None], tree.depths, tree.ancestor_mask[None], tree.valid[None]
-        )
+            tree.tokens[None], tree.parents[None], tree.depths, tree.ancestor_mask[None], tree.valid[None],
+            chain=tree.chain,
+        )  # fmt: skip
         return self.target_step.verify(batched, static=static, capture=capture)[0]
 
     def measure_round_costs(self, config: GenerationConfig, context_lens, *, reps: int = 4) -> MeasuredCosts:

@@ -19,6 +19,10 @@ from longspec.modules.masks import aligned_rows
 
 __all__ = ["TargetStep"]
 
+# The most new tokens a chain's forward sends through the cache attention's causal tail (`TargetStep.forward`):
+# chains of drafts are a few tokens; the split-KV kernel is planned for few queries, not for prefill chunks.
+MAX_CHAIN_TOKENS = 64
+
 
 class TargetStep:
     """Owns the target's static KV cache (allocated once, grown only on need) and the static / captured steps
@@ -78,10 +82,12 @@ class TargetStep:
         new_mask: torch.Tensor | None,
         *,
         static: bool = False,
+        chain: bool = False,
     ) -> torch.Tensor:
         """Target forward over T new tokens per row, tokens [B, T] at positions n + offsets [T], n = each row's
         committed length. new_mask [T, T] or [B, T, T] says which new tokens see which (a tree's ancestor mask);
-        None means a causal chunk (prefill). Every new token sees its row's whole committed prefix (within a
+        None means a causal chunk (prefill). `chain`: new_mask is causal (offsets 0..T-1, a chain tree), which
+        the caller knows from the tree's shape. Every new token sees its row's whole committed prefix (within a
         sliding window where the layer has one). K/V land in the cache's pending slots; the caller commits.
         Returns hidden [B, T, Dm].
 
@@ -103,11 +109,13 @@ class TargetStep:
         slots = n[:, None] if on_device else torch.full((tokens.shape[0], 1), n, device=tokens.device)
         slots = slots + torch.arange(T, device=tokens.device)  # [B, T]
         windowed: dict[int, tuple[slice | torch.Tensor, torch.Tensor]] = {}
-        # One new token (an AR step, a plain round): its K/V sit in slot n already, so its attention is the
-        # cache part alone over [0, n] -- the same keys as the hybrid split, one kernel instead of three.
-        one_token = T == 1 and not first_chunk
-        cache_len = n + 1 if one_token else n
-        if not one_token:
+        # A short chain of new tokens (an AR step or a plain round when T = 1, a chain-shaped draft, PLD's drafts):
+        # their K/V sit in slots [n, n + T) already, so new token t attends to the cache alone over [0, n + t]
+        # (the split-KV kernel's causal tail) -- the same keys as the hybrid split, one kernel pair instead of
+        # three. Prefill chunks keep the hybrid path: the split-KV kernel is for few queries.
+        chained = not first_chunk and (T == 1 or (chain and T <= MAX_CHAIN_TOKENS))
+        cache_len = n + T if chained else n
+        if not chained or any(w is not None for w in self.target.layer_windows):
             new_mask = aligned_rows(new_mask)  # once here, not in each layer's attention kernel
 
         def attn_fn(layer_idx, q, k, v):
@@ -117,8 +125,8 @@ class TargetStep:
             if first_chunk and window is None:
                 out, _ = attn_ops.attention(q, k, v, causal=True, scale=scale)
                 return out
-            if window is None and one_token:
-                out, _ = attn_ops.cache_attention(q, keys, values, cache_len, scale=scale)
+            if window is None and chained:
+                out, _ = attn_ops.cache_attention(q, keys, values, cache_len, causal=True, scale=scale)
                 return out
             if window is None:  # cache part unmasked + new part under new_mask, merged by LSE
                 out, _ = attn_ops.hybrid_attention(q, k, v, keys, values, n, new_mask, scale=scale)
@@ -176,13 +184,17 @@ class TargetStep:
         names what the head closes over (a step is built once per key)."""
 
         def run(tokens, offsets, new_mask, *extra):
-            logits = self.target.logits(self.forward(tokens, offsets, new_mask, static=static))
+            logits = self.target.logits(
+                self.forward(tokens, offsets, new_mask, static=static, chain=tree.chain)
+            )
             return logits if head is None else head(logits, tokens, offsets, new_mask, *extra)
 
         inputs = (tree.tokens, tree.depths, tree.ancestor_mask, *head_inputs)
         if not static:
             return run(*inputs)
-        return self.static_step(("verify", tree.num_nodes, capture, head_key), run, inputs, capture)
+        return self.static_step(
+            ("verify", tree.num_nodes, tree.chain, capture, head_key), run, inputs, capture
+        )
 
 
 def chunk_len(chunk_size: int, batch: int) -> int:

@@ -44,6 +44,11 @@ class TreeLayout:
     def depth(self) -> int:
         return len(self.widths)
 
+    @property
+    def is_chain(self) -> bool:
+        """Every level one node wide: each node's ancestors are the nodes before it."""
+        return all(w == 1 for w in self.widths)
+
     def level_slice(self, level: int) -> slice:
         """Node slots of level `level` (0 = root)."""
         start = 1 + sum(self.widths[: level - 1]) if level > 0 else 0
@@ -74,6 +79,9 @@ class DraftTree:
     valid: torch.Tensor  # [..., N] bool
     # [..., N, V] the q each node's children were sampled from (sampled trees)
     draft_probs: torch.Tensor | None = None
+    # Whether node i's ancestors are exactly the nodes before it (levels of width 1, PLD's drafts, an AR step):
+    # known from the shape alone, so a verify can take the chain's causal attention without reading the mask.
+    chain: bool = False
 
     @classmethod
     def empty(cls, layout: TreeLayout, root_token: torch.Tensor) -> DraftTree:
@@ -87,6 +95,7 @@ class DraftTree:
             depths=layout.depths(device).clone(),
             ancestor_mask=torch.zeros(*lead, n, n, dtype=torch.bool, device=device),
             valid=torch.ones(*lead, n, dtype=torch.bool, device=device),
+            chain=layout.is_chain,
         )
         tree.tokens[..., 0] = root_token
         # fill_, not setitem: setitem copies a host scalar (not graph-safe)
@@ -114,7 +123,7 @@ class DraftTree:
         tokens, parents, mask, valid = (
             t[index] for t in (self.tokens, self.parents, self.ancestor_mask, self.valid)
         )
-        return DraftTree(tokens, parents, self.depths, mask, valid, probs)
+        return DraftTree(tokens, parents, self.depths, mask, valid, probs, self.chain)
 
     def dynamic_part(self) -> tuple[torch.Tensor, ...]:
         """What changes between rounds of one layout: (tokens, parents, ancestor_mask, valid[, draft_probs])."""
@@ -133,6 +142,7 @@ class DraftTree:
             ancestor_mask=ancestor_mask,
             valid=torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid,
             draft_probs=draft_probs,
+            chain=layout.is_chain,
         )
 
 
@@ -233,4 +243,5 @@ def chain_tree(
         depths=idx,
         ancestor_mask=(idx[None, :] <= idx[:, None]).expand(*lead, num_nodes, num_nodes),
         valid=valid,
+        chain=True,
     )

@@ -51,18 +51,19 @@ def dot_precision(dtype: torch.dtype) -> str:
 @triton.jit
 def attend_range(
     acc, m_i, l_i, q, k_base, v_base, stride_kt, stride_vt, mask_base,
-    start, end, qk_scale, d,
+    start, end, qk_scale, d, limit,
     HAS_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_LIMIT: tl.constexpr = False,
 ):  # fmt: skip
     """Fold keys [start, end) of one kv head into (acc [M, D], m_i [M], l_i [M]) for the rows of q [M, D].
 
     k_base/v_base point at key 0 of the head; mask_base is a [M, 1] pointer tile to each row's mask row
-    (used when HAS_MASK: key j visible iff mask_base[j] != 0; see `mask_operand`)."""
+    (used when HAS_MASK: key j visible iff mask_base[j] != 0; see `mask_operand`); limit [M] is each row's end
+    (used when HAS_LIMIT: key j visible iff j < limit, a causal diagonal computed from indices, no loads)."""
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = d < HEAD_DIM
     end = tl.maximum(end, start)  # an empty range must not turn into a negative tile count
-    if HAS_MASK:
+    if HAS_MASK or HAS_LIMIT:
         end_full = start  # every tile needs the visibility mask
     else:
         end_full = start + (end - start) // BLOCK_N * BLOCK_N
@@ -104,6 +105,8 @@ def attend_range(
         if HAS_MASK:
             m_ptrs = mask_base + start_n + offs_n[None, :]
             visible = visible & (tl.load(m_ptrs, mask=visible, other=0) != 0)
+        if HAS_LIMIT:
+            visible = visible & (cols[None, :] < limit[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet

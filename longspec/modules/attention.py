@@ -193,10 +193,13 @@ def cache_attention(
     v_cache: torch.Tensor,
     cache_len: int | torch.Tensor,
     *,
+    causal: bool = False,
     scale: float | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Few queries vs the first `cache_len` slots of a static cache [B, Hkv, Tmax, D], no mask.
+    """Few queries vs the first `cache_len` slots of a static cache [B, Hkv, Tmax, D], no mask; with `causal`,
+    the queries are the last Tq of those slots, in order (a chain of new tokens, their K/V written): query t
+    sees slots [0, cache_len - Tq + t] (bottom-right aligned, as flash-attn's causal with a KV cache).
 
     `cache_len` is an int or a 0-d / [B] integer tensor; a tensor never leaves the device on the "triton",
     "flash_attn" and "math" paths (CUDA-graph safe). "torch_flash" needs the length on the host."""
@@ -204,13 +207,14 @@ def cache_attention(
     _check_backend(backend)
     _check_cache_len(cache_len, q.shape[0], k_cache.shape[2])
     scale = default_scale(q, scale)
+    causal = causal and q.shape[2] > 1  # one query sees every slot either way
 
     if backend == "auto":
         if backends.triton_auto(q, k_cache, v_cache):
             backend = "triton"
         elif backends.flash_attn_ok(q) and not needs_grad(q, k_cache, v_cache):
             backend = "flash_attn"
-        elif backends.torch_flash_ok(q) and not isinstance(cache_len, torch.Tensor):
+        elif backends.torch_flash_ok(q) and not isinstance(cache_len, torch.Tensor) and not causal:
             backend = "torch_flash"
         else:
             if q.is_cuda:
@@ -220,23 +224,27 @@ def cache_attention(
     if backend == "flash_attn":
         if not backends.flash_attn_ok(q):
             raise _cannot(backend, "flash-attn is not installed or the tensors are not CUDA fp16/bf16")
-        return backends.flash_attn_cache(q, k_cache, v_cache, cache_len, scale=scale)
+        return backends.flash_attn_cache(q, k_cache, v_cache, cache_len, scale=scale, causal=causal)
     if backend == "triton":
         if not backends.triton_ok(q, k_cache, v_cache):
             raise _cannot(backend, "Triton is unavailable for this device or gradients are required")
-        return backends.triton_cache(q, k_cache, v_cache, cache_len, scale=scale)
+        return backends.triton_cache(q, k_cache, v_cache, cache_len, scale=scale, causal=causal)
     if backend == "torch_flash":
         if not backends.torch_flash_ok(q):
             raise _cannot(backend, "unsupported device, dtype or head dim")
+        if causal:  # its causal mask is aligned top-left when Tq < Tk
+            raise _cannot(backend, "a causal tail needs the bottom-right diagonal")
         lengths = torch.as_tensor(cache_len).flatten().tolist()  # host sync when cache_len is a tensor
         if len(set(lengths)) != 1:
             raise _cannot(backend, "per-batch cache lengths need a mask")
         n = lengths[0]
         return backends.torch_flash_call(q, k_cache[:, :, :n], v_cache[:, :, :n], causal=False, scale=scale)
-    if isinstance(cache_len, torch.Tensor):
+    if isinstance(cache_len, torch.Tensor) or causal:
         slots = torch.arange(k_cache.shape[2], device=q.device)
-        lengths = cache_len.to(q.device).reshape(-1, 1, 1)  # [B or 1, 1, 1]
-        mask = (slots < lengths).expand(q.shape[0], 1, -1)  # [B, 1 (any query), Tmax]
+        lengths = torch.as_tensor(cache_len, device=q.device).reshape(-1, 1, 1)  # [B or 1, 1, 1]
+        if causal:  # query t's end: n - Tq + t + 1
+            lengths = lengths - q.shape[2] + 1 + torch.arange(q.shape[2], device=q.device)[:, None]
+        mask = (slots < lengths).expand(q.shape[0], -1, -1)  # [B, 1 (any query) or Tq, Tmax]
         return math_attention(q, k_cache, v_cache, mask, scale)
     n = int(cache_len)
     return math_attention(q, k_cache[:, :, :n], v_cache[:, :, :n], None, scale)

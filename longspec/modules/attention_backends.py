@@ -76,8 +76,9 @@ def _flash_lse(lse: torch.Tensor) -> torch.Tensor:
     return lse.masked_fill(torch.isposinf(lse), float("-inf"))
 
 
-def flash_attn_cache(q, k_cache, v_cache, cache_len, *, scale: float):
-    """flash_attn_with_kvcache: per-batch lengths stay on the device, so this is CUDA-graph safe."""
+def flash_attn_cache(q, k_cache, v_cache, cache_len, *, scale: float, causal: bool = False):
+    """flash_attn_with_kvcache: per-batch lengths stay on the device, so this is CUDA-graph safe. Its causal mask
+    is aligned bottom-right (the queries are the last cache_seqlens slots), as `cache_attention` defines it."""
     from flash_attn import flash_attn_with_kvcache
 
     B = q.shape[0]
@@ -91,7 +92,7 @@ def flash_attn_cache(q, k_cache, v_cache, cache_len, *, scale: float):
         v_cache.transpose(1, 2),
         cache_seqlens=seqlens,
         softmax_scale=scale,
-        causal=False,
+        causal=causal,
         return_softmax_lse=True,
     )
     return out.transpose(1, 2), _flash_lse(lse)
@@ -127,7 +128,7 @@ def triton_masked(q, k, v, mask, *, scale: float):
     return fused_mask_attn(q, k, v, mask, scale)
 
 
-def triton_cache(q, k_cache, v_cache, cache_len, *, scale: float, merge_with=None):
+def triton_cache(q, k_cache, v_cache, cache_len, *, scale: float, causal: bool = False, merge_with=None):
     from longspec.kernels.split_kv_attn.triton import split_kv_attn
 
-    return split_kv_attn(q, k_cache, v_cache, cache_len, scale, merge_with=merge_with)
+    return split_kv_attn(q, k_cache, v_cache, cache_len, scale, causal=causal, merge_with=merge_with)

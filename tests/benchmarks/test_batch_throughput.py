@@ -50,7 +50,17 @@ def test_timed_runs_build_no_steps(batch_throughput, tmp_path, monkeypatch):
     monkeypatch.setattr(graphs.StaticStep, "__init__", counting)
     monkeypatch.setattr(batch_throughput.SpeculativeEngine, "generate_batch", timed_generate)
     monkeypatch.setenv("OUT", str(tmp_path))
-    args = ["--tiny", "--accept-profile", "0.9,0.8,0.7", "--tree", "auto", "--batch-sizes", "4", "--tokens", "120"]
+    args = [
+        "--tiny",
+        "--accept-profile",
+        "0.9,0.8,0.7",
+        "--tree",
+        "auto",
+        "--batch-sizes",
+        "4",
+        "--tokens",
+        "120",
+    ]
     batch_throughput.main([*args, "--no-vanilla-fa"])
     assert built and not any(built)  # steps were built, in the warm-ups only
 

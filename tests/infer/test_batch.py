@@ -271,7 +271,9 @@ def test_a_batch_shrinks_only_for_a_long_enough_tail():
     refs = [reference_greedy(target, p, 90) for p in prompts]
     eos = (refs[0][2], refs[2][4])
     for budget, shrinks in ((14, False), (90, True)):
-        expected = [next((r[: i + 1] for i, t in enumerate(r[:budget]) if t in eos), r[:budget]) for r in refs]
+        expected = [
+            next((r[: i + 1] for i, t in enumerate(r[:budget]) if t in eos), r[:budget]) for r in refs
+        ]
         assert sum(len(e) < 10 for e in expected) >= 2 and max(len(e) for e in expected) == budget
         engine = SpeculativeEngine(target, random_drafter(target))
         config = GenerationConfig(

@@ -37,3 +37,31 @@ def test_window_keys_host_and_device_select_the_same_visible_keys(n):
             if mask[i, col]
         }
         assert seen == expected, type(length)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("static", [False, True])
+def test_a_chain_verify_equals_the_hybrid_path(family, static):
+    """A chain tree's verify (DraftTree.chain: the cache attention's causal tail over [0, n + T), one kernel pair
+    on a GPU) gives the logits of the same tree verified as a general tree (cache part + masked tree part,
+    merged), over a ragged batch on static shapes too; a Mistral layer's sliding window keeps its own path."""
+    import dataclasses
+
+    from infer_helpers import random_drafter
+
+    from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+    from longspec.infer.tree import chain_tree
+    from longspec.testing import make_tiny_target
+
+    target = make_tiny_target(family)
+    engine = SpeculativeEngine(target, random_drafter(target))
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (40, 27)]
+    engine.reserve_for([p.numel() for p in prompts], GenerationConfig(max_new_tokens=8))
+    engine.prefill(prompts, GenerationConfig(max_new_tokens=8))
+    roots = torch.tensor([5, 9])
+    chain = chain_tree(roots, torch.randint(0, 256, (2, 4), generator=gen), 4, 5)
+    assert chain.chain
+    logits = engine.verify(chain, static=static)
+    general = engine.verify(dataclasses.replace(chain, chain=False), static=static)
+    torch.testing.assert_close(logits, general, atol=1e-5, rtol=1e-5)

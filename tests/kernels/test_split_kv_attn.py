@@ -103,6 +103,40 @@ def test_hybrid_equals_attention_over_union(cache_len, num_splits):
         assert_attn_close(out[b : b + 1], lse[b : b + 1], *ref, torch.float32)
 
 
+@pytest.mark.parametrize(
+    "B, H, Hkv, Tq, Tmax, D, cache_len, num_splits",
+    [
+        (1, 4, 2, 2, 200, 16, 137, None),  # a chain of 2 (one draft + its root)
+        (2, 6, 2, 5, 300, 32, torch.tensor([130, 251]), 2),  # row 0's diagonal straddles the two splits
+        (1, 3, 1, 4, 260, 16, 129, 37),  # more splits than tiles: the diagonal in a short last split
+        (2, 4, 4, 3, 100, 24, torch.tensor([3, 64]), 3),  # a row whose only keys are the queries' own
+    ],
+)
+def test_causal_tail_matches_naive_and_the_hybrid_path(B, H, Hkv, Tq, Tmax, D, cache_len, num_splits):
+    """causal=True: the queries are each row's last Tq keys; == the float32 reference, and == what the hybrid
+    path computes for the same chain (cache part over [0, n - Tq) merged with fused_mask_attn under a causal
+    mask over the chain's own keys)."""
+    q, k_cache, v_cache = _inputs(B, H, Hkv, Tq, Tmax, D, cache_len)
+    config = None if num_splits is None else {"num_splits": num_splits}
+    out, lse = split_kv_attn(q, k_cache, v_cache, cache_len, 0.3, causal=True, config=config, **_poisoned(q))
+    ref = split_kv_attn_naive(q, k_cache, v_cache, cache_len, 0.3, causal=True)
+    assert_attn_close(out, lse, *ref, torch.float32)
+    causal = torch.ones(Tq, Tq, dtype=torch.bool, device=DEVICE).tril()
+    for b, n in enumerate(torch.as_tensor(cache_len).expand(B).tolist()):
+        rows = slice(b, b + 1)
+        k_new, v_new = k_cache[rows, :, n - Tq : n], v_cache[rows, :, n - Tq : n]
+        tree = fused_mask_attn(q[rows], k_new, v_new, causal, 0.3)
+        hybrid = split_kv_attn(q[rows], k_cache[rows], v_cache[rows], n - Tq, 0.3, merge_with=tree)
+        assert_attn_close(out[rows], lse[rows], *hybrid, torch.float32)
+
+
+def test_causal_with_one_query_is_the_plain_kernel():
+    """Tq = 1: the query sees every key, so causal changes nothing (the AR step's launch is not specialised)."""
+    q, k_cache, v_cache = _inputs(2, 4, 2, 1, 200, 16, 150)
+    plain = split_kv_attn(q, k_cache, v_cache, 150, 0.3)
+    assert torch.equal(split_kv_attn(q, k_cache, v_cache, 150, 0.3, causal=True)[0], plain[0])
+
+
 def test_default_outputs_are_laid_out_for_the_output_projection():
     """Without an `out` buffer both kernels write [B, Tq, H, D] in memory, so merging the heads for o_proj is a
     view (no copy kernel per layer); the values are the reference's, in the hybrid (merged) path too."""
@@ -241,6 +275,19 @@ def test_gpu_real_shapes(dtype, context, num_queries):
     # The length on the device (the CUDA-graph path: splits planned for the full Tmax, bounds read in-kernel).
     out_dev, lse_dev = split_kv_attn(q, k_cache, v_cache, torch.tensor(context, device="cuda"), 128**-0.5)
     assert_attn_close(out_dev, lse_dev, *ref, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B, H, Hkv, D, chain", [(1, 32, 8, 128, 5), (4, 9, 3, 64, 2), (16, 9, 3, 64, 5)])
+def test_gpu_causal_chains(dtype, B, H, Hkv, D, chain):
+    """Chain verifies at the 8B and SmolLM2 shapes on a ragged batch, lengths on the device (graph path)."""
+    lengths = torch.tensor([8192 - 3 * b for b in range(B)], device="cuda")
+    q, k_cache, v_cache = _inputs(B, H, Hkv, chain, 8192 + 64, D, lengths, dtype, "cuda")
+    out, lse = split_kv_attn(q, k_cache, v_cache, lengths, D**-0.5, causal=True, **_poisoned(q))
+    assert_attn_close(
+        out, lse, *split_kv_attn_naive(q, k_cache, v_cache, lengths, D**-0.5, causal=True), dtype
+    )
 
 
 @pytest.mark.gpu

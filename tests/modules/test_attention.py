@@ -108,6 +108,25 @@ def test_cache_attention_lengths():
     assert (out == 0).all() and torch.isneginf(lse).all()
 
 
+def test_cache_attention_causal_tail_is_a_chain_over_the_cache():
+    """causal=True: the queries are the last Tq of each row's cache_len slots; == hybrid attention of those Tq new
+    tokens under a causal mask beside the cache before them (math), per row, for host and device lengths."""
+    Tq = 4
+    q, k, v = _qkv(Tq=Tq, Tk=20)
+    causal = torch.ones(Tq, Tq, dtype=torch.bool).tril()
+    for cache_len in (13, torch.tensor([13, 6])):
+        out, lse = cache_attention(q, k, v, cache_len, causal=True)
+        for b, n in enumerate(torch.as_tensor(cache_len).expand(2).tolist()):
+            rows, new = slice(b, b + 1), slice(n - Tq, n)
+            ref_out, ref_lse = hybrid_attention(
+                q[rows], k[rows, :, new], v[rows, :, new], k[rows], v[rows], n - Tq, causal, backend="math"
+            )
+            torch.testing.assert_close(out[rows], ref_out)
+            torch.testing.assert_close(lse[rows], ref_lse)
+    one = q[:, :, :1]
+    assert torch.equal(cache_attention(one, k, v, 13, causal=True)[0], cache_attention(one, k, v, 13)[0])
+
+
 def test_tree_attention_matches_definition():
     T = 11
     q, k, v = _qkv(B=1, Tq=T, Tk=T)
@@ -238,11 +257,12 @@ def _documented_flash_attn():
 
     def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, softmax_scale=None, causal=False,
                                 return_softmax_lse=False, **_):  # fmt: skip
-        assert not causal
-        B, Tmax = q.shape[0], k_cache.shape[1]
-        lengths = torch.as_tensor(cache_seqlens).expand(B)
-        visible = torch.arange(Tmax)[None, None, :] < lengths[:, None, None]  # [B, 1, Tmax]
-        out, lse = run(q, k_cache, v_cache, visible.expand(B, q.shape[1], Tmax), softmax_scale)
+        B, Tq, Tmax = q.shape[0], q.shape[1], k_cache.shape[1]
+        ends = torch.as_tensor(cache_seqlens).expand(B)[:, None, None]  # [B, 1, 1]
+        if causal:  # bottom-right: query i is key seqlen - Tq + i
+            ends = ends - Tq + 1 + torch.arange(Tq)[None, :, None]
+        visible = torch.arange(Tmax)[None, None, :] < ends  # [B, 1 or Tq, Tmax]
+        out, lse = run(q, k_cache, v_cache, visible.expand(B, Tq, Tmax), softmax_scale)
         return (out, lse) if return_softmax_lse else out
 
     module = types.ModuleType("flash_attn")
@@ -276,6 +296,11 @@ def test_flash_attn_cache_adapter(stand_in_flash_attn):
         ref_out, ref_lse = cache_attention(q, k, v, cache_len, backend="math")
         torch.testing.assert_close(out, ref_out)
         torch.testing.assert_close(lse, ref_lse)
+    for cache_len in (13, torch.tensor([13, 9])):
+        out, lse = cache_attention(q, k, v, cache_len, causal=True, backend="flash_attn")
+        ref_out, ref_lse = cache_attention(q, k, v, cache_len, causal=True, backend="math")
+        torch.testing.assert_close(out, ref_out)
+        torch.testing.assert_close(lse, ref_lse)
 
 
 # ------------------------------------------------------------------------- Triton backend (interpreter)
@@ -295,6 +320,8 @@ def test_triton_backends_match_math():
         (tree_attention(q, k_new, v_new, mask, backend="triton"), tree_attention(q, k_new, v_new, mask, backend="math")),
         (cache_attention(q, k_cache, v_cache, cache_len, backend="triton"),
          cache_attention(q, k_cache, v_cache, cache_len, backend="math")),
+        (cache_attention(q, k_cache, v_cache, cache_len, causal=True, backend="triton"),
+         cache_attention(q, k_cache, v_cache, cache_len, causal=True, backend="math")),
         (hybrid_attention(q, k_new, v_new, k_cache, v_cache, cache_len, mask, backend="triton"),
          hybrid_attention(q, k_new, v_new, k_cache, v_cache, cache_len, mask, backend="math")),
     ]  # fmt: skip

@@ -63,7 +63,7 @@ def _fused_mask_attn_kernel(
         acc, m_i, l_i, q,
         K + b * stride_kb + kvh * stride_kh, V + b * stride_vb + kvh * stride_vh, stride_kt, stride_vt,
         MASK + b * stride_mb + tq[:, None] * stride_mq,
-        0, num_keys, qk_scale, d,
+        0, num_keys, qk_scale, d, tq,  # (no limit: HAS_LIMIT is off)
         HAS_MASK=True, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
     )  # fmt: skip
 

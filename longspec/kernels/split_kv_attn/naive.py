@@ -1,8 +1,8 @@
 """Plain-PyTorch float32 reference for `split_kv_attn`: few queries against the filled prefix of a static cache.
 
 Shape legend: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Tq queries, Tmax cache slots,
-D head dim. Every query of batch row b sees exactly the first n_b slots (no causal mask: the cache precedes all
-queries), n_b = cache_len (an int or 0-d tensor: every row) or cache_len[b] (a [B] tensor: a ragged batch),
+D head dim. Every query of batch row b sees exactly the first n_b slots (without `causal`: the cache precedes all
+queries; with it, the queries are the last Tq of those slots and each sees the ones up to its own), n_b = cache_len (an int or 0-d tensor: every row) or cache_len[b] (a [B] tensor: a ragged batch),
 clamped to [0, Tmax] as the kernel does. An empty cache (n_b = 0) gives out = 0 and lse = -inf for that row.
 """
 
@@ -17,8 +17,10 @@ def split_kv_attn_naive(
     v_cache: torch.Tensor,
     cache_len: int | torch.Tensor,
     scale: float,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [B,H,Tq,D], k_cache/v_cache [B,Hkv,Tmax,D], cache_len int, 0-d or [B] integer tensor.
+    """q [B,H,Tq,D], k_cache/v_cache [B,Hkv,Tmax,D], cache_len int, 0-d or [B] integer tensor. causal: query t
+    sees keys [0, n_b - Tq + t] alone (the queries are the row's last Tq keys).
     Returns (out [B,H,Tq,D] float32, lse [B,H,Tq] float32)."""
     B, H, Tq, D = q.shape
     lengths = torch.as_tensor(cache_len).expand(B).tolist()
@@ -29,8 +31,11 @@ def split_kv_attn_naive(
         k = k_cache[b, :, :n].float().repeat_interleave(group, dim=0)  # [H, n, D]
         v = v_cache[b, :, :n].float().repeat_interleave(group, dim=0)
         scores = torch.einsum("hqd,hkd->hqk", q[b].float(), k) * scale  # [H, Tq, n]
+        if causal:
+            last = n - Tq + torch.arange(Tq)[:, None]  # each query's last visible key
+            scores = scores.masked_fill(torch.arange(n)[None, :] > last, float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)  # -inf when n == 0
-        probs = torch.exp(scores - lse[..., None])
+        probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # a query that sees no key: zeros
         outs.append(probs @ v)  # zeros when n == 0
         lses.append(lse)
     return torch.stack(outs), torch.stack(lses)

@@ -15,6 +15,10 @@ The reduce also folds in one more part (`merge_with`): hybrid verify attention (
 tree tokens' fused_mask_attn result there, so the whole verify attention is three kernels with no separate
 merge. (Running the tree part as an extra split of the same launch was measured 1.8x slower at 128K on an
 H200: the masked branch's register and shared-memory needs slowed every split. docs/BENCHMARKS.md.)
+With `causal`, the queries are each row's last Tq cached keys (a chain of new tokens whose K/V are already
+written: an AR step, a chain-shaped draft): query t sees keys [0, n_b - Tq + t]. Every split runs its share of the
+keys all queries see unmasked, and the one that holds the last Tq - 1 keys masks them from indices (no mask in
+memory), so a chain's verify attention is the same two launches as an AR step's, not the hybrid three.
 The inner loop is `longspec.kernels.online_softmax.attend_range` (base-2 online softmax, float32 accumulation).
 `cache_len` may live on the device (0-d or [B], int32 or int64): each batch row reads its own length in the
 kernel, so a ragged batch (per-sequence cache lengths) is one launch. The split count is planned for the
@@ -51,7 +55,7 @@ def _split_kv_partial_kernel(
     stride_lens,
     num_kv_heads, num_queries, group, num_rows, num_splits,
     qk_scale,
-    LEN_ON_DEVICE: tl.constexpr,
+    LEN_ON_DEVICE: tl.constexpr, CAUSAL: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -81,16 +85,29 @@ def _split_kv_partial_kernel(
         n = cache_len
     split_len = tl.cdiv(tl.cdiv(n, num_splits), BLOCK_N) * BLOCK_N
     start = pid_s * split_len
+    stop = tl.minimum(start + split_len, n)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max, log2 units
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of 2^(s - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    k_head = K + b * stride_kb + kvh * stride_kh
+    v_head = V + b * stride_vb + kvh * stride_vh
+    # CAUSAL: the queries are the row's last num_queries keys; keys [0, shared) are every query's, the few after
+    # them query tq's up to its own (a diagonal from indices: one ragged tile, no mask in memory).
+    shared = tl.maximum(n - num_queries + 1, 0) if CAUSAL else n
     acc, m_i, l_i = attend_range(
-        acc, m_i, l_i, q,
-        K + b * stride_kb + kvh * stride_kh, V + b * stride_vb + kvh * stride_vh, stride_kt, stride_vt,
+        acc, m_i, l_i, q, k_head, v_head, stride_kt, stride_vt,
         K,  # no mask
-        start, tl.minimum(start + split_len, n), qk_scale, d,
+        start, tl.minimum(stop, shared), qk_scale, d, tq,
         HAS_MASK=False, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
     )  # fmt: skip
+    if CAUSAL:
+        acc, m_i, l_i = attend_range(
+            acc, m_i, l_i, q, k_head, v_head, stride_kt, stride_vt,
+            K,  # no mask
+            tl.maximum(start, shared), stop, qk_scale, d, shared + tq,
+            HAS_MASK=False, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+            HAS_LIMIT=True,
+        )  # fmt: skip
 
     # An empty split leaves m_i = -inf, l_i = 0: it writes o = 0, lse = -inf and gets zero weight in the reduce.
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -201,6 +218,7 @@ def split_kv_attn(
     cache_len: int | torch.Tensor,
     scale: float | None = None,
     *,
+    causal: bool = False,
     merge_with: tuple[torch.Tensor, torch.Tensor] | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
@@ -211,6 +229,8 @@ def split_kv_attn(
     cache_len: int (the same length for every row; the split count is planned for it), or a 0-d / [B]
       integer tensor read on the device: row b attends to its own first cache_len[b] slots (a ragged
       batch), the split count is planned for Tmax, and nothing is read back to the host.
+    causal: the queries are each row's last Tq keys, in order (their K/V already written, a chain of new tokens):
+      query t sees keys [0, cache_len - Tq + t] alone. With Tq = 1 it changes nothing (not specialised on).
     merge_with: optional (out [B,H,Tq,D], lse [B,H,Tq]) of attention over other keys, merged in the reduce.
     out/lse: optional output buffers. config: overrides of `default_config` (BLOCK_M, BLOCK_N, num_warps,
       num_stages, num_splits).
@@ -253,7 +273,7 @@ def split_kv_attn(
         stride_lens,
         Hkv, Tq, group, num_rows, num_splits,
         scale * _LOG2E,
-        LEN_ON_DEVICE=len_on_device, DOT_PRECISION=dot_precision(q.dtype),
+        LEN_ON_DEVICE=len_on_device, CAUSAL=causal and Tq > 1, DOT_PRECISION=dot_precision(q.dtype),
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, **cfg,
     )  # fmt: skip
 
