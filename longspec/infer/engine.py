@@ -162,9 +162,11 @@ class _DecodeLoop:
         and whether a round was launched (a catch-up settles everything first, and may find every row done)."""
         engine, spec = self.engine, self.spec
         widths, context_len = self._choose(self.launched) if self.policy is not None else ((), 0)
+        caught_up_from = None
         if spec.needs_drafter and widths and (self.ring_behind or self.drafter_synced < context_len):
             while self.inflight:  # the ring catches up from the host's tokens: all of them first
                 self._settle()
+            caught_up_from = time.perf_counter()
             end = max(engine.cache.lengths)
             if self.drafter_synced < end:
                 engine.draft_step.catch_up(self.emitted[0], prompt_len, self.drafter_synced, end)
@@ -177,6 +179,10 @@ class _DecodeLoop:
             self.method, widths, roots, self.config, self.generator, static=self.static, clock=self.clock,
             contexts=self.contexts, commit_drafter=ring, slots=self.slots, context_len=context_len,
         )  # fmt: skip
+        # The round that needed the catch-up is charged for it: the policy then sees what speculating after plain
+        # rounds really costs.
+        if caught_up_from is not None:
+            rnd.launched_at = caught_up_from
         rnd.index, self.launched = self.launched, self.launched + 1
         self.inflight.append(rnd)
         self.ring_behind |= spec.needs_drafter and not ring

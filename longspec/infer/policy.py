@@ -34,7 +34,8 @@ inject a stub. Two corrections make the choice robust to timing noise and to wha
 - monotone: a tree never costs less than a tree it contains (fewer levels, each no wider), "no speculation"
   included. A millisecond-scale measurement can invert two close candidates; the round's real work cannot.
 - online (`RoundTimes`): while decoding, each round's wall time (the round ends with its one host copy, so the
-  time is the round's whole cost) updates a decayed mean per (bucket, tree); a tree not run yet is priced at
+  time is the round's whole cost; a speculating round after plain ones includes the drafter ring's catch-up)
+  updates a decayed mean per (bucket, tree); a tree not run yet is priced at
   its table cost times the median ratio observed / table of the trees that ran.
 """
 

@@ -249,6 +249,44 @@ def test_plain_rounds_skip_the_drafter_and_the_ring_catches_up():
         torch.testing.assert_close(caught_up[position], key)
 
 
+def test_the_round_after_plain_rounds_is_charged_for_the_ring_catch_up(monkeypatch):
+    """Speculating after plain rounds first adds the skipped tokens to the ring (`DraftStep.catch_up`): the time
+    that takes is part of the speculating round's cost the policy observes, or switching would look cheaper than
+    it is. A catch-up made 0.2 s slower shows in exactly the rounds that followed a catch-up."""
+    import time
+
+    from longspec.infer.draft_step import DraftStep
+
+    class EveryFourth:  # a chain of one at every 4th context length, else plain rounds
+        def cost(self, widths, context_len):
+            return 1.0 if widths == ((1,) if context_len % 4 == 0 else ()) else 1000.0
+
+    target = make_tiny_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target), costs=EveryFourth())
+    catch_up = DraftStep.catch_up
+    slow = []
+
+    def slow_catch_up(self, *args):
+        slow.append(True)
+        time.sleep(0.2)
+        return catch_up(self, *args)
+
+    monkeypatch.setattr(DraftStep, "catch_up", slow_catch_up)
+    observed = []
+    prompt = torch.randint(0, 256, (30,))
+    config = GenerationConfig(max_new_tokens=24, static_shapes=True)
+    engine.generate(prompt, config)  # builds the policy
+    (policy,) = engine.policies.values()
+    record = policy.observe_time
+    monkeypatch.setattr(
+        policy, "observe_time", lambda w, n, sec: (observed.append((w, sec)), record(w, n, sec))
+    )
+    slow.clear()
+    engine.generate(prompt, config)
+    charged = [w for w, seconds in observed if seconds >= 0.2]
+    assert slow and len(charged) == len(slow) and all(charged)  # speculating rounds, one per catch-up
+
+
 def test_measured_costs_are_monotone_and_learned_times_calibrate_the_rest():
     costs = MeasuredCosts(seconds={(1024, ()): 3.0, (1024, (1,)): 2.5, (1024, (1, 1)): 2.8, (1024, BIG): 4.0})
     # a chain never costs less than no speculation, whatever the (noisy) measurement said
