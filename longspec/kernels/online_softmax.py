@@ -53,7 +53,7 @@ def attend_range(
     acc, m_i, l_i, q, k_base, v_base, stride_kt, stride_vt, mask_base,
     start, end, qk_scale, d, limit,
     HAS_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HAS_LIMIT: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, HAS_LIMIT: tl.constexpr,
 ):  # fmt: skip
     """Fold keys [start, end) of one kv head into (acc [M, D], m_i [M], l_i [M]) for the rows of q [M, D].
 

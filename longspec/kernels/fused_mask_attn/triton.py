@@ -65,6 +65,7 @@ def _fused_mask_attn_kernel(
         MASK + b * stride_mb + tq[:, None] * stride_mq,
         0, num_keys, qk_scale, d, tq,  # (no limit: HAS_LIMIT is off)
         HAS_MASK=True, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        HAS_LIMIT=False,
     )  # fmt: skip
 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

@@ -99,6 +99,7 @@ def _split_kv_partial_kernel(
         K,  # no mask
         start, tl.minimum(stop, shared), qk_scale, d, tq,
         HAS_MASK=False, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        HAS_LIMIT=False,
     )  # fmt: skip
     if CAUSAL:
         acc, m_i, l_i = attend_range(
