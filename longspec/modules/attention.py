@@ -239,15 +239,17 @@ def cache_attention(
             raise _cannot(backend, "per-batch cache lengths need a mask")
         n = lengths[0]
         return backends.torch_flash_call(q, k_cache[:, :, :n], v_cache[:, :, :n], causal=False, scale=scale)
-    if isinstance(cache_len, torch.Tensor) or causal:
-        slots = torch.arange(k_cache.shape[2], device=q.device)
-        lengths = torch.as_tensor(cache_len, device=q.device).reshape(-1, 1, 1)  # [B or 1, 1, 1]
-        if causal:  # query t's end: n - Tq + t + 1
-            lengths = lengths - q.shape[2] + 1 + torch.arange(q.shape[2], device=q.device)[:, None]
-        mask = (slots < lengths).expand(q.shape[0], -1, -1)  # [B, 1 (any query) or Tq, Tmax]
-        return math_attention(q, k_cache, v_cache, mask, scale)
-    n = int(cache_len)
-    return math_attention(q, k_cache[:, :, :n], v_cache[:, :, :n], None, scale)
+    if isinstance(cache_len, torch.Tensor):  # every slot, masked per row (no host value read)
+        lengths = cache_len.to(q.device).reshape(-1, 1, 1)  # [B or 1, 1, 1]
+    else:  # the filled slots alone
+        lengths = int(cache_len)
+        k_cache, v_cache = k_cache[:, :, :lengths], v_cache[:, :, :lengths]
+        if not causal:
+            return math_attention(q, k_cache, v_cache, None, scale)
+    if causal:  # query t's end: n - Tq + t + 1
+        lengths = lengths - q.shape[2] + 1 + torch.arange(q.shape[2], device=q.device)[:, None]
+    mask = torch.arange(k_cache.shape[2], device=q.device) < lengths  # [B or 1, 1 or Tq, slots] / [Tq, slots]
+    return math_attention(q, k_cache, v_cache, mask.expand(q.shape[0], -1, -1), scale)
 
 
 def tree_attention(
