@@ -583,10 +583,7 @@ class SpeculativeEngine:
         static / capture: see GenerationConfig."""
         if tree.tokens.dim() == 2:
             return self.target_step.verify(tree, static=static, capture=capture)
-        batched = DraftTree(
-            tree.tokens[None], tree.parents[None], tree.depths, tree.ancestor_mask[None], tree.valid[None],
-            chain=tree.chain,
-        )  # fmt: skip
+        batched = tree.per_sequence(lambda t: t[None])
         return self.target_step.verify(batched, static=static, capture=capture)[0]
 
     def measure_round_costs(self, config: GenerationConfig, context_lens, *, reps: int = 4) -> MeasuredCosts:

@@ -33,6 +33,9 @@ class TargetStep:
         self.target = target
         self.device = target.embed_tokens.weight.device
         self.scales = [layer.self_attn.scaling for layer in target.layers]
+        self.windowed = any(
+            w is not None for w in target.layer_windows
+        )  # a sliding-window layer reads new_mask
         self.cache: StaticKVCache | None = None
         self.steps: dict[tuple, StaticStep] = {}  # static / captured steps by (kind, shape, capture, ...)
 
@@ -115,7 +118,7 @@ class TargetStep:
         # three. Prefill chunks keep the hybrid path: the split-KV kernel is for few queries.
         chained = not first_chunk and (T == 1 or (chain and T <= MAX_CHAIN_TOKENS))
         cache_len = n + T if chained else n
-        if not chained or any(w is not None for w in self.target.layer_windows):
+        if not chained or self.windowed:
             new_mask = aligned_rows(new_mask)  # once here, not in each layer's attention kernel
 
         def attn_fn(layer_idx, q, k, v):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -117,13 +117,21 @@ class DraftTree:
     def num_nodes(self) -> int:
         return self.tokens.shape[-1]
 
+    def per_sequence(self, fn) -> DraftTree:
+        """The tree with `fn` applied to every per-sequence field (all but the layout's `depths` and `chain`)."""
+        probs = None if self.draft_probs is None else fn(self.draft_probs)
+        return replace(
+            self,
+            tokens=fn(self.tokens),
+            parents=fn(self.parents),
+            ancestor_mask=fn(self.ancestor_mask),
+            valid=fn(self.valid),
+            draft_probs=probs,
+        )
+
     def row(self, index: int) -> DraftTree:
         """Sequence `index`'s tree of a batch of trees (views)."""
-        probs = None if self.draft_probs is None else self.draft_probs[index]
-        tokens, parents, mask, valid = (
-            t[index] for t in (self.tokens, self.parents, self.ancestor_mask, self.valid)
-        )
-        return DraftTree(tokens, parents, self.depths, mask, valid, probs, self.chain)
+        return self.per_sequence(lambda t: t[index])
 
     def dynamic_part(self) -> tuple[torch.Tensor, ...]:
         """What changes between rounds of one layout: (tokens, parents, ancestor_mask, valid[, draft_probs])."""

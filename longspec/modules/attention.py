@@ -299,7 +299,7 @@ def hybrid_attention(
 
     On CUDA with Triton ("auto" for fp16/bf16, or "triton"): fused_mask_attn for the tree part, then the
     split-KV kernel for the cache, whose reduce merges the tree part in: three kernels, no separate merge.
-    For speed, allocate `tree_mask` with rows padded to 16 bytes (see longspec.kernels.online_softmax)."""
+    For speed, allocate `tree_mask` with rows padded to 16 bytes (`longspec.kernels.mask_layout.aligned_rows`)."""
     _check_qkv(q, k_new, v_new)
     _check_backend(backend)
     scale = default_scale(q, scale)
