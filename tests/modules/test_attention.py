@@ -111,20 +111,25 @@ def test_cache_attention_lengths():
 def test_cache_attention_causal_tail_is_a_chain_over_the_cache():
     """causal=True: the queries are the last Tq of each row's cache_len slots; == hybrid attention of those Tq new
     tokens under a causal mask beside the cache before them (math), per row, for host and device lengths."""
-    Tq = 4
-    q, k, v = _qkv(Tq=Tq, Tk=20)
-    causal = torch.ones(Tq, Tq, dtype=torch.bool).tril()
-    for cache_len in (13, torch.tensor([13, 6])):
-        out, lse = cache_attention(q, k, v, cache_len, causal=True)
-        for b, n in enumerate(torch.as_tensor(cache_len).expand(2).tolist()):
-            rows, new = slice(b, b + 1), slice(n - Tq, n)
-            ref_out, ref_lse = hybrid_attention(
-                q[rows], k[rows, :, new], v[rows, :, new], k[rows], v[rows], n - Tq, causal, backend="math"
-            )
-            torch.testing.assert_close(out[rows], ref_out)
-            torch.testing.assert_close(lse[rows], ref_lse)
-    one = q[:, :, :1]
-    assert torch.equal(cache_attention(one, k, v, 13, causal=True)[0], cache_attention(one, k, v, 13)[0])
+    for Tq in (4, 1):  # 1: an AR step, whose one query sees every slot
+        q, k, v = _qkv(Tq=Tq, Tk=20)
+        causal = torch.ones(Tq, Tq, dtype=torch.bool).tril()
+        for cache_len in (13, torch.tensor([13, 6])):
+            out, lse = cache_attention(q, k, v, cache_len, causal=True)
+            for b, n in enumerate(torch.as_tensor(cache_len).expand(2).tolist()):
+                rows, new = slice(b, b + 1), slice(n - Tq, n)
+                ref_out, ref_lse = hybrid_attention(
+                    q[rows],
+                    k[rows, :, new],
+                    v[rows, :, new],
+                    k[rows],
+                    v[rows],
+                    n - Tq,
+                    causal,
+                    backend="math",
+                )
+                torch.testing.assert_close(out[rows], ref_out)
+                torch.testing.assert_close(lse[rows], ref_lse)
 
 
 def test_tree_attention_matches_definition():

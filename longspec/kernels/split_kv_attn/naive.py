@@ -2,7 +2,8 @@
 
 Shape legend: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Tq queries, Tmax cache slots,
 D head dim. Every query of batch row b sees exactly the first n_b slots (without `causal`: the cache precedes all
-queries; with it, the queries are the last Tq of those slots and each sees the ones up to its own), n_b = cache_len (an int or 0-d tensor: every row) or cache_len[b] (a [B] tensor: a ragged batch),
+queries; with it, the queries are the last Tq of those slots and each sees the ones up to its own),
+n_b = cache_len (an int or 0-d tensor: every row) or cache_len[b] (a [B] tensor: a ragged batch),
 clamped to [0, Tmax] as the kernel does. An empty cache (n_b = 0) gives out = 0 and lse = -inf for that row.
 """
 
@@ -35,7 +36,8 @@ def split_kv_attn_naive(
             last = n - Tq + torch.arange(Tq)[:, None]  # each query's last visible key
             scores = scores.masked_fill(torch.arange(n)[None, :] > last, float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)  # -inf when n == 0
-        probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # a query that sees no key: zeros
+        # A query that sees no key (lse -inf) gets zero weights, not NaN; anything else is left as it is.
+        probs = torch.exp(scores - lse.clamp(min=torch.finfo(lse.dtype).min)[..., None])
         outs.append(probs @ v)  # zeros when n == 0
         lses.append(lse)
     return torch.stack(outs), torch.stack(lses)
