@@ -33,8 +33,8 @@ def split_kv_attn_naive(
         v = v_cache[b, :, :n].float().repeat_interleave(group, dim=0)
         scores = torch.einsum("hqd,hkd->hqk", q[b].float(), k) * scale  # [H, Tq, n]
         if causal:
-            last = n - Tq + torch.arange(Tq)[:, None]  # each query's last visible key
-            scores = scores.masked_fill(torch.arange(n)[None, :] > last, float("-inf"))
+            last = n - Tq + torch.arange(Tq, device=q.device)[:, None]  # each query's last visible key
+            scores = scores.masked_fill(torch.arange(n, device=q.device)[None, :] > last, float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)  # -inf when n == 0
         # A query that sees no key (lse -inf) gets zero weights, not NaN; anything else is left as it is.
         probs = torch.exp(scores - lse.clamp(min=torch.finfo(lse.dtype).min)[..., None])
