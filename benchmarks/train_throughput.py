@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from longspec.provenance import run_info
-from longspec.testing import llama31_8b_config, random_target
+from longspec.testing import llama31_8b_config, random_target, smollm2_135m_config
 
 MATMUL_FLOPS_PER_S = 754e12
 
@@ -50,8 +50,23 @@ def flops_per_step(cfg, *, tokens: int, seq_len: int, window: int) -> dict[str, 
     return {"target": float(target), "drafter": float(3 * drafter_fwd + 2 * head)}
 
 
+SHAPES = {
+    "8b": (llama31_8b_config, (4, 1024), [32768, 65536]),
+    "smollm2": (smollm2_135m_config, (16, 2048), [8192]),
+}
+
+
 def build_engine(
-    hf_config, *, device, dtype, zero_stage: int, micro_batch: int, world_size: int, precision: str
+    hf_config,
+    *,
+    device,
+    dtype,
+    zero_stage: int,
+    micro_batch: int,
+    world_size: int,
+    precision: str,
+    window: int | None = None,
+    loss_overrides: tuple[str, ...] = (),
 ):
     import deepspeed
 
@@ -69,8 +84,10 @@ def build_engine(
             f"stage.global_batch_size={micro_batch * world_size}",
             f"deepspeed.zero_stage={zero_stage}",
             f"deepspeed.precision={precision}",
+            *loss_overrides,
         ]
     )
+    drafter_kwargs = {} if window is None else {"window": window}
     ds_config = build_deepspeed_config(cfg, world_size=world_size)
     # as longspec.train.build.build_model: MAX_LEN from the target's context (30000 for Llama-3.1-8B)
     cfg.stage.anchor_max_len = cfg.stage.resolve_anchor_max_len(hf_config.max_position_embeddings)
@@ -95,13 +112,17 @@ def build_engine(
                     param.ds_tensor.normal_(0.0, 0.02, generator=generator)
         with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype):
             drafter = Drafter(
-                DrafterConfig.from_target_config(hf_config), target.embed_tokens, target.lm_head
+                DrafterConfig.from_target_config(hf_config, **drafter_kwargs),
+                target.embed_tokens,
+                target.lm_head,
             )
-            model = DraftingModel(target, drafter)
+            model = DraftingModel(target, drafter, **loss_kwargs(cfg))
     else:
         target = random_target(hf_config, device, dtype)
-        drafter = Drafter(DrafterConfig.from_target_config(hf_config), target.embed_tokens, target.lm_head)
-        model = DraftingModel(target, drafter).to(device)
+        drafter = Drafter(
+            DrafterConfig.from_target_config(hf_config, **drafter_kwargs), target.embed_tokens, target.lm_head
+        )
+        model = DraftingModel(target, drafter, **loss_kwargs(cfg)).to(device)
         drafter.to(dtype)
     engine, *_ = deepspeed.initialize(
         model=model, model_parameters=decay_groups(model.drafter, cfg.optim.weight_decay), config=ds_config
@@ -111,7 +132,68 @@ def build_engine(
     return engine, model, cfg
 
 
-def run_case(engine, model, cfg, *, name, rows, seq_len, anchor, steps, warmup, device, vocab, rank):
+def loss_kwargs(cfg) -> dict:
+    """DraftingModel's loss settings from the config's `loss` group, as the trainer passes them."""
+    loss = cfg.loss
+    return {
+        "distill_weight": loss.distill_weight,
+        "distill_temperature": loss.distill_temperature,
+        "loss_backend": loss.backend,
+        "chunk_size": loss.chunk_size,
+    }
+
+
+def train_step(engine, ids, positions, labels, valid_rows, *, lag: int, count_correct: bool):
+    out = engine(ids, positions, labels, valid_rows, lag=lag, count_correct=count_correct)
+    with torch.profiler.record_function("backward"):
+        engine.backward(out.loss / valid_rows.numel(), scale_wrt_gas=False)
+    with torch.profiler.record_function("optimizer_step"):
+        engine.step()
+    return out
+
+
+def profile_step(step, device, *, top: int = 15) -> dict:
+    """One more step under torch.profiler: device time per named phase (the record_function ranges of
+    DraftingModel.forward and train_step) and the `top` device kernels by total time, in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    events = prof.key_averages()
+    attr = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    phases = {
+        e.key: getattr(e, attr) / 1e3
+        for e in events
+        if e.key in ("target", "drafter", "loss_ce", "loss_ce_kl", "top1", "backward", "optimizer_step")
+    }
+    kernels = [e for e in events if device.type != "cuda" or e.device_type.name == "CUDA"]
+    kernels.sort(
+        key=lambda e: getattr(
+            e, "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        ),
+        reverse=True,
+    )
+    return {
+        "phase_ms": phases,
+        "top_kernels": [
+            {
+                "name": e.key[:90],
+                "ms": getattr(e, "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total")
+                / 1e3,
+                "calls": e.count,
+            }
+            for e in kernels[:top]
+        ],
+    }
+
+
+def run_case(
+    engine, model, cfg, *, name, rows, seq_len, anchor, steps, warmup, device, vocab, rank,
+    count_correct=False, profile=False,
+):  # fmt: skip
     from longspec.positions import anchor_offset_position_ids
 
     generator = torch.Generator().manual_seed(rank)
@@ -135,9 +217,9 @@ def run_case(engine, model, cfg, *, name, rows, seq_len, anchor, steps, warmup, 
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
-            out = engine(ids, positions, labels, valid_rows, lag=1 + i % 4, count_correct=False)
-            engine.backward(out.loss / valid_rows.numel(), scale_wrt_gas=False)
-            engine.step()
+            out = train_step(
+                engine, ids, positions, labels, valid_rows, lag=1 + i % 4, count_correct=count_correct
+            )
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             if i >= warmup:
@@ -171,6 +253,13 @@ def run_case(engine, model, cfg, *, name, rows, seq_len, anchor, steps, warmup, 
             drafter_tflop=flops["drafter"] / 1e12,
             mfu=(flops["target"] + flops["drafter"]) / step_s / MATMUL_FLOPS_PER_S,
         )
+        if profile:
+            result["profile"] = profile_step(
+                lambda: train_step(
+                    engine, ids, positions, labels, valid_rows, lag=2, count_correct=count_correct
+                ),
+                device,
+            )
     return result
 
 
@@ -184,6 +273,28 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--json", default="train_throughput.json")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="8b", help="random-weight target shape")
+    parser.add_argument(
+        "--stage1", default=None, help="stage-1 rows x tokens, e.g. 16x2048 (default: the shape's)"
+    )
+    parser.add_argument("--window", type=int, default=None, help="drafter window (default: the drafter's)")
+    parser.add_argument(
+        "--loss",
+        nargs="*",
+        default=[],
+        help="loss overrides, e.g. loss.distill_weight=1.0 loss.chunk_size=1024 (as the trainer's config)",
+    )
+    parser.add_argument(
+        "--count-correct",
+        action="store_true",
+        help="count top-1 hits every step (the trainer does on log steps)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="one more stage-1 step under torch.profiler: device ms per phase (target, drafter, losses, "
+        "backward, optimizer) and the top kernels",
+    )
     args = parser.parse_args(argv)
 
     from longspec.train.distributed import init_distributed
@@ -198,8 +309,10 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         if device.type != "cuda":
             raise SystemExit("the full-size benchmark needs a CUDA GPU; use --tiny for a CPU smoke run")
-        hf_config, dtype, precision = llama31_8b_config(), torch.bfloat16, "bf16"
-        stage1, stage2 = (4, 1024), [32768, 65536]
+        make_config, stage1, stage2 = SHAPES[args.shape]
+        hf_config, dtype, precision = make_config(), torch.bfloat16, "bf16"
+    if args.stage1:
+        stage1 = tuple(int(x) for x in args.stage1.lower().split("x"))
     steps = args.steps or (2 if args.tiny else 10)
     warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
     engine, model, cfg = build_engine(
@@ -210,6 +323,8 @@ def main(argv: list[str] | None = None) -> dict:
         micro_batch=stage1[0],
         world_size=dist_info.world_size,
         precision=precision,
+        window=args.window,
+        loss_overrides=tuple(args.loss),
     )
     cases = []  # (name, rows, seq_len, anchor-offset positions, timed steps, warm-up steps)
     if args.only in (None, "stage1"):
@@ -225,6 +340,9 @@ def main(argv: list[str] | None = None) -> dict:
         "zero_stage": args.zero_stage,
         "precision": precision,
         "tiny": args.tiny,
+        "shape": "tiny" if args.tiny else args.shape,
+        "window": model.drafter.config.window,
+        "loss": loss_kwargs(cfg),
         "results": [],
     }
     out_dir = os.environ.get("OUT")
@@ -244,6 +362,8 @@ def main(argv: list[str] | None = None) -> dict:
                 device=device,
                 vocab=hf_config.vocab_size,
                 rank=dist_info.rank,
+                count_correct=args.count_correct,
+                profile=args.profile and name.startswith("stage1"),
             )
         except Exception as e:  # one GPU run: a failing case must not lose the others' numbers
             result = {
@@ -276,6 +396,16 @@ def main(argv: list[str] | None = None) -> dict:
                 print(
                     f"| {r['case']} | {r['tokens']} | - | - | - | {r['peak_mem_gib']:.1f} | no ({r['error']}) |"
                 )
+        for r in report["results"]:
+            if "profile" in r:
+                prof = r["profile"]
+                print(
+                    f"\nprofiled step ({r['case']}), device ms per phase: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in prof["phase_ms"].items())
+                )
+                print("| kernel | ms | calls |\n|---|---|---|")
+                for k in prof["top_kernels"]:
+                    print(f"| {k['name']} | {k['ms']:.2f} | {k['calls']} |")
     return report
 
 

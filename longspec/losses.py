@@ -24,21 +24,25 @@ __all__ = [
     "HAS_LIGER",
     "LOSS_BACKENDS",
     "fused_linear_cross_entropy",
-    "fused_linear_kl",
+    "fused_linear_ce_kl",
     "linear_top1_correct",
 ]
 
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
 LOSS_BACKENDS = ("auto", "liger", "chunked", "torch")
-_CHUNK_ELEMENTS = 1 << 23  # logits elements per chunk: 32 MiB in fp32
+# Logits elements per chunk: 32 MiB in fp32; on a GPU 128 MiB, so a chunk's ~10 kernels each move enough bytes
+# to hide their launch (a fused CE + KL chunk holds ~5 such buffers at once).
+_CHUNK_ELEMENTS = 1 << 23
+_CHUNK_ELEMENTS_CUDA = 1 << 25
 
 
-def _chunk_rows(vocab_size: int, chunk_size: int | None) -> int:
+def _chunk_rows(vocab_size: int, chunk_size: int | None, device: torch.device | None = None) -> int:
     if chunk_size is not None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         return chunk_size
-    return max(1, _CHUNK_ELEMENTS // vocab_size)
+    elements = _CHUNK_ELEMENTS_CUDA if device is not None and device.type == "cuda" else _CHUNK_ELEMENTS
+    return max(1, elements // vocab_size)
 
 
 def _flatten(hidden: torch.Tensor, weight: torch.Tensor, other: torch.Tensor, what: str):
@@ -151,65 +155,100 @@ def linear_top1_correct(
     return correct
 
 
-class _ChunkedLinearKL(torch.autograd.Function):
-    """sum_i KL(p_t,i || p_s,i), p = softmax(h W^T / tau), over masked rows; gradients to the student only.
+class _FusedLinearCEKL(torch.autograd.Function):
+    """loss = sum_i [CE_i + w KL_i] over rows with a label, in ONE pass over the vocabulary per chunk, with the
+    gradients computed in the forward (the loss is linear in grad_out: the backward only scales them).
 
-    Per row: KL = sum_v p_t (log p_t - log p_s);  dKL/dz_s = (p_s - p_t) / tau  (z = h W^T)."""
-
-    @staticmethod
-    def forward(ctx, student, teacher, weight, mask, temperature: float, chunk: int):
-        total = torch.zeros((), dtype=torch.float32, device=student.device)
-        for s in range(0, student.shape[0], chunk):
-            log_ps = ((student[s : s + chunk] @ weight.T).float() / temperature).log_softmax(-1)  # [C,V]
-            log_pt = ((teacher[s : s + chunk] @ weight.T).float() / temperature).log_softmax(-1)
-            kl = (log_pt.exp() * (log_pt - log_ps)).sum(-1)  # [C]
-            total += (kl * mask[s : s + chunk]).sum()
-        ctx.save_for_backward(student, teacher, weight, mask)
-        ctx.temperature, ctx.chunk = temperature, chunk
-        return total
+    Per row, with z = h W^T (student logits), u = t W^T (teacher), p = softmax(z), p' = softmax(z / tau),
+    q = softmax(u / tau):
+        CE = lse(z) - z[y]                 dCE/dz = p - onehot(y)
+        KL = sum_v q (log q - log p')      dKL/dz = (p' - q) / tau
+    and dL/dh = (dL/dz) W, dL/dW = (dL/dz)^T h. A chunk's vocabulary matmuls are z, u and the gradient: three,
+    where separate CE and KL functions that recompute their logits in the backward need eight, one of them in
+    float32 (on the GPU the KL and top-1 passes took 250 of a 307 ms training step, docs/BENCHMARKS.md). The
+    top-1 hits come from the same z. A row without a label (ignore_index) adds nothing and gets no gradient."""
 
     @staticmethod
-    def backward(ctx, grad_out):
-        student, teacher, weight, mask = ctx.saved_tensors
-        tau, chunk = ctx.temperature, ctx.chunk
-        need_s, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[2]
-        grad_s = torch.empty_like(student) if need_s else None
+    def forward(
+        ctx, hidden, teacher, weight, labels, weight_kl: float, tau: float, ignore_index: int, chunk: int
+    ):
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[2]
+        valid = labels != ignore_index
+        safe = torch.where(valid, labels, 0)[:, None]
+        ce = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        kl = torch.zeros_like(ce)
+        correct = torch.zeros((), dtype=torch.long, device=hidden.device)
+        grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        for s in range(0, student.shape[0], chunk):
-            hs = student[s : s + chunk]
-            ps = ((hs @ weight.T).float() / tau).softmax(-1)
-            pt = ((teacher[s : s + chunk] @ weight.T).float() / tau).softmax(-1)
-            g = (ps - pt) * (mask[s : s + chunk, None] * grad_out.float() / tau)  # dKL/dz_s, [C,V]
-            if need_s:
-                grad_s[s : s + chunk] = (g @ weight.float()).to(student.dtype)
+        for s in range(0, hidden.shape[0], chunk):
+            h, y, m = hidden[s : s + chunk], safe[s : s + chunk], valid[s : s + chunk]
+            z = h @ weight.T  # [C,V], compute dtype
+            correct += ((z.argmax(-1) == labels[s : s + chunk]) & m).sum()
+            z = z.float()
+            lse = z.logsumexp(-1)
+            ce += ((lse - z.gather(1, y).squeeze(1)) * m).sum()
+            log_p = z.sub_(lse[:, None])  # z is not needed any more
+            g = log_p.exp()  # p, becoming dL/dz
+            if teacher is not None:
+                log_q = ((teacher[s : s + chunk] @ weight.T).float() / tau).log_softmax(-1)
+                q = log_q.exp()
+                if tau == 1.0:  # p' = p: dL/dz = (1 + w) p - w q - onehot(y)
+                    kl += (torch.linalg.vecdot(q, log_q.sub_(log_p)) * m).sum()
+                    g.mul_(1 + weight_kl).sub_(q, alpha=weight_kl)
+                else:
+                    log_p_tau = (log_p / tau).log_softmax(-1)  # softmax is shift-invariant: lse drops out
+                    kl += (torch.linalg.vecdot(q, log_q.sub_(log_p_tau)) * m).sum()
+                    g.add_(log_p_tau.exp_().sub_(q), alpha=weight_kl / tau)
+            g.scatter_add_(1, y, torch.full_like(g[:, :1], -1.0))
+            # Rows without a label: masked on the small side ([C, Dm]), not over the vocabulary.
+            mf = m[:, None].to(g.dtype)
+            if need_h:
+                grad_h[s : s + chunk] = ((g.to(weight.dtype) @ weight) * mf).to(hidden.dtype)
             if need_w:
-                # The LM head is frozen in longspec; supported for completeness (teacher path ignored: the
-                # teacher is a fixed target, so only the student's dependence on W is differentiated).
-                grad_w += g.T @ hs.float()
-        return grad_s, None, grad_w.to(weight.dtype) if need_w else None, None, None, None
+                grad_w += g.T @ (h.float() * mf)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(ce, kl, correct)
+        return ce + weight_kl * kl, ce, kl, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, *unused):
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad_loss.float()
+        dh = (grad_h * scale).to(grad_h.dtype) if grad_h is not None else None
+        dw = (grad_w * scale).to(ctx.weight_dtype) if grad_w is not None else None
+        return dh, None, dw, None, None, None, None, None
 
 
-def fused_linear_kl(
-    student_hidden: torch.Tensor,
-    teacher_hidden: torch.Tensor,
+def fused_linear_ce_kl(
+    hidden: torch.Tensor,
+    teacher: torch.Tensor | None,
     weight: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    temperature: float = 1.0,
+    labels: torch.Tensor,
     *,
+    distill_weight: float = 0.0,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
     chunk_size: int | None = None,
-) -> torch.Tensor:
-    """Distillation loss sum_i KL(target || drafter) at temperature `tau` over rows where `mask` is True,
-    never materialising full logits. student/teacher hidden [..., Dm] (the teacher's is treated as a constant),
-    weight [V, Dm] the shared LM head. Not multiplied by tau^2: scale it in the trainer if wanted."""
-    if student_hidden.shape != teacher_hidden.shape:
-        raise ValueError(
-            f"student {tuple(student_hidden.shape)} and teacher {tuple(teacher_hidden.shape)} differ"
-        )
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cross-entropy on `labels` plus `distill_weight` x KL(target || drafter) at `temperature`, through the
+    shared LM head `weight` [V, Dm] in one chunked pass (`_FusedLinearCEKL`), never materialising full logits.
+    hidden / teacher [..., Dm] (the teacher's is a constant; None or distill_weight 0: cross-entropy alone),
+    labels [...] -> (loss, ce_sum, kl_sum, num_correct): loss = ce_sum + distill_weight * kl_sum carries the gradient (to hidden, and to weight if it
+    requires one); the rest are detached, num_correct counts rows whose drafter argmax is the label. KL is not
+    multiplied by tau^2: scale distill_weight if wanted."""
+    if teacher is not None and teacher.shape != hidden.shape:
+        raise ValueError(f"student {tuple(hidden.shape)} and teacher {tuple(teacher.shape)} differ")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if mask is None:
-        mask = torch.ones(student_hidden.shape[:-1], dtype=torch.bool, device=student_hidden.device)
-    student, mask = _flatten(student_hidden, weight, mask, "mask")
-    teacher = teacher_hidden.reshape(student.shape).detach()
-    chunk = _chunk_rows(weight.shape[0], chunk_size)
-    return _ChunkedLinearKL.apply(student, teacher, weight, mask.float(), float(temperature), chunk)
+    if distill_weight < 0:
+        raise ValueError(f"distill_weight must be >= 0, got {distill_weight}")
+    hidden_flat, labels_flat = _flatten(hidden, weight, labels, "labels")
+    teacher_flat = None
+    if teacher is not None and distill_weight > 0:
+        teacher_flat = teacher.reshape(hidden_flat.shape).detach()
+    chunk = _chunk_rows(weight.shape[0], chunk_size, hidden.device)
+    return _FusedLinearCEKL.apply(
+        hidden_flat, teacher_flat, weight, labels_flat, float(distill_weight), float(temperature),
+        ignore_index, chunk,
+    )  # fmt: skip

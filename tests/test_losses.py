@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from longspec.losses import fused_linear_cross_entropy, fused_linear_kl, linear_top1_correct
+from longspec.losses import fused_linear_ce_kl, fused_linear_cross_entropy, linear_top1_correct
 
 N, DM, V = 23, 16, 37  # odd sizes: chunks of 5 leave a ragged last chunk
 
@@ -95,29 +95,80 @@ def test_top1_correct_counts_valid_matches():
     assert got.item() == expected.item() >= 5 and got.dtype == torch.long
 
 
-@pytest.mark.parametrize("temperature", [1.0, 2.0])
-def test_chunked_kl_equals_plain_formula(temperature):
-    student, weight, _ = _inputs(seed=1)
-    teacher = torch.randn(N, DM, generator=torch.Generator().manual_seed(9))
-    mask = torch.rand(N, generator=torch.Generator().manual_seed(2)) > 0.3
-    loss = fused_linear_kl(student, teacher, weight, mask, temperature, chunk_size=5)
-    grads = torch.autograd.grad(loss, (student, weight))
-    log_ps = F.log_softmax(student @ weight.T / temperature, -1)
+def _reference_ce_kl(hidden, teacher, weight, labels, distill_weight, temperature):
+    """Full logits, autograd, torch's own cross-entropy and KL: the definition the fused pass must equal."""
+    valid = labels != -100
+    ce = F.cross_entropy(hidden @ weight.T, labels, ignore_index=-100, reduction="sum")
+    log_ps = F.log_softmax(hidden @ weight.T / temperature, -1)
     log_pt = F.log_softmax(teacher @ weight.detach().T / temperature, -1)
-    ref = (F.kl_div(log_ps, log_pt, log_target=True, reduction="none").sum(-1) * mask).sum()
-    ref_grads = torch.autograd.grad(ref, (student, weight))
-    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
-    for g, r in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)
+    kl = (F.kl_div(log_ps, log_pt, log_target=True, reduction="none").sum(-1) * valid).sum()
+    return ce + distill_weight * kl, ce, kl
 
 
-def test_kl_is_zero_for_identical_hidden_and_validates():
-    student, weight, _ = _inputs()
-    assert fused_linear_kl(student, student.detach(), weight).abs().item() < 1e-5
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+@pytest.mark.parametrize("chunk_size", [1, 5, 64])
+def test_fused_ce_kl_equals_full_logits_with_grads(temperature, chunk_size):
+    hidden, weight, labels = _inputs(seed=1)
+    teacher = torch.randn(N, DM, generator=torch.Generator().manual_seed(9))
+    loss, ce, kl, correct = fused_linear_ce_kl(
+        hidden, teacher, weight, labels, distill_weight=0.7, temperature=temperature, chunk_size=chunk_size
+    )
+    grads = torch.autograd.grad(3.0 * loss, (hidden, weight))  # a grad_out other than 1 is applied
+    ref, ref_ce, ref_kl = _reference_ce_kl(hidden, teacher, weight, labels, 0.7, temperature)
+    ref_grads = torch.autograd.grad(3.0 * ref, (hidden, weight))
+    for got, want in ((loss, ref), (ce, ref_ce), (kl, ref_kl), *zip(grads, ref_grads, strict=True)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not ce.requires_grad and not kl.requires_grad
+    assert (grads[0][[0, 7, 8, 22]] == 0).all()  # rows without a label get no gradient
+    valid = labels != -100
+    assert correct.item() == (((hidden @ weight.T).argmax(-1) == labels) & valid).sum().item()
+
+
+def test_fused_ce_kl_in_bf16_tracks_the_float32_definition():
+    """What training runs: bf16 hidden, teacher and head (the vocabulary matmuls in bf16, their softmax in fp32)."""
+    hidden, weight, labels = _inputs(seed=3)
+    teacher = torch.randn(N, DM, generator=torch.Generator().manual_seed(4))
+    h16 = hidden.detach().bfloat16().requires_grad_()
+    loss, ce, kl, _ = fused_linear_ce_kl(
+        h16, teacher.bfloat16(), weight.detach().bfloat16(), labels, distill_weight=1.0, chunk_size=5
+    )
+    grad = torch.autograd.grad(loss, h16)[0]
+    h32, w32 = h16.detach().float().requires_grad_(), weight.detach().bfloat16().float()
+    ref, ref_ce, ref_kl = _reference_ce_kl(h32, teacher.bfloat16().float(), w32, labels, 1.0, 1.0)
+    ref_grad = torch.autograd.grad(ref, h32)[0]
+    assert grad.dtype == torch.bfloat16
+    for got, want in ((ce, ref_ce), (kl, ref_kl)):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=0.5)
+    torch.testing.assert_close(grad.float(), ref_grad, rtol=5e-2, atol=5e-2)
+
+
+def test_fused_ce_kl_without_teacher_is_the_cross_entropy():
+    hidden, weight, labels = _inputs()
+    pred = (hidden @ weight.T).argmax(-1)
+    labels = labels.clone()
+    labels[1:6] = pred[1:6]  # a few hits to count
+    loss, ce, kl, correct = fused_linear_ce_kl(hidden, None, weight, labels, chunk_size=4)
+    ref = F.cross_entropy(hidden @ weight.T, labels, ignore_index=-100, reduction="sum")
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(
+        torch.autograd.grad(loss, hidden)[0], torch.autograd.grad(ref, hidden)[0], atol=1e-5, rtol=1e-5
+    )
+    assert kl.item() == 0.0 and correct.item() == ((pred == labels) & (labels != -100)).sum().item() >= 5
+
+
+def test_fused_ce_kl_frozen_head_and_validation():
+    hidden, weight, labels = _inputs()
+    weight = weight.detach()  # the shared LM head is frozen in training: no vocabulary-sized gradient
+    _, _, kl, _ = fused_linear_ce_kl(hidden, hidden.detach(), weight, labels, distill_weight=1.0)
+    assert kl.abs().item() < 1e-5  # identical student and teacher
+    loss = fused_linear_ce_kl(hidden, hidden.detach(), weight, labels, distill_weight=1.0)[0]
+    assert torch.autograd.grad(loss, hidden)[0].shape == hidden.shape
     with pytest.raises(ValueError, match="temperature"):
-        fused_linear_kl(student, student, weight, temperature=0.0)
+        fused_linear_ce_kl(hidden, hidden, weight, labels, distill_weight=1.0, temperature=0.0)
     with pytest.raises(ValueError, match="differ"):
-        fused_linear_kl(student, student[:-1], weight)
+        fused_linear_ce_kl(hidden, hidden[:-1], weight, labels, distill_weight=1.0)
+    with pytest.raises(ValueError, match="distill_weight"):
+        fused_linear_ce_kl(hidden, hidden, weight, labels, distill_weight=-1.0)
 
 
 _LIGER_SCRIPT = """

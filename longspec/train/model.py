@@ -5,7 +5,9 @@ Shape legend: B batch, T tokens, N valid (trained) tokens, Dm model width, Hkv k
 Per micro-batch (docs/ALGORITHM.md §3): the frozen target runs without grad at the batch's position ids and hands over its
 last layer's K/V (and final hidden state, for distillation); the drafter runs at the same positions with the
 flash-noisy lag; the loss is the fused cross-entropy of the drafter's hidden states through the shared LM head,
-summed over valid tokens -- the trainer divides by the GLOBAL number of valid tokens. Only rows with a label are
+summed over valid tokens -- the trainer divides by the GLOBAL number of valid tokens. With distillation, CE, KL
+and the top-1 count share one pass over the vocabulary (`fused_linear_ce_kl`); without, the fused CE backend
+(Liger on CUDA) runs alone. Only rows with a label are
 sent through the LM head: for SFT data (long prompt, short response) that skips most of the vocab projection.
 """
 
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 
 from longspec.drafter import Drafter
-from longspec.losses import fused_linear_cross_entropy, fused_linear_kl, linear_top1_correct
+from longspec.losses import fused_linear_ce_kl, fused_linear_cross_entropy, linear_top1_correct
 from longspec.target import TargetModel
 
 __all__ = ["MicroBatchLosses", "DraftingModel"]
@@ -82,28 +84,40 @@ class DraftingModel(nn.Module):
     ) -> MicroBatchLosses:
         """input_ids/position_ids/labels [B,T]; valid_rows [N]: flat indices of labels != IGNORE_INDEX (computed
         on the host with the batch, so selecting them costs no device->host sync); lag: flash-noisy lag (0 = none)."""
-        with torch.no_grad():
+        # The record_function ranges name the phases for a profiler (benchmarks/train_throughput.py --profile);
+        # without one they cost nothing.
+        with torch.no_grad(), torch.profiler.record_function("target"):
             target_out = self.target(input_ids, position_ids)  # last_k/last_v [B,Hkv,T,D], hidden [B,T,Dm]
-        # [B,T,Dm]; query t cross-attends to target KV at positions <= t - lag
-        hidden = self.drafter(input_ids, position_ids, target_out.last_k, target_out.last_v, lag=lag)
+        with torch.profiler.record_function("drafter"):
+            # [B,T,Dm]; query t cross-attends to target KV at positions <= t - lag
+            hidden = self.drafter(input_ids, position_ids, target_out.last_k, target_out.last_v, lag=lag)
         width = hidden.shape[-1]
         weight = self.head_weight
         hidden_n = hidden.reshape(-1, width).index_select(0, valid_rows).to(weight.dtype)  # [N,Dm]
         labels_n = labels.reshape(-1).index_select(0, valid_rows)  # [N]
-        ce_sum = fused_linear_cross_entropy(
-            hidden_n, weight, labels_n, backend=self.loss_backend, chunk_size=self.chunk_size
-        )
-        loss, kl_sum = ce_sum, torch.zeros_like(ce_sum)
         if self.distill_weight > 0:
-            teacher_n = target_out.hidden.reshape(-1, width).index_select(0, valid_rows).to(weight.dtype)
-            kl_sum = fused_linear_kl(
-                hidden_n, teacher_n, weight, None, self.distill_temperature, chunk_size=self.chunk_size
-            )
-            loss = ce_sum + self.distill_weight * kl_sum
-        if count_correct:
-            correct = linear_top1_correct(hidden_n.detach(), weight, labels_n, chunk_size=self.chunk_size)
+            # CE + KL + top-1 hits in one pass over the vocabulary (losses.fused_linear_ce_kl)
+            with torch.profiler.record_function("loss_ce_kl"):
+                teacher_n = target_out.hidden.reshape(-1, width).index_select(0, valid_rows).to(weight.dtype)
+                loss, ce_sum, kl_sum, correct = fused_linear_ce_kl(
+                    hidden_n, teacher_n, weight, labels_n, distill_weight=self.distill_weight,
+                    temperature=self.distill_temperature, chunk_size=self.chunk_size,
+                )  # fmt: skip
+            if not count_correct:
+                correct = torch.full((), -1, dtype=torch.long, device=hidden.device)
         else:
-            correct = torch.full((), -1, dtype=torch.long, device=hidden.device)
+            with torch.profiler.record_function("loss_ce"):
+                ce_sum = fused_linear_cross_entropy(
+                    hidden_n, weight, labels_n, backend=self.loss_backend, chunk_size=self.chunk_size
+                )
+            loss, kl_sum = ce_sum, torch.zeros_like(ce_sum)
+            if count_correct:
+                with torch.profiler.record_function("top1"):
+                    correct = linear_top1_correct(
+                        hidden_n.detach(), weight, labels_n, chunk_size=self.chunk_size
+                    )
+            else:
+                correct = torch.full((), -1, dtype=torch.long, device=hidden.device)
         return MicroBatchLosses(
             loss=loss, ce_sum=ce_sum.detach(), kl_sum=kl_sum.detach(), num_correct=correct
         )

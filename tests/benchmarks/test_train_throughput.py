@@ -57,3 +57,22 @@ def test_tiny_benchmark_runs_on_cpu(tmp_path):
         assert result["fits"] and result["tokens_per_s"] > 0 and 0 < result["mfu"] < 1
         assert result["loss"] == pytest.approx(5.7, abs=0.3)  # ~ln(300): a random drafter over the tiny vocab
     assert "| stage1 (anchor offsets) | 256 |" in proc.stdout
+
+
+@pytest.mark.slow
+def test_tiny_profile_names_the_phases_of_a_distilled_step(tmp_path):
+    """--profile splits one step into the trainer's phases (on CPU: host time), with the fused CE + KL loss."""
+    env = {**os.environ, "OUT": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--only", "stage1", "--steps", "1", "--warmup", "0",
+         "--loss", "loss.distill_weight=1.0", "--count-correct", "--profile"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads((tmp_path / "train_throughput.json").read_text())
+    assert report["loss"]["distill_weight"] == 1.0
+    (result,) = report["results"]
+    phases = result["profile"]["phase_ms"]
+    assert set(phases) == {"target", "drafter", "loss_ce_kl", "backward", "optimizer_step"}
+    assert all(ms > 0 for ms in phases.values())
+    assert result["profile"]["top_kernels"] and "profiled step" in proc.stdout
