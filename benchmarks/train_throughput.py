@@ -129,6 +129,7 @@ def build_engine(
     )
     if zero_stage == 3:
         model.replicate_head()
+    model.target.pack_weights()  # as the trainer (a no-op on ZeRO-3 shards)
     return engine, model, cfg
 
 

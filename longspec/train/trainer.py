@@ -135,6 +135,12 @@ class Trainer:
             cfg.deepspeed.zero_stage,
             self.precision,
         )
+        # The frozen target's forward runs as the inference engine's does (packed q/k/v and gate/up, fused
+        # element-wise steps): fewer kernels per layer, and the drafter learns from the K/V numbers it will read
+        # at inference. After deepspeed.initialize, which casts the module (packing makes the HF weights views
+        # of the packed ones); a sharded target (ZeRO-3) stays unpacked: pack_weights refuses it.
+        if self.model.target.pack_weights():
+            log.info("frozen target: packed projections and fused layer steps")
 
     # ---- run directory: checks, lock --------------------------------------------------------------------------
     def _agree(self, check):
