@@ -26,7 +26,9 @@ token, which every round emits) are multiplied by the decayed ratio of drafts th
 accepted to what the model predicted for them. Whatever the model gets
 wrong (correlation between depths, a new text after one the drafter knew well) shows in that ratio within a
 few rounds, so a tree that stops paying is dropped after rounds, not after the model's slower decay. A new
-call (a new text) scales that ratio's history by CARRY_OVER: the new text's first rounds set it.
+call (a new text) scales that ratio's history by CARRY_OVER: the new text's first rounds set it. Plain rounds
+age it (PLAIN_AGING): after a bad burst the ratio drifts back to the acceptance model's long-run estimate, so a
+text whose acceptance comes in bursts is not left to plain decoding until an exploration succeeds.
 
 Cost model: anything with `cost(widths, context_len) -> seconds`. `MeasuredCosts` is the engine's table,
 measured at warm-up on the actual device per context bucket (SpeculativeEngine.measure_round_costs); tests
@@ -83,6 +85,14 @@ RECHECK_EVERY = 8
 # At a new call the yield calibration's sums (~10 rounds' weight at decay 0.9) are scaled by this: earlier texts
 # then weigh about one round against the new text's (AdaptivePolicy.start).
 CARRY_OVER = 0.1
+# Each plain round scales the yield calibration's sums by this: its evidence is about the text of the last few
+# speculating rounds, and acceptance comes in bursts (a model's output alternates between passages the drafter
+# continues well and new content). Frozen through a plain streak, one bad burst kept the policy plain until an
+# exploration (a chain of one, every 16-64 rounds) happened to succeed; aged, the ratio returns toward 1, i.e. to
+# the acceptance model's long-run estimate, within ~10 plain rounds. That estimate is not aged: a drafter that
+# cannot help stays unused. (Simulated bursty texts at the SmolLM2 round costs: 1.08-1.23x -> 1.22-1.38x of plain
+# decoding; constant poor acceptance unchanged at 0.99x; tests/infer/test_policy.py.)
+PLAIN_AGING = 0.8
 
 
 def context_bucket(context_len: int) -> int:
@@ -418,6 +428,8 @@ class AdaptivePolicy:
         if widths:
             self.calibration.observe(self.acceptance.expected_tokens(widths) - 1.0, len(ranks))
             self.acceptance.observe(widths, ranks)
+        else:
+            self.calibration.discount(PLAIN_AGING)
         if self._exploring:
             self._exploring = False
             self._plain_streak = 0

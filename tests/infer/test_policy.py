@@ -59,10 +59,14 @@ def test_policy_switches_when_acceptance_changes_and_explores_back():
         policy.observe(BIG, [0, 1, 0, 2, 0])
     speculating = policy.choose(1000)
     assert len(speculating) >= 3
-    for _ in range(200):  # the text changed: nothing accepted any more
+    # The text changed: nothing accepted any more. Plain rounds age the realised-yield evidence (PLAIN_AGING), so
+    # the policy re-tries speculation until the acceptance model itself has learned the change.
+    chosen = []
+    for _ in range(600):
         widths = policy.choose(1000)
+        chosen.append(widths)
         policy.observe(widths, [])
-    assert policy.best(1000) == ()
+    assert policy.best(1000) == () and chosen[-100:].count(()) >= 90
     # explorations that accept nothing space out: the gap doubles from every 4th plain round up to the cap
     gaps, since = [], 0
     for _ in range(400):
@@ -357,8 +361,9 @@ def test_a_tree_that_stops_paying_is_dropped_within_rounds():
         widths = policy.choose(4096)
         chosen.append(widths)
         policy.observe(widths, _ranks(rng, widths, 0.2), 4096)
-    # plain from round ~30 on, but for explorations (and a round of re-trying after one that accepted)
-    assert sum(w == () for w in chosen[30:]) >= 0.9 * len(chosen[30:]), chosen
+    # plain within ~30 rounds; after that mostly plain, but for explorations and the re-tries of a realised yield
+    # that plain rounds age back toward the acceptance model's slower estimate (PLAIN_AGING)
+    assert () in chosen[:30] and sum(w == () for w in chosen[30:]) >= 0.7 * len(chosen[30:]), chosen
 
 
 def test_an_exploration_that_does_not_change_the_decision_backs_off():
@@ -436,8 +441,55 @@ def test_a_run_of_plain_rounds_chooses_what_asking_every_round_chooses():
 
     asked = trees(use_runs=False)
     assert trees(use_runs=True) == asked
-    assert asked.count(()) > 300 and len(set(asked)) >= 3  # plain streaks, explorations and trees all ran
+    assert asked.count(()) > 150 and len(set(asked)) >= 3  # plain streaks, explorations and trees all ran
     plain = asked.count(())
     assert (
         len(asks) < len(asked) - plain // 2 and max(asks) >= RECHECK_EVERY - 1
     )  # most plain rounds never asked
+
+
+def _bursty_rate(
+    monkeypatch, aging: float, good: float, bad: float, samples: int = 20
+) -> tuple[float, float]:
+    """Tokens per unit of cost relative to plain decoding, and the share of speculating rounds, over `samples`
+    calls of 128 tokens on texts whose per-level first-choice acceptance switches between `good` and `bad`
+    passages (a two-state chain that stays put with probability 0.9 per token). Round costs: the SmolLM2 shape's,
+    in plain steps (docs/BENCHMARKS.md)."""
+    from longspec.infer import policy as policy_module
+
+    monkeypatch.setattr(policy_module, "PLAIN_AGING", aging)
+    costs = {(): 1.0, (1,): 1.35, (1, 1): 1.53, (1, 1, 1, 1): 1.87, (2, 2, 2): 1.83, (4, 4, 4): 1.86,
+             (4, 8, 8, 8): 2.1, (4, 16, 16, 16): 2.19, BIG: 2.48}  # fmt: skip
+
+    class Table:
+        def cost(self, widths, context_len):
+            return costs[tuple(widths)]
+
+    rng, state = random.Random(0), False
+    policy = AdaptivePolicy(Table())
+    tokens = cost = speculating = rounds = 0
+    for _ in range(samples):
+        policy.start()
+        emitted = 0
+        while emitted < 128:
+            widths = policy.choose(4096)
+            ranks = _ranks(rng, widths, good if state else bad)
+            policy.observe(widths, ranks, 4096)
+            for _ in range(1 + len(ranks)):
+                state = state if rng.random() < 0.9 else not state
+            emitted += 1 + len(ranks)
+            tokens, cost = tokens + 1 + len(ranks), cost + costs[widths]
+            speculating, rounds = speculating + bool(widths), rounds + 1
+    return tokens / cost, speculating / rounds
+
+
+def test_plain_rounds_age_the_realised_yield_so_bursty_texts_keep_speculating(monkeypatch):
+    """Acceptance comes in bursts (passages the drafter continues well, then new content). A bad burst drives
+    the policy to plain decoding; aging the realised-yield evidence in plain rounds lets the acceptance model's
+    long-run estimate bring speculation back without waiting for a lucky exploration. A drafter that cannot
+    help stays unused: the acceptance model, which decides there, is not aged."""
+    frozen, _ = _bursty_rate(monkeypatch, 1.0, good=0.9, bad=0.15)
+    aged, _ = _bursty_rate(monkeypatch, 0.8, good=0.9, bad=0.15)
+    assert aged >= 1.05 * frozen and aged > 1.12  # 1.06 -> 1.15 at the time of writing
+    useless, share = _bursty_rate(monkeypatch, 0.8, good=0.02, bad=0.02)
+    assert useless > 0.97 and share < 0.06
