@@ -233,10 +233,12 @@ def fused_linear_ce_kl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Cross-entropy on `labels` plus `distill_weight` x KL(target || drafter) at `temperature`, through the
     shared LM head `weight` [V, Dm] in one chunked pass (`_FusedLinearCEKL`), never materialising full logits.
-    hidden / teacher [..., Dm] (the teacher's is a constant; None or distill_weight 0: cross-entropy alone),
-    labels [...] -> (loss, ce_sum, kl_sum, num_correct): loss = ce_sum + distill_weight * kl_sum carries the gradient (to hidden, and to weight if it
-    requires one); the rest are detached, num_correct counts rows whose drafter argmax is the label. KL is not
-    multiplied by tau^2: scale distill_weight if wanted."""
+    hidden / teacher [..., Dm] (the teacher's is a constant; None with distill_weight 0: cross-entropy alone),
+    labels [...] -> (loss, ce_sum, kl_sum, num_correct): loss = ce_sum + distill_weight * kl_sum carries the
+    gradient (to hidden, and to weight if it requires one); the rest are detached; num_correct counts rows whose
+    drafter argmax is the label. KL is not multiplied by tau^2: scale distill_weight if wanted."""
+    if teacher is None and distill_weight > 0:
+        raise ValueError("distill_weight > 0 needs the teacher's hidden states")
     if teacher is not None and teacher.shape != hidden.shape:
         raise ValueError(f"student {tuple(hidden.shape)} and teacher {tuple(teacher.shape)} differ")
     if not temperature > 0:

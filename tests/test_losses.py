@@ -169,6 +169,8 @@ def test_fused_ce_kl_frozen_head_and_validation():
         fused_linear_ce_kl(hidden, hidden[:-1], weight, labels, distill_weight=1.0)
     with pytest.raises(ValueError, match="distill_weight"):
         fused_linear_ce_kl(hidden, hidden, weight, labels, distill_weight=-1.0)
+    with pytest.raises(ValueError, match="teacher"):
+        fused_linear_ce_kl(hidden, None, weight, labels, distill_weight=1.0)
 
 
 _LIGER_SCRIPT = """

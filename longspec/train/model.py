@@ -7,8 +7,8 @@ last layer's K/V (and final hidden state, for distillation); the drafter runs at
 flash-noisy lag; the loss is the fused cross-entropy of the drafter's hidden states through the shared LM head,
 summed over valid tokens -- the trainer divides by the GLOBAL number of valid tokens. With distillation, CE, KL
 and the top-1 count share one pass over the vocabulary (`fused_linear_ce_kl`); without, the fused CE backend
-(Liger on CUDA) runs alone. Only rows with a label are
-sent through the LM head: for SFT data (long prompt, short response) that skips most of the vocab projection.
+(Liger on CUDA) runs alone. Only rows with a label are sent through the LM head: for SFT data (long prompt, short
+response) that skips most of the vocab projection.
 """
 
 from __future__ import annotations
