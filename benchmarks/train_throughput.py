@@ -71,7 +71,7 @@ def build_engine(
     import deepspeed
 
     from longspec.drafter import Drafter, DrafterConfig
-    from longspec.train.build import decay_groups
+    from longspec.train.build import decay_groups, loss_settings
     from longspec.train.config import load_config
     from longspec.train.deepspeed_config import build_deepspeed_config
     from longspec.train.model import DraftingModel
@@ -116,13 +116,13 @@ def build_engine(
                 target.embed_tokens,
                 target.lm_head,
             )
-            model = DraftingModel(target, drafter, **loss_kwargs(cfg))
+            model = DraftingModel(target, drafter, **loss_settings(cfg))
     else:
         target = random_target(hf_config, device, dtype)
         drafter = Drafter(
             DrafterConfig.from_target_config(hf_config, **drafter_kwargs), target.embed_tokens, target.lm_head
         )
-        model = DraftingModel(target, drafter, **loss_kwargs(cfg)).to(device)
+        model = DraftingModel(target, drafter, **loss_settings(cfg)).to(device)
         drafter.to(dtype)
     engine, *_ = deepspeed.initialize(
         model=model, model_parameters=decay_groups(model.drafter, cfg.optim.weight_decay), config=ds_config
@@ -131,17 +131,6 @@ def build_engine(
         model.replicate_head()
     model.target.pack_weights()  # as the trainer (a no-op on ZeRO-3 shards)
     return engine, model, cfg
-
-
-def loss_kwargs(cfg) -> dict:
-    """DraftingModel's loss settings from the config's `loss` group, as the trainer passes them."""
-    loss = cfg.loss
-    return {
-        "distill_weight": loss.distill_weight,
-        "distill_temperature": loss.distill_temperature,
-        "loss_backend": loss.backend,
-        "chunk_size": loss.chunk_size,
-    }
 
 
 def train_step(engine, ids, positions, labels, valid_rows, *, lag: int, count_correct: bool):
@@ -164,29 +153,24 @@ def profile_step(step, device, *, top: int = 15) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     events = prof.key_averages()
-    attr = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    cuda = device.type == "cuda"
+    total, own = (
+        ("device_time_total", "self_device_time_total") if cuda else ("cpu_time_total", "self_cpu_time_total")
+    )
     phases = {
-        e.key: getattr(e, attr) / 1e3
+        e.key: getattr(e, total) / 1e3
         for e in events
         if e.key in ("target", "drafter", "loss_ce", "loss_ce_kl", "top1", "backward", "optimizer_step")
     }
-    kernels = [e for e in events if device.type != "cuda" or e.device_type.name == "CUDA"]
-    kernels.sort(
-        key=lambda e: getattr(
-            e, "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        ),
+    kernels = sorted(
+        (e for e in events if not cuda or e.device_type.name == "CUDA"),
+        key=lambda e: getattr(e, own),
         reverse=True,
     )
     return {
         "phase_ms": phases,
         "top_kernels": [
-            {
-                "name": e.key[:90],
-                "ms": getattr(e, "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total")
-                / 1e3,
-                "calls": e.count,
-            }
-            for e in kernels[:top]
+            {"name": e.key[:90], "ms": getattr(e, own) / 1e3, "calls": e.count} for e in kernels[:top]
         ],
     }
 
@@ -298,6 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = parser.parse_args(argv)
 
+    from longspec.train.build import loss_settings
     from longspec.train.distributed import init_distributed
 
     dist_info = init_distributed()
@@ -343,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict:
         "tiny": args.tiny,
         "shape": "tiny" if args.tiny else args.shape,
         "window": model.drafter.config.window,
-        "loss": loss_kwargs(cfg),
+        "loss": loss_settings(cfg),
         "results": [],
     }
     out_dir = os.environ.get("OUT")

@@ -135,20 +135,23 @@ def build_model(
         )
     with init_ctx:
         drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head)
-        model = DraftingModel(
-            target,
-            drafter,
-            distill_weight=cfg.loss.distill_weight,
-            distill_temperature=cfg.loss.distill_temperature,
-            loss_backend=cfg.loss.backend,
-            chunk_size=cfg.loss.chunk_size,
-        )
+        model = DraftingModel(target, drafter, **loss_settings(cfg))
     del hf_ds_config
     init_drafter_weights(drafter, source, seed=cfg.seed, zero3=zero3, rank=rank)
     if not zero3:
         model.to(device)
         drafter.to(dtype)
     return model
+
+
+def loss_settings(cfg: TrainConfig) -> dict:
+    """DraftingModel's loss keyword arguments, from the config's `loss` group."""
+    return {
+        "distill_weight": cfg.loss.distill_weight,
+        "distill_temperature": cfg.loss.distill_temperature,
+        "loss_backend": cfg.loss.backend,
+        "chunk_size": cfg.loss.chunk_size,
+    }
 
 
 def init_drafter_weights(
