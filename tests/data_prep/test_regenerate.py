@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from data_prep.stage3_regenerate import read_done_ids, regenerate
 from data_prep.stage3_sft import prepare_stage3_sft
@@ -58,3 +59,44 @@ def test_regenerate_resumes_and_feeds_stage3(tmp_path, target_dir):
     )
     kept_nonempty = sum(1 for r in final if r["response"].strip())
     assert manifest.rows["kept"] == kept_nonempty and len(ShardReader(tmp_path / "sft")) == kept_nonempty
+
+
+def test_each_answer_is_the_targets_own_greedy_decoding_of_that_prompt_alone(
+    tmp_path, target_dir, monkeypatch
+):
+    """Batched, ragged prompts (decoded together by the engine) get the tokens the target gives each prompt on
+    its own: HF greedy decoding of that one prompt, no padding anywhere. Compared as token ids (the byte
+    tokenizer's text of random tokens is mostly replacement characters), then as the written text."""
+    from transformers import AutoModelForCausalLM
+
+    import data_prep.stage3_regenerate as regen
+    from data_prep.common import load_tokenizer
+
+    decoded = {}  # prompt ids -> the engine's tokens, as regenerate received them
+    generate_batch = regen.SpeculativeEngine.generate_batch
+
+    def spy(self, prompts, config, **kwargs):
+        results = generate_batch(self, prompts, config, **kwargs)
+        decoded.update({tuple(p): r.tokens for p, r in zip(prompts, results, strict=True)})
+        return results
+
+    monkeypatch.setattr(regen.SpeculativeEngine, "generate_batch", spy)
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"p{i}", "context": "word " * (3 + 7 * i), "prompt": f"q{i}"} for i in range(5)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "regen.jsonl"
+    regenerate(
+        source=str(prompts), target=target_dir, out=str(out), max_new_tokens=6, batch_size=3, progress=False
+    )
+    assert len(decoded) == len(rows)  # two batches (3 + 2), every prompt a different length
+    tokenizer = load_tokenizer(target_dir)
+    hf = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    written = {r["id"]: r["response"] for r in map(json.loads, out.read_text().splitlines())}
+    for ids, tokens in decoded.items():
+        new = hf.generate(
+            torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=tokenizer.eos_token_id
+        )[0, len(ids) :].tolist()
+        assert tokens == new
+    assert sorted(written.values()) == sorted(
+        tokenizer.decode(t, skip_special_tokens=True) for t in decoded.values()
+    )
