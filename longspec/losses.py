@@ -190,11 +190,12 @@ class _FusedLinearCEKL(torch.autograd.Function):
             log_p = z.sub_(lse[:, None])  # z is not needed any more
             g = log_p.exp()  # p, becoming dL/dz
             if teacher is not None:
-                log_q = ((teacher[s : s + chunk] @ weight.T).float() / tau).log_softmax(-1)
+                u = (teacher[s : s + chunk] @ weight.T).float()
+                log_q = (u if tau == 1.0 else u.div_(tau)).log_softmax(-1)
                 q = log_q.exp()
-                if tau == 1.0:  # p' = p: dL/dz = (1 + w) p - w q - onehot(y)
+                if tau == 1.0:  # p' = p: dL/dz = (1 + w) p - w q - onehot(y), one pass (q + (1 + w)(p - q))
                     kl += (torch.linalg.vecdot(q, log_q.sub_(log_p)) * m).sum()
-                    g.mul_(1 + weight_kl).sub_(q, alpha=weight_kl)
+                    g = q.lerp_(g, 1 + weight_kl)
                 else:
                     log_p_tau = (log_p / tau).log_softmax(-1)  # softmax is shift-invariant: lse drops out
                     kl += (torch.linalg.vecdot(q, log_q.sub_(log_p_tau)) * m).sum()
