@@ -61,12 +61,17 @@ def test_regenerate_resumes_and_feeds_stage3(tmp_path, target_dir):
     assert manifest.rows["kept"] == kept_nonempty and len(ShardReader(tmp_path / "sft")) == kept_nonempty
 
 
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+)  # on CUDA: static cache + CUDA graphs, as the GPU pipeline runs it
 def test_each_answer_is_the_targets_own_greedy_decoding_of_that_prompt_alone(
-    tmp_path, target_dir, monkeypatch
+    tmp_path, target_dir, monkeypatch, device
 ):
     """Batched, ragged prompts (decoded together by the engine) get the tokens the target gives each prompt on
     its own: HF greedy decoding of that one prompt, no padding anywhere. Compared as token ids (the byte
     tokenizer's text of random tokens is mostly replacement characters), then as the written text."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
     from transformers import AutoModelForCausalLM
 
     import data_prep.stage3_regenerate as regen
@@ -86,15 +91,19 @@ def test_each_answer_is_the_targets_own_greedy_decoding_of_that_prompt_alone(
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "regen.jsonl"
     regenerate(
-        source=str(prompts), target=target_dir, out=str(out), max_new_tokens=6, batch_size=3, progress=False
-    )
+        source=str(prompts), target=target_dir, out=str(out), max_new_tokens=6, batch_size=3, progress=False,
+        device=device, dtype="float32",
+    )  # fmt: skip
     assert len(decoded) == len(rows)  # two batches (3 + 2), every prompt a different length
     tokenizer = load_tokenizer(target_dir)
-    hf = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    hf = AutoModelForCausalLM.from_pretrained(target_dir).eval().to(device)
     written = {r["id"]: r["response"] for r in map(json.loads, out.read_text().splitlines())}
     for ids, tokens in decoded.items():
         new = hf.generate(
-            torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=tokenizer.eos_token_id
+            torch.tensor([ids], device=device),
+            max_new_tokens=6,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
         )[0, len(ids) :].tolist()
         assert tokens == new
     assert sorted(written.values()) == sorted(
