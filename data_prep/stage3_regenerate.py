@@ -7,7 +7,8 @@
 Input rows are prompts: {"id"?, "context"?, "prompt"?, "system"?} (context and/or prompt, as in stage3_sft). Each is
 rendered with the target's chat template and answered by the target (greedy at --temperature 0, else sampled with
 --top-p), in length-sorted batches decoded together by longspec's engine (plain decoding on a static cache, CUDA
-graphs on a GPU; each answer is the one the target gives that prompt alone). Output rows are the input row plus "response" and "finished" (False when
+graphs on a GPU; each answer is the one the target gives that prompt alone). Output rows are the input row plus
+"response" and "finished" (False when
 --max-new-tokens cut the answer; stage3_sft rejects those). The output file is its own record of done ids
 (the row's "id", else its line number): rerunning the same command skips finished prompts and continues, and a
 half-written last line from a killed run is dropped first. An existing --out that is not this tool's output (or is
@@ -153,14 +154,12 @@ def regenerate(
     log.info("regenerate: %s; %d already done", stats.summary(), len(done))
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    torch_dtype = (
-        getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    )
+    dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")  # TargetModel checks the name
     # The engine's batched plain decoding (static cache, CUDA graphs on a GPU): each row's answer is the one the
     # target writes for that prompt alone (tests/infer), with no padding inside any row; HF's padded batched
-    # generate, used before, took 154 of a 10-minute GPU run for 256 answers of SmolLM2-135M.
+    # generate, used before, took 154 s of a 10-minute GPU run for 256 answers of SmolLM2-135M.
     model = TargetModel.from_pretrained(
-        target, dtype=torch_dtype, device=device, trust_remote_code=trust_remote_code
+        target, dtype=dtype, device=device, trust_remote_code=trust_remote_code
     )
     model.check_tokenizer(tokenizer)
     engine = SpeculativeEngine(model)

@@ -161,8 +161,12 @@ def test_fused_ce_kl_frozen_head_and_validation():
     weight = weight.detach()  # the shared LM head is frozen in training: no vocabulary-sized gradient
     _, _, kl, _ = fused_linear_ce_kl(hidden, hidden.detach(), weight, labels, distill_weight=1.0)
     assert kl.abs().item() < 1e-5  # identical student and teacher
-    loss = fused_linear_ce_kl(hidden, hidden.detach(), weight, labels, distill_weight=1.0)[0]
-    assert torch.autograd.grad(loss, hidden)[0].shape == hidden.shape
+    teacher = torch.randn(N, DM, generator=torch.Generator().manual_seed(5))
+    loss = fused_linear_ce_kl(hidden, teacher, weight, labels, distill_weight=1.0)[0]
+    ref = _reference_ce_kl(hidden, teacher, weight, labels, 1.0, 1.0)[0]
+    torch.testing.assert_close(
+        torch.autograd.grad(loss, hidden)[0], torch.autograd.grad(ref, hidden)[0], atol=1e-5, rtol=1e-5
+    )
     with pytest.raises(ValueError, match="temperature"):
         fused_linear_ce_kl(hidden, hidden, weight, labels, distill_weight=1.0, temperature=0.0)
     with pytest.raises(ValueError, match="differ"):

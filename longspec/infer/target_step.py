@@ -33,9 +33,8 @@ class TargetStep:
         self.target = target
         self.device = target.embed_tokens.weight.device
         self.scales = [layer.self_attn.scaling for layer in target.layers]
-        self.windowed = any(
-            w is not None for w in target.layer_windows
-        )  # a sliding-window layer reads new_mask
+        # A sliding-window layer reads new_mask even on a chain's path.
+        self.windowed = any(w is not None for w in target.layer_windows)
         self.cache: StaticKVCache | None = None
         self.steps: dict[tuple, StaticStep] = {}  # static / captured steps by (kind, shape, capture, ...)
 
