@@ -127,7 +127,6 @@ class _DecodeLoop:
         # context_len, seconds); and the host's context length after each settled round (index 0: the prompt).
         self.lags: list[tuple] = []
         self.context_after = [max(engine.cache.lengths)]
-        self.run_left, self.run_context = 0, 0  # plain rounds the policy committed to, not yet launched
 
     def run(self, roots: torch.Tensor, *, prompt_len: int) -> None:
         """Decode until every row has finished; `prompt_len` (of the first row) places the ring's catch-up."""
@@ -213,17 +212,10 @@ class _DecodeLoop:
             slots.active[slot] = not _finished(self.emitted[row], self.config, new=new_tokens[slot])
 
     def _choose(self, index: int) -> tuple[tuple[int, ...], int]:
-        """Round `index`'s tree and the context length it is chosen for, from rounds < index - 1. Inside a run
-        of plain rounds the policy committed to (`AdaptivePolicy.choose_run`) it is not asked: their
-        observations wait for the next choice."""
-        if self.run_left > 0:
-            self.run_left -= 1
-            return (), self.run_context
+        """Round `index`'s tree and the context length it is chosen for, from rounds < index - 1."""
         self._observe(index)
         context_len = self.context_after[max(0, index - 1)]
-        widths, run = self.policy.choose_run(context_len)
-        self.run_left, self.run_context = run - 1, context_len
-        return widths, context_len
+        return self.policy.choose(context_len), context_len
 
     def _observe(self, index: int) -> None:
         """Give the policy what settled rounds < index - 1 showed."""

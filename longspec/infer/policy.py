@@ -313,9 +313,6 @@ class FixedPolicy:
     def choose(self, context_len: int) -> tuple[int, ...]:
         return self.widths
 
-    def choose_run(self, context_len: int) -> tuple[tuple[int, ...], int]:
-        return self.widths, 1
-
     def observe(self, widths: tuple[int, ...], ranks: Sequence[int], context_len: int | None = None) -> None:
         pass
 
@@ -399,28 +396,6 @@ class AdaptivePolicy:
             self._exploring = True
             return self._explore_tree
         return best
-
-    def choose_run(self, context_len: int) -> tuple[tuple[int, ...], int]:
-        """`choose`, and for how many consecutive rounds (>= 1) it holds: after "no speculation", every round up
-        to the streak's next re-check or exploration, or to the context bucket's end (a plain round adds one
-        token), is one `choose` answers "no speculation" whatever those rounds show. The decode loop launches
-        them without asking and hands their observations over before its next choice, so a plain streak costs
-        the host what AR steps cost (on the GPU, where a SmolLM2 step takes ~1.1 ms, asking every round made
-        plain decoding under tree="auto" 5% slower than graph AR, docs/BENCHMARKS.md). The trees chosen are
-        those of asking every round."""
-        widths = self.choose(context_len)
-        if widths or self._exploring:
-            return widths, 1
-        room = context_bucket(context_len) - context_len  # plain rounds before the bucket may change
-        run, streak = 1, self._plain_streak
-        while (
-            run <= room
-            and streak % RECHECK_EVERY != 0
-            and not (self.explore_every and (streak + 1) % self._interval == 0)
-        ):
-            streak, run = streak + 1, run + 1
-        self._plain_streak = streak
-        return widths, run
 
     def observe(self, widths: tuple[int, ...], ranks: Sequence[int], context_len: int | None = None) -> None:
         """A round's outcome: ranks of its accepted nodes (see AcceptanceModel.observe). `context_len` (the

@@ -13,7 +13,6 @@ from longspec.infer.policy import (
     AUTO_TREES,
     DEFAULT_TREE_WIDTHS,
     MAX_EXPLORE_EVERY,
-    RECHECK_EVERY,
     AcceptanceModel,
     AdaptivePolicy,
     MeasuredCosts,
@@ -405,47 +404,6 @@ def test_a_new_call_on_a_text_the_drafter_cannot_predict_drops_the_tree_within_r
 
     assert 2 * first_plain_round(True, 0.2) <= first_plain_round(False, 0.2)
     assert first_plain_round(True, 0.9) is None  # the same kind of text: the tree stays
-
-
-def test_a_run_of_plain_rounds_chooses_what_asking_every_round_chooses():
-    """`choose_run` commits to the plain rounds up to the streak's next re-check, exploration or bucket end:
-    the trees are those of calling `choose` every round, through switches, explorations and bucket changes."""
-
-    asks = []
-
-    def trees(use_runs: bool) -> list[tuple[int, ...]]:
-        rng = random.Random(0)
-        policy = AdaptivePolicy(NodeCosts(per_node=0.005, draft=0.4), explore_every=4)
-        out, context, run_left, pending = [], 1000, 0, []
-        while len(out) < 900:
-            phase_accept = (0.9, 0.05, 0.8)[len(out) // 300]  # the text changes twice
-            if use_runs and run_left:
-                widths, run_left = (), run_left - 1
-            elif use_runs:
-                for w, r in pending:  # a run's observations arrive together, before the next choice
-                    policy.observe(w, r, context)
-                pending = []
-                widths, run = policy.choose_run(context)
-                run_left = run - 1
-                asks.append(run)
-            else:
-                widths = policy.choose(context)
-            ranks = _ranks(rng, widths, phase_accept)
-            if use_runs:
-                pending.append((widths, ranks))
-            else:
-                policy.observe(widths, ranks, context)
-            out.append(widths)
-            context += 1 + len(ranks)
-        return out
-
-    asked = trees(use_runs=False)
-    assert trees(use_runs=True) == asked
-    assert asked.count(()) > 150 and len(set(asked)) >= 3  # plain streaks, explorations and trees all ran
-    plain = asked.count(())
-    assert (
-        len(asks) < len(asked) - plain // 2 and max(asks) >= RECHECK_EVERY - 1
-    )  # most plain rounds never asked
 
 
 def _bursty_rate(
