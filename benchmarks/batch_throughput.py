@@ -96,14 +96,18 @@ class ProfileDrafter:
         rows = self.references.index_select(0, torch.tensor(index, device=self.references.device))
         self._use(rows)
 
-    def _use(self, rows: torch.Tensor) -> None:
-        """Copy `rows` [b, <= L] into the buffer of batch b (captured graphs read that buffer's address)."""
-        batch = rows.shape[0]
+    def _buffer(self, batch: int) -> torch.Tensor:
+        """The references of batch size `batch` (-1 = unknown until set): one buffer per size, since the steps
+        captured at that size (a warm-up, a shrink) read its address."""
         if batch not in self.buffers:
-            self.buffers[batch] = torch.empty(
-                batch, self.max_len, dtype=torch.long, device=self.profile.device
+            self.buffers[batch] = torch.full(
+                (batch, self.max_len), -1, dtype=torch.long, device=self.profile.device
             )
-        buffer = self.buffers[batch]
+        return self.buffers[batch]
+
+    def _use(self, rows: torch.Tensor) -> None:
+        """Copy `rows` [b, <= L] into the buffer of batch b."""
+        buffer = self._buffer(rows.shape[0])
         buffer.fill_(-1)
         buffer[:, : rows.shape[1]] = rows
         self.references = buffer
@@ -111,7 +115,8 @@ class ProfileDrafter:
     def tree_level(self, input_ids, nodes, level, *args):
         positions = nodes.positions[:, level]  # [B, P]; slot 0 is the root
         self._depths = (positions - nodes.positions[:, :1] + 1).clamp(max=MAX_PROFILE_DEPTH)  # the children's
-        self._targets = self.references.gather(1, (positions + 1).clamp(max=self.max_len - 1))  # [B, P]
+        references = self._buffer(positions.shape[0])  # this batch size's, whichever was set last
+        self._targets = references.gather(1, (positions + 1).clamp(max=self.max_len - 1))  # [B, P]
         return self.inner.tree_level(input_ids, nodes, level, *args)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -196,14 +201,11 @@ def prompts_for(context: int, batch: int, vocab: int, generator: torch.Generator
 
 
 def timed_batch(engine, prompts, config, method: str, repeats: int, before=lambda: None):
-    """Untimed warm-up (8 tokens: graph capture, kernel selection), then `repeats` timed runs: (results of the last
-    run, median tokens/s of the batch). `before()` runs before each run (outside its timing)."""
-    import dataclasses
-
+    """Untimed warm-up (`SpeculativeEngine.warm_up`, 8 tokens: graph capture and kernel selection at the batch's
+    bucket and the smaller ones a shrink reaches), then `repeats` timed runs: (results of the last run, median
+    tokens/s of the batch). `before()` runs before each run (outside its timing)."""
     before()
-    engine.generate_batch(
-        prompts, dataclasses.replace(config, max_new_tokens=min(8, config.max_new_tokens)), method=method
-    )
+    engine.warm_up(max(prompts, key=len), config, batch_size=len(prompts), method=method)
     speeds = []
     for _ in range(repeats):
         before()

@@ -12,6 +12,8 @@ With --no-cudnn-sdp the SDPA baseline runs with PyTorch's cuDNN attention backen
 longspec / longspec_graphs (opt in with --methods) decode with a random drafter and --tree (auto: the adaptive
 policy, its round costs measured first for the contexts given; or fixed widths like 4,16,16): each row then also
 records which trees ran.
+--profile adds one run per method under torch.profiler (device kernels, wall vs device-busy time), --host-profile
+one under cProfile (the host's Python time per token, by function).
 Writes JSON to $OUT/decode_methods.json when OUT is set.
 """
 
@@ -54,6 +56,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         action="store_true",
         help="after the timed repeats, one more run of each method under torch.profiler: wall vs device-busy time "
         "(how much of a token the device waits for the host), the top host ops, a trace per method in $OUT",
+    )
+    parser.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="after the timed repeats, one more run of each method under cProfile: the Python functions with the "
+        "most own host time per generated token (what the host does between launches, and where it waits)",
     )
     args = parser.parse_args(argv)
 
@@ -120,6 +128,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         f"  {k['kernel'][:90]}",
                         flush=True,
                     )
+            if args.host_profile:
+                run = functools.partial(run_method, base, prompt, config_, target=target, engine=engine)
+                rows[-1]["host_profile"] = functions = host_profile_once(run)
+                for f in functions:
+                    print(
+                        f"    host {f['own_us_per_token']:8.1f} us/token own, {f['cumulative_us_per_token']:8.1f} "
+                        f"cumulative, {f['calls_per_token']:5.2f} calls/token  {f['function']}",
+                        flush=True,
+                    )
             print(
                 f"context {context:>6} {method:<11} tok/s per repeat: "
                 + " ".join(f"{s:8.1f}" for s in speeds),
@@ -164,6 +181,33 @@ def profile_once(run, device: torch.device, trace: str | None = None) -> dict:
         ],
         "top_device_kernels": device_kernels(events, tokens),
     }
+
+
+def host_profile_once(run, top: int = 25) -> list[dict]:
+    """One `run()` (a generation) under cProfile: the `top` Python functions by own host time, per generated
+    token, with their cumulative time and calls. A host-bound loop shows its cost here; the round's one wait
+    for the device shows as the own time of the host copy's event synchronisation."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    result = run()
+    profiler.disable()
+    tokens = max(result.stats.num_new_tokens, 1)
+    stats = pstats.Stats(
+        profiler
+    ).stats  # (file, line, name) -> (calls, primitive calls, own s, cumulative s, _)
+    rows = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    return [
+        {
+            "function": f"{os.path.basename(file)}:{line} {name}",
+            "calls_per_token": calls / tokens,
+            "own_us_per_token": 1e6 * own / tokens,
+            "cumulative_us_per_token": 1e6 * cumulative / tokens,
+        }
+        for (file, line, name), (_, calls, own, cumulative, _) in rows
+    ]
 
 
 def device_kernels(events, tokens: int, top: int = 24) -> list[dict]:

@@ -410,7 +410,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.round_costs:
         for temperature in (0.0, 1.0):
             config = GenerationConfig(temperature=temperature, cuda_graphs=capture, static_shapes=True)
-            engine.costs = None  # measured anew per mode
             costs = engine.measure_round_costs(config, contexts, reps=iters)
             round_costs[f"T={temperature:g}"] = {k: v * 1e3 for k, v in costs.to_dict().items()}
 

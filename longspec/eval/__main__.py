@@ -180,11 +180,12 @@ def run_eval(cfg: EvalConfig) -> dict:
             results["round_costs_s"] = costs.to_dict()
         batched = [m for m in methods if get_method(m).runner == "engine"] if cfg.batch_size > 1 else []
         if batched:  # the batch's cache, and its static steps / graphs (keyed by batch size), set up untimed
-            # (after the batch-1 work above, which reallocates the cache for one row)
+            # (after the batch-1 work above, which reallocates the cache for one row), for the batch's bucket
+            # and the smaller ones it shrinks into as its rows finish (`SpeculativeEngine.warm_up`)
             engine.reserve_for([longest] * cfg.batch_size, gen_config)
             for prompt in warm_prompts:
                 for method in batched:
-                    engine.generate_batch([prompt] * cfg.batch_size, warm, method=method)
+                    engine.warm_up(prompt, warm, batch_size=cfg.batch_size, method=method)
 
     reference = greedy_reference(methods) if cfg.temperature == 0 else None
     for dataset, samples in datasets:

@@ -39,6 +39,7 @@ round costs), `timing` (phase clocks).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -269,8 +270,10 @@ class SpeculativeEngine:
         self.target = target
         self.drafter = drafter
         # tree="auto"'s round costs: a longspec.infer.policy.CostModel (tests inject one), else measured here
-        # on first need (`measure_round_costs`) and kept for later calls.
+        # on first need (`measure_round_costs`), one table per decoding mode and batch size
+        # (`round_costs.cost_mode`), kept for later calls.
         self.costs = costs
+        self.cost_tables: dict[tuple, MeasuredCosts] = {}
         # tree="auto" policies by (candidates, decoding mode): what they learned (acceptance per depth, round
         # times) carries over to the next call, since drafter, target and device stay the same. A new call
         # then starts from the last one's estimates instead of the prior (short outputs never leave it).
@@ -586,10 +589,37 @@ class SpeculativeEngine:
         batched = tree.per_sequence(lambda t: t[None])
         return self.target_step.verify(batched, static=static, capture=capture)[0]
 
-    def measure_round_costs(self, config: GenerationConfig, context_lens, *, reps: int = 4) -> MeasuredCosts:
-        """tree="auto"'s round costs measured on this device, per context bucket (`round_costs`); kept in
-        `self.costs` for later calls."""
-        return _measure_round_costs(self, config, context_lens, reps=reps)
+    def measure_round_costs(
+        self, config: GenerationConfig, context_lens, *, reps: int = 4, batch_size: int = 1
+    ) -> MeasuredCosts:
+        """tree="auto"'s round costs measured on this device at `batch_size` rows, per context bucket
+        (`round_costs`); kept in `self.cost_tables` for later calls in the same mode."""
+        return _measure_round_costs(self, config, context_lens, reps=reps, batch_size=batch_size)
+
+    def warm_up(
+        self,
+        prompt,
+        config: GenerationConfig,
+        *,
+        batch_size: int = 1,
+        method: str = "longspec",
+        tokens: int = 8,
+    ) -> None:
+        """Build, untimed, what a `generate_batch` of `batch_size` prompts up to `prompt`'s length runs under
+        `config`: the cache for the whole batch first (reserved once, so nothing below reallocates it), then a
+        short call (`tokens` new tokens) at the batch's bucket and at every smaller power-of-two bucket, the ones
+        a static batch shrinks into as its rows finish (`slots.BatchSlots`). Each builds (with cuda_graphs:
+        captures) its static steps; under tree="auto" it also measures that bucket's round costs, which runs
+        every candidate tree. Without it, the first shrink of a timed call captured there: the eval's batch-4
+        cells whose rows finished early ran at 0.45-0.53x of graph AR, every one of their trees captured twice
+        inside the timing."""
+        prompt = torch.as_tensor(prompt, dtype=torch.long).flatten()
+        self.reserve_for([prompt.numel()] * batch_size, config)
+        rows = _rows(batch_size, config)
+        buckets = [rows >> i for i in range(rows.bit_length())] if config.static else [batch_size]
+        short = dataclasses.replace(config, max_new_tokens=min(tokens, config.max_new_tokens))
+        for size in buckets:
+            self.generate_batch([prompt] * size, short, method=method)
 
     def _ensure_cache(self, needed: int, batch_size: int = 1) -> None:
         """The target cache reserved for `needed` tokens per row (reused, or grown); the drafter's ring buffer

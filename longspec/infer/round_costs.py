@@ -18,20 +18,22 @@ from longspec.infer.timing import PhaseClock
 if TYPE_CHECKING:  # the engine calls in here; it is passed in, never imported at run time
     from longspec.infer.engine import SpeculativeEngine
 
-__all__ = ["choose_policy", "measure_round_costs"]
+__all__ = ["choose_policy", "cost_mode", "measure_round_costs"]
 
 
 def choose_policy(
     engine: SpeculativeEngine, config: GenerationConfig, prompt_len: int, *, batch_size: int = 1
 ) -> FixedPolicy | AdaptivePolicy:
     """The call's tree policy: the user's fixed tree, or the engine's adaptive policy for this decoding mode and
-    batch size (kept across calls in `engine.policies`), after measuring round costs the engine does not have
-    yet (at `batch_size` rows: a round's cost grows with the batch, a big tree's fastest)."""
+    batch size (kept across calls in `engine.policies`), on the engine's injected cost model or else on the
+    round costs measured for this mode (`engine.cost_tables`; buckets it lacks are measured now, at
+    `batch_size` rows: a round's cost grows with the batch, a big tree's fastest)."""
     fixed = config.fixed_tree
     if fixed is not None:
         return FixedPolicy(fixed)
-    if engine.costs is None or isinstance(engine.costs, MeasuredCosts):
-        measure_round_costs(
+    costs = engine.costs
+    if costs is None:
+        costs = measure_round_costs(
             engine, config, [prompt_len, prompt_len + config.max_new_tokens], batch_size=batch_size
         )
     key = (
@@ -40,15 +42,21 @@ def choose_policy(
         config.sampling_rule,
         config.cuda_graphs,
         batch_size,
-        id(engine.costs),
+        id(costs),
     )
     if key not in engine.policies:
         # Measured costs are refined by the rounds' observed times; an injected cost model is taken as given.
-        measured = isinstance(engine.costs, MeasuredCosts)
-        engine.policies[key] = AdaptivePolicy(engine.costs, config.trees, learn_times=measured)
+        measured = isinstance(costs, MeasuredCosts)
+        engine.policies[key] = AdaptivePolicy(costs, config.trees, learn_times=measured)
     policy = engine.policies[key]
     policy.start()
     return policy
+
+
+def cost_mode(config: GenerationConfig, batch_size: int) -> tuple:
+    """What a round's cost depends on besides tree and context: its acceptance rule, static shapes, CUDA
+    graphs, and the rows it runs. One measured table per mode (`engine.cost_tables`)."""
+    return (config.temperature > 0, config.sampling_rule, config.static, config.cuda_graphs, batch_size)
 
 
 @torch.no_grad()
@@ -63,14 +71,13 @@ def measure_round_costs(
     missing buckets are measured; the cache and ring buffer are reset after. First use of a shape captures its
     graphs here, outside any timed decode. `batch_size` rows run each round (every row at the bucket's length);
     at batch > 1 a plain round commits its token to the drafter's ring too, as `generate_batch` runs it. Another
-    batch size is another mode, measured anew. Returns the table, kept as `engine.costs`."""
+    batch size is another mode (`cost_mode`), with a table of its own. Returns the mode's table, kept in
+    `engine.cost_tables` for later calls: a batch that alternates with the batch of one measures each once."""
     if engine.drafter is None:
         raise ValueError("measuring longspec round costs needs a drafter")
     static = config.static
-    mode = (config.temperature > 0, config.sampling_rule, static, config.cuda_graphs, batch_size)
-    if not isinstance(engine.costs, MeasuredCosts) or engine.costs.mode != mode:
-        engine.costs = MeasuredCosts(mode=mode)
-    costs = engine.costs
+    mode = cost_mode(config, batch_size)
+    costs = engine.cost_tables.setdefault(mode, MeasuredCosts(mode=mode))
     low, high = context_bucket(min(context_lens)), context_bucket(max(context_lens))
     buckets = [1 << e for e in range(low.bit_length() - 1, high.bit_length())]
     missing = costs.missing(config.trees, buckets)

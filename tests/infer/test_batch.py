@@ -2,6 +2,8 @@
 sequence: at T=0 every sequence's tokens equal its own single-sequence greedy output, on every family, with
 ragged acceptance (a forcing drafter) and sequences that finish early (EOS) while the others run."""
 
+import dataclasses
+
 import pytest
 import torch
 from infer_helpers import WINDOW, OracleDrafter, random_drafter, reference_greedy
@@ -155,11 +157,15 @@ def test_batch_tree_auto_measures_round_costs_at_the_batch_size():
     engine = SpeculativeEngine(target, random_drafter(target))
     results = engine.generate_batch(prompts, GenerationConfig(max_new_tokens=8))
     assert [r.tokens for r in results] == refs
-    assert engine.costs.mode[-1] == len(prompts)  # measured with 3 rows per round
+    assert [mode[-1] for mode in engine.cost_tables] == [len(prompts)]  # measured with 3 rows per round
     assert engine.cache.batch_size == len(prompts)
-    # Another batch size is another cost table; the batch of one gets its own.
+    # Another batch size is another cost table; the batch of one gets its own, and the batch's stays.
+    table = engine.cost_tables[next(iter(engine.cost_tables))]
+    measured = dict(table.seconds)
     assert engine.generate(prompts[0], GenerationConfig(max_new_tokens=8)).tokens == refs[0]
-    assert engine.costs.mode[-1] == 1
+    assert sorted(mode[-1] for mode in engine.cost_tables) == [1, len(prompts)]
+    assert [r.tokens for r in engine.generate_batch(prompts, GenerationConfig(max_new_tokens=8))] == refs
+    assert table.seconds == measured  # back at 3 rows: nothing measured again
 
 
 @pytest.mark.parametrize("rule", ["rrs", "deterministic"])
@@ -259,6 +265,40 @@ def test_finished_rows_leave_a_static_batch(method):
     assert [r.tokens for r in results] == expected and engine.cache.nbytes() == storage
     assert engine.target_step.steps.keys() == steps.keys()
     assert all(engine.target_step.steps[key] is step for key, step in steps.items())
+
+
+@pytest.mark.parametrize("tree", ["auto", (2, 2)])
+def test_warm_up_builds_every_step_a_shrinking_batch_runs(tree):
+    """`SpeculativeEngine.warm_up` builds, before any timed call, the steps of the batch's bucket and of every
+    smaller bucket a shrink reaches (under tree="auto" every candidate's, from that bucket's measured costs): a
+    call whose rows finish early and shrink then builds nothing (on a GPU: captures nothing inside its timing).
+    The control, a plain short call at the batch size (the earlier warm-up), leaves the shrink's steps to the
+    timed call."""
+    target = make_tiny_target("qwen2")
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (21, 34, 15, 40)]
+    refs = [reference_greedy(target, p, 14) for p in prompts]
+    eos = (refs[0][2], refs[2][4])
+    expected = [next((r[: i + 1] for i, t in enumerate(r) if t in eos), r) for r in refs]
+    widths = {"tree": "auto"} if tree == "auto" else {"tree_widths": tree}
+    config = GenerationConfig(
+        max_new_tokens=14, static_shapes=True, eos_token_ids=eos, shrink_min_tokens=0, **widths
+    )
+    for warm_up in (True, False):
+        engine = SpeculativeEngine(target, random_drafter(target))
+        if warm_up:
+            engine.warm_up(max(prompts, key=len), config, batch_size=len(prompts))
+        else:
+            engine.reserve_for([p.numel() for p in prompts], config)
+            engine.generate_batch(
+                [max(prompts, key=len)] * len(prompts), dataclasses.replace(config, max_new_tokens=8)
+            )
+        built = set(engine.target_step.steps)
+        results = engine.generate_batch(prompts, config)
+        assert [r.tokens for r in results] == expected
+        assert engine.cache.batch_size < len(prompts)  # it shrank
+        new = set(engine.target_step.steps) - built
+        assert (not new) if warm_up else (new and all(key[-1] < len(prompts) for key in new)), new
 
 
 def test_a_batch_shrinks_only_for_a_long_enough_tail():

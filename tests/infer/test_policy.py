@@ -175,7 +175,7 @@ def test_round_costs_are_measured_per_bucket_and_reused():
     assert engine.cache.length == 0 and int(engine.drafter_cache.num_appended.sum()) == 0
     before = dict(costs.seconds)
     engine.generate(torch.randint(0, 256, (12,)), config)  # bucket 1024 is known: nothing re-measured
-    assert engine.costs.seconds == before
+    assert costs.seconds == before and list(engine.cost_tables.values()) == [costs]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
