@@ -58,7 +58,9 @@ from longspec.eval.divergence import analyse_divergence  # noqa: E402
 from longspec.eval.report import pooled_acceptance_profile  # noqa: E402
 from longspec.infer.baselines import run_method  # noqa: E402
 from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine  # noqa: E402
+from longspec.infer.round_costs import cost_mode  # noqa: E402
 from longspec.infer.slots import bucket  # noqa: E402
+from longspec.infer.tree import tree_name  # noqa: E402
 from longspec.provenance import run_info  # noqa: E402
 
 MAX_PROFILE_DEPTH = 64  # profile entries past the given ones are 0
@@ -253,6 +255,14 @@ def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> dict:
     for result in spec:
         for name, count in result.stats.trees.items():
             row["trees"][name] = row["trees"].get(name, 0) + count
+    if widths == "auto":  # what the policy weighed: the warm-up's round costs and the times it then observed
+        rows = bucket(len(prompts))
+        table = engine.cost_tables[cost_mode(config, rows)]
+        row["round_costs_ms"] = {k: round(v * 1e3, 4) for k, v in table.to_dict().items()}
+        policy = next(p for k, p in engine.policies.items() if k[4] == rows and k[5] == id(table))
+        row["observed_round_ms"] = {
+            f"{b}:{tree_name(w)}": round(s * 1e3, 4) for (b, w), s in sorted(policy.costs.mean.items())
+        }
     return row
 
 
