@@ -5,8 +5,9 @@ Shape legend: N tokens (batch x time flattened), Dm model width, V vocab, C rows
 At 64K tokens x 128K vocab, fp32 logits would take 32 GB, so the LM-head matmul and the loss are fused:
 - CUDA: Liger's `LigerFusedLinearCrossEntropyLoss` (Triton; it computes the gradients chunk by chunk during
   the forward).
-- elsewhere: `_ChunkedLinearCrossEntropy`, our autograd.Function that walks C-row chunks in the forward (keeping
-  only the per-token log-sum-exp) and recomputes each chunk's logits in the backward. Peak extra memory: C x V.
+- "chunked" (elsewhere, and whenever the KL is on): `_FusedLinearCEKL`, our autograd.Function that walks C-row
+  chunks once, computing the loss, the top-1 hits and the gradient in the forward (the backward only scales the
+  gradient). Peak extra memory: a few C x V buffers, plus the gradient of `hidden` (its size).
 - "torch": plain F.cross_entropy on full logits — the reference the fused paths are tested against.
 
 Losses are SUMS over valid tokens: the trainer divides by the global count of valid tokens (across micro-batches
@@ -26,6 +27,7 @@ __all__ = [
     "fused_linear_cross_entropy",
     "fused_linear_ce_kl",
     "linear_top1_correct",
+    "resolve_loss_backend",
 ]
 
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
@@ -57,45 +59,6 @@ def _flatten(hidden: torch.Tensor, weight: torch.Tensor, other: torch.Tensor, wh
     return hidden.reshape(-1, hidden.shape[-1]), other.reshape(-1)
 
 
-class _ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """sum_i [lse(h_i W^T) - (h_i W^T)[y_i]] over tokens with y_i != ignore_index, chunk by chunk.
-
-    Backward: d/dlogits = softmax(logits) - onehot(y), recomputed per chunk from the saved lse."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, labels, ignore_index: int, chunk: int):
-        valid = labels != ignore_index
-        safe = torch.where(valid, labels, 0)
-        lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        picked = torch.empty_like(lse)
-        for s in range(0, hidden.shape[0], chunk):
-            logits = (hidden[s : s + chunk] @ weight.T).float()  # [C,V]
-            lse[s : s + chunk] = logits.logsumexp(-1)
-            picked[s : s + chunk] = logits.gather(1, safe[s : s + chunk, None]).squeeze(1)
-        ctx.save_for_backward(hidden, weight, safe, valid, lse)
-        ctx.chunk = chunk
-        return ((lse - picked) * valid).sum()
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        hidden, weight, safe, valid, lse = ctx.saved_tensors
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        scale = grad_out.float()
-        for s in range(0, hidden.shape[0], ctx.chunk):
-            h = hidden[s : s + ctx.chunk]
-            logits = (h @ weight.T).float()  # [C,V]
-            g = torch.exp(logits - lse[s : s + ctx.chunk, None])  # softmax
-            g.scatter_add_(1, safe[s : s + ctx.chunk, None], torch.full_like(g[:, :1], -1.0))
-            g *= valid[s : s + ctx.chunk, None] * scale
-            if need_h:
-                grad_h[s : s + ctx.chunk] = (g @ weight.float()).to(hidden.dtype)
-            if need_w:
-                grad_w += g.T @ h.float()
-        return grad_h, grad_w.to(weight.dtype) if need_w else None, None, None, None
-
-
 def _liger_linear_cross_entropy(hidden, weight, labels, ignore_index):
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
@@ -119,19 +82,25 @@ def fused_linear_cross_entropy(
 
     backend: "auto" (Liger on CUDA when installed, else chunked), "liger", "chunked", "torch" (full logits)."""
     hidden, labels = _flatten(hidden, weight, labels, "labels")
-    if backend not in LOSS_BACKENDS:
-        raise ValueError(f"unknown loss backend {backend!r}; choose one of {LOSS_BACKENDS}")
-    if backend == "auto":
-        backend = "liger" if hidden.is_cuda and HAS_LIGER else "chunked"
+    backend = resolve_loss_backend(backend, hidden.device)
     if backend == "liger":
-        if not HAS_LIGER:
-            raise ValueError("backend 'liger' needs liger-kernel: `pip install liger-kernel`")
         return _liger_linear_cross_entropy(hidden, weight, labels, ignore_index)
     if backend == "torch":
         logits = (hidden @ weight.T).float()
         return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
-    chunk = _chunk_rows(weight.shape[0], chunk_size)
-    return _ChunkedLinearCrossEntropy.apply(hidden, weight, labels, ignore_index, chunk)
+    chunk = _chunk_rows(weight.shape[0], chunk_size, hidden.device)
+    return _FusedLinearCEKL.apply(hidden, None, weight, labels, 0.0, 1.0, ignore_index, chunk)[0]
+
+
+def resolve_loss_backend(backend: str, device: torch.device) -> str:
+    """The backend that runs for `backend` on `device`: "auto" is Liger on CUDA when installed, else chunked."""
+    if backend not in LOSS_BACKENDS:
+        raise ValueError(f"unknown loss backend {backend!r}; choose one of {LOSS_BACKENDS}")
+    if backend == "auto":
+        return "liger" if device.type == "cuda" and HAS_LIGER else "chunked"
+    if backend == "liger" and not HAS_LIGER:
+        raise ValueError("backend 'liger' needs liger-kernel: `pip install liger-kernel`")
+    return backend
 
 
 @torch.no_grad()

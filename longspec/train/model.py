@@ -5,9 +5,9 @@ Shape legend: B batch, T tokens, N valid (trained) tokens, Dm model width, Hkv k
 Per micro-batch (docs/ALGORITHM.md §3): the frozen target runs without grad at the batch's position ids and hands over its
 last layer's K/V (and final hidden state, for distillation); the drafter runs at the same positions with the
 flash-noisy lag; the loss is the fused cross-entropy of the drafter's hidden states through the shared LM head,
-summed over valid tokens -- the trainer divides by the GLOBAL number of valid tokens. With distillation, CE, KL
-and the top-1 count share one pass over the vocabulary (`fused_linear_ce_kl`); without, the fused CE backend
-(Liger on CUDA) runs alone. Only rows with a label are sent through the LM head: for SFT data (long prompt, short
+summed over valid tokens -- the trainer divides by the GLOBAL number of valid tokens. CE, KL (with distillation)
+and the top-1 count share one pass over the vocabulary (`fused_linear_ce_kl`); only CE alone on the "liger"
+backend (CUDA's default) or the "torch" reference runs a separate top-1 pass. Only rows with a label are sent through the LM head: for SFT data (long prompt, short
 response) that skips most of the vocab projection.
 """
 
@@ -19,7 +19,12 @@ import torch
 from torch import nn
 
 from longspec.drafter import Drafter
-from longspec.losses import fused_linear_ce_kl, fused_linear_cross_entropy, linear_top1_correct
+from longspec.losses import (
+    fused_linear_ce_kl,
+    fused_linear_cross_entropy,
+    linear_top1_correct,
+    resolve_loss_backend,
+)
 from longspec.target import TargetModel
 
 __all__ = ["MicroBatchLosses", "DraftingModel"]
@@ -95,17 +100,20 @@ class DraftingModel(nn.Module):
         weight = self.head_weight
         hidden_n = hidden.reshape(-1, width).index_select(0, valid_rows).to(weight.dtype)  # [N,Dm]
         labels_n = labels.reshape(-1).index_select(0, valid_rows)  # [N]
-        if self.distill_weight > 0:
-            # CE + KL + top-1 hits in one pass over the vocabulary (losses.fused_linear_ce_kl)
+        if self.distill_weight > 0 or resolve_loss_backend(self.loss_backend, hidden.device) == "chunked":
+            # CE (+ KL) + top-1 hits in one pass over the vocabulary (losses.fused_linear_ce_kl)
             with torch.profiler.record_function("loss_ce_kl"):
-                teacher_n = target_out.hidden.reshape(-1, width).index_select(0, valid_rows).to(weight.dtype)
+                teacher_n = None
+                if self.distill_weight > 0:
+                    teacher_n = target_out.hidden.reshape(-1, width).index_select(0, valid_rows)
+                    teacher_n = teacher_n.to(weight.dtype)
                 loss, ce_sum, kl_sum, correct = fused_linear_ce_kl(
                     hidden_n, teacher_n, weight, labels_n, distill_weight=self.distill_weight,
                     temperature=self.distill_temperature, chunk_size=self.chunk_size,
                 )  # fmt: skip
             if not count_correct:
                 correct = torch.full((), -1, dtype=torch.long, device=hidden.device)
-        else:
+        else:  # Liger's fused CE (or the full-logits reference), and a separate top-1 pass when asked
             with torch.profiler.record_function("loss_ce"):
                 ce_sum = fused_linear_cross_entropy(
                     hidden_n, weight, labels_n, backend=self.loss_backend, chunk_size=self.chunk_size
