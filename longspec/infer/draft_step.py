@@ -15,44 +15,68 @@ from longspec.infer.accept import target_distribution
 from longspec.infer.target_step import TargetStep
 from longspec.infer.tree import DraftTree, TreeLayout, beam_step, sample_step
 
-__all__ = ["DraftStep", "ring_commit"]
-
-
-def ring_commit(widths: tuple[int, ...], batch_size: int) -> bool:
-    """Whether a round enters its tokens into the drafter's ring at once: a drafting round always; a plain round
-    ("no speculation") only in a batch. At batch 1 it leaves the ring alone, so it costs what one AR step
-    costs, and `DraftStep.catch_up` adds the missed tokens when speculation resumes; rows of different
-    lengths cannot catch up together. `generate_batch` runs this rule and `measure_round_costs` times it."""
-    return bool(widths) or batch_size > 1
+__all__ = ["DraftStep"]
 
 
 class DraftStep:
     """Owns the drafter's ring buffer: O(window) whatever the context, so allocated once per engine (captured
-    graphs keep its address). A draft reads the target's committed cache through a `TargetStep`, whose
-    `static_step` holds the static / captured draft steps next to its verify steps."""
+    graphs keep its address), and the committed tokens by position (`history`, on the device).
+
+    A drafting round's commit enters its accepted path into the ring (`fill_path`); a plain round ("no
+    speculation", tree="auto") only records its token in the history, so it costs about one AR step, and before
+    the next drafting round `catch_up` computes the ring's missing tokens from the history. Both read only device
+    values (per-row lengths, the ring's own positions), so they run inside the rounds' static / captured steps
+    with nothing settled first, at any batch size. A draft reads the target's committed cache through a
+    `TargetStep`, whose `static_step` holds the static / captured draft steps next to its verify steps."""
 
     def __init__(self, drafter, *, vocab_size: int, device: torch.device):
         self.drafter = drafter
         self.vocab_size = vocab_size
         self.device = device
         self.cache: DrafterCache | None = None  # the ring buffer, allocated by `allocate`
+        self._history: torch.Tensor | None = None  # [rows, slots] committed token ids by position
+        self.history: torch.Tensor | None = None  # its first rows (the batch's)
 
-    def allocate(self, dtype: torch.dtype, batch_size: int = 1) -> bool:
-        """Allocate the ring buffer (in the target cache's dtype, one row per sequence) on first use; later calls
-        of up to as many rows keep it (working on their first rows), so captured draft steps stay valid.
-        Returns whether it was (re)allocated: the steps that read the old one must go."""
-        if self.cache is not None and self.cache.capacity >= batch_size and self.cache.keys.dtype == dtype:
-            self.cache.use_rows(batch_size)
+    def allocate(self, dtype: torch.dtype, batch_size: int = 1, slots: int = 0) -> bool:
+        """Allocate the ring buffer (in the target cache's dtype, one row per sequence) and the token history
+        (`slots` positions per row: the target cache's) on first use; later calls of up to as many rows and
+        slots keep them (working on their first rows), so captured steps stay valid. Returns whether they were
+        (re)allocated: the steps that read the old ones must go."""
+        cache, history = self.cache, self._history
+        if (
+            cache is not None
+            and cache.capacity >= batch_size
+            and cache.keys.dtype == dtype
+            and history.shape[1] >= slots
+        ):
+            self.use_rows(batch_size)
             return False
-        self.cache = None  # freed before the new one
+        self.cache = self._history = self.history = None  # freed before the new ones
         self.cache = DrafterCache(self.drafter.config, batch_size, dtype=dtype, device=self.device)
+        self._history = torch.zeros(batch_size, max(slots, 1), dtype=torch.long, device=self.device)
+        self.history = self._history
         return True
+
+    def use_rows(self, rows: int) -> None:
+        """Work on the first `rows` rows of the ring and the history (views whose addresses depend only on
+        `rows`)."""
+        self.cache.use_rows(rows)
+        self.history = self._history[:rows]
+
+    def move_rows(self, moves: list[tuple[int, int]], rows: int) -> None:
+        """Row `to` takes row `src`'s ring and history for each (to, src) (`DrafterCache.move_rows`)."""
+        self.cache.move_rows(moves, rows)
+        for to, src in moves:
+            self._history[to].copy_(self._history[src])
+        self.history = self._history[:rows]
 
     def prefill(self, prompts: list[torch.Tensor]) -> None:
         """Fill each row of the ring buffer with the self-attention K/V of the last `window` tokens of its
         prompt only: the drafter never runs cross-attention over the prompt (the first round's root does that,
-        once). Shorter tails are left-padded (position -1: skipped)."""
+        once). Shorter tails are left-padded (position -1: skipped). The prompts enter the history."""
         self.cache.reset()
+        for row, prompt in enumerate(prompts):
+            self.history[row, : prompt.numel()] = prompt
         width = min(self.cache.window, max(p.numel() for p in prompts))
         ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
         positions = torch.full_like(ids, -1)
@@ -62,17 +86,26 @@ class DraftStep:
             positions[row, width - tail :] = torch.arange(prompt.numel() - tail, prompt.numel())
         self.drafter.fill_cache(self.cache, ids, positions)
 
-    def catch_up(self, emitted: list[int], prompt_len: int, start: int, end: int) -> None:
-        """Committed positions [start, end) enter the ring buffer (after plain rounds skipped it); emitted[i]
-        sits at position prompt_len + i. Only the last `window` can survive in the ring. Batch 1 only: plain
-        rounds come from tree="auto"'s policy, which runs at batch 1."""
-        assert self.cache.keys.shape[0] == 1, "catch_up is for a batch of one"
-        start = max(start, end - self.cache.window)
-        ids = torch.tensor(
-            emitted[start - prompt_len : end - prompt_len], dtype=torch.long, device=self.device
-        )
-        positions = torch.arange(start, end, device=self.device)
-        self.drafter.fill_cache(self.cache, ids[None], positions)
+    def catch_up(self, lengths: torch.Tensor) -> None:
+        """The ring buffer catches up to the committed lengths [B]: each row's tokens at positions
+        [lengths - window, lengths) that the ring lacks (those after the newest position it holds: a ring is
+        filled in position order) are read from the history and their self-attention K/V computed, as if every
+        round had committed them. Fixed shapes, device values only (a static / captured step); a row whose ring
+        is complete writes nothing."""
+        window = self.cache.window
+        positions = lengths[:, None] - window + torch.arange(window, device=lengths.device)  # [B, W]
+        first_missing = self.cache.positions.amax(1, keepdim=True).clamp(min=-1) + 1  # [B, 1]
+        missing = positions >= first_missing
+        ids = self.history.gather(1, positions.clamp(min=0))
+        self.drafter.fill_cache(self.cache, ids, torch.where(missing, positions, -1))
+
+    def record(self, tokens: torch.Tensor, paths: torch.Tensor, starts: torch.Tensor) -> None:
+        """A round's accepted path tokens enter the history at their positions: tokens [B, N] of the round's
+        trees, paths [B, k] their node slots (padded), starts [B] each root's position. The padding past a row's
+        count writes ahead of its committed length, where the next rounds overwrite it before anything reads."""
+        steps = torch.arange(paths.shape[1], device=tokens.device)
+        positions = (starts[:, None] + steps).clamp(max=self.history.shape[1] - 1)
+        self.history.scatter_(1, positions, tokens.gather(1, paths.clamp(min=0)))
 
     def fill_path(
         self, tokens: torch.Tensor, paths: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor

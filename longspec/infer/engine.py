@@ -14,9 +14,11 @@ One round (docs/ALGORITHM.md §4), starting from the root = the last token emitt
   3. accept: greedy or lossless sampling (longspec.infer.accept), on the device with fixed shapes, inside the
              verify's step (one captured graph with the forward) -> accepted path (padded) + its length + bonus
              token;
-  4. commit: the path's K/V move into place for every layer (no re-feeding); the drafter's ring buffer takes
-             the path's self-attention K/V; the committed lengths advance on the device; the bonus becomes the
-             next root. The emitted tokens, the path and its length start ONE asynchronous copy to the host.
+  4. commit: the path's K/V move into place for every layer (no re-feeding); the path's tokens enter the
+             drafter's token history and its ring buffer takes their self-attention K/V (a plain round of
+             tree="auto" only records them: the ring catches up from the history before the next draft); the
+             committed lengths advance on the device; the bonus becomes the next root. The emitted tokens, the
+             path and its length start ONE asynchronous copy to the host.
 Steps 1-4 read nothing on the host (`_launch`); the round settles (`_finish`: the round's one host sync) later.
 On static shapes the next round is launched before the last one settles: the host's work between rounds
 (stats, stops, the tree policy) runs while the device computes.
@@ -56,7 +58,7 @@ from longspec.infer.accept import (
 )
 from longspec.infer.cache import StaticKVCache
 from longspec.infer.config import DEFAULT_TREE_WIDTHS, GenerationConfig
-from longspec.infer.draft_step import DraftStep, ring_commit
+from longspec.infer.draft_step import DraftStep
 from longspec.infer.methods import get_method
 from longspec.infer.pld import prompt_lookup
 from longspec.infer.policy import AdaptivePolicy, MeasuredCosts
@@ -85,12 +87,12 @@ class _Round:
     widths: tuple[int, ...]  # its tree (() = a plain step)
     depth: int  # levels drafted (the packed output is [B, 2 (depth + 1) + 1])
     active: list[bool]  # the rows it commits for (the host's view at launch)
-    ring: bool  # whether its tokens entered the drafter's ring
     packed: torch.Tensor  # emitted tokens, path, count per row: on the host once `copied` has completed
     copied: torch.cuda.Event | None  # the copy's event (None: already on the host)
     launched_at: float
     context_len: int  # the context length the policy chose it for (its bucket)
     index: int = 0  # the call's round number
+    extra_s: float = 0.0  # host seconds spent for it before its launch (the ring's catch-up): charged to it
 
 
 class _DecodeLoop:
@@ -100,8 +102,8 @@ class _DecodeLoop:
     round's inputs, its roots, the cache lengths and the ring, are on the device), so the host's work between
     rounds hides behind the device's. PLD looks its drafts up on the host (from the last round's tokens) and eager
     rounds gain nothing: they settle each round before the next. Everything is settled first where the host's
-    tokens are needed (the ring's catch-up, a batch that shrinks), and nothing stays in flight when the newest
-    round may end every running row (no wasted round).
+    tokens are needed (a batch that shrinks), and nothing stays in flight when the newest round may end every
+    running row (no wasted round). The ring's catch-up needs no host token: it is launched like a round.
 
     The policy decides round j from what rounds < j - 1 showed (acceptance, times, context length), whether round
     j - 1 is still in flight or not: the trees, and so a sampled output, do not depend on how far ahead the
@@ -114,29 +116,25 @@ class _DecodeLoop:
         self.generator, self.clock = generator, clock
         self.static = config.static
         self.lookahead = self.static and self.spec.drafts != "ngram"
-        # The call's batch (its bucket) decides whether plain rounds fill the ring (`ring_commit`), also after a
-        # shrink: rows of different lengths cannot catch up together.
-        self.batch = engine.cache.batch_size
         self.inflight: list[_Round] = []
         self.launched = 0  # rounds launched so far (the next one's index)
-        # Committed tokens whose K/V are in the drafter's ring buffer: positions < drafter_synced (`ring_commit`:
-        # at batch 1 a plain round leaves the ring to catch up later, from the host's tokens).
-        self.drafter_synced = max(engine.cache.lengths)
-        self.ring_behind = False  # a launched round skipped the ring
+        # A plain round leaves the drafter's ring behind (its token only enters the history); the next drafting
+        # round catches it up first (`DraftStep.catch_up`, on the device, nothing settled).
+        self.ring_behind = False
         self.settled_at = time.perf_counter()
         # What settled rounds showed, not yet given to the policy: (round, widths, ranks per running row,
         # context_len, seconds); and the host's context length after each settled round (index 0: the prompt).
         self.lags: list[tuple] = []
         self.context_after = [max(engine.cache.lengths)]
 
-    def run(self, roots: torch.Tensor, *, prompt_len: int) -> None:
-        """Decode until every row has finished; `prompt_len` (of the first row) places the ring's catch-up."""
+    def run(self, roots: torch.Tensor) -> None:
+        """Decode until every row has finished."""
         engine, slots = self.engine, self.slots
         with engine.cache.lead_on_device():
             while True:
                 launched = False
                 if any(slots.active):  # the host's view: a row that ended in a round in flight still runs
-                    roots, launched = self._launch_next(roots, prompt_len)
+                    roots, launched = self._launch_next(roots)
                 while len(self.inflight) > (1 if self.lookahead and launched else 0):
                     self._settle()
                 if self.inflight and all(
@@ -158,35 +156,29 @@ class _DecodeLoop:
         """The most tokens a running row may still generate (its max_new_tokens budget, as the host sees it)."""
         return max(self.config.max_new_tokens - len(self.emitted[row]) for _, row in self.slots.running())
 
-    def _launch_next(self, roots: torch.Tensor, prompt_len: int) -> tuple[torch.Tensor, bool]:
+    def _launch_next(self, roots: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """Choose and launch the next round (after the ring's catch-up, if it needs one); returns the next roots
-        and whether a round was launched (a catch-up settles everything first, and may find every row done)."""
+        and whether a round was launched."""
         engine, spec = self.engine, self.spec
         widths, context_len = self._choose(self.launched) if self.policy is not None else ((), 0)
-        caught_up_from = None
-        if spec.needs_drafter and widths and (self.ring_behind or self.drafter_synced < context_len):
-            while self.inflight:  # the ring catches up from the host's tokens: all of them first
-                self._settle()
-            caught_up_from = time.perf_counter()
-            end = max(engine.cache.lengths)
-            if self.drafter_synced < end:
-                engine.draft_step.catch_up(self.emitted[0], prompt_len, self.drafter_synced, end)
-                self.drafter_synced = end
+        spent = 0.0
+        if spec.needs_drafter and widths and self.ring_behind:
+            start = time.perf_counter()
+            engine._catch_up(static=self.static, capture=self.config.cuda_graphs)
             self.ring_behind = False
-            if not any(self.slots.active):
-                return roots, False
-        ring = spec.needs_drafter and ring_commit(widths, self.batch)
+            # The round that needed the catch-up is charged for it, not the round in flight while it was launched:
+            # the policy then sees what speculating after plain rounds costs. (On a GPU the catch-up's device time
+            # falls between the two rounds' settles by itself; what is charged here is its host time.)
+            spent = time.perf_counter() - start
+            self.settled_at += spent
         rnd, roots = engine._launch(
             self.method, widths, roots, self.config, self.generator, static=self.static, clock=self.clock,
-            contexts=self.contexts, commit_drafter=ring, slots=self.slots, context_len=context_len,
+            contexts=self.contexts, slots=self.slots, context_len=context_len,
         )  # fmt: skip
-        # The round that needed the catch-up is charged for it: the policy then sees what speculating after plain
-        # rounds really costs.
-        if caught_up_from is not None:
-            rnd.launched_at = caught_up_from
+        rnd.extra_s = spent
         rnd.index, self.launched = self.launched, self.launched + 1
         self.inflight.append(rnd)
-        self.ring_behind |= spec.needs_drafter and not ring
+        self.ring_behind |= spec.needs_drafter and not widths
         return roots, True
 
     def _settle(self) -> None:
@@ -196,13 +188,11 @@ class _DecodeLoop:
         rnd = self.inflight.pop(0)
         new_tokens, path_slots = engine._finish(rnd)
         # In flight, a round's time is the gap between two settles (or since its launch, if later).
-        seconds = time.perf_counter() - max(self.settled_at, rnd.launched_at)
+        seconds = time.perf_counter() - max(self.settled_at, rnd.launched_at) + rnd.extra_s
         self.settled_at = time.perf_counter()
         ranks = [_level_ranks(rnd.widths, path_slots[slot]) for slot, _ in slots.running()]
         self.lags.append((rnd.index, rnd.widths, ranks, rnd.context_len, seconds))
         self.context_after.append(max(engine.cache.lengths))
-        if rnd.ring:
-            self.drafter_synced = max(engine.cache.lengths)
         tree = tree_name(rnd.widths) if self.spec.needs_drafter else None
         for slot, row in slots.running():  # rows that finished in an earlier round ignore this one
             self.stats[row].record_round(len(new_tokens[slot]) - 1, tree)
@@ -369,7 +359,7 @@ class SpeculativeEngine:
             [row < real and not _finished(e, config, new=e) for row, e in enumerate(emitted)], self.device
         )
         loop = _DecodeLoop(self, method, config, policy, slots, emitted, stats, contexts, generator, clock)
-        loop.run(roots, prompt_len=lengths[0])
+        loop.run(roots)
         decode_s = now(self.device) - decode_start
         results = []
         for row in range(real):
@@ -391,7 +381,6 @@ class SpeculativeEngine:
         static: bool,
         clock: PhaseClock,
         contexts: list[torch.Tensor] | None = None,
-        commit_drafter: bool = True,
         slots: BatchSlots | None = None,
         context_len: int = 0,
     ) -> tuple[_Round, torch.Tensor]:
@@ -399,8 +388,8 @@ class SpeculativeEngine:
         plain target step. Nothing is read on the host: the commit advances the cache lengths on the device and
         the round's outputs start their way to the host (`_finish` waits for them). Returns the round and the
         next roots [B] on the device. Rows not active in `slots` (finished) commit nothing and keep their root:
-        computed but frozen. commit_drafter=False: longspec's accepted tokens do not enter the drafter's ring
-        (a plain round; `DraftStep.catch_up` adds them later)."""
+        computed but frozen. longspec's plain round leaves the drafter's ring behind: its token enters only the
+        history, and `_catch_up` fills the ring before the next drafting round."""
         capture, spec = config.cuda_graphs, get_method(method, runner="engine")
         batch = roots.shape[0]
         active = [True] * batch if slots is None else list(slots.active)
@@ -426,12 +415,13 @@ class SpeculativeEngine:
         with clock.phase("overhead_s"):
             mask = None if all(active) else slots.mask()
             counts = packed[:, -1] if mask is None else packed[:, -1] * mask
-            ring = self.draft_step if spec.needs_drafter and commit_drafter else None
-            self._commit(tree.tokens, packed[:, depth + 1 : 2 * (depth + 1)], counts, ring, static, capture)
+            draft = self.draft_step if spec.needs_drafter else None
+            paths = packed[:, depth + 1 : 2 * (depth + 1)]
+            self._commit(tree.tokens, paths, counts, draft, bool(widths), static, capture)
             if mask is not None:  # frozen rows keep their root
                 bonus = torch.where(mask, bonus, roots)
             host, copied = self._host_copies.start(packed)
-        rnd = _Round(widths, depth, active, ring is not None, host, copied, launched_at, context_len)
+        rnd = _Round(widths, depth, active, host, copied, launched_at, context_len)
         return rnd, bonus
 
     def _plain_tree(self, roots: torch.Tensor) -> DraftTree:
@@ -461,19 +451,20 @@ class SpeculativeEngine:
         moves = compaction(index)
         self.cache.move_rows(moves, len(index))
         if self.draft_step is not None and self.draft_step.cache is not None:
-            self.draft_step.cache.move_rows(moves, len(index))
+            self.draft_step.move_rows(moves, len(index))
         if hasattr(self.drafter, "select_rows"):  # a drafter with per-row state of its own
             self.drafter.select_rows(index)
         roots = roots.index_select(0, torch.tensor(index, device=self.device))
         return roots, None if contexts is None else [contexts[slot] for slot in index]
 
-    def _commit(self, tokens, paths, counts, ring, static: bool, capture: bool) -> None:
+    def _commit(self, tokens, paths, counts, draft, fill_ring: bool, static: bool, capture: bool) -> None:
         """The round's commit from device values only (paths [B, depth + 1], counts [B]: 0 for frozen rows): each
         row's accepted path moved in the target cache (`StaticKVCache.move_path`, the whole path width; a plain
-        round's one node is already in place), with `ring` entering the drafter's ring buffer
-        (`DraftStep.fill_path`), and the committed lengths advanced on the device. On static shapes it is one
-        static step (one graph launch with cuda_graphs); a plain round without a ring only adds its counts.
-        The host lengths follow when the round settles (`_finish`)."""
+        round's one node is already in place); with a drafter (`draft`, longspec) the path's tokens recorded in
+        its history (`DraftStep.record`) and, for a drafting round (`fill_ring`), entered into its ring buffer
+        (`DraftStep.fill_path`); the committed lengths advanced on the device. On static shapes it is one
+        static step (one graph launch with cuda_graphs); a plain round of a method without a drafter only adds
+        its counts. The host lengths follow when the round settles (`_finish`)."""
         cache = self.cache
         plain = paths.shape[1] == 1  # no drafts: the one node's K/V already sit at each row's length
 
@@ -481,18 +472,31 @@ class SpeculativeEngine:
             starts = cache.lengths_t  # the committed lengths before this round
             if not plain:
                 cache.move_path(paths, starts)
-            if ring is not None:
-                ring.fill_path(tokens, paths, counts, starts)
+            if draft is not None:
+                draft.record(tokens, paths, starts)
+                if fill_ring:
+                    draft.fill_path(tokens, paths, counts, starts)
             cache.advance(counts)
 
-        if plain and ring is None:  # nothing to move or fill: the lengths only, no step
+        if plain and draft is None:  # nothing to move, record or fill: the lengths only, no step
             cache.advance(counts)
         elif static:
-            key = ("commit", tokens.shape[1], paths.shape[1], ring is not None, capture)
+            key = ("commit", tokens.shape[1], paths.shape[1], draft is not None, fill_ring, capture)
             self.target_step.static_step(key, fn, (tokens, paths, counts), capture, effects=True)
         else:
             fn(tokens, paths, counts)
         cache.device_advanced()
+
+    def _catch_up(self, *, static: bool, capture: bool) -> None:
+        """The drafter's ring catches up to the device's committed lengths (`DraftStep.catch_up`), as one static
+        step on static shapes (one graph launch with cuda_graphs), with rounds still in flight."""
+        draft, cache = self.draft_step, self.cache
+        if not static:
+            draft.catch_up(cache.lengths_t)
+            return
+        self.target_step.static_step(
+            ("catch_up", capture), draft.catch_up, (cache.lengths_t,), capture, effects=True
+        )
 
     def _verify_accept(
         self,
@@ -625,8 +629,9 @@ class SpeculativeEngine:
         """The target cache reserved for `needed` tokens per row (reused, or grown); the drafter's ring buffer
         allocated with it on first use, in the cache's dtype, one row per sequence."""
         self.target_step.reserve(needed, batch_size)
-        if self.draft_step is not None and self.draft_step.allocate(self.cache.keys.dtype, batch_size):
-            self.target_step.steps = {}  # the draft steps read the old ring's addresses
+        draft = self.draft_step
+        if draft is not None and draft.allocate(self.cache.keys.dtype, batch_size, self.cache.max_len):
+            self.target_step.steps = {}  # the draft and commit steps read the old ring's and history's addresses
 
     def _prefill(self, prompts: list[torch.Tensor], config: GenerationConfig, generator) -> torch.Tensor:
         """`TargetStep.prefill` of every prompt -> the first generated token of each [B] (on device)."""

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from longspec.infer.config import GenerationConfig
-from longspec.infer.draft_step import ring_commit
 from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts, context_bucket
 from longspec.infer.timing import PhaseClock
 
@@ -69,8 +68,9 @@ def measure_round_costs(
     context bucket between min(context_lens) and max(context_lens). The cache's content is whatever it holds (a
     round's cost does not depend on it); its length is set to the bucket (within the reserved size). Only
     missing buckets are measured; the cache and ring buffer are reset after. First use of a shape captures its
-    graphs here, outside any timed decode. `batch_size` rows run each round (every row at the bucket's length);
-    at batch > 1 a plain round commits its token to the drafter's ring too, as `generate_batch` runs it. Another
+    graphs here, outside any timed decode (the ring's catch-up step too). `batch_size` rows run each round
+    (every row at the bucket's length);
+    a plain round records its token in the drafter's history, as `generate_batch` runs it. Another
     batch size is another mode (`cost_mode`), with a table of its own. Returns the mode's table, kept in
     `engine.cost_tables` for later calls: a batch that alternates with the batch of one measures each once."""
     if engine.drafter is None:
@@ -98,11 +98,13 @@ def measure_round_costs(
         for rep in range(reps + 1):
             for widths in config.trees:
                 engine.cache.length = length
-                seconds = _time_rounds(engine, widths, root, config, generator, static, clock, batch_size)
+                seconds = _time_rounds(engine, widths, root, config, generator, static, clock)
                 if rep:
                     times[widths].append(seconds)
         for widths, seconds in times.items():
             costs.seconds[(bucket, widths)] = statistics.median(seconds)
+    # The ring's catch-up after plain rounds is a step of its own: built (captured) here too, not in a timed call.
+    engine._catch_up(static=static, capture=config.cuda_graphs)
     engine.cache.reset()
     engine.drafter_cache.reset()
     return costs
@@ -111,18 +113,17 @@ def measure_round_costs(
 _BLOCK = 4  # rounds of one tree run back to back per timing
 
 
-def _time_rounds(engine, widths, root, config, generator, static: bool, clock, batch_size: int) -> float:
+def _time_rounds(engine, widths, root, config, generator, static: bool, clock) -> float:
     """Seconds per round of `widths` as `generate_batch` runs them: a block of rounds, each launched before the
     previous one settles (on static shapes: the host's work between rounds overlaps the device's), timed
     between settles once the block is under way, so the first launch's host work is not counted; eager rounds
     settle one by one, as they do in a call."""
     lookahead = static
-    ring = ring_commit(widths, batch_size)
     inflight, marks = [], []
     with engine.cache.lead_on_device():
         for _ in range(_BLOCK):
             rnd, root = engine._launch(
-                "longspec", widths, root, config, generator, static=static, clock=clock, commit_drafter=ring
+                "longspec", widths, root, config, generator, static=static, clock=clock
             )
             inflight.append(rnd)
             while len(inflight) > (1 if lookahead else 0):

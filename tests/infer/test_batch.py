@@ -294,6 +294,8 @@ def test_warm_up_builds_every_step_a_shrinking_batch_runs(tree):
                 [max(prompts, key=len)] * len(prompts), dataclasses.replace(config, max_new_tokens=8)
             )
         built = set(engine.target_step.steps)
+        if warm_up and tree == "auto":  # the ring's catch-up after plain rounds: at every bucket too
+            assert {key[-1] for key in built if key[0] == "catch_up"} == {4, 2, 1}
         results = engine.generate_batch(prompts, config)
         assert [r.tokens for r in results] == expected
         assert engine.cache.batch_size < len(prompts)  # it shrank

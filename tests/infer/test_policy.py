@@ -231,32 +231,80 @@ def test_auto_sampling_static_equals_eager(rule):
     assert outputs[0] == outputs[1] and len(outputs[0]) == 16
 
 
-def _ring_by_position(cache) -> dict[int, torch.Tensor]:
-    return {int(p): cache.keys[0, :, slot] for slot, p in enumerate(cache.positions[0].tolist()) if p >= 0}
+def _ring_by_position(cache, row: int = 0) -> dict[int, torch.Tensor]:
+    return {
+        int(p): cache.keys[row, :, slot].clone()  # a copy: a later fill reuses the slots
+        for slot, p in enumerate(cache.positions[row].tolist())
+        if p >= 0
+    }
 
 
 def test_plain_rounds_skip_the_drafter_and_the_ring_catches_up():
-    """A "no speculation" round leaves the drafter's ring buffer alone (it costs one AR step); before the next
-    speculating round the ring receives the skipped tokens, exactly as if every round had committed them."""
+    """A "no speculation" round leaves the drafter's ring buffer alone (its token only enters the history, so it
+    costs about one AR step); before the next drafting round the ring receives the skipped tokens from the
+    device history, exactly as if every round had committed them: per row, for rows of different lengths that
+    skipped different numbers of tokens (one of them none)."""
     target = make_tiny_target("llama")
     engine = SpeculativeEngine(target, random_drafter(target))
-    engine.reserve(64)
-    prompt = torch.randint(0, 256, (20,))
-    emitted = torch.randint(0, 256, (11,)).tolist()
-    engine.prefill_drafter(prompt)
-    engine.draft_step.catch_up(emitted, prompt.numel(), prompt.numel(), prompt.numel() + 10)
-    caught_up = _ring_by_position(engine.drafter_cache)
-    engine.prefill_drafter(torch.cat([prompt, torch.tensor(emitted[:10])]))
-    reference = _ring_by_position(engine.drafter_cache)
-    assert caught_up.keys() == reference.keys() == set(range(30 - engine.drafter_cache.window, 30))
-    for position, key in reference.items():
-        torch.testing.assert_close(caught_up[position], key)
+    engine.reserve(64, batch_size=3)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (20, 5, 13)]
+    skipped = [torch.randint(0, 256, (n,), generator=gen) for n in (10, 3, 0)]
+    engine.prefill_drafter(prompts)
+    draft = engine.draft_step
+    for row, (prompt, tokens) in enumerate(zip(prompts, skipped, strict=True)):
+        draft.history[row, prompt.numel() : prompt.numel() + tokens.numel()] = tokens
+    lengths = torch.tensor([p.numel() + t.numel() for p, t in zip(prompts, skipped, strict=True)])
+    draft.catch_up(lengths)
+    caught_up = [_ring_by_position(engine.drafter_cache, row) for row in range(3)]
+    draft.catch_up(lengths)  # a ring that is complete takes nothing more
+    assert [_ring_by_position(engine.drafter_cache, row).keys() for row in range(3)] == [
+        c.keys() for c in caught_up
+    ]
+    engine.prefill_drafter([torch.cat([p, t]) for p, t in zip(prompts, skipped, strict=True)])
+    window = engine.drafter_cache.window
+    for row, n in enumerate(lengths.tolist()):
+        reference = _ring_by_position(engine.drafter_cache, row)
+        assert caught_up[row].keys() == reference.keys() == set(range(max(0, n - window), n))
+        for position, key in reference.items():
+            torch.testing.assert_close(caught_up[row][position], key)
+
+
+def test_the_ring_a_call_leaves_is_the_one_every_round_filling_it_would_leave():
+    """tree="auto" mixing plain and drafting rounds (a cycling cost model): the history holds the committed text
+    (prompt + output) and the ring, caught up at the end of the call, equals the prefill of that text, as if
+    every round had entered its tokens; eager and on static shapes, at batch 1 and for ragged rows."""
+    target = make_tiny_target("llama")
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (23, 9, 31)]
+    for static in (False, True):
+        for batch in (prompts[:1], prompts):
+            engine = SpeculativeEngine(target, random_drafter(target), costs=CyclingCosts())
+            config = GenerationConfig(max_new_tokens=21, static_shapes=static, shrink_min_tokens=1000)
+            results = engine.generate_batch(batch, config)
+            trees = set().union(*(r.stats.trees for r in results))
+            assert "ar" in trees and len(trees) > 1, trees
+            draft = engine.draft_step
+            draft.catch_up(engine.cache.lengths_t)  # the last rounds may have been plain
+            got = [_ring_by_position(engine.drafter_cache, row) for row in range(len(batch))]
+            # every cache row (a static batch of 3 runs in the bucket of 4, its padding row frozen)
+            committed = [draft.history[row, :n].clone() for row, n in enumerate(engine.cache.lengths)]
+            for text, prompt, result in zip(committed, batch, results, strict=False):
+                known = torch.cat([prompt, torch.tensor(result.tokens)])[: text.numel()]
+                assert text[: known.numel()].tolist() == known.tolist()
+            engine.prefill_drafter(committed)
+            for row in range(len(batch)):
+                reference = _ring_by_position(engine.drafter_cache, row)
+                assert got[row].keys() == reference.keys(), (static, len(batch), row)
+                for position, key in reference.items():
+                    torch.testing.assert_close(got[row][position], key)
 
 
 def test_the_round_after_plain_rounds_is_charged_for_the_ring_catch_up(monkeypatch):
     """Speculating after plain rounds first adds the skipped tokens to the ring (`DraftStep.catch_up`): the time
     that takes is part of the speculating round's cost the policy observes, or switching would look cheaper than
-    it is. A catch-up made 0.2 s slower shows in exactly the rounds that followed a catch-up."""
+    it is. A catch-up made 0.2 s slower shows in exactly the rounds that followed a catch-up, not in the round
+    still in flight while it ran."""
     import time
 
     from longspec.infer.draft_step import DraftStep
