@@ -151,7 +151,8 @@ def test_the_profile_is_measured_from_an_eval_results_file(batch_throughput, tmp
 
 def test_tree_auto_cells_record_the_trees_run(batch_throughput, tmp_path, monkeypatch):
     """--tree auto: the adaptive policy (round costs measured at the cell's batch size) decodes each cell; the
-    outputs still equal AR's and the rounds per tree are recorded."""
+    outputs still equal AR's, the rounds per tree are recorded, and so are the round costs it weighed (the
+    warm-up's table at that batch size) and the times it observed for the trees it ran."""
     monkeypatch.setenv("OUT", str(tmp_path))
     result = batch_throughput.main(
         ["--tiny", "--tree", "auto", "--accept-profile", "1,1", "--batch-sizes", "2"]
@@ -161,6 +162,12 @@ def test_tree_auto_cells_record_the_trees_run(batch_throughput, tmp_path, monkey
     assert sum(row["trees"].values()) > 0 and row["tokens_per_row"] == [8, 8]
     assert set(row["trees"]) <= {"ar", "1", "1-1", "1-1-1-1", "2-2-2", "4-4-4", "4-8-8-8", "4-16-16-16",
                                  "4-16-16-16-16"}  # fmt: skip
+    table = row["round_costs_ms"]
+    assert {key.split(":")[1] for key in table} == {"ar", "1", "1-1", "1-1-1-1", "2-2-2", "4-4-4", "4-8-8-8",
+                                                    "4-16-16-16", "4-16-16-16-16"}  # fmt: skip
+    assert min(table.values()) > 0
+    observed = row["observed_round_ms"]  # trees run in this cell's calls (warm-up included), by context bucket
+    assert observed and set(observed) <= set(table) and min(observed.values()) > 0
 
 
 def test_the_margin_makes_a_random_targets_greedy_choice_survive_bf16(batch_throughput):

@@ -44,6 +44,20 @@ def test_profile_reports_where_a_token_goes(decode_methods, tmp_path, monkeypatc
     assert (tmp_path / "trace_ar_48.json.gz").stat().st_size > 0
 
 
+def test_host_profile_reports_the_hosts_python_per_token(decode_methods):
+    """--host-profile: one more run under cProfile per method: the functions with the most own host time per
+    token, the engine's round loop among them."""
+    rows = decode_methods.main(["--preset", "smoke", "--vocab-size", "256", "--contexts", "48", "--tokens", "6",
+                                "--repeats", "1", "--methods", "ar", "--host-profile"])  # fmt: skip
+    functions = rows[0]["host_profile"]
+    assert 0 < len(functions) <= 25
+    own = [f["own_us_per_token"] for f in functions]
+    assert own == sorted(own, reverse=True) and own[0] > 0
+    assert all(f["cumulative_us_per_token"] >= f["own_us_per_token"] - 1e-6 for f in functions)
+    profiled = " ".join(f["function"] for f in functions)
+    assert "engine.py" in profiled or "target.py" in profiled, profiled
+
+
 def test_device_kernels_keeps_kernels_only_per_token(decode_methods):
     from types import SimpleNamespace
 
