@@ -614,9 +614,9 @@ class SpeculativeEngine:
         short call (`tokens` new tokens) at the batch's bucket and at every smaller power-of-two bucket, the ones
         a static batch shrinks into as its rows finish (`slots.BatchSlots`). Each builds (with cuda_graphs:
         captures) its static steps; under tree="auto" it also measures that bucket's round costs, which runs
-        every candidate tree. Without it, the first shrink of a timed call captured there: the eval's batch-4
-        cells whose rows finished early ran at 0.45-0.53x of graph AR, every one of their trees captured twice
-        inside the timing."""
+        every candidate tree. Without it, a timed call's first shrink built (captured) that bucket's steps inside
+        its timing: the eval's batch-4 cells whose rows finished early ran at 0.45-0.53x of batched graph AR,
+        which was itself slower there than at batch 1 (docs/BENCHMARKS.md)."""
         prompt = torch.as_tensor(prompt, dtype=torch.long).flatten()
         self.reserve_for([prompt.numel()] * batch_size, config)
         rows = _rows(batch_size, config)
