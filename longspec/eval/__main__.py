@@ -105,6 +105,9 @@ def run_eval(cfg: EvalConfig) -> dict:
     from longspec.target import TargetModel
     from longspec.target_source import check_tokenizer_fits, load_config, load_tokenizer
 
+    # Where an evaluation's time goes besides decoding (logged, and kept in results.json as phases_s): on the
+    # GPU the suite's seven evaluations took 320 s, most of it outside the timed samples.
+    clock = _Phases()
     device, dtype = _device_and_dtype(cfg)
     methods = cfg.methods
     trust = cfg.target.trust_remote_code
@@ -134,6 +137,7 @@ def run_eval(cfg: EvalConfig) -> dict:
         datasets.append((samples[0].dataset, samples))
     longest = max(s.prompt_len for _, samples in datasets for s in samples)
     _check_positions(cfg, max_positions, longest)
+    clock.mark("data")
 
     target = TargetModel.from_pretrained(
         model_source.repo,
@@ -145,6 +149,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     target.to(device)  # the adapter's own rotary buffers too (else a host copy per step, which graphs forbid)
     drafter = _build_drafter(cfg, target, tokenizer) if "longspec" in methods else None
     engine = SpeculativeEngine(target, drafter)
+    clock.mark("load")
 
     results: dict = {
         "config": _config_dict(cfg),
@@ -186,6 +191,7 @@ def run_eval(cfg: EvalConfig) -> dict:
             for prompt in warm_prompts:
                 for method in batched:
                     engine.warm_up(prompt, warm, batch_size=cfg.batch_size, method=method)
+    clock.mark("warm_up")
 
     reference = greedy_reference(methods) if cfg.temperature == 0 else None
     for dataset, samples in datasets:
@@ -205,6 +211,9 @@ def run_eval(cfg: EvalConfig) -> dict:
             bar.update(len(chunk))
         bar.close()
 
+    clock.mark("samples")
+    results["phases_s"] = clock.seconds
+    logger.info("phases: %s", ", ".join(f"{name} {sec:.1f} s" for name, sec in clock.seconds.items()))
     results["summary"] = summarise(results["methods"], greedy=cfg.temperature == 0)
     os.makedirs(cfg.output_dir, exist_ok=True)
     write_text_atomic(
@@ -305,6 +314,19 @@ def _json_safe(obj):
     if isinstance(obj, (list, tuple)):
         return [_json_safe(v) for v in obj]
     return obj
+
+
+class _Phases:
+    """Wall seconds between marks: {phase name: seconds since the previous mark (or construction)}."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self._last, 3)
+        self._last = now
 
 
 def _config_dict(cfg: EvalConfig) -> dict:
