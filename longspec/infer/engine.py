@@ -169,8 +169,11 @@ class _DecodeLoop:
             # The round that needed the catch-up is charged for it, not the round in flight while it was launched:
             # the policy then sees what speculating after plain rounds costs. (On a GPU the catch-up's device time
             # falls between the two rounds' settles by itself; what is charged here is its host time.)
+            # A round in flight is timed from the later of the last settle and its own launch: both move past it.
             spent = time.perf_counter() - start
             self.settled_at += spent
+            for flying in self.inflight:
+                flying.launched_at += spent
         rnd, roots = engine._launch(
             self.method, widths, roots, self.config, self.generator, static=self.static, clock=self.clock,
             contexts=self.contexts, slots=self.slots, context_len=context_len,
