@@ -124,10 +124,10 @@ def contained_trees(trees) -> dict[tuple[int, ...], list[tuple[int, ...]]]:
 
 @dataclass
 class MeasuredCosts:
-    """seconds[(bucket, widths)] of one round, measured on the device in one `mode` (greedy / sampling rule,
-    static shapes, CUDA graphs): a round's cost depends on it, so another mode is measured anew."""
+    """seconds[(bucket, widths)] of one round, measured on the device in one decoding mode (acceptance rule,
+    static shapes, CUDA graphs, batch size: `round_costs.cost_mode`, the key of `engine.cost_tables`): a round's
+    cost depends on it, so each mode has a table of its own."""
 
-    mode: tuple = ()
     seconds: dict[tuple[int, tuple[int, ...]], float] = field(default_factory=dict)
     # monotone table per bucket, rebuilt when `seconds` grows (measure_round_costs only adds buckets)
     _tables: dict[int, dict[tuple[int, ...], float]] = field(default_factory=dict, repr=False)

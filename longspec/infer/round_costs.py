@@ -69,15 +69,17 @@ def measure_round_costs(
     round's cost does not depend on it); its length is set to the bucket (within the reserved size). Only
     missing buckets are measured; the cache and ring buffer are reset after. First use of a shape captures its
     graphs here, outside any timed decode (the ring's catch-up step too). `batch_size` rows run each round
-    (every row at the bucket's length);
-    a plain round records its token in the drafter's history, as `generate_batch` runs it. Another
-    batch size is another mode (`cost_mode`), with a table of its own. Returns the mode's table, kept in
-    `engine.cost_tables` for later calls: a batch that alternates with the batch of one measures each once."""
+    (every row at the bucket's length); a plain round records its token in the drafter's history, as
+    `generate_batch` runs it. Another batch size is another mode (`cost_mode`), with a table of its own.
+    Returns the mode's table, kept in `engine.cost_tables` for later calls: a batch that alternates with the
+    batch of one measures each once."""
     if engine.drafter is None:
         raise ValueError("measuring longspec round costs needs a drafter")
     static = config.static
     mode = cost_mode(config, batch_size)
-    costs = engine.cost_tables.setdefault(mode, MeasuredCosts(mode=mode))
+    if mode not in engine.cost_tables:
+        engine.cost_tables[mode] = MeasuredCosts()
+    costs = engine.cost_tables[mode]
     low, high = context_bucket(min(context_lens)), context_bucket(max(context_lens))
     buckets = [1 << e for e in range(low.bit_length() - 1, high.bit_length())]
     missing = costs.missing(config.trees, buckets)
