@@ -100,7 +100,8 @@ class DraftingModel(nn.Module):
         weight = self.head_weight
         hidden_n = hidden.reshape(-1, width).index_select(0, valid_rows).to(weight.dtype)  # [N,Dm]
         labels_n = labels.reshape(-1).index_select(0, valid_rows)  # [N]
-        if self.distill_weight > 0 or resolve_loss_backend(self.loss_backend, hidden.device) == "chunked":
+        backend = resolve_loss_backend(self.loss_backend, hidden.device)
+        if self.distill_weight > 0 or backend == "chunked":
             # CE (+ KL) + top-1 hits in one pass over the vocabulary (losses.fused_linear_ce_kl)
             with torch.profiler.record_function("loss_ce_kl"):
                 teacher_n = None
@@ -111,12 +112,10 @@ class DraftingModel(nn.Module):
                     hidden_n, teacher_n, weight, labels_n, distill_weight=self.distill_weight,
                     temperature=self.distill_temperature, chunk_size=self.chunk_size,
                 )  # fmt: skip
-            if not count_correct:
-                correct = torch.full((), -1, dtype=torch.long, device=hidden.device)
         else:  # Liger's fused CE (or the full-logits reference), and a separate top-1 pass when asked
             with torch.profiler.record_function("loss_ce"):
                 ce_sum = fused_linear_cross_entropy(
-                    hidden_n, weight, labels_n, backend=self.loss_backend, chunk_size=self.chunk_size
+                    hidden_n, weight, labels_n, backend=backend, chunk_size=self.chunk_size
                 )
             loss, kl_sum = ce_sum, torch.zeros_like(ce_sum)
             if count_correct:
@@ -124,8 +123,8 @@ class DraftingModel(nn.Module):
                     correct = linear_top1_correct(
                         hidden_n.detach(), weight, labels_n, chunk_size=self.chunk_size
                     )
-            else:
-                correct = torch.full((), -1, dtype=torch.long, device=hidden.device)
+        if not count_correct:
+            correct = torch.full((), -1, dtype=torch.long, device=hidden.device)
         return MicroBatchLosses(
             loss=loss, ce_sum=ce_sum.detach(), kl_sum=kl_sum.detach(), num_correct=correct
         )
