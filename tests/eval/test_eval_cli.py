@@ -60,7 +60,8 @@ def test_eval_cli_end_to_end(tiny_target_dir, longbench_jsonl, tmp_path):
     assert "## Trees run" in report and "- rows / longspec: `" in report
     # where the run's time went, phase by phase
     assert list(results["phases_s"]) == ["data", "load", "warm_up", "samples"]
-    assert all(seconds >= 0 for seconds in results["phases_s"].values()) and results["phases_s"]["samples"] > 0
+    phases = results["phases_s"]
+    assert all(seconds >= 0 for seconds in phases.values()) and phases["samples"] > 0
 
 
 def test_single_method_and_sampling(tiny_target_dir, longbench_jsonl, tmp_path):
