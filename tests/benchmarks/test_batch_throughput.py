@@ -166,7 +166,8 @@ def test_tree_auto_cells_record_the_trees_run(batch_throughput, tmp_path, monkey
     assert {key.split(":")[1] for key in table} == {"ar", "1", "1-1", "1-1-1-1", "2-2-2", "4-4-4", "4-8-8-8",
                                                     "4-16-16-16", "4-16-16-16-16"}  # fmt: skip
     assert min(table.values()) > 0
-    observed = row["observed_round_ms"]  # trees run in this cell's calls (warm-up included), by context bucket
+    # the trees run in this cell's calls (warm-up included), by context bucket
+    observed = row["observed_round_ms"]
     assert observed and set(observed) <= set(table) and min(observed.values()) > 0
 
 

@@ -257,10 +257,9 @@ def test_plain_rounds_skip_the_drafter_and_the_ring_catches_up():
     lengths = torch.tensor([p.numel() + t.numel() for p, t in zip(prompts, skipped, strict=True)])
     draft.catch_up(lengths)
     caught_up = [_ring_by_position(engine.drafter_cache, row) for row in range(3)]
+    appended = engine.drafter_cache.num_appended.tolist()
     draft.catch_up(lengths)  # a ring that is complete takes nothing more
-    assert [_ring_by_position(engine.drafter_cache, row).keys() for row in range(3)] == [
-        c.keys() for c in caught_up
-    ]
+    assert engine.drafter_cache.num_appended.tolist() == appended
     engine.prefill_drafter([torch.cat([p, t]) for p, t in zip(prompts, skipped, strict=True)])
     window = engine.drafter_cache.window
     for row, n in enumerate(lengths.tolist()):
