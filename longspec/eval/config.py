@@ -18,7 +18,7 @@ from longspec.eval.datasets import KNOWN_DATASETS
 from longspec.infer.engine import GenerationConfig
 from longspec.infer.methods import ALL_METHODS
 
-__all__ = ["EvalConfig", "DrafterEvalConfig", "DataEvalConfig", "load_eval_config"]
+__all__ = ["EvalConfig", "DrafterEvalConfig", "DataEvalConfig", "load_eval_config", "split_config_name"]
 
 
 @dataclass(kw_only=True)
@@ -187,3 +187,14 @@ def load_eval_config(
         config_dir=config_dir,
         what="eval config",
     )
+
+
+def split_config_name(args: list[str]) -> tuple[str, list[str]]:
+    """Hydra's own flag, kept for familiarity: --config-name NAME / --config-name=NAME -> (name, the rest)."""
+    args = list(args)
+    for i, arg in enumerate(args):
+        if arg.startswith("--config-name"):
+            name = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
+            del args[i : i + (1 if "=" in arg else 2)]
+            return name, args
+    return "eval", args

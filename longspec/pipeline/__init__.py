@@ -5,7 +5,8 @@ stages -> export -> evaluation -> report, as a plan of the real CLI steps run by
 
 - presets: the `PipelineConfig` schema (`StagePlan`, `EvalPlan`) and `load_preset()`, which composes a preset YAML
   (longspec/configs/pipeline/) with Hydra overrides
-- plan: `Step`, `plan()` (a preset -> ordered steps), `stage_steps()` / `target_overrides()` (one training stage)
+- plan: `Step`, `plan()` (a preset -> ordered steps), `stage_steps()` / `target_overrides()` (one training stage),
+  `eval_runs_command()` (the evaluation steps as one `python -m longspec.eval.runs` process)
 - runner: `run_pipeline()` and the run record that lets a rerun continue
 - report: the evaluation table, training summary and OUT/report.md
 

@@ -17,7 +17,9 @@ from longspec.pipeline.presets import PipelineConfig, StagePlan
 from longspec.train.checkpoint import checkpoints_root, done_marker
 from longspec.train.config import load_config
 
-__all__ = ["Step", "plan", "stage_steps", "target_overrides"]
+__all__ = ["Step", "eval_runs_command", "plan", "stage_steps", "target_overrides"]
+
+EVAL_MODULE = ["-m", "longspec.eval"]
 
 
 @dataclass(kw_only=True)
@@ -32,6 +34,9 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)
     required: bool = True  # a failed optional step is reported; the pipeline goes on
     background: bool = False  # run concurrently with the next foreground step (joined when that one ends)
+    # Consecutive steps with the same `joint` run in one process: joint(steps, events_path) -> its command, which
+    # appends one JSON line per finished step to events_path ({"output_dir", "status", "seconds"}).
+    joint: Callable[[list[Step], str], list[str]] | None = None
     needs: list[str] = field(default_factory=list)  # inputs made by earlier steps
     # --keep-going: used in order when `needs` are missing
     alternatives: list[Step] = field(default_factory=list)
@@ -187,7 +192,7 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
                 return None
             return Step(
                 name=f"eval_{ev.name}" if ev.name else "eval",
-                cmd=[py, "-m", "longspec.eval", *overrides,
+                cmd=[py, *EVAL_MODULE, *overrides,
                      *([f"drafter.path={drafter}"] if drafter and "longspec" in methods else []),
                      *data_overrides, f"method=[{','.join(methods)}]", f"temperature={ev.temperature}",
                      f"max_new_tokens={preset.eval_max_new_tokens}", f"max_samples={preset.eval_max_samples}",
@@ -197,6 +202,7 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
                 outputs=[os.path.join(eval_dir, "results.json"), os.path.join(eval_dir, "report.md")],
                 needs=[os.path.join(target, "config.json")] + ([drafter] if drafter else []),
                 required=ev.required,
+                joint=eval_runs_command,
             )  # fmt: skip
 
         step = eval_step(exports[0])
@@ -206,6 +212,19 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
         ]
         steps.append(step)
     return steps
+
+
+def eval_runs_command(steps: list[Step], events: str) -> list[str]:
+    """The evaluation steps as one `python -m longspec.eval.runs` process: each step's own eval overrides become
+    one --run. The models, graphs and round costs are then loaded / built once for all of them: as separate
+    processes the SmolLM2 suite's seven evaluations took 320 s on the GPU, most of it that work repeated."""
+    cmd = [sys.executable, "-m", "longspec.eval.runs", "--events", events]
+    for step in steps:
+        head = step.cmd[1 : 1 + len(EVAL_MODULE)]
+        if head != EVAL_MODULE:
+            raise ValueError(f"step {step.name} is not a `python -m longspec.eval` run: {step.command}")
+        cmd += ["--run", *step.cmd[1 + len(EVAL_MODULE) :]]
+    return cmd
 
 
 def target_overrides(preset: PipelineConfig, target: str) -> list[str]:

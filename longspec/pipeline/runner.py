@@ -119,6 +119,8 @@ def run_pipeline(
     """Run (or, dry_run, only print) the steps in order -> {step name: done|skipped|failed|planned}.
 
     A background step starts and the pipeline moves on; it is joined when the next foreground step ends.
+    Consecutive steps that share a `joint` command (the evaluations) run in one process; each is still recorded
+    on its own, as it finishes, so an interrupted run continues with the ones that did not.
     keep_going: a failed step does not stop the pipeline, and a step whose inputs are missing runs its first
     alternative whose inputs exist (the evaluation with an earlier stage's drafter, or the baselines alone)."""
     from tqdm.auto import tqdm
@@ -128,9 +130,9 @@ def run_pipeline(
     run_record = RunRecord(out)
     statuses: dict[str, str] = {}
     background: list[tuple[Step, subprocess.Popen, str, float]] = []
+    joint: list[tuple[int, Step]] = []  # resolved steps waiting for the rest of their joint group
 
-    def finish(step: Step, code: int, log_path: str, start: float) -> None:
-        seconds = time.perf_counter() - start
+    def finish(step: Step, code: int, log_path: str, seconds: float) -> None:
         if code == 0 and all(os.path.exists(p) for p in step.outputs):
             run_record.record(step, "done", seconds)
             statuses[step.name] = "done"
@@ -155,10 +157,25 @@ def run_pipeline(
                     _stop(other)
                 raise
             background.pop(0)
-            finish(step, code, log_path, start)
+            finish(step, code, log_path, time.perf_counter() - start)
+
+    def run_joint() -> None:
+        if not joint:
+            return
+        group = list(joint)
+        joint.clear()
+        try:
+            _run_joint(group, out, finish, tqdm)
+        except BaseException:
+            for _, other, _, _ in background:
+                _stop(other)
+            raise
+        join_background()
 
     rerun = force  # once a step reruns, every later step reruns too: its inputs changed
     for index, step in enumerate(steps, 1):
+        if joint and step.joint is not joint[0][1].joint:
+            run_joint()
         header = f"[{index}/{len(steps)}] {step.name}"
         if keep_going and not dry_run and not all(os.path.exists(p) for p in step.needs):
             usable = [alt for alt in step.alternatives if all(os.path.exists(p) for p in alt.needs)]
@@ -172,11 +189,21 @@ def run_pipeline(
             print(f"{header}: done earlier ({run_record.seconds(step.name)} s), skipped")
             statuses[step.name] = "skipped"
             continue
-        print(f"{header}{' (background)' if step.background else ''}\n  $ {step.command}", flush=True)
+        note = (
+            " (background)"
+            if step.background
+            else " (joint: one process with its group)"
+            if step.joint
+            else ""
+        )
+        print(f"{header}{note}\n  $ {step.command}", flush=True)
         if dry_run:
             statuses[step.name] = "planned"
             continue
         rerun = True
+        if step.joint is not None:
+            joint.append((index, step))
+            continue
         log_path = os.path.join(out, "logs", f"{index:02d}_{step.name}.log")
         start = time.perf_counter()
         if step.background and step.cmd is not None:
@@ -188,10 +215,63 @@ def run_pipeline(
             for _, other, _, _ in background:
                 _stop(other)
             raise
-        finish(step, code, log_path, start)
+        finish(step, code, log_path, time.perf_counter() - start)
         join_background()
+    run_joint()
     join_background()
     return statuses
+
+
+def _run_joint(group: list[tuple[int, Step]], out: str, finish, tqdm) -> None:
+    """Run a joint group's steps in one process (`group[0][1].joint` builds its command) and finish each step as
+    its line appears in the events file: {"output_dir", "status", "seconds"}, matched to the step whose outputs
+    lie in that directory. A step with no line when the process ends failed with the process's exit code."""
+    first = group[0][0]
+    steps = [step for _, step in group]
+    log_path = os.path.join(out, "logs", f"{first:02d}_{steps[0].name}{'_etc' if len(steps) > 1 else ''}.log")
+    events = os.path.join(out, "logs", f"{first:02d}_events.jsonl")
+    if os.path.exists(events):
+        os.remove(events)
+    shared = Step(name="+".join(s.name for s in steps), cmd=steps[0].joint(steps, events), outputs=[])
+    print(f"  one process for {', '.join(s.name for s in steps)}:\n  $ {shared.command}", flush=True)
+    by_dir = {os.path.dirname(os.path.abspath(s.outputs[0])): s for s in steps}
+    waiting = dict(by_dir)
+    start = time.perf_counter()
+    read = 0
+
+    def take_events() -> None:
+        nonlocal read
+        if not os.path.exists(events):
+            return
+        with open(events) as f:
+            lines = f.read().splitlines()
+        for line in lines[read:]:
+            if not line.endswith("}"):  # being written: read it next time
+                break
+            event = json.loads(line)
+            read += 1
+            step = waiting.pop(event["output_dir"], None)
+            if step is not None:
+                finish(step, 0 if event["status"] == "done" else 1, log_path, float(event["seconds"]))
+
+    bar = tqdm(
+        desc=f"  {shared.name}", unit="it", dynamic_ncols=True, leave=False, file=sys.stdout, disable=None
+    )
+    proc = _start(shared, log_path)
+    position = 0
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+            position = _update_bar(bar, log_path, position)
+            take_events()
+    except BaseException:
+        _stop(proc)
+        raise
+    finally:
+        bar.close()
+    take_events()
+    for step in list(waiting.values()):
+        finish(step, proc.returncode or 1, log_path, time.perf_counter() - start)
 
 
 def _run_foreground(step: Step, log_path: str, tqdm) -> int:

@@ -18,6 +18,26 @@ def tiny_target_dir(tmp_path_factory):
 
 
 @pytest.fixture
+def eval_overrides(tiny_target_dir, longbench_jsonl):
+    """The overrides of a quick run on the tiny target and the JSONL above (random drafter, 10 new tokens)."""
+
+    def overrides(out, *extra) -> list[str]:
+        return [
+            "target=tiny_llama",
+            f"target.path={tiny_target_dir}",
+            f"data.path={longbench_jsonl}",
+            "data.min_prompt_tokens=0",
+            "drafter.init=random",
+            "drafter.window=8",
+            "max_new_tokens=10",
+            *([f"output_dir={out}"] if out is not None else []),
+            *extra,
+        ]
+
+    return overrides
+
+
+@pytest.fixture
 def longbench_jsonl(tmp_path):
     """Two good rows (code with braces, a qmsum-style query) and three malformed ones."""
     path = tmp_path / "rows.jsonl"

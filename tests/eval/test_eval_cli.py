@@ -9,23 +9,9 @@ from longspec.eval.config import load_eval_config
 from longspec.testing import make_tiny_target
 
 
-def _overrides(target_dir, data, out, *extra):
-    return [
-        "target=tiny_llama",
-        f"target.path={target_dir}",
-        f"data.path={data}",
-        "data.min_prompt_tokens=0",
-        "drafter.init=random",
-        "drafter.window=8",
-        "max_new_tokens=10",
-        f"output_dir={out}",
-        *extra,
-    ]
-
-
-def test_eval_cli_end_to_end(tiny_target_dir, longbench_jsonl, tmp_path):
+def test_eval_cli_end_to_end(eval_overrides, tmp_path):
     out = tmp_path / "out"
-    code = main(_overrides(tiny_target_dir, longbench_jsonl, out, "method=[longspec,vanilla_fa,ar,pld]"))
+    code = main(eval_overrides(out, "method=[longspec,vanilla_fa,ar,pld]"))
     assert code == 0
     for name in ("results.json", "report.md", "accept_length_by_context.png", "tokens_per_s_by_context.png"):
         assert (out / name).stat().st_size > 0, name
@@ -64,11 +50,9 @@ def test_eval_cli_end_to_end(tiny_target_dir, longbench_jsonl, tmp_path):
     assert all(seconds >= 0 for seconds in phases.values()) and phases["samples"] > 0
 
 
-def test_single_method_and_sampling(tiny_target_dir, longbench_jsonl, tmp_path):
+def test_single_method_and_sampling(eval_overrides, tmp_path):
     cfg = load_eval_config(
-        _overrides(
-            tiny_target_dir,
-            longbench_jsonl,
+        eval_overrides(
             tmp_path,
             "method=longspec",
             "temperature=0.8",
@@ -82,13 +66,13 @@ def test_single_method_and_sampling(tiny_target_dir, longbench_jsonl, tmp_path):
     assert agg["num_samples"] == 1 and agg["identical_to_greedy"] is None  # no greedy check when sampling
 
 
-def test_mismatched_drafter_is_one_clear_error(tiny_target_dir, longbench_jsonl, tmp_path, caplog):
+def test_mismatched_drafter_is_one_clear_error(eval_overrides, tmp_path, caplog):
     other = make_tiny_target("qwen2")
     drafter = Drafter(
         DrafterConfig.from_target_config(other.config, window=8), other.embed_tokens, other.lm_head
     )
     drafter.save_pretrained(tmp_path / "drafter")
-    overrides = _overrides(tiny_target_dir, longbench_jsonl, tmp_path / "out", "method=longspec")
+    overrides = eval_overrides(tmp_path / "out", "method=longspec")
     overrides = [o for o in overrides if not o.startswith("drafter.")] + [
         f"drafter.path={tmp_path / 'drafter'}"
     ]
@@ -108,13 +92,13 @@ def test_mismatched_drafter_is_one_clear_error(tiny_target_dir, longbench_jsonl,
         (["temperature=-1"], ValueError),
     ],
 )
-def test_config_errors(tiny_target_dir, longbench_jsonl, tmp_path, extra, error):
+def test_config_errors(eval_overrides, tmp_path, extra, error):
     with pytest.raises(error):
-        load_eval_config(_overrides(tiny_target_dir, longbench_jsonl, tmp_path) + extra)
+        load_eval_config(eval_overrides(tmp_path) + extra)
 
 
-def test_data_path_may_name_a_dataset(tiny_target_dir, tmp_path):
-    cfg = load_eval_config(_overrides(tiny_target_dir, "lcc", tmp_path))
+def test_data_path_may_name_a_dataset(eval_overrides, tmp_path):
+    cfg = load_eval_config([*eval_overrides(tmp_path)[:2], "data.path=lcc", *eval_overrides(tmp_path)[3:]])
     assert cfg.data.sources == ["lcc"]
     cfg = load_eval_config(
         ["target=tiny_llama", "target.path=x", "data.name=[gov_report,aime24]", "method=ar"]
@@ -128,9 +112,9 @@ def test_math_preset_composes():
     assert cfg.data.sources == ["aime24", "amc", "math500", "minerva_math"]
 
 
-def test_results_json_is_strict_json(tiny_target_dir, longbench_jsonl, tmp_path):
+def test_results_json_is_strict_json(eval_overrides, tmp_path):
     """One new token: no decode phase, τ and tokens/s undefined -> null, never NaN."""
-    overrides = _overrides(tiny_target_dir, longbench_jsonl, tmp_path, "method=ar", "warmup=false")
+    overrides = eval_overrides(tmp_path, "method=ar", "warmup=false")
     run_eval(load_eval_config([o for o in overrides if not o.startswith("max_new")] + ["max_new_tokens=1"]))
 
     def reject(constant):

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from longspec.pipeline import Step, load_preset, plan
+from longspec.pipeline.plan import eval_runs_command
 
 CPU = load_preset("cpu")
 
@@ -89,6 +90,13 @@ def test_smollm2_plan_converts_the_gguf_and_evaluates_the_suite(tmp_path):
         assert any(a.startswith("data.name=[") and "qmsum_8k.jsonl" in a for a in cmd)
         assert "cuda_graphs=true" in cmd and not any(a.startswith("tree_widths=") for a in cmd)  # tree=auto
     assert "temperature=1.0" in _cmd(steps["eval_t1_graphs"])
+    # the evaluations run in one process: each step's own overrides become one --run of longspec.eval.runs
+    evals = [s for name, s in steps.items() if name.startswith("eval_")]
+    assert len(evals) == len(preset.evals) and all(s.joint is eval_runs_command for s in evals)
+    joint = eval_runs_command(evals, "/tmp/events.jsonl")
+    assert joint[1:5] == ["-m", "longspec.eval.runs", "--events", "/tmp/events.jsonl"]
+    runs = " ".join(joint[5:]).split("--run ")[1:]
+    assert [r.strip() for r in runs] == [" ".join(s.cmd[3:]) for s in evals]
     # the GPU runs the target's stage-3 responses while stage 1 trains, and tokenizes stage 3 while stage 2 trains
     assert steps["stage3_regenerate"].background and steps["data_stage3"].background
     assert order.index("stage3_regenerate") + 1 == order.index("train_stage1")

@@ -22,9 +22,15 @@ def _assert_prints_the_plan(out: str, steps) -> None:
     lines = out.splitlines()[1:]  # after the header (which names the interpreter)
     assert len(lines) == 2 * len(steps)
     for index, step in enumerate(steps):
-        background = " (background)" if step.background else ""
+        note = (
+            " (background)"
+            if step.background
+            else " (joint: one process with its group)"
+            if step.joint
+            else ""
+        )
         assert lines[2 * index : 2 * index + 2] == [
-            f"[{index + 1}/{len(steps)}] {step.name}{background}",
+            f"[{index + 1}/{len(steps)}] {step.name}{note}",
             f"  $ {step.command}",
         ]
 

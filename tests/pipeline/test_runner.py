@@ -47,3 +47,70 @@ def test_run_pipeline_dry_run_and_failures(tmp_path, capsys):
     assert "bad input" in capsys.readouterr().out  # the log's tail is shown
     with pytest.raises(SystemExit, match="step boom failed"):
         run_pipeline([failing], out, force=True)
+
+
+def _joint_command(steps: list[Step], events: str) -> list[str]:
+    """A stand-in for `longspec.eval.runs`: one process writes each step's output (its own pid) and an event line
+    per step; a step whose text is 'fail' gets a failed event, one whose text is 'die' ends the process."""
+    jobs = [(os.path.dirname(s.outputs[0]), s.outputs[0], s.cmd[-1]) for s in steps]
+    code = f"""
+import json, os, sys
+for out_dir, path, text in {jobs!r}:
+    if text == "die":
+        sys.exit(3)
+    if text != "fail":
+        open(path, "w").write(str(os.getpid()))
+    with open({events!r}, "a") as f:
+        f.write(json.dumps({{"output_dir": out_dir, "status": "failed" if text == "fail" else "done",
+                            "seconds": 1.5}}) + "\\n")
+"""
+    return [sys.executable, "-c", code]
+
+
+def _joint_step(tmp_path, name: str, text: str, *, required: bool = True) -> Step:
+    out_dir = tmp_path / name
+    out_dir.mkdir(exist_ok=True)
+    path = str(out_dir / "out.txt")
+    return Step(name=name, cmd=[sys.executable, "-c", "unused", text], outputs=[path], joint=_joint_command,
+                required=required)  # fmt: skip
+
+
+def test_joint_steps_share_one_process_and_are_recorded_one_by_one(tmp_path, capsys):
+    out = str(tmp_path)
+    a = str(tmp_path / "a.txt")
+    steps = [_echo_step("first", a, "1"), *(_joint_step(tmp_path, f"eval_{i}", "ok") for i in range(3))]
+    assert run_pipeline(steps, out) == {"first": "done", "eval_0": "done", "eval_1": "done", "eval_2": "done"}
+    pids = {open(s.outputs[0]).read() for s in steps[1:]}
+    assert len(pids) == 1  # one process wrote all three
+    record = json.loads((tmp_path / RUN_RECORD_NAME).read_text())["steps"]
+    # each step recorded with its own seconds (from its event) and its own command (a rerun skips it alone)
+    assert [record[f"eval_{i}"]["seconds"] for i in range(3)] == [1.5, 1.5, 1.5]
+    assert record["eval_1"]["command"] == steps[2].command
+    assert "one process for eval_0, eval_1, eval_2" in capsys.readouterr().out
+    assert run_pipeline(steps, out) == {"first": "skipped", "eval_0": "skipped", "eval_1": "skipped",
+                                        "eval_2": "skipped"}  # fmt: skip
+
+
+def test_an_interrupted_joint_group_resumes_with_the_steps_it_did_not_finish(tmp_path, capsys):
+    out = str(tmp_path)
+    ok, dies = _joint_step(tmp_path, "eval_a", "ok"), _joint_step(tmp_path, "eval_b", "die", required=False)
+    opt_fail = _joint_step(tmp_path, "eval_c", "fail", required=False)
+    # the process ends after the first step's event (a watchdog, a crash): the first is done, the rest failed
+    assert run_pipeline([ok, dies, opt_fail], out) == {
+        "eval_a": "done",
+        "eval_b": "failed",
+        "eval_c": "failed",
+    }
+    assert "FAILED (exit 3)" in capsys.readouterr().out
+    # the rerun starts one process for the two that did not finish; a failed event fails its step alone
+    fixed = _joint_step(tmp_path, "eval_b", "ok", required=False)
+    assert run_pipeline([ok, fixed, opt_fail], out) == {
+        "eval_a": "skipped",
+        "eval_b": "done",
+        "eval_c": "failed",
+    }
+    printed = capsys.readouterr().out
+    assert "one process for eval_b, eval_c" in printed and "eval_a: done earlier" in printed
+    # a required step that fails stops the pipeline after its group
+    with pytest.raises(SystemExit, match="step eval_x failed"):
+        run_pipeline([_joint_step(tmp_path, "eval_x", "fail")], out)

@@ -1,0 +1,326 @@
+"""One evaluation run (`run_eval`): every method on every sample, then results.json, report.md and plots. The CLIs
+are `python -m longspec.eval` (one run) and `python -m longspec.eval.runs` (several in one process).
+
+Speedups are ratios of decode throughput measured in this same run (docs/ALGORITHM.md §5). At temperature 0 every
+method's output is compared with the target's greedy output (a target-only method of the run: ar, vanilla_fa or
+vanilla_hf), which is the lossless check at evaluation scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+
+import torch
+
+from longspec.atomic import write_text_atomic
+from longspec.cli import UserError
+from longspec.eval.config import EvalConfig
+from longspec.eval.datasets import load_samples
+from longspec.eval.divergence import analyse_divergence
+from longspec.eval.report import greedy_reference, summarise, write_report
+from longspec.eval.session import EvalSession
+from longspec.infer.baselines import reserve_hf_compiled, run_method
+from longspec.infer.methods import get_method
+from longspec.provenance import git_commit
+
+__all__ = ["log_summary", "run_eval"]
+
+logger = logging.getLogger("longspec.eval")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _device_and_dtype(cfg: EvalConfig) -> tuple[torch.device, torch.dtype]:
+    device = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    )
+    if cfg.dtype != "auto":
+        return device, _DTYPES[cfg.dtype]
+    return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _eos_ids(tokenizer, hf_config) -> tuple[int, ...]:
+    ids = set()
+    for value in (getattr(hf_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return tuple(sorted(ids))
+
+
+def _check_positions(cfg: EvalConfig, max_positions: int | None, longest_prompt: int) -> None:
+    """Refuse, before any generation, a run whose output would pass the target's max_position_embeddings: past
+    it the target extrapolates silently, and every τ and speedup of the run would mean something else. (Draft
+    tokens a round proposes beyond max_new_tokens are discarded, so they do not count.)"""
+    if max_positions is None:
+        return
+    if cfg.data.context_len is not None and cfg.data.context_len > max_positions:
+        raise UserError(
+            f"data.context_len={cfg.data.context_len} exceeds the target's max_position_embeddings={max_positions}"
+        )
+    reach = longest_prompt + cfg.max_new_tokens
+    if reach > max_positions:
+        raise UserError(
+            f"the longest prompt ({longest_prompt} tokens) + max_new_tokens={cfg.max_new_tokens} = {reach} tokens, "
+            f"past the target's max_position_embeddings={max_positions}: lower max_new_tokens, or set "
+            f"data.context_margin >= max_new_tokens so that prompts leave room for the output"
+        )
+
+
+def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
+    """Run the evaluation described by `cfg`; returns the results dict also written to results.json.
+
+    Everything that can be checked without the model's weights is checked first: the tokenizer and config, every
+    data source (a source with no usable sample is an error), and the positions the generation will reach.
+    `session`: the models of an earlier run in this process, reused when this run asks for the same target
+    (`longspec.eval.runs`); by default the run loads its own."""
+    from tqdm.auto import tqdm
+
+    from longspec.target_source import check_tokenizer_fits, load_config, load_tokenizer
+
+    # Where an evaluation's time goes besides decoding (logged, and kept in results.json as phases_s): on the
+    # GPU the suite's seven evaluation steps took 320 s, and a step's samples looked like a small part of it.
+    clock = _Phases()
+    device, dtype = _device_and_dtype(cfg)
+    methods = cfg.methods
+    trust = cfg.target.trust_remote_code
+    model_source = cfg.target.source()  # an HF directory / hub id, or a GGUF file
+    tokenizer = load_tokenizer(model_source, trust_remote_code=trust)
+    hf_config = load_config(model_source, trust_remote_code=trust)
+    check_tokenizer_fits(tokenizer, hf_config.vocab_size)  # the embedding's rows
+    max_positions = getattr(hf_config, "max_position_embeddings", None)
+    context_len = cfg.data.context_len or max_positions
+    if context_len is None:
+        raise UserError("the target's config has no max_position_embeddings: set data.context_len")
+    gen_config = cfg.generation_config(eos_token_ids=_eos_ids(tokenizer, hf_config))
+
+    datasets: list[tuple[str, list]] = []
+    data_reports = []
+    for source in cfg.data.sources:
+        samples, report = load_samples(
+            source,
+            tokenizer,
+            context_len=context_len,
+            min_prompt_tokens=cfg.data.min_prompt_tokens,
+            context_margin=cfg.data.context_margin,
+            template=cfg.data.template,
+        )
+        samples = samples[: cfg.max_samples] if cfg.max_samples else samples
+        data_reports.append(report.to_dict())
+        datasets.append((samples[0].dataset, samples))
+    longest = max(s.prompt_len for _, samples in datasets for s in samples)
+    _check_positions(cfg, max_positions, longest)
+    clock.mark("data")
+
+    session = EvalSession() if session is None else session
+    engine = session.engine_for(
+        cfg, model_source=model_source, tokenizer=tokenizer, device=device, dtype=dtype
+    )
+    target = engine.target
+    clock.mark("load")
+
+    results: dict = {
+        "config": _config_dict(cfg),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).removeprefix("torch."),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": git_commit(),
+        "data": data_reports,
+        "methods": {m: {} for m in methods},
+    }
+
+    # Size the static cache once for the longest prompt, so no sample pays for a reallocation (or, with
+    # cuda_graphs, a re-capture) inside its timed decode; then warm every method up untimed.
+    engine.reserve_for([longest], gen_config)
+    if "hf_compile" in methods:  # the same for HF's static cache: one compilation, in the warm-up
+        reserve_hf_compiled(target.model, longest + cfg.max_new_tokens)
+    if cfg.warmup:
+        warm = dataclasses.replace(gen_config, max_new_tokens=min(8, cfg.max_new_tokens))
+        # On a GPU, kernel selection is per shape (cuDNN attention plans, Triton autotuning by context length):
+        # measured on the H200, the first 64 tokens at a new context length ran 6x slower for SDPA decoding
+        # (benchmarks/decode_methods.py). Warm up at each data source's first prompt, not at a toy length.
+        # (A CPU has no per-shape kernels: a short prompt initialises everything there.)
+        warm_prompts = [samples[0].prompt_ids for _, samples in datasets]
+        if device.type != "cuda":
+            warm_prompts = [list(range(16))]
+        for prompt in warm_prompts:
+            for method in methods:
+                run_method(method, prompt, warm, target=target, engine=engine)
+        if "longspec" in methods and gen_config.fixed_tree is None:
+            # tree=auto: every candidate's round cost on this device, per context bucket of the run.
+            shortest = min((s.prompt_len for _, samples in datasets for s in samples), default=16)
+            costs = engine.measure_round_costs(gen_config, [shortest, longest + cfg.max_new_tokens])
+            results["round_costs_s"] = costs.to_dict()
+        batched = [m for m in methods if get_method(m).runner == "engine"] if cfg.batch_size > 1 else []
+        if batched:  # the batch's cache, and its static steps / graphs (keyed by batch size), set up untimed
+            # (after the batch-1 work above, which reallocates the cache for one row), for the batch's bucket
+            # and the smaller ones it shrinks into as its rows finish (`SpeculativeEngine.warm_up`)
+            engine.reserve_for([longest] * cfg.batch_size, gen_config)
+            for method in batched:
+                # every bucket once (its steps do not depend on the prompt), then each source's shape at the
+                # batch's size (kernel selection)
+                widest = max(warm_prompts, key=len)
+                engine.warm_up(widest, warm, batch_size=cfg.batch_size, method=method)
+                for prompt in warm_prompts:
+                    if prompt is not widest:
+                        engine.generate_batch([prompt] * cfg.batch_size, warm, method=method)
+    clock.mark("warm_up")
+
+    reference = greedy_reference(methods) if cfg.temperature == 0 else None
+    for dataset, samples in datasets:
+        bar = tqdm(total=len(samples), desc=dataset, unit="sample", dynamic_ncols=True)
+        for start in range(0, len(samples), cfg.batch_size):
+            chunk = samples[start : start + cfg.batch_size]
+            for method in methods:
+                records = _generate(method, chunk, gen_config, cfg.batch_size, target=target, engine=engine)
+                results["methods"][method].setdefault(dataset, []).extend(records)
+                last = records[-1]
+                bar.set_postfix_str(
+                    f"{method}: τ {last['mean_accept_length']:.2f}, {last['tokens_per_s']:.1f} tok/s"
+                )
+            if reference is not None:
+                for index, sample in enumerate(chunk, start=start):
+                    _check_against_reference(results["methods"], dataset, reference, sample, target, index)
+            bar.update(len(chunk))
+        bar.close()
+
+    clock.mark("samples")
+    results["phases_s"] = clock.seconds
+    logger.info("phases: %s", ", ".join(f"{name} {sec:.1f} s" for name, sec in clock.seconds.items()))
+    results["summary"] = summarise(results["methods"], greedy=cfg.temperature == 0)
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    write_text_atomic(
+        os.path.join(cfg.output_dir, "results.json"),
+        json.dumps(_json_safe(results), indent=1, allow_nan=False),
+    )
+    write_report(results, cfg.output_dir)
+    return results
+
+
+def _generate(method: str, samples: list, config, batch_size: int, *, target, engine) -> list[dict]:
+    """One record per sample of `samples` for `method`: an engine method decodes them together when
+    batch_size > 1 (one `generate_batch`; each record then carries the batch's throughput), anything else
+    one sample at a time (`run_method`)."""
+    batched = batch_size > 1 and get_method(method).runner == "engine"
+    pad = batch_size - len(samples) if batched else 0
+    if batched:
+        # A dataset's last, smaller batch is padded with repeats of its last prompt (their outputs dropped,
+        # their time counted): another batch size would reallocate the cache and, with cuda_graphs, capture
+        # new graphs inside the timed decode, then again for the next dataset's full batches.
+        prompts = [s.prompt_ids for s in samples] + [samples[-1].prompt_ids] * pad
+        outputs = engine.generate_batch(prompts, config, method=method)[: len(samples)]
+    else:
+        outputs = [run_method(method, s.prompt_ids, config, target=target, engine=engine) for s in samples]
+    records = [
+        _record(sample, result.stats, result.tokens) for sample, result in zip(samples, outputs, strict=True)
+    ]
+    if batched:
+        # Every row of a batch shares its decode wall time: the batch's throughput is all its tokens over it.
+        tokens = sum(max(r["num_new_tokens"] - 1, 0) for r in records)
+        decode_s = records[0]["decode_s"]
+        for record in records:
+            record["batch_size"] = len(samples)
+            record["batch_padding"] = (
+                pad  # rows decoded only to keep the batch shape: their tokens not counted
+            )
+            record["batch_tokens_per_s"] = tokens / decode_s if decode_s > 0 and tokens > 0 else math.nan
+    return records
+
+
+def _record(sample, stats, tokens: list[int]) -> dict:
+    return {
+        "id": sample.id,
+        "prompt_len": sample.prompt_len,
+        "output_ids": tokens,
+        "num_new_tokens": stats.num_new_tokens,
+        "rounds": stats.rounds,
+        "accepted": stats.accepted,
+        "mean_accept_length": stats.mean_accept_length,
+        "tokens_per_s": stats.tokens_per_s,
+        "prefill_s": stats.prefill_s,
+        "decode_s": stats.decode_s,
+        "draft_s": stats.draft_s,
+        "verify_s": stats.verify_s,
+        "overhead_s": stats.overhead_s,
+        "trees": stats.trees,
+        "depth_reached": stats.depth_reached,
+        "depth_accepted": stats.depth_accepted,
+    }
+
+
+def _check_against_reference(methods: dict, dataset: str, reference: str, sample, target, index: int) -> None:
+    """T = 0: each method's output for the sample at `index` of `dataset` vs the reference method's; a
+    difference gets a `divergence` entry (first position, the two tokens, the target's logit gap there,
+    near-tie or not)."""
+    ref_tokens = methods[reference][dataset][index]["output_ids"]
+    for method, per_dataset in methods.items():
+        record = per_dataset[dataset][index]
+        if method == reference:
+            continue
+        divergence = analyse_divergence(target.model, sample.prompt_ids, record["output_ids"], ref_tokens)
+        if divergence is None:
+            continue
+        record["divergence"] = divergence.to_dict()
+        log = logger.warning if divergence.near_tie else logger.error
+        log(
+            "%s %s sample %s differs from %s at token %d (%s vs %s): target logit gap %s, %s",
+            dataset,
+            method,
+            sample.id,
+            reference,
+            divergence.index,
+            divergence.token,
+            divergence.reference_token,
+            "n/a" if divergence.gap is None else f"{divergence.gap:.4g}",
+            f"a near-tie (|gap| <= {divergence.tolerance:.3g}, 2 ulp)"
+            if divergence.near_tie
+            else "NOT a near-tie",
+        )
+
+
+def _json_safe(obj):
+    """NaN / inf (e.g. τ of a run with no rounds) -> null: results.json stays strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+class _Phases:
+    """Wall seconds between marks: {phase name: seconds since the previous mark (or construction)}."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self._last, 3)
+        self._last = now
+
+
+def _config_dict(cfg: EvalConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def log_summary(results: dict, output_dir: str) -> None:
+    """One log line per (dataset, method): τ and tokens/s, after where results.json went."""
+    logger.info("wrote %s", os.path.join(output_dir, "results.json"))
+    for dataset, per_method in results["summary"].items():
+        for method, summary in per_method.items():
+            logger.info(
+                "%s %s: τ %.2f, %.1f tok/s",
+                dataset,
+                method,
+                summary["mean_accept_length"],
+                summary["tokens_per_s"],
+            )
