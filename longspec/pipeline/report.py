@@ -32,16 +32,22 @@ def eval_rows(out: str, preset: PipelineConfig) -> list[dict]:
             # over all samples are shown, marked (they measure the target's loop, not the drafter).
             all_degenerate = all(not s.get("num_samples") for s in per_method.values())
             figures = {m: (s.get("all_samples") or s) if all_degenerate else s for m, s in per_method.items()}
+            # A batched method's rate is its batch's throughput (every row shares the batch's decode time, so a
+            # row's own tokens / that time says how long the row was, not how fast the batch ran).
+            rate = {m: f.get("batch_tokens_per_s") or f.get("tokens_per_s") for m, f in figures.items()}
             for method, s in per_method.items():
                 f = figures[method]
                 speedup = {
-                    base: f["tokens_per_s"] / figures[base]["tokens_per_s"]
+                    base: rate[method] / rate[base]
                     for base in BASELINES
-                    if base != method and base in figures and (figures[base].get("tokens_per_s") or 0) > 0
+                    if base != method
+                    and base in figures
+                    and (rate[base] or 0) > 0
+                    and rate[method] is not None
                 }
                 rows.append({
                     "run": ev.name or "eval", "temperature": ev.temperature, "dataset": dataset, "method": method,
-                    "tau": f.get("mean_accept_length"), "tokens_per_s": f.get("tokens_per_s"),
+                    "tau": f.get("mean_accept_length"), "tokens_per_s": rate[method],
                     "speedup": speedup, "identical": s.get("identical_to_greedy"),
                     "identical_text": identical_text(s), "unexplained": s.get("unexplained_divergences"),
                     "prompt_len": f.get("mean_prompt_len"), "num_samples": s.get("num_samples"),

@@ -19,13 +19,14 @@ def tiny_target_dir(tmp_path_factory):
 
 @pytest.fixture
 def eval_overrides(tiny_target_dir, longbench_jsonl):
-    """The overrides of a quick run on the tiny target and the JSONL above (random drafter, 10 new tokens)."""
+    """The overrides of a quick run on the tiny target (random drafter, 10 new tokens), on `data` or the JSONL
+    below; `out`: output_dir (None: not set)."""
 
-    def overrides(out, *extra) -> list[str]:
+    def overrides(out, *extra, data=None) -> list[str]:
         return [
             "target=tiny_llama",
             f"target.path={tiny_target_dir}",
-            f"data.path={longbench_jsonl}",
+            f"data.path={data or longbench_jsonl}",
             "data.min_prompt_tokens=0",
             "drafter.init=random",
             "drafter.window=8",

@@ -4,7 +4,6 @@
 import json
 
 import pytest
-from test_eval_cli import _overrides
 
 from longspec.eval.__main__ import main
 from longspec.eval.config import load_eval_config
@@ -25,15 +24,15 @@ def three_rows(tmp_path):
     return str(path)
 
 
-def _run(target_dir, data, out, *extra) -> dict:
-    overrides = _overrides(target_dir, data, out, f"method=[{','.join(METHODS)},vanilla_fa]", *extra)
+def _run(eval_overrides, data, out, *extra) -> dict:
+    overrides = eval_overrides(out, f"method=[{','.join(METHODS)},vanilla_fa]", *extra, data=data)
     assert main(overrides) == 0
     return json.loads((out / "results.json").read_text())
 
 
-def test_batch_size_2_gives_the_outputs_of_batch_size_1(tiny_target_dir, three_rows, tmp_path):
-    one = _run(tiny_target_dir, three_rows, tmp_path / "b1", "warmup=false")
-    two = _run(tiny_target_dir, three_rows, tmp_path / "b2", "batch_size=2")
+def test_batch_size_2_gives_the_outputs_of_batch_size_1(eval_overrides, three_rows, tmp_path):
+    one = _run(eval_overrides, three_rows, tmp_path / "b1", "warmup=false")
+    two = _run(eval_overrides, three_rows, tmp_path / "b2", "batch_size=2")
     for method in (*METHODS, "vanilla_fa"):
         outputs = [[r["output_ids"] for r in run["methods"][method]["rows"]] for run in (one, two)]
         assert len(outputs[0]) == 3 and outputs[0] == outputs[1], method
@@ -60,9 +59,9 @@ def test_batch_size_0_is_one_clear_error(tiny_target_dir, three_rows):
         )
 
 
-def test_sampling_runs_batched(tiny_target_dir, three_rows, tmp_path):
+def test_sampling_runs_batched(eval_overrides, three_rows, tmp_path):
     """T > 0 is allowed with batch_size > 1 (batched sampling is exact); no greedy check then."""
-    results = _run(tiny_target_dir, three_rows, tmp_path, "batch_size=2", "temperature=0.7", "warmup=false")
+    results = _run(eval_overrides, three_rows, tmp_path, "batch_size=2", "temperature=0.7", "warmup=false")
     for method in METHODS:
         records = results["methods"][method]["rows"]
         assert [r["batch_size"] for r in records] == [2, 2, 1] and all(r["output_ids"] for r in records)

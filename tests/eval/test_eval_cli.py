@@ -98,7 +98,7 @@ def test_config_errors(eval_overrides, tmp_path, extra, error):
 
 
 def test_data_path_may_name_a_dataset(eval_overrides, tmp_path):
-    cfg = load_eval_config([*eval_overrides(tmp_path)[:2], "data.path=lcc", *eval_overrides(tmp_path)[3:]])
+    cfg = load_eval_config(eval_overrides(tmp_path, data="lcc"))
     assert cfg.data.sources == ["lcc"]
     cfg = load_eval_config(
         ["target=tiny_llama", "target.path=x", "data.name=[gov_report,aime24]", "method=ar"]

@@ -35,6 +35,12 @@ def test_results_table_and_report(tmp_path):
                      "trees": {"4-16-16-16-16": 18}},
         "vanilla_hf": {"mean_accept_length": 1.0, "tokens_per_s": 20.0, "num_samples": 1, "mean_prompt_len": 3500},
     }  # fmt: skip
+    # batched decoding: a row's own tokens/s is its length over the batch's time; the table shows the batch's
+    summary["batched"] = {
+        "longspec": {"mean_accept_length": 1.5, "tokens_per_s": 30.5, "batch_tokens_per_s": 675.8,
+                     "num_samples": 1, "mean_prompt_len": 3560},
+        "vanilla_hf": {"mean_accept_length": 1.0, "tokens_per_s": 40.0, "num_samples": 1, "mean_prompt_len": 3560},
+    }  # fmt: skip
     (tmp_path / "eval" / "results.json").write_text(json.dumps({"summary": summary}))
     rows = eval_rows(str(tmp_path), preset)
     table = results_table(rows)
@@ -43,6 +49,7 @@ def test_results_table_and_report(tmp_path):
     assert (
         "eval / looping: longspec at 0.90x of vanilla_hf" in table and "without it in 90% of rounds" in table
     )
+    assert "| batched | 3560 | longspec | 1 | 1.50 | 675.8 | 16.89x |" in table
     assert "eval / short: longspec at 0.75x of vanilla_hf: speculation ran in 100% of rounds" in table
     run_dir = tmp_path / "runs" / "stage1"
     run_dir.mkdir(parents=True)
