@@ -231,9 +231,10 @@ class _HostCopies:
         self.free: dict[tuple, list[tuple[torch.Tensor, torch.cuda.Event]]] = {}
 
     def start(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """(host tensor, event) for `packed`; a CPU tensor is already on the host (no event)."""
+        """(host tensor, event) for `packed`; a CPU tensor is copied now (no event): a static step's output is
+        overwritten by its next call, as a GPU copy taken at launch is not."""
         if packed.device.type != "cuda":
-            return packed, None
+            return packed.clone(), None
         free = self.free.setdefault((tuple(packed.shape), packed.dtype), [])
         if free:
             host, copied = free.pop()
@@ -415,6 +416,12 @@ class SpeculativeEngine:
         # verify_s holds the acceptance rule too: it runs in the verify's step (one graph with cuda_graphs)
         with clock.phase("verify_s"):
             packed, bonus = self._verify_accept(tree, config, generator, depth, max_children, static, capture)
+            if static:
+                # A static step's outputs are overwritten by its next call (a graph's next replay). The bonus
+                # tokens are the next round's roots, which must outlive that: a plain round's verify is the same
+                # step as the last one's, and its commit reads the roots after it (they were the new tokens
+                # instead, so the history, and the ring caught up from it, held the wrong ones on the GPU).
+                bonus = bonus.clone()
         with clock.phase("overhead_s"):
             mask = None if all(active) else slots.mask()
             counts = packed[:, -1] if mask is None else packed[:, -1] * mask

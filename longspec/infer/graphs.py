@@ -39,7 +39,10 @@ class StaticStep:
     capture=True (CUDA only) records fn in a CUDA graph after `warmup` eager calls on a side stream (which
     also lets Triton compile and autotune outside the capture); each call then copies its inputs into the
     buffers and replays. Outputs are the graph's static tensors: consume them before the next call.
-    capture=False runs fn eagerly on the same buffers: the CPU-testable twin of the captured path.
+    capture=False runs fn eagerly on the same buffers: the CPU-testable twin of the captured path, down to its
+    outputs: they are copied into static tensors too, which the next call overwrites, as a replay does. (A
+    round that read its previous round's graph output after that graph replayed again, the roots of a plain
+    round, was wrong on the GPU only, while the twin handed out fresh tensors.)
     fn must not read host values from the device, nor change shapes between calls. A step whose calls change
     state for good (a commit) is built with warmup=1 on the call's real inputs: that warm-up IS the call."""
 
@@ -70,6 +73,21 @@ class StaticStep:
         for buffer, value in zip(self.inputs, inputs, strict=True):
             buffer.copy_(value)
         if self.graph is None:
-            return self.fn(*self.inputs)
+            self.outputs = _into(self.outputs, self.fn(*self.inputs))
+            return self.outputs
         self.graph.replay()
         return self.outputs
+
+
+def _into(static, new):
+    """`new` (a tensor, or a tuple / list of them, or None) copied into `static`'s tensors (allocated the first
+    time): what a captured graph's outputs are, the same tensors every call."""
+    if new is None:
+        return None
+    if isinstance(new, torch.Tensor):
+        if static is None:
+            return new.clone()
+        return static.copy_(new)
+    parts = [_into(None if static is None else old, part) for old, part in
+             zip(static if static is not None else [None] * len(new), new, strict=True)]  # fmt: skip
+    return type(new)(parts)

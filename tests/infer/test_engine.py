@@ -320,3 +320,19 @@ def test_no_gc_pauses_the_collector_and_restores_it():
         assert not gc.isenabled()  # left off: it was off before
     finally:
         gc.enable()
+
+
+def test_the_uncaptured_static_step_hands_out_its_outputs_as_a_graph_does():
+    """`StaticStep(capture=False)`, the CPU twin of a captured step: its outputs are the same tensors every call,
+    overwritten by the next call, as a graph's replay overwrites its static outputs (the twin handed out fresh
+    tensors, so a read after the next call was right on the CPU and wrong on the GPU)."""
+    from longspec.infer.graphs import StaticStep
+
+    step = StaticStep(lambda x: (x * 2, [x + 1, None]), (torch.zeros(3),), capture=False)
+    first = step(torch.ones(3))
+    kept = first[0]
+    second = step(torch.full((3,), 5.0))
+    assert second[0] is kept and second[1][0] is first[1][0] and second[1][1] is None
+    assert (
+        kept.tolist() == [10.0] * 3 and second[1][0].tolist() == [6.0] * 3
+    )  # the first call's values are gone
