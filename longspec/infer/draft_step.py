@@ -20,14 +20,15 @@ __all__ = ["DraftStep"]
 
 class DraftStep:
     """Owns the drafter's ring buffer: O(window) whatever the context, so allocated once per engine (captured
-    graphs keep its address), and the committed tokens by position (`history`, on the device).
+        graphs keep its address), and the committed tokens by position (`history`, on the device).
 
-    A drafting round's commit enters its accepted path into the ring (`fill_path`); a plain round ("no
-    speculation", tree="auto") only records its token in the history, so it costs about one AR step, and before
-    the next drafting round `catch_up` computes the ring's missing tokens from the history. Both read only device
-    values (per-row lengths, the ring's own positions), so they run inside the rounds' static / captured steps
-    with nothing settled first, at any batch size. A draft reads the target's committed cache through a
-    `TargetStep`, whose `static_step` holds the static / captured draft steps next to its verify steps."""
+        A drafting round's commit enters its accepted path into the ring (`fill_path`); a plain round ("no
+        speculation", tree="auto") only records its token in the history, inside its verify step, so it launches what
+    an AR step does, and before
+        the next drafting round `catch_up` computes the ring's missing tokens from the history. Both read only device
+        values (per-row lengths, the ring's own positions), so they run inside the rounds' static / captured steps
+        with nothing settled first, at any batch size. A draft reads the target's committed cache through a
+        `TargetStep`, whose `static_step` holds the static / captured draft steps next to its verify steps."""
 
     def __init__(self, drafter, *, vocab_size: int, device: torch.device):
         self.drafter = drafter

@@ -397,6 +397,8 @@ class SpeculativeEngine:
         capture, spec = config.cuda_graphs, get_method(method, runner="engine")
         batch = roots.shape[0]
         active = [True] * batch if slots is None else list(slots.active)
+        mask = None if all(active) else slots.mask()
+        kept = None if mask is None else roots.clone()  # frozen rows keep their root (read before the verify)
         launched_at = time.perf_counter()
         if spec.needs_drafter and widths:
             layout = TreeLayout(widths)
@@ -413,23 +415,25 @@ class SpeculativeEngine:
         else:  # "ar", or longspec's "no speculation"
             tree = self._plain_tree(roots)
             depth, max_children = 0, 0
+        # On static shapes `roots` may be the last round's verify outputs, which this round's verify overwrites
+        # (a static step's outputs are overwritten by its next call, as a graph's by its next replay): nothing
+        # reads them after it. The draft and a plain round's verify copy them into their own inputs first, and a
+        # plain round of a drafting method records its token in the drafter's history inside its verify step,
+        # from that copy (its commit step once read the overwritten roots: the history, and the ring caught up
+        # from it, held the next token on the GPU). It then launches what an AR step does, no commit step.
+        record = self.draft_step if spec.needs_drafter and not widths else None
         # verify_s holds the acceptance rule too: it runs in the verify's step (one graph with cuda_graphs)
         with clock.phase("verify_s"):
-            packed, bonus = self._verify_accept(tree, config, generator, depth, max_children, static, capture)
-            if static:
-                # A static step's outputs are overwritten by its next call (a graph's next replay). The bonus
-                # tokens are the next round's roots, which must outlive that: a plain round's verify is the same
-                # step as the last one's, and its commit reads the roots after it (they were the new tokens
-                # instead, so the history, and the ring caught up from it, held the wrong ones on the GPU).
-                bonus = bonus.clone()
+            packed, bonus = self._verify_accept(
+                tree, config, generator, depth, max_children, static, capture, record=record
+            )
         with clock.phase("overhead_s"):
-            mask = None if all(active) else slots.mask()
             counts = packed[:, -1] if mask is None else packed[:, -1] * mask
-            draft = self.draft_step if spec.needs_drafter else None
+            draft = self.draft_step if spec.needs_drafter and widths else None
             paths = packed[:, depth + 1 : 2 * (depth + 1)]
-            self._commit(tree.tokens, paths, counts, draft, bool(widths), static, capture)
-            if mask is not None:  # frozen rows keep their root
-                bonus = torch.where(mask, bonus, roots)
+            self._commit(tree.tokens, paths, counts, draft, static, capture)
+            if mask is not None:
+                bonus = torch.where(mask, bonus, kept)
             host, copied = self._host_copies.start(packed)
         rnd = _Round(widths, depth, active, host, copied, launched_at, context_len)
         return rnd, bonus
@@ -467,14 +471,14 @@ class SpeculativeEngine:
         roots = roots.index_select(0, torch.tensor(index, device=self.device))
         return roots, None if contexts is None else [contexts[slot] for slot in index]
 
-    def _commit(self, tokens, paths, counts, draft, fill_ring: bool, static: bool, capture: bool) -> None:
+    def _commit(self, tokens, paths, counts, draft, static: bool, capture: bool) -> None:
         """The round's commit from device values only (paths [B, depth + 1], counts [B]: 0 for frozen rows): each
         row's accepted path moved in the target cache (`StaticKVCache.move_path`, the whole path width; a plain
-        round's one node is already in place); with a drafter (`draft`, longspec) the path's tokens recorded in
-        its history (`DraftStep.record`) and, for a drafting round (`fill_ring`), entered into its ring buffer
+        round's one node is already in place); for a drafting round of longspec (`draft`) the path's tokens
+        recorded in the drafter's history (`DraftStep.record`) and entered into its ring buffer
         (`DraftStep.fill_path`); the committed lengths advanced on the device. On static shapes it is one
-        static step (one graph launch with cuda_graphs); a plain round of a method without a drafter only adds
-        its counts. The host lengths follow when the round settles (`_finish`)."""
+        static step (one graph launch with cuda_graphs); a plain round only adds its counts (longspec's has
+        recorded its token inside its verify step). The host lengths follow when the round settles (`_finish`)."""
         cache = self.cache
         plain = paths.shape[1] == 1  # no drafts: the one node's K/V already sit at each row's length
 
@@ -484,14 +488,13 @@ class SpeculativeEngine:
                 cache.move_path(paths, starts)
             if draft is not None:
                 draft.record(tokens, paths, starts)
-                if fill_ring:
-                    draft.fill_path(tokens, paths, counts, starts)
+                draft.fill_path(tokens, paths, counts, starts)
             cache.advance(counts)
 
         if plain and draft is None:  # nothing to move, record or fill: the lengths only, no step
             cache.advance(counts)
         elif static:
-            key = ("commit", tokens.shape[1], paths.shape[1], draft is not None, fill_ring, capture)
+            key = ("commit", tokens.shape[1], paths.shape[1], draft is not None, capture)
             self.target_step.static_step(key, fn, (tokens, paths, counts), capture, effects=True)
         else:
             fn(tokens, paths, counts)
@@ -517,10 +520,14 @@ class SpeculativeEngine:
         max_children: int,
         static: bool,
         capture: bool,
+        *,
+        record: DraftStep | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The verify forward and the acceptance rule as ONE step (`TargetStep.verify` with a head): returns
         (packed [B, 2 (depth + 1) + 1] = emitted tokens, path, count per row; bonus [B]) on the device. The
-        random draws are made here, outside the step, so a replayed graph gets fresh ones."""
+        random draws are made here, outside the step, so a replayed graph gets fresh ones. `record`: a plain
+        round's drafter, whose history receives the round's token at each row's committed length in the same
+        step (its warm-up runs write the same token to the same uncommitted slot: harmless)."""
         sampling = config.temperature > 0
         head_inputs = (tree.parents, tree.valid)
         if sampling:
@@ -528,7 +535,7 @@ class SpeculativeEngine:
             head_inputs += (draws,)
             if tree.draft_probs is not None:
                 head_inputs += (tree.draft_probs,)
-        key = ("accept", depth, max_children, sampling and tree.draft_probs is not None)
+        key = ("accept", depth, max_children, sampling and tree.draft_probs is not None, record is not None)
         if sampling:
             key += (config.temperature, config.top_k, config.top_p)
 
@@ -538,6 +545,8 @@ class SpeculativeEngine:
                 draft_probs,
             )  # fmt: skip
             emitted = emitted_tokens(tokens, paths, lengths, bonus)
+            if record is not None:
+                record.record(tokens, paths, self.cache.lengths_t)
             return torch.cat([emitted, paths, lengths[:, None]], dim=1), bonus
 
         return self.target_step.verify(

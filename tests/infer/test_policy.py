@@ -498,3 +498,19 @@ def test_plain_rounds_age_the_realised_yield_so_bursty_texts_keep_speculating(mo
     assert aged >= 1.05 * frozen and aged > 1.12  # 1.06 -> 1.15 at the time of writing
     useless, share = _bursty_rate(monkeypatch, 0.8, good=0.02, bad=0.02)
     assert useless > 0.97 and share < 0.06
+
+
+def test_a_plain_round_of_longspec_launches_what_an_ar_step_does():
+    """On static shapes a plain round is one step, as an AR step is: its token enters the drafter's history inside
+    its verify step (no commit step of its own); drafting rounds still commit in a step (path, ring, history)."""
+    target = make_tiny_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target), costs=CyclingCosts())
+    prompt = torch.randint(0, 256, (45,), generator=torch.Generator().manual_seed(7))  # 45: plain is cheapest
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=40, static_shapes=True))
+    assert result.stats.trees.get("ar", 0) >= 2 and len(result.stats.trees) > 1
+    kinds = {key[0] for key in engine.target_step.steps}
+    commits = [key for key in engine.target_step.steps if key[0] == "commit"]
+    assert {"verify", "draft", "commit", "catch_up"} <= kinds
+    assert commits and all(key[2] > 1 for key in commits)  # paths of drafting rounds only, none of width 1
+    committed = engine.draft_step.history[0, : engine.cache.lengths[0]]
+    assert committed.tolist() == prompt.tolist() + result.tokens[: committed.numel() - prompt.numel()]
