@@ -84,8 +84,8 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
 
     from longspec.target_source import check_tokenizer_fits, load_config, load_tokenizer
 
-    # Where an evaluation's time goes besides decoding (logged, and kept in results.json as phases_s): on the
-    # GPU the suite's seven evaluation steps took 320 s, and a step's samples looked like a small part of it.
+    # Where an evaluation's time goes besides decoding (logged, and kept in results.json as phases_s): what
+    # showed that the suite's evaluations, 320 s as seven processes on the GPU, were worth one process.
     clock = _Phases()
     device, dtype = _device_and_dtype(cfg)
     methods = cfg.methods

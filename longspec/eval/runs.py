@@ -13,8 +13,8 @@ failed. Each run writes its output_dir as `python -m longspec.eval` would (resul
 `--events FILE` gets one JSON line per finished run (`{"run", "output_dir", "status", "seconds"}`, status done or
 failed), as it finishes: the pipeline records each evaluation from it while the others still run.
 
-Why one process: on the GPU the SmolLM2 suite's seven evaluations took 320 s as seven processes, most of it
-process start, model loading, graph capture and round-cost measurement repeated seven times.
+Why one process: on the GPU the SmolLM2 suite's seven evaluations took 320 s as seven processes (each starting,
+loading, capturing graphs and measuring round costs again) and 178 s in one (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 (`python -m longspec.eval.runs`): the target, the drafter and the engine, with its static steps / CUDA graphs and
 its measured round costs.
 
-Why: on the GPU the SmolLM2 suite's seven evaluations took 320 s as seven processes, and most of each was not
-decoding but starting the process, loading the models, capturing the graphs and measuring the round costs for
-tree=auto, the same work seven times over. A run that follows one with the same target (source, dtype, device)
+Why: on the GPU the SmolLM2 suite's seven evaluations took 320 s as seven processes, each starting, loading the
+models, capturing the graphs and measuring tree=auto's round costs again; in one process they took 178 s (the
+full-tree run 24 s -> 3.7 s; docs/BENCHMARKS.md). A run that follows one with the same target (source, dtype, device)
 reuses all of it; a run with another target replaces it (one target at a time: a user's 8B target in two dtypes
 would not fit twice).
 
