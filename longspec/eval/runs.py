@@ -8,10 +8,11 @@ and the engine's static steps / CUDA graphs and measured round costs).
 
 The overrides before the first --run apply to every run; each --run adds its own (later ones win). Every run's
 config is composed and validated before the first one starts, so a bad override costs no model load (exit 2, one
-line). A run that fails is logged with its traceback and the next one starts; the exit status is 1 if any run
-failed. Each run writes its output_dir as `python -m longspec.eval` would (results.json, report.md, plots), and
-`--events FILE` gets one JSON line per finished run (`{"run", "output_dir", "status", "seconds"}`, status done or
-failed), as it finishes: the pipeline records each evaluation from it while the others still run.
+line). A run that fails is logged with its traceback and the next one starts, from freshly loaded models; the
+exit status is 1 if any run failed. Each run writes its output_dir as `python -m longspec.eval` would
+(results.json, report.md, plots), and `--events FILE` gets one JSON line per finished run, as it finishes
+(`{"run", "output_dir", "status", "seconds"}`, status done or failed): the pipeline records each evaluation from
+it while the others still run.
 
 Why one process: on the GPU the SmolLM2 suite's seven evaluations took 320 s as seven processes (each starting,
 loading, capturing graphs and measuring round costs again) and 178 s in one (docs/BENCHMARKS.md).
@@ -84,6 +85,7 @@ def _main(argv: list[str]) -> int:
             logger.exception("run %d/%d (%s) failed", index, len(configs), cfg.output_dir)
             failed.append(index)
             status = "failed"
+            session.release()  # the next run starts from freshly loaded models
         seconds = time.perf_counter() - start
         logger.info("run %d/%d %s in %.1f s (targets loaded so far: %d)", index, len(configs), status, seconds,
                     session.loads)  # fmt: skip

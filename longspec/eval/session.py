@@ -62,8 +62,7 @@ class EvalSession:
         )
         drafter_key = _drafter_key(cfg) if "longspec" in cfg.methods else None
         if target_key != self._target_key:
-            self.engine = self.target = self._target_key = self._drafter_key = None
-            _free_memory()  # before loading the next target: the two need not fit together
+            self.release()  # before loading the next target: the two need not fit together
             self.target = _load_target(target_key)
             self._target_key = target_key
             self.loads += 1
@@ -79,6 +78,12 @@ class EvalSession:
         # What the previous run's rounds taught the tree policy stays with that run.
         self.engine.policies.clear()
         return self.engine
+
+    def release(self) -> None:
+        """Drop the target and the engine (the next run loads its own): after a failed run, whose error may have
+        left them half-way through a step."""
+        self.engine = self.target = self._target_key = self._drafter_key = None
+        _free_memory()
 
     def _drop_engine(self) -> None:
         if self.engine is not None:

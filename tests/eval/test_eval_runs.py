@@ -49,6 +49,7 @@ def test_a_new_dtype_loads_the_target_again(eval_overrides, tmp_path):
 
 
 def test_runs_cli_goes_on_after_a_failed_run(eval_overrides, tmp_path, caplog):
+    caplog.set_level("INFO", logger="longspec.eval")
     events = tmp_path / "events.jsonl"
     empty_drafter = tmp_path / "not_a_drafter"
     empty_drafter.mkdir()
@@ -65,6 +66,7 @@ def test_runs_cli_goes_on_after_a_failed_run(eval_overrides, tmp_path, caplog):
     assert not (tmp_path / "bad" / "results.json").exists()
     assert json.loads((tmp_path / "good" / "results.json").read_text())["summary"]["rows"]["ar"]
     assert "run 1/2" in caplog.text and "failed" in caplog.text
+    assert "targets loaded so far: 2" in caplog.text  # the run after a failure loads its models afresh
 
 
 @pytest.mark.parametrize(
