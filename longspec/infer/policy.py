@@ -38,7 +38,13 @@ inject a stub. Two corrections make the choice robust to timing noise and to wha
 - online (`RoundTimes`): while decoding, each round's wall time (the round ends with its one host copy, so the
   time is the round's whole cost; a speculating round after plain ones includes the drafter ring's catch-up)
   updates a decayed mean per (bucket, tree); a tree not run yet is priced at
-  its table cost times the median ratio observed / table of the trees that ran.
+  its table cost times the median ratio observed / table of the trees that ran. A tree's mean goes stale while
+  the tree does not run, and a stale mean can be far off: plain rounds slowed by another process sharing the
+  CPU once priced "no speculation" above a chain, monotone then raised the chain to that price, and a drafter
+  that accepted nothing kept speculating for a whole sample (the CPU quickstart, docs/BENCHMARKS.md). So a
+  newer observation of a tree bounds an older one of a tree it contains, or that contains it, by the table's
+  ratio of the two (observed(small) <= observed(big) x table(small) / table(big) when big is newer, >= when small
+  is newer).
 """
 
 from __future__ import annotations
@@ -252,6 +258,10 @@ class RoundTimes:
     def __init__(self, base: CostModel, trees: Sequence[tuple[int, ...]], *, decay: float = 0.9):
         self.base, self.trees, self.decay = base, tuple(trees), decay
         self.mean: dict[tuple[int, tuple[int, ...]], float] = {}
+        self.observed_at: dict[
+            tuple[int, tuple[int, ...]], int
+        ] = {}  # the observation count at its last update
+        self._observations = 0
         self._below = contained_trees(self.trees)
         self._cache: dict[int, dict[tuple[int, ...], float]] = {}  # per bucket; this runs every round
 
@@ -260,6 +270,8 @@ class RoundTimes:
         key = (bucket, tuple(widths))
         old = self.mean.get(key)
         self.mean[key] = seconds if old is None else self.decay * old + (1.0 - self.decay) * seconds
+        self._observations += 1
+        self.observed_at[key] = self._observations
         self._cache.pop(bucket, None)
 
     def costs(self, context_len: int) -> dict[tuple[int, ...], float]:
@@ -270,8 +282,26 @@ class RoundTimes:
         seen = {t: self.mean[(bucket, t)] for t in self.trees if (bucket, t) in self.mean}
         if not seen:
             return table  # the table as given (MeasuredCosts is monotone itself; a test stub need not be)
-        self._cache[bucket] = self._calibrated(table, seen)
+        when = {t: self.observed_at[(bucket, t)] for t in seen}
+        self._cache[bucket] = self._calibrated(table, self._bounded(table, seen, when))
         return self._cache[bucket]
+
+    def _bounded(self, table: dict, seen: dict, when: dict) -> dict[tuple[int, ...], float]:
+        """The observed means, each pair of trees one containing the other held to the table's ratio where the
+        newer figure says so (it tells what the machine does now): a smaller tree's older mean is capped at the
+        bigger one's newer mean x table(small) / table(big), a bigger tree's older mean raised to the smaller
+        one's newer mean x table(big) / table(small)."""
+        bounded = dict(seen)
+        for big in seen:
+            for small in self._below[big]:
+                if small == big or small not in seen or table[small] <= 0 or table[big] <= 0:
+                    continue
+                ratio = table[big] / table[small]
+                if when[big] > when[small]:
+                    bounded[small] = min(bounded[small], seen[big] / ratio)
+                else:
+                    bounded[big] = max(bounded[big], seen[small] * ratio)
+        return bounded
 
     def _calibrated(self, table: dict, seen: dict) -> dict[tuple[int, ...], float]:
         ratios = sorted(seen[t] / table[t] for t in seen if table[t] > 0)

@@ -16,6 +16,7 @@ from longspec.infer.policy import (
     AcceptanceModel,
     AdaptivePolicy,
     MeasuredCosts,
+    RoundTimes,
     context_bucket,
 )
 from longspec.testing import make_tiny_target
@@ -514,3 +515,35 @@ def test_a_plain_round_of_longspec_launches_what_an_ar_step_does():
     assert commits and all(key[2] > 1 for key in commits)  # paths of drafting rounds only, none of width 1
     committed = engine.draft_step.history[0, : engine.cache.lengths[0]]
     assert committed.tolist() == prompt.tolist() + result.tokens[: committed.numel() - prompt.numel()]
+
+
+def test_a_stale_plain_time_does_not_hold_the_policy_on_a_useless_chain():
+    """Plain rounds slowed by another process (their learned time 3x the table's), then a chain that accepts
+    nothing: the chain's fresh times bound the stale plain one (by the table's ratio), so the policy goes back to
+    plain decoding. Before, monotone raised the chain to the stale plain price, and with any acceptance estimate
+    above zero the chain won every round without plain ever being timed again (the CPU quickstart: 81 such
+    rounds in one sample)."""
+    table = MeasuredCosts(seconds={(1024, ()): 1.0, (1024, (1,)): 1.7})
+    times = RoundTimes(table, ((), (1,)))
+    for _ in range(20):
+        times.observe((), 1000, 3.0)  # contention
+    for _ in range(3):
+        times.observe((1,), 1000, 1.7)  # contention gone
+    learned = times.costs(1000)
+    assert learned[()] == pytest.approx(1.0) and learned[(1,)] == pytest.approx(1.7)
+    # without the newer chain observations nothing bounds the plain time: it stays as observed
+    assert RoundTimes(table, ((), (1,))).costs(1000) == {(): 1.0, (1,): 1.7}
+    # the other way round (contention starts while plain runs): the newer plain time raises the chain's older one
+    # by the same ratio, so the chain does not look as cheap as a plain round
+    times = RoundTimes(table, ((), (1,)))
+    times.observe((1,), 1000, 1.7)
+    for _ in range(20):
+        times.observe((), 1000, 3.0)
+    learned = times.costs(1000)
+    assert learned[()] == pytest.approx(3.0) and learned[(1,)] == pytest.approx(5.1)
+    # what the policy then does with a drafter that accepts nothing: plain, not the chain
+    policy = AdaptivePolicy(table, ((), (1,)), explore_every=10**6)
+    policy.costs = times
+    for _ in range(5):
+        policy.observe((1,), [], 1000)  # the chain's draft rejected
+    assert policy.choose(1000) == ()
