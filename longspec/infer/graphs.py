@@ -80,14 +80,11 @@ class StaticStep:
 
 
 def _into(static, new):
-    """`new` (a tensor, or a tuple / list of them, or None) copied into `static`'s tensors (allocated the first
-    time): what a captured graph's outputs are, the same tensors every call."""
+    """`new` (a tensor, or a tuple / list of them, or None) copied into `static`'s tensors (cloned the first time,
+    `static` None): what a captured graph's outputs are, the same tensors every call."""
     if new is None:
         return None
     if isinstance(new, torch.Tensor):
-        if static is None:
-            return new.clone()
-        return static.copy_(new)
-    parts = [_into(None if static is None else old, part) for old, part in
-             zip(static if static is not None else [None] * len(new), new, strict=True)]  # fmt: skip
-    return type(new)(parts)
+        return new.clone() if static is None else static.copy_(new)
+    olds = [None] * len(new) if static is None else static
+    return type(new)(_into(old, part) for old, part in zip(olds, new, strict=True))

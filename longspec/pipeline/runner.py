@@ -189,14 +189,7 @@ def run_pipeline(
             print(f"{header}: done earlier ({run_record.seconds(step.name)} s), skipped")
             statuses[step.name] = "skipped"
             continue
-        note = (
-            " (background)"
-            if step.background
-            else " (joint: one process with its group)"
-            if step.joint
-            else ""
-        )
-        print(f"{header}{note}\n  $ {step.command}", flush=True)
+        print(f"{header}{run_note(step)}\n  $ {step.command}", flush=True)
         if dry_run:
             statuses[step.name] = "planned"
             continue
@@ -220,6 +213,13 @@ def run_pipeline(
     run_joint()
     join_background()
     return statuses
+
+
+def run_note(step: Step) -> str:
+    """What the plan's printout says after a step's name about how it runs."""
+    return (
+        " (background)" if step.background else " (joint: one process with its group)" if step.joint else ""
+    )
 
 
 def _run_joint(group: list[tuple[int, Step]], out: str, finish, tqdm) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from longspec.pipeline import PipelineConfig, load_preset, plan, preset_names
 from longspec.pipeline.__main__ import main
+from longspec.pipeline.runner import run_note
 
 
 def _dry_run(capsys, argv: list[str]) -> tuple[int, str, str]:
@@ -22,15 +23,8 @@ def _assert_prints_the_plan(out: str, steps) -> None:
     lines = out.splitlines()[1:]  # after the header (which names the interpreter)
     assert len(lines) == 2 * len(steps)
     for index, step in enumerate(steps):
-        note = (
-            " (background)"
-            if step.background
-            else " (joint: one process with its group)"
-            if step.joint
-            else ""
-        )
         assert lines[2 * index : 2 * index + 2] == [
-            f"[{index + 1}/{len(steps)}] {step.name}{note}",
+            f"[{index + 1}/{len(steps)}] {step.name}{run_note(step)}",
             f"  $ {step.command}",
         ]
 
