@@ -117,6 +117,11 @@ class EvalConfig(Schema):
     # the HF baselines (vanilla_hf, vanilla_fa, hf_compile) still run one sample at a time. 1 = one at a time
     batch_size: int = 1
     warmup: bool = True  # one short untimed generation per method first (lazy init, kernel autotuning)
+    # Timed runs per sample and method, interleaved (each repeat rotates the methods' order, and longspec's tree
+    # policy restarts from the same learned state); each sample keeps its fastest run, as timeit does. For a
+    # machine whose timing spread between identical runs is larger than the differences measured (a shared
+    # 2-core VM: +-25%, docs/BENCHMARKS.md); 1 = one run.
+    timing_repeats: int = 1
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16
     seed: int = 0  # sampling seed (T > 0)
@@ -134,6 +139,7 @@ class EvalConfig(Schema):
             f"max_samples must be >= 1, got {self.max_samples}",
         )
         check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        check(self.timing_repeats >= 1, f"timing_repeats must be >= 1, got {self.timing_repeats}")
         check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
         check(
             self.tree == "auto", f"tree must be auto (fix the tree with tree_widths=[...]), got {self.tree!r}"

@@ -177,8 +177,9 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
         bar = tqdm(total=len(samples), desc=dataset, unit="sample", dynamic_ncols=True)
         for start in range(0, len(samples), cfg.batch_size):
             chunk = samples[start : start + cfg.batch_size]
+            kept = _timed_runs(methods, chunk, gen_config, cfg, target=target, engine=engine)
             for method in methods:
-                records = _generate(method, chunk, gen_config, cfg.batch_size, target=target, engine=engine)
+                records = kept[method]
                 results["methods"][method].setdefault(dataset, []).extend(records)
                 last = records[-1]
                 bar.set_postfix_str(
@@ -201,6 +202,45 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     )
     write_report(results, cfg.output_dir)
     return results
+
+
+def _timed_runs(methods: list[str], samples: list, config, cfg, *, target, engine) -> dict[str, list[dict]]:
+    """Each method's records for `samples`, from `cfg.timing_repeats` interleaved runs: repeat r runs the
+    methods in an order rotated by r (no method is always the first after a new prompt), and every repeat
+    after the first starts longspec's tree policy from the state the first started from (a repeat must not
+    decode a text its policy has already learned). Per sample the fastest run's record is kept whole (its
+    output, τ, trees and time belong together; at T=0 every run's output is the target's greedy one), with
+    every run's time and τ under "timing_runs". The policies then continue from the first repeat's state,
+    as after a single run."""
+    repeats = cfg.timing_repeats
+    start_state = engine.policy_state() if repeats > 1 else None
+    after_first = None
+    runs: dict[str, list[list[dict]]] = {method: [] for method in methods}
+    for rep in range(repeats):
+        shift = rep % len(methods)
+        for method in methods[shift:] + methods[:shift]:
+            if rep > 0:
+                engine.restore_policies(start_state)
+            runs[method].append(
+                _generate(method, samples, config, cfg.batch_size, target=target, engine=engine)
+            )
+        if rep == 0 and repeats > 1:
+            after_first = engine.policy_state()
+    if repeats == 1:
+        return {method: per_run[0] for method, per_run in runs.items()}
+    engine.restore_policies(after_first)
+    kept = {}
+    for method, per_run in runs.items():
+        kept[method] = []
+        for index in range(len(samples)):
+            candidates = [records[index] for records in per_run]
+            best = dict(min(candidates, key=lambda record: record["decode_s"]))
+            best["timing_runs"] = [
+                {key: record[key] for key in ("decode_s", "tokens_per_s", "mean_accept_length")}
+                for record in candidates
+            ]
+            kept[method].append(best)
+    return kept
 
 
 def _generate(method: str, samples: list, config, batch_size: int, *, target, engine) -> list[dict]:

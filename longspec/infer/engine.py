@@ -41,6 +41,7 @@ round costs), `timing` (phase clocks).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 import warnings
@@ -618,6 +619,21 @@ class SpeculativeEngine:
         """tree="auto"'s round costs measured on this device at `batch_size` rows, per context bucket
         (`round_costs`); kept in `self.cost_tables` for later calls in the same mode."""
         return _measure_round_costs(self, config, context_lens, reps=reps, batch_size=batch_size)
+
+    def policy_state(self) -> dict[tuple, AdaptivePolicy]:
+        """A copy of what the tree policies have learned so far, to restart from later (`restore_policies`):
+        the eval's timing repeats each start from the same state, so a repeat does not decode a text its
+        policy has already learned. The measured cost tables (and an injected cost model) are shared, not
+        copied: they describe the device, not a call."""
+        return self._copy_policies(self.policies)
+
+    def restore_policies(self, state: dict[tuple, AdaptivePolicy]) -> None:
+        """The policies as `state` (from `policy_state`) holds them; `state` itself stays reusable."""
+        self.policies = self._copy_policies(state)
+
+    def _copy_policies(self, policies: dict[tuple, AdaptivePolicy]) -> dict[tuple, AdaptivePolicy]:
+        shared = [*self.cost_tables.values(), self.costs]
+        return copy.deepcopy(policies, memo={id(t): t for t in shared if t is not None})
 
     def warm_up(
         self,

@@ -90,6 +90,7 @@ def test_mismatched_drafter_is_one_clear_error(eval_overrides, tmp_path, caplog)
         (["drafter.path=/nonexistent", "drafter.init=pretrained", "method=longspec"], FileNotFoundError),
         (["data.path=/nonexistent.jsonl"], FileNotFoundError),
         (["temperature=-1"], ValueError),
+        (["timing_repeats=0"], ValueError),
     ],
 )
 def test_config_errors(eval_overrides, tmp_path, extra, error):
