@@ -1,49 +1,104 @@
-"""Shared pieces of the CPU ablations (issue 5): steps that build data for the shipped code target, metrics
-reading, result files. The runs go through the same CLIs and resumable runner as `python -m longspec.pipeline`."""
+"""Shared pieces of the ablations: the target and preset the runs use, steps that build their data, metrics
+reading, result files. The runs go through the same CLIs and resumable runner as `python -m longspec.pipeline`.
+
+By default the quickstart's CPU preset (longspec/configs/pipeline/cpu.yaml) and its shipped code target. On a GPU,
+any HF target directory, e.g. SmolLM2-135M-Instruct converted from its GGUF:
+
+    python -m longspec.convert_gguf SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smol
+    python benchmarks/ablations/anchor_offset.py --preset smollm2 --target /tmp/smol \
+        --corpus .cache_target/smollm2_e2e/corpus ...
+
+(the preset then gives the process count, the anchor range and each stage's extra overrides, e.g. bf16)."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import sys
 
 from longspec.data.manifest import manifest_path
-from longspec.pipeline import Step, load_preset
+from longspec.pipeline import PipelineConfig, Step, load_preset
 from longspec.provenance import run_info
 
-__all__ = ["BASE", "corpus_step", "prep_step", "read_metrics", "trailing_mean", "write_result"]
+__all__ = [
+    "add_target_args",
+    "corpus_file",
+    "corpus_step",
+    "prep_step",
+    "read_metrics",
+    "resolve_target",
+    "trailing_mean",
+    "write_result",
+]
 
-# The quickstart's CPU preset (longspec/configs/pipeline/cpu.yaml); each ablation sets its own loss (default: the
-# paper's CE only) and compares the paper's own switches.
-BASE = load_preset("cpu")
-TARGET = BASE.target_dir()
+
+def add_target_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--preset",
+        default="cpu",
+        help="the pipeline preset whose run settings apply (default: cpu, the quickstart's)",
+    )
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="an HF target directory (default: the preset's own model dir; a GGUF preset needs one: convert it "
+        "with python -m longspec.convert_gguf)",
+    )
+
+
+def resolve_target(args: argparse.Namespace, **changes) -> tuple[PipelineConfig, str]:
+    """(the preset with `changes` and, given --target, that directory as its target; the target's directory)."""
+    preset = load_preset(args.preset)
+    if args.target is not None:
+        target = os.path.abspath(args.target)
+        if not os.path.isfile(os.path.join(target, "config.json")):
+            raise SystemExit(f"--target {args.target}: not an HF model directory (no config.json)")
+        changes.update(target_path=target, target_gguf=None)
+    preset = dataclasses.replace(preset, **changes)
+    target = preset.target_dir()
+    if target is None:
+        raise SystemExit(
+            f"preset {args.preset} names a GGUF: convert it (python -m longspec.convert_gguf SRC OUT) and pass "
+            "--target OUT"
+        )
+    return preset, target
+
+
+def corpus_file(corpus: str, name: str) -> str:
+    """CORPUS/NAME.jsonl, or NAME.jsonl.gz (a prepared bundle's corpus)."""
+    for candidate in (f"{name}.jsonl", f"{name}.jsonl.gz"):
+        path = os.path.join(corpus, candidate)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(
+        f"{corpus} has no {name}.jsonl(.gz) (python -m data_prep.stdlib_corpus --out DIR)"
+    )
 
 
 def corpus_step(out: str, corpus: str | None) -> tuple[list[Step], str]:
     """Reuse a corpus (e.g. outputs/quickstart/corpus) or build one under OUT/corpus."""
     if corpus is not None:
-        if not os.path.isfile(os.path.join(corpus, "train.jsonl")):
-            raise FileNotFoundError(
-                f"{corpus} has no train.jsonl (python -m data_prep.stdlib_corpus --out DIR)"
-            )
+        corpus_file(corpus, "train")  # fails here, before any step runs
         return [], os.path.abspath(corpus)
     corpus = os.path.join(os.path.abspath(out), "corpus")
     step = Step(
         name="corpus",
         cmd=[sys.executable, "-m", "data_prep.stdlib_corpus", "--out", corpus,
-             "--lcc-max-context-chars", str(BASE.lcc_max_context_chars)],
+             "--lcc-max-context-chars", str(load_preset("cpu").lcc_max_context_chars)],
         outputs=[os.path.join(corpus, "train.jsonl"), os.path.join(corpus, "heldout_lcc.jsonl")],
     )  # fmt: skip
     return [step], corpus
 
 
 def prep_step(
-    name: str, module: str, *, source: str, out: str, seq_len: int, max_rows: int, extra=()
+    name: str, module: str, *, source: str, tokenizer: str, out: str, seq_len: int, max_rows: int, extra=()
 ) -> Step:
-    """`python -m data_prep.<module>` over the corpus with the code target's tokenizer."""
+    """`python -m data_prep.<module>` over the corpus with the target's tokenizer."""
     return Step(
         name=name,
-        cmd=[sys.executable, "-m", f"data_prep.{module}", "--source", source, "--tokenizer", TARGET, "--out", out,
+        cmd=[sys.executable, "-m", f"data_prep.{module}", "--source", source, "--tokenizer", tokenizer, "--out", out,
              "--seq-len", str(seq_len), "--max-rows", str(max_rows), "--overwrite", "--no-progress", *extra],
         outputs=[manifest_path(out)],
     )  # fmt: skip

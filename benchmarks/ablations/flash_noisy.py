@@ -24,7 +24,16 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BASE, TARGET, corpus_step, prep_step, read_metrics, trailing_mean, write_result  # noqa: E402
+from common import (  # noqa: E402
+    add_target_args,
+    corpus_file,
+    corpus_step,
+    prep_step,
+    read_metrics,
+    resolve_target,
+    trailing_mean,
+    write_result,
+)
 
 from longspec.pipeline import StagePlan, Step, run_pipeline, stage_steps, target_overrides  # noqa: E402
 
@@ -45,20 +54,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--stage-config", default="tiny_stage1")
     parser.add_argument("--distill-weight", type=float, default=0.0, help="0 = the paper's loss (CE only)")
+    parser.add_argument(
+        "--eval-data", default=None, help="the eval's JSONL (default: the corpus's heldout_lcc.jsonl)"
+    )
+    add_target_args(parser)
     args = parser.parse_args(argv)
     out = os.path.abspath(args.out)
-    preset = dataclasses.replace(BASE, distill_weight=args.distill_weight)
+    preset, target = resolve_target(args, distill_weight=args.distill_weight)
     steps, corpus = corpus_step(out, args.corpus)
     data = args.data and os.path.abspath(args.data)
     if data is None:
         data = os.path.join(out, "data", "stage1")
-        steps.append(prep_step("data", "stage1", source=os.path.join(corpus, "train.jsonl"), out=data,
+        steps.append(prep_step("data", "stage1", source=corpus_file(corpus, "train"), tokenizer=target, out=data,
                                seq_len=args.seq_len, max_rows=300))  # fmt: skip
     stage = StagePlan(
         config=args.stage_config, seq_len=args.seq_len, num_steps=args.steps, global_batch_size=8,
-        micro_batch_size=4, lr=3e-3,
+        micro_batch_size=4, lr=3e-3, extra=tuple(preset.stage1.extra),
     )  # fmt: skip
-    overrides = target_overrides(preset, TARGET)
+    overrides = target_overrides(preset, target)
+    eval_data = (
+        os.path.abspath(args.eval_data) if args.eval_data else os.path.join(corpus, "heldout_lcc.jsonl")
+    )
     variants = {"noisy": "true", "lag0": "false"}
     for variant, flag in variants.items():
         run_dir = os.path.join(out, "runs", variant)
@@ -68,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             Step(
                 name=f"eval_{variant}",
                 cmd=[sys.executable, "-m", "longspec.eval", *overrides, f"drafter.path={run_dir}/export",
-                     f"data.path={corpus}/heldout_lcc.jsonl", f"data.min_prompt_tokens={preset.eval_min_prompt_tokens}",
+                     f"data.path={eval_data}", f"data.min_prompt_tokens={preset.eval_min_prompt_tokens}",
                      "method=[longspec,ar]", f"max_new_tokens={args.max_new_tokens}",
                      f"max_samples={args.max_samples}", f"output_dir={out}/eval_{variant}"],
                 outputs=[os.path.join(out, f"eval_{variant}", "results.json")],

@@ -66,3 +66,65 @@ def test_flash_noisy_ablation_differs_only_in_the_noisy_switch(tmp_path, corpus,
     assert (noisy.stage.flash_noisy, lag0.stage.flash_noisy) == (True, False)
     assert noisy.drafter == lag0.drafter and noisy.max_steps == lag0.max_steps
     assert f"drafter.path={tmp_path}/out/runs/noisy/export" in steps["eval_noisy"].cmd
+
+
+def test_ablations_run_on_any_hf_target_with_a_presets_settings(
+    tmp_path, corpus, monkeypatch, load_benchmark
+):
+    """--preset smollm2 --target DIR (the GPU runs: a converted GGUF): that directory is the target and the
+    tokenizer of the data, and the preset's per-stage extras (bf16 on a GPU) reach both stages."""
+    from longspec.testing import save_tiny_target
+
+    target = save_tiny_target("llama", tmp_path / "smol")
+    os.rename(os.path.join(corpus, "train.jsonl"), os.path.join(corpus, "train.jsonl.gz"))  # a bundle's name
+    steps = _plan_of(
+        load_benchmark("ablations/anchor_offset"),
+        ["--out", str(tmp_path / "out"), "--corpus", corpus, "--preset", "smollm2", "--target", str(target)],
+        monkeypatch,
+    )
+    assert steps["data_short"].cmd[steps["data_short"].cmd.index("--tokenizer") + 1] == str(target)
+    assert steps["data_short"].cmd[steps["data_short"].cmd.index("--source") + 1].endswith("train.jsonl.gz")
+    for name in ("train_stage1_anchor", "train_stage1_plain"):
+        config = _train_config(steps[name])
+        assert config.target.path == str(target) and config.deepspeed.precision == "auto"
+        assert config.stage.anchor_max_len == 7680  # the preset's anchor range
+
+
+def test_a_gguf_preset_without_a_converted_target_is_one_clear_error(corpus, load_benchmark, tmp_path):
+    module = load_benchmark("ablations/anchor_offset")
+    with pytest.raises(SystemExit, match="convert it"):
+        module.main(["--out", str(tmp_path / "out"), "--corpus", corpus, "--preset", "smollm2"])
+    with pytest.raises(SystemExit, match="not an HF model directory"):
+        module.main(["--out", str(tmp_path / "out"), "--corpus", corpus, "--target", str(tmp_path)])
+
+
+def test_anchor_offset_result_is_paired_and_ignores_a_lucky_first_batch(
+    tmp_path, corpus, monkeypatch, load_benchmark
+):
+    """The GPU run's flat stage-2 curves: an easy first batch once "reached" the plain run's final loss at step
+    1 (a 60x "speedup"). Only full trailing windows count now, and the paired per-step difference is reported."""
+    import json
+
+    module = load_benchmark("ablations/anchor_offset")
+    out = tmp_path / "out"
+    plain2 = [2.9, 4.0, 3.9, 4.1, 4.0, 3.9, 4.0, 4.1, 3.95, 4.0]  # flat, with an easy first batch
+    curves = {
+        "stage1_anchor": [5.0, 4.0],
+        "stage1_plain": [5.0, 4.0],
+        "stage2_from_anchor": [x + 0.05 for x in plain2],
+        "stage2_from_plain": plain2,
+    }
+
+    def run(steps, out_dir, **kwargs):
+        for name, losses in curves.items():
+            run_dir = os.path.join(out_dir, "runs", name)
+            os.makedirs(run_dir, exist_ok=True)
+            with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+                f.writelines(json.dumps({"step": i + 1, "ce": ce}) + "\n" for i, ce in enumerate(losses))
+
+    monkeypatch.setattr(module, "run_pipeline", run)
+    module.main(["--out", str(out), "--corpus", corpus, "--stage2-steps", "10", "--smooth", "3"])
+    result = json.loads((out / "anchor_offset.json").read_text())
+    assert result["anchor_steps_to_target"] is None and result["speedup"] is None  # never below plain's end
+    assert result["paired_difference"] == pytest.approx(0.05) and result["paired_difference_se"] < 1e-6
+    assert "paired per step: +0.0500" in result["table"]
