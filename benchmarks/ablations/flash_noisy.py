@@ -35,7 +35,14 @@ from common import (  # noqa: E402
     write_result,
 )
 
-from longspec.pipeline import StagePlan, Step, run_pipeline, stage_steps, target_overrides  # noqa: E402
+from longspec.pipeline import (  # noqa: E402
+    StagePlan,
+    Step,
+    eval_data_overrides,
+    run_pipeline,
+    stage_steps,
+    target_overrides,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage-config", default="tiny_stage1")
     parser.add_argument("--distill-weight", type=float, default=0.0, help="0 = the paper's loss (CE only)")
     parser.add_argument(
-        "--eval-data", default=None, help="the eval's JSONL (default: the corpus's heldout_lcc.jsonl)"
+        "--eval-data",
+        nargs="+",
+        default=None,
+        help="the eval's JSONL file(s), evaluated as the preset's pipeline evaluates its data (e.g. smollm2: "
+        "prepared suite files such as BUNDLE/suite/lcc_4k.jsonl); default: the corpus's heldout_lcc.jsonl",
     )
     add_target_args(parser)
     args = parser.parse_args(argv)
@@ -72,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         micro_batch_size=4, lr=3e-3, extra=tuple(preset.stage1.extra),
     )  # fmt: skip
     overrides = target_overrides(preset, target)
-    eval_data = (
-        os.path.abspath(args.eval_data) if args.eval_data else os.path.join(corpus, "heldout_lcc.jsonl")
-    )
+    sources = [os.path.abspath(p) for p in args.eval_data or [os.path.join(corpus, "heldout_lcc.jsonl")]]
+    if not preset.eval_suite and len(sources) != 1:
+        raise SystemExit(f"preset {args.preset} evaluates one held-out file: pass one --eval-data")
     variants = {"noisy": "true", "lag0": "false"}
     for variant, flag in variants.items():
         run_dir = os.path.join(out, "runs", variant)
@@ -84,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             Step(
                 name=f"eval_{variant}",
                 cmd=[sys.executable, "-m", "longspec.eval", *overrides, f"drafter.path={run_dir}/export",
-                     f"data.path={eval_data}", f"data.min_prompt_tokens={preset.eval_min_prompt_tokens}",
+                     *eval_data_overrides(preset, sources),
                      "method=[longspec,ar]", f"max_new_tokens={args.max_new_tokens}",
                      f"max_samples={args.max_samples}", f"output_dir={out}/eval_{variant}"],
                 outputs=[os.path.join(out, f"eval_{variant}", "results.json")],
@@ -96,19 +107,26 @@ def main(argv: list[str] | None = None) -> int:
     for variant in variants:
         with open(os.path.join(out, f"eval_{variant}", "results.json")) as f:
             summary = json.load(f)["summary"]
-        (dataset,) = summary
-        longspec = summary[dataset]["longspec"]
+        # pooled over the eval's data sources, weighted by their kept (non-degenerate) samples
+        rows = [
+            per_method["longspec"] for per_method in summary.values() if per_method["longspec"]["num_samples"]
+        ]
+        if not rows:
+            raise SystemExit(f"eval_{variant}: no sample kept (every target output degenerate?)")
+        samples = sum(row["num_samples"] for row in rows)
         losses = [r["ce"] for r in read_metrics(os.path.join(out, "runs", variant))]  # CE on the data
         result[variant] = {
-            "tau": longspec["mean_accept_length"],
-            "identical_to_greedy": longspec["identical_to_greedy"],
-            "num_samples": longspec["num_samples"],
+            "tau": sum(row["mean_accept_length"] * row["num_samples"] for row in rows) / samples,
+            # both runs are greedy with ar beside them: every row has the check
+            "identical_to_greedy": sum(row["identical_to_greedy"] * row["num_samples"] for row in rows)
+            / samples,
+            "num_samples": samples,
             "final_train_loss": trailing_mean(losses, 5)[-1],
         }
     change = result["noisy"]["tau"] / result["lag0"]["tau"] - 1
     result["tau_change"] = change
     lines = [
-        "| training | final train CE (mean of last 5 steps) | τ on held-out code | identical to greedy |",
+        "| training | final train CE (mean of last 5 steps) | τ on the held-out data | identical to greedy |",
         "|---|---|---|---|",
     ]
     for variant, name in (("noisy", "flash noisy, lag j ~ U{1..4}"), ("lag0", "no noise (lag 0)")):

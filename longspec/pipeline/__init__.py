@@ -6,6 +6,7 @@ stages -> export -> evaluation -> report, as a plan of the real CLI steps run by
 - presets: the `PipelineConfig` schema (`StagePlan`, `EvalPlan`) and `load_preset()`, which composes a preset YAML
   (longspec/configs/pipeline/) with Hydra overrides
 - plan: `Step`, `plan()` (a preset -> ordered steps), `stage_steps()` / `target_overrides()` (one training stage),
+  `eval_data_overrides()` (the eval's data as the preset evaluates it),
   `eval_runs_command()` (the evaluation steps as one `python -m longspec.eval.runs` process)
 - runner: `run_pipeline()` and the run record that lets a rerun continue
 - report: the evaluation table, training summary and OUT/report.md
@@ -13,7 +14,7 @@ stages -> export -> evaluation -> report, as a plan of the real CLI steps run by
 This module is the public API that benchmarks/ablations builds its runs from.
 """
 
-from longspec.pipeline.plan import Step, plan, stage_steps, target_overrides
+from longspec.pipeline.plan import Step, eval_data_overrides, plan, stage_steps, target_overrides
 from longspec.pipeline.presets import (
     CODE_TARGET,
     EvalPlan,
@@ -33,6 +34,7 @@ __all__ = [
     "RunRecord",
     "StagePlan",
     "Step",
+    "eval_data_overrides",
     "eval_rows",
     "load_preset",
     "plan",

@@ -17,7 +17,7 @@ from longspec.pipeline.presets import PipelineConfig, StagePlan
 from longspec.train.checkpoint import checkpoints_root, done_marker
 from longspec.train.config import load_config
 
-__all__ = ["Step", "eval_runs_command", "plan", "stage_steps", "target_overrides"]
+__all__ = ["Step", "eval_data_overrides", "eval_runs_command", "plan", "stage_steps", "target_overrides"]
 
 EVAL_MODULE = ["-m", "longspec.eval"]
 
@@ -176,12 +176,9 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
     if preset.eval_suite:
         if data is None:
             raise ValueError(f"preset {preset.name!r} evaluates a prepared suite: pass --data DIR")
-        sources = [os.path.join(data, name) for name in preset.eval_suite]
-        data_overrides = [f"data.name=[{','.join(sources)}]", "data.min_prompt_tokens=0", "data.context_margin=0",
-                          *([f"data.context_len={preset.eval_context_len}"] if preset.eval_context_len else [])]  # fmt: skip
+        data_overrides = eval_data_overrides(preset, [os.path.join(data, name) for name in preset.eval_suite])
     else:
-        data_overrides = [f"data.path={os.path.join(corpus, 'heldout_lcc.jsonl')}",
-                          f"data.min_prompt_tokens={preset.eval_min_prompt_tokens}"]  # fmt: skip
+        data_overrides = eval_data_overrides(preset, [os.path.join(corpus, "heldout_lcc.jsonl")])
     exports = [default_out_dir(os.path.join(out, "runs", f"stage{i}")) for i in (3, 2, 1)]
     for ev in preset.evals:
         eval_dir = os.path.join(out, f"eval_{ev.name}" if ev.name else "eval")
@@ -212,6 +209,17 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
         ]
         steps.append(step)
     return steps
+
+
+def eval_data_overrides(preset: PipelineConfig, sources: list[str]) -> list[str]:
+    """The eval's data overrides for `sources` as the preset evaluates them: a prepared suite's rows are already
+    cut to their context (no length filter, no margin, the suite's context length); held-out files are cut by
+    the eval (`eval_min_prompt_tokens`). Also used by benchmarks/ablations/."""
+    if preset.eval_suite:
+        return [f"data.name=[{','.join(sources)}]", "data.min_prompt_tokens=0", "data.context_margin=0",
+                *([f"data.context_len={preset.eval_context_len}"] if preset.eval_context_len else [])]  # fmt: skip
+    (source,) = sources
+    return [f"data.path={source}", f"data.min_prompt_tokens={preset.eval_min_prompt_tokens}"]
 
 
 def eval_runs_command(steps: list[Step], events: str) -> list[str]:

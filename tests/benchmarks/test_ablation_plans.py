@@ -128,3 +128,57 @@ def test_anchor_offset_result_is_paired_and_ignores_a_lucky_first_batch(
     assert result["anchor_steps_to_target"] is None and result["speedup"] is None  # never below plain's end
     assert result["paired_difference"] == pytest.approx(0.05) and result["paired_difference_se"] < 1e-6
     assert "paired per step: +0.0500" in result["table"]
+
+
+def test_flash_noisy_evaluates_a_suite_as_its_preset_does(tmp_path, corpus, monkeypatch, load_benchmark):
+    """--preset smollm2 --eval-data SUITE FILES: the eval runs on those files with the suite's overrides (no
+    length filter or margin, the suite's context), as `python -m longspec.pipeline --preset smollm2` evaluates."""
+    from longspec.pipeline import eval_data_overrides, load_preset
+    from longspec.testing import save_tiny_target
+
+    target = save_tiny_target("llama", tmp_path / "smol")
+    suite = [str(tmp_path / "lcc_4k.jsonl"), str(tmp_path / "qmsum_4k.jsonl")]
+    steps = _plan_of(
+        load_benchmark("ablations/flash_noisy"),
+        ["--out", str(tmp_path / "out"), "--corpus", corpus, "--preset", "smollm2", "--target", str(target),
+         "--eval-data", *suite],
+        monkeypatch,
+    )  # fmt: skip
+    cmd = steps["eval_noisy"].cmd
+    overrides = eval_data_overrides(load_preset("smollm2"), suite)
+    assert overrides[0] == f"data.name=[{','.join(suite)}]" and "data.context_margin=0" in overrides
+    assert all(o in cmd for o in overrides) and f"target.path={target}" in cmd
+
+
+def test_flash_noisy_pools_tau_over_the_eval_sources(tmp_path, corpus, monkeypatch, load_benchmark):
+    """τ over several suite files: weighted by each file's kept samples; a file with none kept is left out."""
+    import json
+
+    module = load_benchmark("ablations/flash_noisy")
+    out = tmp_path / "out"
+
+    def row(tau, samples):
+        return {"longspec": {"mean_accept_length": tau, "identical_to_greedy": 1.0, "num_samples": samples}}
+
+    summaries = {
+        "noisy": {"lcc_4k": row(2.0, 1), "qmsum_4k": row(3.5, 3), "gov_report_4k": row(9.0, 0)},
+        "lag0": {"lcc_4k": row(2.0, 1), "qmsum_4k": row(3.0, 3)},
+    }
+
+    def run(steps, out_dir, **kwargs):
+        for variant, summary in summaries.items():
+            os.makedirs(os.path.join(out_dir, "runs", variant))
+            with open(os.path.join(out_dir, "runs", variant, "metrics.jsonl"), "w") as f:
+                f.write(json.dumps({"step": 1, "ce": 4.0}) + "\n")
+            os.makedirs(os.path.join(out_dir, f"eval_{variant}"))
+            with open(os.path.join(out_dir, f"eval_{variant}", "results.json"), "w") as f:
+                json.dump({"summary": summary}, f)
+
+    monkeypatch.setattr(module, "run_pipeline", run)
+    module.main(["--out", str(out), "--corpus", corpus])
+    result = json.loads((out / "flash_noisy.json").read_text())
+    assert (
+        result["noisy"]["tau"] == pytest.approx((2.0 + 3 * 3.5) / 4) and result["noisy"]["num_samples"] == 4
+    )
+    assert result["lag0"]["tau"] == pytest.approx((2.0 + 3 * 3.0) / 4)
+    assert result["tau_change"] == pytest.approx(12.5 / 11.0 - 1)
