@@ -26,6 +26,7 @@ from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.eval.session import EvalSession
 from longspec.infer.baselines import reserve_hf_compiled, run_method
 from longspec.infer.methods import get_method
+from longspec.modules.rope import exact_positions
 from longspec.provenance import git_commit
 
 __all__ = ["log_summary", "run_eval"]
@@ -54,10 +55,22 @@ def _eos_ids(tokenizer, hf_config) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def _check_positions(cfg: EvalConfig, max_positions: int | None, longest_prompt: int) -> None:
+def _check_positions(cfg: EvalConfig, hf_config, longest_prompt: int) -> None:
     """Refuse, before any generation, a run whose output would pass the target's max_position_embeddings: past
     it the target extrapolates silently, and every τ and speedup of the run would mean something else. (Draft
-    tokens a round proposes beyond max_new_tokens are discarded, so they do not count.)"""
+    tokens a round proposes beyond max_new_tokens are discarded, so they do not count.) A rope whose frequencies
+    change with the length (LongRoPE past its original context) bounds the run there (`rope.exact_positions`)."""
+    max_positions = getattr(hf_config, "max_position_embeddings", None)
+    exact = exact_positions(hf_config)
+    if exact is not None and (max_positions is None or exact < max_positions):
+        reach = longest_prompt + cfg.max_new_tokens
+        if reach > exact:
+            raise UserError(
+                f"the longest prompt ({longest_prompt} tokens) + max_new_tokens={cfg.max_new_tokens} = {reach} "
+                f"tokens, past the {exact} positions within which this target's "
+                f"{hf_config.rope_parameters['rope_type']} rope keeps fixed frequencies (past them HF switches them "
+                f"with the length, which the engine does not follow): set data.context_len <= {exact}"
+            )
     if max_positions is None:
         return
     if cfg.data.context_len is not None and cfg.data.context_len > max_positions:
@@ -95,7 +108,9 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     hf_config = load_config(model_source, trust_remote_code=trust)
     check_tokenizer_fits(tokenizer, hf_config.vocab_size)  # the embedding's rows
     max_positions = getattr(hf_config, "max_position_embeddings", None)
-    context_len = cfg.data.context_len or max_positions
+    # by default prompts fit the target's context, or the range its rope rotates exactly (`_check_positions`)
+    bounds = [n for n in (max_positions, exact_positions(hf_config)) if n is not None]
+    context_len = cfg.data.context_len or (min(bounds) if bounds else None)
     if context_len is None:
         raise UserError("the target's config has no max_position_embeddings: set data.context_len")
     gen_config = cfg.generation_config(eos_token_ids=_eos_ids(tokenizer, hf_config))
@@ -115,7 +130,7 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
         data_reports.append(report.to_dict())
         datasets.append((samples[0].dataset, samples))
     longest = max(s.prompt_len for _, samples in datasets for s in samples)
-    _check_positions(cfg, max_positions, longest)
+    _check_positions(cfg, hf_config, longest)
     clock.mark("data")
 
     session = EvalSession() if session is None else session

@@ -336,6 +336,14 @@ class SpeculativeEngine:
         prompts = [torch.as_tensor(p, dtype=torch.long, device=self.device).flatten() for p in prompts]
         if any(p.numel() == 0 for p in prompts):
             raise ValueError("empty prompt")
+        exact = self.target.rotary.exact_positions
+        if exact is not None and max(p.numel() for p in prompts) + config.max_new_tokens > exact:
+            raise ValueError(
+                f"this target's {self.target.rotary.rope_type} rope changes its frequencies with the sequence's "
+                f"length past {exact} positions, which the engine's fixed frequencies do not follow: the longest "
+                f"prompt ({max(p.numel() for p in prompts)} tokens) + max_new_tokens={config.max_new_tokens} "
+                f"must stay within {exact}"
+            )
         real = len(prompts)
         # Run in the batch's bucket (static shapes); padding rows hold one token (a cheap prefill).
         prompts = prompts + [prompts[-1][-1:]] * (_rows(real, config) - real)

@@ -7,8 +7,11 @@ The inverse frequencies and the attention scaling come from transformers' own ro
 drafter and our target loop rotate exactly like the HF model. cos/sin are computed from the position ids on the
 fly (no table), because anchor-offset training positions reach 30K+ and need not be contiguous.
 
-"dynamic" (NTK) scaling is treated as static: HF recomputes its frequencies only once a sequence grows past
-`max_position_embeddings`; below that (the regime we train and verify in) both agree exactly.
+Two rope types change their frequencies with the sequence's length in HF, which fixed frequencies cannot follow:
+"dynamic" (NTK) recomputes them once a sequence grows past `max_position_embeddings`, "longrope" switches from
+its short to its long factors past `original_max_position_embeddings`. Below those lengths both agree exactly, and
+`exact_positions` says where that range ends: the engine and the eval refuse to generate past it (measured on a
+tiny Llama: logits off by 1e-3 (dynamic) and 8e-3 (longrope) in fp32 past the bound).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["RotaryEmbedding", "apply_rotary", "rotate_half", "rope_config"]
+__all__ = ["RotaryEmbedding", "apply_rotary", "exact_positions", "rotate_half", "rope_config"]
 
 
 def _default_inv_freq(rope_parameters: dict[str, Any], head_dim: int) -> tuple[torch.Tensor, float]:
@@ -27,6 +30,21 @@ def _default_inv_freq(rope_parameters: dict[str, Any], head_dim: int) -> tuple[t
     base = rope_parameters["rope_theta"]
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
     return inv_freq, 1.0
+
+
+def exact_positions(hf_config) -> int | None:
+    """How many positions (prompt + generated tokens) a sequence may reach while fixed frequencies rotate exactly
+    as HF does for this config; None: any (the frequencies do not depend on the length)."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "dynamic":
+        return getattr(hf_config, "max_position_embeddings", None)
+    if rope_type == "longrope":
+        original = params.get("original_max_position_embeddings") or getattr(
+            hf_config, "original_max_position_embeddings", None
+        )
+        return original or getattr(hf_config, "max_position_embeddings", None)
+    return None
 
 
 def rope_config(
@@ -53,11 +71,18 @@ def rope_config(
 class RotaryEmbedding(nn.Module):
     """cos/sin for any position ids; `inv_freq` is a non-persistent buffer (never saved in checkpoints)."""
 
-    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float = 1.0, rope_type: str = "default"):
+    def __init__(
+        self,
+        inv_freq: torch.Tensor,
+        attention_scaling: float = 1.0,
+        rope_type: str = "default",
+        exact_positions: int | None = None,
+    ):
         super().__init__()
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.attention_scaling = float(attention_scaling)
         self.rope_type = rope_type
+        self.exact_positions = exact_positions  # see `exact_positions()`
 
     def _apply(self, fn, recurse=True):
         # Module.to(dtype) would round inv_freq to bf16: at position 30K the angles would be off by radians
@@ -96,7 +121,7 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(
                 f"unknown rope_type {rope_type!r}; supported: default, {', '.join(sorted(ROPE_INIT_FUNCTIONS))}"
             )
-        return cls(inv_freq, scaling, rope_type)
+        return cls(inv_freq, scaling, rope_type, exact_positions(hf_config))
 
     @property
     def head_dim(self) -> int:

@@ -123,3 +123,22 @@ def test_results_json_is_strict_json(eval_overrides, tmp_path):
 
     results = json.loads((tmp_path / "results.json").read_text(), parse_constant=reject)
     assert results["summary"]["rows"]["ar"]["tokens_per_s"] is None
+
+
+def test_a_longrope_target_is_bounded_by_its_original_context(eval_overrides, tmp_path):
+    """Past original_max_position_embeddings HF switches LongRoPE's factors with the length, which the engine's
+    fixed frequencies do not follow: a run that would reach past it is refused before any generation."""
+    from longspec.cli import UserError
+    from longspec.eval import harness
+    from longspec.testing import tiny_hf_config
+
+    hf_config = tiny_hf_config(
+        "llama",
+        max_position_embeddings=128,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
+                         "long_factor": [4.0] * 8, "original_max_position_embeddings": 32},
+    )  # fmt: skip
+    cfg = load_eval_config(eval_overrides(tmp_path, "max_new_tokens=10"))
+    harness._check_positions(cfg, hf_config, 22)  # 32 positions: within
+    with pytest.raises(UserError, match="past the 32 positions within which this target's longrope rope"):
+        harness._check_positions(cfg, hf_config, 23)

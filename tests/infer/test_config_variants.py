@@ -51,3 +51,41 @@ def test_config_variant_is_lossless(variant):
         for static in (False, True):
             config = GenerationConfig(max_new_tokens=16, prefill_chunk=16, static_shapes=static)
             assert engine.generate(prompt, config, method=method).tokens == ref, (method, static)
+
+
+LENGTH_DEPENDENT_ROPE = {
+    # HF switches to the long factors past original_max_position_embeddings
+    "longrope": dict(
+        max_position_embeddings=128,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 1e4,
+            "short_factor": [1.0] * 8,
+            "long_factor": [4.0] * 8,
+            "original_max_position_embeddings": 32,
+        },
+    ),  # fmt: skip
+    # HF recomputes the frequencies past max_position_embeddings
+    "dynamic": dict(
+        max_position_embeddings=32, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+    ),
+}
+
+
+@pytest.mark.parametrize("rope", LENGTH_DEPENDENT_ROPE)
+def test_a_length_dependent_rope_is_exact_within_its_range_and_refused_past_it(rope):
+    """Fixed frequencies equal HF's within the range (logits, and lossless decoding up to its end); past it HF
+    changes them with the length (logits then differ by 1e-3 to 1e-2 in fp32), and the engine refuses."""
+    target = TargetModel(make_tiny_hf_model("llama", **LENGTH_DEPENDENT_ROPE[rope]))
+    assert target.rotary.exact_positions == 32
+    ids = torch.randint(0, 256, (1, 45), generator=torch.Generator().manual_seed(0))
+    within = ids[:, :32]
+    assert torch.allclose(target.model(within).logits, target.logits(target(within).hidden), atol=1e-5)
+    assert not torch.allclose(target.model(ids).logits, target.logits(target(ids).hidden), atol=1e-4)
+    engine = SpeculativeEngine(target, random_drafter(target))
+    prompt = ids[0, :20]
+    assert engine.generate(prompt, GenerationConfig(max_new_tokens=12)).tokens == reference_greedy(
+        target, prompt, 12
+    )
+    with pytest.raises(ValueError, match="must stay within 32"):
+        engine.generate(prompt, GenerationConfig(max_new_tokens=13))
