@@ -32,6 +32,7 @@ from common import (  # noqa: E402
     write_result,
 )
 
+from longspec.cli import run_cli  # noqa: E402
 from longspec.export import default_out_dir  # noqa: E402
 from longspec.pipeline import StagePlan, run_pipeline, stage_steps, target_overrides  # noqa: E402
 
@@ -167,4 +168,4 @@ def _stdev(values: list[float]) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))  # a user error is one line, exit status 2

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 
+from longspec.cli import UserError
 from longspec.data.manifest import manifest_path
 from longspec.pipeline import PipelineConfig, Step, load_preset
 from longspec.provenance import run_info
@@ -54,12 +55,12 @@ def resolve_target(args: argparse.Namespace, **changes) -> tuple[PipelineConfig,
     if args.target is not None:
         target = os.path.abspath(args.target)
         if not os.path.isfile(os.path.join(target, "config.json")):
-            raise SystemExit(f"--target {args.target}: not an HF model directory (no config.json)")
+            raise UserError(f"--target {args.target}: not an HF model directory (no config.json)")
         changes.update(target_path=target, target_gguf=None)
     preset = dataclasses.replace(preset, **changes)
     target = preset.target_dir()
     if target is None:
-        raise SystemExit(
+        raise UserError(
             f"preset {args.preset} names a GGUF: convert it (python -m longspec.convert_gguf SRC OUT) and pass "
             "--target OUT"
         )

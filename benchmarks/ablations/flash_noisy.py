@@ -35,6 +35,7 @@ from common import (  # noqa: E402
     write_result,
 )
 
+from longspec.cli import UserError, run_cli  # noqa: E402
 from longspec.pipeline import (  # noqa: E402
     StagePlan,
     Step,
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = target_overrides(preset, target)
     sources = [os.path.abspath(p) for p in args.eval_data or [os.path.join(corpus, "heldout_lcc.jsonl")]]
     if not preset.eval_suite and len(sources) != 1:
-        raise SystemExit(f"preset {args.preset} evaluates one held-out file: pass one --eval-data")
+        raise UserError(f"preset {args.preset} evaluates one held-out file: pass one --eval-data")
     variants = {"noisy": "true", "lag0": "false"}
     for variant, flag in variants.items():
         run_dir = os.path.join(out, "runs", variant)
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             per_method["longspec"] for per_method in summary.values() if per_method["longspec"]["num_samples"]
         ]
         if not rows:
-            raise SystemExit(f"eval_{variant}: no sample kept (every target output degenerate?)")
+            raise UserError(f"eval_{variant}: no sample kept (every target output degenerate?)")
         samples = sum(row["num_samples"] for row in rows)
         losses = [r["ce"] for r in read_metrics(os.path.join(out, "runs", variant))]  # CE on the data
         result[variant] = {
@@ -143,4 +144,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))  # a user error is one line, exit status 2

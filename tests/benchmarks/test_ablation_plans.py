@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from longspec.cli import UserError
 from longspec.train.config import load_config
 
 
@@ -92,9 +93,9 @@ def test_ablations_run_on_any_hf_target_with_a_presets_settings(
 
 def test_a_gguf_preset_without_a_converted_target_is_one_clear_error(corpus, load_benchmark, tmp_path):
     module = load_benchmark("ablations/anchor_offset")
-    with pytest.raises(SystemExit, match="convert it"):
+    with pytest.raises(UserError, match="convert it"):
         module.main(["--out", str(tmp_path / "out"), "--corpus", corpus, "--preset", "smollm2"])
-    with pytest.raises(SystemExit, match="not an HF model directory"):
+    with pytest.raises(UserError, match="not an HF model directory"):
         module.main(["--out", str(tmp_path / "out"), "--corpus", corpus, "--target", str(tmp_path)])
 
 
