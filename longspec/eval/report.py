@@ -258,6 +258,7 @@ def report_markdown(results: dict) -> str:
                 + (f"; acceptance per depth `{profile_txt}`" if profile else "")
             )
     lines += batch_markdown(summary, cfg.get("batch_size", 1))
+    lines += timing_markdown(results)
     lines += quality_markdown(summary)
     skipped = [r for r in results["data"] if r["num_malformed"] or r["num_filtered_by_length"]]
     if skipped:
@@ -300,6 +301,29 @@ def batch_markdown(summary: dict, batch_size: int) -> list[str]:
         for method, agg in per_method.items():
             batch = _fmt(agg["batch_tokens_per_s"], ".1f") if "batch_tokens_per_s" in agg else "– (batch 1)"
             lines.append(f"| {d} | {method} | {batch} | {_fmt(agg['tokens_per_s'], '.1f')} |")
+    return lines
+
+
+def timing_markdown(results: dict) -> list[str]:
+    """With timing_repeats > 1: how far a sample's interleaved runs spread (max / min - 1 of decode time), per
+    method: the run-to-run variation the fastest-run figures above leave out, to read small speedups against."""
+    repeats = results["config"].get("timing_repeats", 1)
+    if repeats <= 1:
+        return []
+    lines = ["", f"## Timing ({repeats} interleaved runs per sample, the fastest kept)", ""]
+    for method, per_dataset in results["methods"].items():
+        spreads = sorted(
+            max(times) / min(times) - 1
+            for records in per_dataset.values()
+            for record in records
+            if len(times := [run["decode_s"] for run in record.get("timing_runs", [])]) > 1 and min(times) > 0
+        )
+        if spreads:
+            median = spreads[len(spreads) // 2]
+            lines.append(
+                f"- {method}: a sample's runs spread by {100 * median:.0f}% (median), {100 * spreads[-1]:.0f}% "
+                f"(most), over {len(spreads)} samples"
+            )
     return lines
 
 

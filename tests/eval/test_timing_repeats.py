@@ -26,6 +26,12 @@ def test_repeats_keep_the_fastest_run_and_change_no_output(eval_overrides, tmp_p
             assert record["tokens_per_s"] in [run["tokens_per_s"] for run in runs]
         assert "timing_runs" not in once["methods"][method]["rows"][0]
     assert thrice["summary"]["rows"]["longspec"]["identical_to_greedy"] == 1.0
+    report = (tmp_path / "thrice" / "report.md").read_text()
+    assert (
+        "## Timing (3 interleaved runs per sample, the fastest kept)" in report
+        and "- pld: a sample's" in report
+    )
+    assert "## Timing" not in (tmp_path / "once" / "report.md").read_text()
 
 
 class _Spy:
