@@ -29,11 +29,16 @@ __all__ = ["TargetModel", "TargetOutput", "SUPPORTED_MODEL_TYPES", "AttnFn"]
 # HF model_type -> family name used across longspec. Each family's decoder layer has the Llama layout
 # (input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp); differences are data-driven:
 # q/k/v bias (Qwen2; `attention_bias`), q/k norm (Qwen3), sliding windows (Mistral; Qwen2/3 `layer_types`).
+# Mixture-of-experts targets (Mixtral, Qwen2-MoE, Qwen3-MoE) have their dense family's attention; a layer whose
+# `mlp` is a sparse block runs that block as HF does (routing, experts, shared expert), the rest as usual.
 SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "llama": "llama",
     "qwen2": "qwen2",
     "mistral": "mistral",
     "qwen3": "qwen3",
+    "mixtral": "mistral",
+    "qwen2_moe": "qwen2",
+    "qwen3_moe": "qwen3",
 }
 
 # attn_fn(layer_idx, q [B,H,T,D] post-RoPE, k [B,Hkv,T,D] post-RoPE, v [B,Hkv,T,D]) -> out [B,H,T,D]
@@ -154,7 +159,8 @@ class TargetModel(nn.Module):
         The HF modules' weights become views of the packed ones (no extra memory; the HF model still runs).
         Returns False, changing nothing, where packing does not apply: weights that train or are sharded
         (ZeRO-3 gathers parameters only inside their own module's forward), a meta-device build, an MLP other
-        than SiLU-gated, or projections of which only some have a bias."""
+        than SiLU-gated, or projections of which only some have a bias. A mixture-of-experts layer packs its
+        q/k/v only; its sparse MLP block runs as the HF module."""
         if self.packed is not None:
             return True
         params = list(self.model.parameters())
@@ -166,14 +172,16 @@ class TargetModel(nn.Module):
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             qkv = pack_linears((attn.q_proj, attn.k_proj, attn.v_proj))
-            gate_up = pack_linears((mlp.gate_proj, mlp.up_proj))
+            dense = _is_dense_mlp(mlp)
+            gate_up = pack_linears((mlp.gate_proj, mlp.up_proj)) if dense else (None, None)
             if qkv is None or gate_up is None:
                 return False
             packed.append((qkv, gate_up))
         self.packed = nn.ModuleList()
         for layer, (qkv, gate_up) in zip(self.layers, packed, strict=True):
             bind_views((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), *qkv)
-            bind_views((layer.mlp.gate_proj, layer.mlp.up_proj), *gate_up)
+            if gate_up[0] is not None:
+                bind_views((layer.mlp.gate_proj, layer.mlp.up_proj), *gate_up)
             self.packed.append(_PackedLayer(*qkv, *gate_up))
         return True
 
@@ -259,8 +267,11 @@ class TargetModel(nn.Module):
                 out = attn_fn(idx, q, k, v)
             delta = attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
             x, residual = layer_ops.add_rms_norm(delta, residual, *_norm_args(layer.post_attention_layernorm))
-            gate_up = F.linear(x, packed.gate_up_weight, packed.gate_up_bias)  # [B,T,2F]
-            delta = layer.mlp.down_proj(layer_ops.silu_mul(gate_up))
+            if packed.gate_up_weight is None:  # a sparse (mixture-of-experts) block: HF's own
+                delta = layer.mlp(x)
+            else:
+                gate_up = F.linear(x, packed.gate_up_weight, packed.gate_up_bias)  # [B,T,2F]
+                delta = layer.mlp.down_proj(layer_ops.silu_mul(gate_up))
         hidden, _ = layer_ops.add_rms_norm(delta, residual, *_norm_args(self.model.model.norm))
         return TargetOutput(hidden=hidden, last_k=k, last_v=v)
 
@@ -271,7 +282,7 @@ class TargetModel(nn.Module):
 
 class _PackedLayer(nn.Module):
     """One layer's packed projection weights (non-persistent buffers: they follow `.to()` and stay out of
-    state dicts, which keep the HF modules' own names)."""
+    state dicts, which keep the HF modules' own names); gate_up None for a mixture-of-experts layer."""
 
     def __init__(self, qkv_weight, qkv_bias, gate_up_weight, gate_up_bias):
         super().__init__()
@@ -279,6 +290,13 @@ class _PackedLayer(nn.Module):
         self.register_buffer("qkv_bias", qkv_bias, persistent=False)
         self.register_buffer("gate_up_weight", gate_up_weight, persistent=False)
         self.register_buffer("gate_up_bias", gate_up_bias, persistent=False)
+
+
+def _is_dense_mlp(mlp: nn.Module) -> bool:
+    """A gated MLP (gate_proj, up_proj, down_proj), not a mixture-of-experts block."""
+    return all(
+        isinstance(getattr(mlp, name, None), nn.Linear) for name in ("gate_proj", "up_proj", "down_proj")
+    )
 
 
 def _norm_args(norm: nn.Module) -> tuple[torch.Tensor, float]:

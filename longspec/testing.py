@@ -81,13 +81,41 @@ _VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "mistral": ("mistral", dict(sliding_window=16, tie_word_embeddings=False)),
     # q/k RMSNorm over the head dim.
     "qwen3": ("qwen3", dict(tie_word_embeddings=False)),
+    # Mixture-of-experts MLPs (2 of 4 experts per token); Mixtral with Mistral's window.
+    "mixtral": (
+        "mixtral",
+        dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=16, tie_word_embeddings=False),
+    ),
+    # Qwen2-MoE: q/k/v biases, routed experts plus a gated shared expert.
+    "qwen2-moe": (
+        "qwen2_moe",
+        dict(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            tie_word_embeddings=False,
+        ),
+    ),  # fmt: skip
+    # Qwen3-MoE with one dense layer (mlp_only_layers) beside a sparse one, as the family allows.
+    "qwen3-moe": (
+        "qwen3_moe",
+        dict(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            mlp_only_layers=[1],
+            decoder_sparse_step=1,
+            tie_word_embeddings=False,
+        ),
+    ),  # fmt: skip
 }
 TINY_VARIANTS: tuple[str, ...] = tuple(_VARIANTS)
 
 
 def tiny_hf_config(family: str, **overrides):
     """A tiny HF config (hidden 64, 4 q heads / 2 kv heads, head_dim 16, 2 layers, vocab 300) of one variant:
-    llama | llama-linear | llama3 | qwen2 | qwen2-tied | mistral | qwen3."""
+    llama | llama-linear | llama3 | qwen2 | qwen2-tied | mistral | qwen3 | mixtral | qwen2-moe | qwen3-moe."""
     from transformers import AutoConfig
 
     if family not in _VARIANTS:

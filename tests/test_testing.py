@@ -23,6 +23,9 @@ EXPECTED_CLASS = {
     "qwen2-tied": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2-moe": "Qwen2MoeForCausalLM",
+    "qwen3-moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -49,6 +52,8 @@ def test_variant_features():
         tiny_hf_config("qwen2-tied").tie_word_embeddings and not tiny_hf_config("qwen2").tie_word_embeddings
     )
     assert hasattr(make_tiny_hf_model("qwen3").model.layers[0].self_attn, "q_norm")
+    moe = make_tiny_hf_model("qwen3-moe").model.layers  # a sparse layer, then a dense one (mlp_only_layers)
+    assert not hasattr(moe[0].mlp, "gate_proj") and hasattr(moe[1].mlp, "gate_proj")
     assert tiny_hf_config("llama", num_hidden_layers=3).num_hidden_layers == 3  # overrides apply
     with pytest.raises(ValueError, match="unknown tiny variant"):
         tiny_hf_config("gpt2")

@@ -20,7 +20,7 @@ LENGTHS = (
     40,
     63,
 )  # > drafter window 8 and Mistral's window 16; prefill chunks of 16 end at different rounds
-FAMILIES = ["llama", "qwen2", "mistral", "qwen3"]
+FAMILIES = ["llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen2-moe", "qwen3-moe"]
 
 
 def _prompts(seed: int = 0) -> list[torch.Tensor]:
@@ -52,8 +52,9 @@ def test_batch_greedy_equals_each_sequence_alone(family):
     assert [r.tokens for r in results] == expected
     for result, tokens in zip(results, expected, strict=True):
         assert result.stats.num_new_tokens == len(tokens)
-        assert result.stats.trees == {"2-3-3": result.stats.rounds}
-    accepted = [r.stats.accepted for r in results]
+        # a row whose first token (the prefill's) is the EOS ran no round
+        assert result.stats.trees == ({"2-3-3": result.stats.rounds} if result.stats.rounds else {})
+    accepted = [r.stats.accepted for r in results if r.stats.rounds]
     assert max(max(a) for a in accepted) == 2 and min(min(a) for a in accepted) == 0
     # the early finisher ran fewer rounds: it stopped while the others went on
     assert results[1].stats.rounds < max(r.stats.rounds for r in results)

@@ -16,7 +16,9 @@ def llama():
     return make_tiny_target("llama")
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen2-moe", "qwen3-moe"]
+)
 def test_greedy_speculative_equals_target_greedy(family):
     """Prompt 45 tokens > drafter window 8 and > Mistral's sliding window 16; prefill in chunks of 16."""
     target = make_tiny_target(family)

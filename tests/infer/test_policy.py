@@ -135,7 +135,9 @@ class CyclingCosts:
         return 1.0 if AUTO_TREES.index(widths) == context_len % len(AUTO_TREES) else 1000.0
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen2-moe", "qwen3-moe"]
+)
 def test_auto_greedy_equals_target_greedy_with_mixed_trees(family):
     target = make_tiny_target(family)
     prompt = torch.randint(0, 256, (40,))

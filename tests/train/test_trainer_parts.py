@@ -121,9 +121,10 @@ def test_checkpoint_bookkeeping_ignores_incomplete_dirs(tmp_path):
     assert not (root / ".tmp-step_00000010").exists()
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3-moe"])  # a mixture-of-experts target trains the same way
 @pytest.mark.parametrize("distill_weight", [0.0, 0.5])
-def test_drafting_model_losses_match_full_logits(distill_weight):
-    target = make_tiny_target("qwen2")
+def test_drafting_model_losses_match_full_logits(distill_weight, family):
+    target = make_tiny_target(family)
     drafter = Drafter(
         DrafterConfig.from_target_config(target.config, window=4), target.embed_tokens, target.lm_head
     )
