@@ -97,6 +97,8 @@ class TargetModel(nn.Module):
         if weight_device.type != "meta":  # follow a model loaded straight onto a GPU (device_map)
             self.rotary.to(weight_device)
         self.layer_windows = _layer_windows(config)
+        # Layers whose MLP is a mixture-of-experts block (HF's routing picks experts on the host: no CUDA graphs).
+        self.sparse_layers = [i for i, layer in enumerate(self.layers) if not _is_dense_mlp(layer.mlp)]
         self.sliding_window = getattr(config, "sliding_window", None)
         self.packed: nn.ModuleList | None = None  # set by `pack_weights` (inference)
 

@@ -329,6 +329,12 @@ class SpeculativeEngine:
         spec = get_method(method, runner="engine")
         if spec.needs_drafter and self.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (pass one, or use drafter.init=random)")
+        if config.cuda_graphs and self.target.sparse_layers:
+            raise ValueError(
+                "cuda_graphs=True cannot capture this target: its mixture-of-experts blocks choose their experts on "
+                "the host (HF's routing), which a CUDA graph cannot replay; use cuda_graphs=false (static_shapes="
+                "true keeps the rounds' static steps)"
+            )
         if config.cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs the target on a CUDA device")
         if len(prompts) == 0:

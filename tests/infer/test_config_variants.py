@@ -89,3 +89,19 @@ def test_a_length_dependent_rope_is_exact_within_its_range_and_refused_past_it(r
     )
     with pytest.raises(ValueError, match="must stay within 32"):
         engine.generate(prompt, GenerationConfig(max_new_tokens=13))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3-moe"])
+def test_a_mixture_of_experts_target_runs_static_but_refuses_cuda_graphs(family):
+    """HF's expert blocks pick their experts with host-side indexing (nonzero, a Python loop): static shapes
+    run them as they are; a CUDA graph could not capture them, and asking for one is one clear error."""
+    from longspec.testing import make_tiny_target
+
+    target = make_tiny_target(family)
+    assert target.sparse_layers == ([0, 1] if family == "mixtral" else [0])  # qwen3-moe: layer 1 is dense
+    engine = SpeculativeEngine(target, random_drafter(target))
+    prompt = torch.randint(0, 256, (30,), generator=torch.Generator().manual_seed(0))
+    ref = reference_greedy(target, prompt, 12)
+    assert engine.generate(prompt, GenerationConfig(max_new_tokens=12, static_shapes=True)).tokens == ref
+    with pytest.raises(ValueError, match="mixture-of-experts blocks"):
+        engine.generate(prompt, GenerationConfig(max_new_tokens=12, cuda_graphs=True))
