@@ -113,8 +113,9 @@ class EvalConfig(Schema):
     sampling_rule: str = "rrs"  # T > 0: rrs (children sampled from the drafter's q) | deterministic (top-k)
     prefill_chunk: int = 4096  # target prefill tokens per forward
     cuda_graphs: bool = False  # capture each round's target forward in a CUDA graph (CUDA only)
-    # samples decoded together by the engine methods (longspec, ar, pld: `SpeculativeEngine.generate_batch`);
-    # the HF baselines (vanilla_hf, vanilla_fa, hf_compile) still run one sample at a time. 1 = one at a time
+    # samples decoded together: by the engine methods (longspec, ar, pld: `SpeculativeEngine.generate_batch`) and
+    # the HF baselines vanilla_hf / vanilla_fa (left-padded, `baselines.hf_generate_batch`); hf_compile runs one
+    # sample at a time. 1 = one at a time
     batch_size: int = 1
     warmup: bool = True  # one short untimed generation per method first (lazy init, kernel autotuning)
     # Timed runs per sample and method, interleaved (each repeat rotates the methods' order, and longspec's tree

@@ -24,8 +24,8 @@ from longspec.eval.datasets import load_samples
 from longspec.eval.divergence import analyse_divergence
 from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.eval.session import EvalSession
-from longspec.infer.baselines import reserve_hf_compiled, run_method
-from longspec.infer.methods import get_method
+from longspec.infer.baselines import reserve_hf_compiled, run_method, run_method_batch
+from longspec.infer.methods import BATCH_RUNNERS, get_method
 from longspec.modules.rope import exact_positions
 from longspec.provenance import git_commit
 
@@ -185,6 +185,9 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
                 for prompt in warm_prompts:
                     if prompt is not widest:
                         engine.generate_batch([prompt] * cfg.batch_size, warm, method=method)
+        for method in [m for m in methods if get_method(m).runner == "hf"] if cfg.batch_size > 1 else []:
+            for prompt in warm_prompts:  # the batched HF baselines' kernels at the batch's shapes
+                run_method_batch(method, [prompt] * cfg.batch_size, warm, target=target)
     clock.mark("warm_up")
 
     reference = greedy_reference(methods) if cfg.temperature == 0 else None
@@ -259,17 +262,17 @@ def _timed_runs(methods: list[str], samples: list, config, cfg, *, target, engin
 
 
 def _generate(method: str, samples: list, config, batch_size: int, *, target, engine) -> list[dict]:
-    """One record per sample of `samples` for `method`: an engine method decodes them together when
-    batch_size > 1 (one `generate_batch`; each record then carries the batch's throughput), anything else
-    one sample at a time (`run_method`)."""
-    batched = batch_size > 1 and get_method(method).runner == "engine"
+    """One record per sample of `samples` for `method`: a method that decodes batches (the engine's, and the HF
+    baselines vanilla_hf / vanilla_fa) decodes them together when batch_size > 1 (`run_method_batch`; each
+    record then carries the batch's throughput), hf_compile one sample at a time (`run_method`)."""
+    batched = batch_size > 1 and get_method(method).runner in BATCH_RUNNERS
     pad = batch_size - len(samples) if batched else 0
     if batched:
         # A dataset's last, smaller batch is padded with repeats of its last prompt (their outputs dropped,
         # their time counted): another batch size would reallocate the cache and, with cuda_graphs, capture
         # new graphs inside the timed decode, then again for the next dataset's full batches.
         prompts = [s.prompt_ids for s in samples] + [samples[-1].prompt_ids] * pad
-        outputs = engine.generate_batch(prompts, config, method=method)[: len(samples)]
+        outputs = run_method_batch(method, prompts, config, target=target, engine=engine)[: len(samples)]
     else:
         outputs = [run_method(method, s.prompt_ids, config, target=target, engine=engine) for s in samples]
     records = [

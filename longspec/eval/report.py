@@ -288,9 +288,9 @@ def batch_markdown(summary: dict, batch_size: int) -> list[str]:
         "",
         f"## Batch throughput (batch_size {batch_size})",
         "",
-        "The engine methods (longspec, ar, pld) decoded the samples "
-        f"{batch_size} at a time (`generate_batch`; a dataset's last batch may be smaller); the HF baselines "
-        "(vanilla_hf, vanilla_fa, hf_compile) one at a time. tok/s above is per sequence (a sample's tokens over "
+        "The engine methods (longspec, ar, pld) and the HF baselines vanilla_hf / vanilla_fa decoded the samples "
+        f"{batch_size} at a time (a dataset's last batch may be smaller); hf_compile one at a time. tok/s above "
+        "is per sequence (a sample's tokens over "
         "its batch's decode time); the speedups compare throughputs: batch tok/s for the batched methods, "
         "tok/s for the others.",
         "",

@@ -1,7 +1,8 @@
 """Every decoding method behind one call (`run_method`), so the harness measures them side by side in the same
 run; the methods themselves are listed in `longspec.infer.methods`. The HF baselines live here:
 
-- `hf_generate` ("vanilla_hf", "vanilla_fa"): plain HF decoding on a DynamicCache, eager or flash attention.
+- `hf_generate` / `hf_generate_batch` ("vanilla_hf", "vanilla_fa"): plain HF decoding on a DynamicCache, eager or
+  flash attention, one prompt or a left-padded batch.
 - `hf_compiled_generate` ("hf_compile"): HF's own fastest decoding, what a user who knows transformers would
   pick: a StaticCache and the decode step under torch.compile(mode="reduce-overhead") (CUDA graphs on GPU), SDPA.
 """
@@ -18,18 +19,21 @@ import torch
 
 from longspec.infer.accept import sample_token, target_distribution
 from longspec.infer.engine import GenerationConfig, GenerationResult, SpeculativeEngine
-from longspec.infer.methods import ALL_METHODS, HF_METHODS, get_method
+from longspec.infer.methods import ALL_METHODS, BATCH_METHODS, BATCH_RUNNERS, HF_METHODS, get_method
 from longspec.infer.stats import GenerationStats
 from longspec.modules.attention import HAS_FLASH_ATTN
 
 __all__ = [
     "ALL_METHODS",
+    "BATCH_METHODS",
     "HF_METHODS",
     "hf_attn_implementation",
     "hf_generate",
+    "hf_generate_batch",
     "hf_compiled_generate",
     "reserve_hf_compiled",
     "run_method",
+    "run_method_batch",
     "using_attn_implementation",
 ]
 
@@ -55,43 +59,84 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-@torch.no_grad()
 def hf_generate(
     hf_model, prompt_ids, config: GenerationConfig, *, attn_implementation: str
 ) -> GenerationResult:
-    """Vanilla HF decoding (batch 1): one prefill forward (SDPA or flash-attn whatever the method), then one
-    forward per token on a DynamicCache with `attn_implementation`. The sampling rule is the engine's (same
-    target_distribution and sampler), so outputs are comparable."""
+    """Vanilla HF decoding of one prompt (`hf_generate_batch` of one)."""
+    return hf_generate_batch(hf_model, [prompt_ids], config, attn_implementation=attn_implementation)[0]
+
+
+@torch.no_grad()
+def hf_generate_batch(
+    hf_model, prompts, config: GenerationConfig, *, attn_implementation: str
+) -> list[GenerationResult]:
+    """Vanilla HF decoding of prompts of any lengths together, as HF's own batched generation does: left-padded
+    into one prefill forward (SDPA or flash-attn whatever the method), then one forward of every row per token
+    on a DynamicCache with `attn_implementation`, until every row has finished (a finished row is still fed, its
+    tokens dropped). Each row's positions count from its own first token and the attention mask hides the
+    padding, so a row's output is its batch-1 output (up to the rounding a padded attention may change). One
+    prompt runs unmasked (no padding: the attention's causal fast path). The sampling rule is the engine's
+    (same target_distribution and sampler), so outputs are comparable; every row shares the decode's time."""
     from transformers import DynamicCache
 
     device = next(hf_model.parameters()).device
-    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).flatten()
+    prompts = [torch.as_tensor(p, dtype=torch.long, device=device).flatten() for p in prompts]
+    if not prompts or any(p.numel() == 0 for p in prompts):
+        raise ValueError("hf_generate_batch needs non-empty prompts")
+    batch, width = len(prompts), max(p.numel() for p in prompts)
+    ids = torch.zeros(batch, width, dtype=torch.long, device=device)
+    mask = torch.zeros(batch, width, dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - prompt.numel() :] = prompt
+        mask[row, width - prompt.numel() :] = 1
+    positions = (mask.cumsum(1) - 1).clamp(min=0)  # each row from 0 at its first real token
+    padded = bool((mask == 0).any())
     # Prefill is not what is compared (tokens/s exclude it) and eager attention over a 32K prompt would
     # materialise H x 32K x 32K scores: prefill with SDPA / flash, decode with the method's implementation.
     # The K/V written to the cache do not depend on the attention implementation.
     prefill_implementation = "flash_attention_2" if attn_implementation == "flash_attention_2" else "sdpa"
-    stats = GenerationStats(method=f"hf[{attn_implementation}]", prompt_len=prompt.numel())
+    stats = [GenerationStats(method=f"hf[{attn_implementation}]", prompt_len=p.numel()) for p in prompts]
     generator = torch.Generator().manual_seed(config.seed)
     cache_arg = _cache_kwarg(hf_model)
+
+    def forward(tokens, step_positions):
+        extra = {"attention_mask": mask} if padded else {}
+        out = hf_model(tokens, position_ids=step_positions, use_cache=True, logits_to_keep=1,
+                       **extra, **{cache_arg: cache})  # fmt: skip
+        return out.logits[:, -1]  # [B, V]
 
     cache = DynamicCache(config=hf_model.config)
     with using_attn_implementation(hf_model, prefill_implementation):
         start = _now(device)
-        logits = hf_model(prompt[None], use_cache=True, logits_to_keep=1, **{cache_arg: cache}).logits[0, -1]
-        token = _pick(logits, config, generator)
-        emitted = [int(token)]  # host sync
-        stats.prefill_s = _now(device) - start
+        token = _pick(forward(ids, positions), config, generator)  # [B]
+        emitted = [[t] for t in token.tolist()]  # host sync
+        prefill_s = _now(device) - start
+    done = [_row_done(row, config) for row in emitted]
+    last = positions[:, -1]
     with using_attn_implementation(hf_model, attn_implementation):
         start = _now(device)
-        while len(emitted) < config.max_new_tokens and emitted[-1] not in config.eos_token_ids:
-            logits = hf_model(token.reshape(1, 1), use_cache=True, **{cache_arg: cache}).logits[0, -1]
-            token = _pick(logits, config, generator)
-            emitted.append(int(token))  # host sync: the stopping test needs the token
-            stats.record_round(0)
-        stats.decode_s = _now(device) - start
-    stats.verify_s = stats.decode_s
-    stats.num_new_tokens = len(emitted)
-    return GenerationResult(tokens=emitted, stats=stats)
+        while not all(done):
+            last = last + 1
+            if padded:
+                mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+            token = _pick(forward(token[:, None], last[:, None]), config, generator)
+            for row, value in enumerate(token.tolist()):  # host sync: the stopping test needs the tokens
+                if not done[row]:
+                    emitted[row].append(value)
+                    stats[row].record_round(0)
+                    done[row] = _row_done(emitted[row], config)
+        decode_s = _now(device) - start
+    results = []
+    for row_stats, tokens in zip(stats, emitted, strict=True):
+        row_stats.prefill_s, row_stats.decode_s = prefill_s, decode_s
+        row_stats.verify_s = decode_s
+        row_stats.num_new_tokens = len(tokens)
+        results.append(GenerationResult(tokens=tokens, stats=row_stats))
+    return results
+
+
+def _row_done(tokens: list[int], config: GenerationConfig) -> bool:
+    return len(tokens) >= config.max_new_tokens or tokens[-1] in config.eos_token_ids
 
 
 class _CompiledDecoder:
@@ -211,6 +256,24 @@ def run_method(
     if engine is None:
         engine = SpeculativeEngine(target)
     return engine.generate(prompt_ids, config, method=method)
+
+
+def run_method_batch(
+    method: str, prompts, config: GenerationConfig, *, target, engine: SpeculativeEngine | None = None
+) -> list[GenerationResult]:
+    """Generate for several prompts together with a method that decodes batches (`BATCH_RUNNERS`): the engine's
+    (`SpeculativeEngine.generate_batch`) or HF's (`hf_generate_batch`)."""
+    runner = get_method(method).runner
+    if runner not in BATCH_RUNNERS:
+        raise ValueError(
+            f"method {method!r} decodes one prompt at a time (batched: {', '.join(BATCH_METHODS)})"
+        )
+    if runner == "hf":
+        attn = hf_attn_implementation(method, target.model)
+        return hf_generate_batch(target.model, prompts, config, attn_implementation=attn)
+    if engine is None:
+        engine = SpeculativeEngine(target)
+    return engine.generate_batch(prompts, config, method=method)
 
 
 def _now(device: torch.device) -> float:

@@ -44,6 +44,9 @@ METHODS: dict[str, DecodingMethod] = {
     )
 }
 ALL_METHODS = tuple(METHODS)
+# Runners that decode several prompts together (batch_size > 1); hf_compile's StaticCache graph is batch 1.
+BATCH_RUNNERS = ("engine", "hf")
+BATCH_METHODS = tuple(name for name, m in METHODS.items() if m.runner in BATCH_RUNNERS)
 ENGINE_METHODS = tuple(name for name, m in METHODS.items() if m.runner == "engine")
 HF_METHODS = tuple(name for name, m in METHODS.items() if m.runner == "hf")
 

@@ -15,12 +15,14 @@ def test_tiny_mode_writes_a_complete_table(batch_throughput, tmp_path, monkeypat
     batch_throughput.main(["--tiny", "--accept-profile", "1,0"])
     result = json.loads((tmp_path / "batch_throughput.json").read_text())
     assert result["accept_profile"] == [1.0, 0.0] and result["expected_tau"] == 2.0
-    assert result["tree_widths"] == [2, 2, 2] and result["vanilla_fa"] == "per sequence, batch 1"
+    assert result["tree_widths"] == [2, 2, 2] and result["vanilla_fa"] == "batched, the same prompts"
     assert [(r["context"], r["batch"]) for r in result["rows"]] == [(40, 1), (40, 2)]
     for row in result["rows"]:
         for key in ("ar_tok_s", "longspec_tok_s", "vanilla_fa_tok_s"):
             assert row[key] > 0, key
         assert row["speedup"] == pytest.approx(row["longspec_tok_s"] / row["ar_tok_s"])
+        assert row["speedup_vs_vanilla_fa"] == pytest.approx(row["longspec_tok_s"] / row["vanilla_fa_tok_s"])
+        assert row["vanilla_fa_rows_equal_ar"] == row["batch"] and "ar_tokens" not in row  # fp32: all equal
         # the script's own check: every sequence's longspec output == its ar output
         assert row["lossless"] == [True] * row["batch"] and row["longspec_matches_ar"]
         assert row["tau"] == 2.0 and row["tokens_per_row"] == [8] * row["batch"]

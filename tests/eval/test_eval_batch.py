@@ -1,5 +1,6 @@
-"""`python -m longspec.eval ... batch_size=N` (issue 13): the engine methods decode N samples at a time through
-`generate_batch`, and at T=0 every sample's output is the one it gets decoded alone."""
+"""`python -m longspec.eval ... batch_size=N` (issue 13): the engine methods (through `generate_batch`) and the HF
+baselines vanilla_hf / vanilla_fa (left-padded) decode N samples at a time, hf_compile one at a time; at T=0 every
+sample's output is the one it gets decoded alone."""
 
 import json
 
@@ -25,7 +26,7 @@ def three_rows(tmp_path):
 
 
 def _run(eval_overrides, data, out, *extra) -> dict:
-    overrides = eval_overrides(out, f"method=[{','.join(METHODS)},vanilla_fa]", *extra, data=data)
+    overrides = eval_overrides(out, f"method=[{','.join(METHODS)},vanilla_fa,hf_compile]", *extra, data=data)
     assert main(overrides) == 0
     return json.loads((out / "results.json").read_text())
 
@@ -33,11 +34,11 @@ def _run(eval_overrides, data, out, *extra) -> dict:
 def test_batch_size_2_gives_the_outputs_of_batch_size_1(eval_overrides, three_rows, tmp_path):
     one = _run(eval_overrides, three_rows, tmp_path / "b1", "warmup=false")
     two = _run(eval_overrides, three_rows, tmp_path / "b2", "batch_size=2")
-    for method in (*METHODS, "vanilla_fa"):
+    for method in (*METHODS, "vanilla_fa", "hf_compile"):
         outputs = [[r["output_ids"] for r in run["methods"][method]["rows"]] for run in (one, two)]
         assert len(outputs[0]) == 3 and outputs[0] == outputs[1], method
         assert two["summary"]["rows"][method]["identical_to_greedy"] == 1.0, method  # lossless, batched
-    for method in METHODS:  # batched: each record carries its batch's size and throughput
+    for method in (*METHODS, "vanilla_fa"):  # batched: each record carries its batch's size and throughput
         records = two["methods"][method]["rows"]
         assert [r["batch_size"] for r in records] == [2, 2, 1], method
         # the last batch ran padded to 2 rows (one cache shape, one set of graphs for the whole run)
@@ -45,10 +46,10 @@ def test_batch_size_2_gives_the_outputs_of_batch_size_1(eval_overrides, three_ro
         assert records[0]["batch_tokens_per_s"] == records[1]["batch_tokens_per_s"] > 0
         assert records[0]["decode_s"] == records[1]["decode_s"]  # a row's decode time is its batch's
         assert two["summary"]["rows"][method]["batch_tokens_per_s"] > 0
-    assert "batch_size" not in two["methods"]["vanilla_fa"]["rows"][0]  # the HF baselines run one at a time
+    assert "batch_size" not in two["methods"]["hf_compile"]["rows"][0]  # its compiled step is batch 1
     assert all("batch_tokens_per_s" not in agg for agg in one["summary"]["rows"].values())
     report = (tmp_path / "b2" / "report.md").read_text()
-    assert "## Batch throughput (batch_size 2)" in report and "| rows | vanilla_fa | – (batch 1) |" in report
+    assert "## Batch throughput (batch_size 2)" in report and "| rows | hf_compile | – (batch 1) |" in report
     assert "Batch throughput" not in (tmp_path / "b1" / "report.md").read_text()
 
 

@@ -5,6 +5,7 @@ from infer_helpers import random_drafter, reference_greedy
 from longspec.infer.baselines import (
     ALL_METHODS,
     hf_attn_implementation,
+    hf_generate_batch,
     run_method,
     using_attn_implementation,
 )
@@ -22,6 +23,26 @@ def test_every_method_reproduces_greedy(family):
         result = run_method(method, prompt, GenerationConfig(max_new_tokens=10), target=target, engine=engine)
         assert result.tokens == ref, method
         assert result.stats.rounds == 9 or method in ("longspec", "pld")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_hf_batch_equals_each_prompt_alone(family, implementation):
+    """The batched HF baseline (vanilla_hf / vanilla_fa at batch_size > 1): prompts of different lengths,
+    left-padded (Mistral's window 16 < the longest prompt), one of them ending early on an EOS, each row's output
+    its own greedy output."""
+    target = make_tiny_target(family)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (30, 9, 21)]
+    refs = [reference_greedy(target, p, 12) for p in prompts]
+    eos = refs[1][3]
+    expected = [r[: r.index(eos) + 1] if eos in r else r for r in refs]
+    assert len(expected[1]) <= 4 < max(len(e) for e in expected)
+    config = GenerationConfig(max_new_tokens=12, eos_token_ids=(eos,))
+    results = hf_generate_batch(target.model, prompts, config, attn_implementation=implementation)
+    assert [r.tokens for r in results] == expected
+    assert [r.stats.num_new_tokens for r in results] == [len(e) for e in expected]
+    assert len({r.stats.decode_s for r in results}) == 1  # one decode for the batch
 
 
 def test_hf_attention_choice_and_restore():
