@@ -30,7 +30,8 @@ __all__ = ["TargetModel", "TargetOutput", "SUPPORTED_MODEL_TYPES", "AttnFn"]
 # (input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp); differences are data-driven:
 # q/k/v bias (Qwen2; `attention_bias`), q/k norm (Qwen3), sliding windows (Mistral; Qwen2/3 `layer_types`).
 # Mixture-of-experts targets (Mixtral, Qwen2-MoE, Qwen3-MoE) have their dense family's attention; a layer whose
-# `mlp` is a sparse block runs that block as HF does (routing, experts, shared expert), the rest as usual.
+# `mlp` is a sparse block runs that block as HF does (routing, experts, shared expert), the rest as usual. Phi-3
+# fuses q/k/v (`qkv_proj`) and gate/up (`gate_up_proj`) in its checkpoints: the packed layout, as stored.
 SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "llama": "llama",
     "qwen2": "qwen2",
@@ -39,6 +40,8 @@ SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "mixtral": "mistral",
     "qwen2_moe": "qwen2",
     "qwen3_moe": "qwen3",
+    # Phi-3 / Phi-3.5: q/k/v in one projection and gate/up in another (already packed), LongRoPE for 128K.
+    "phi3": "phi3",
 }
 
 # attn_fn(layer_idx, q [B,H,T,D] post-RoPE, k [B,Hkv,T,D] post-RoPE, v [B,Hkv,T,D]) -> out [B,H,T,D]
@@ -98,7 +101,7 @@ class TargetModel(nn.Module):
             self.rotary.to(weight_device)
         self.layer_windows = _layer_windows(config)
         # Layers whose MLP is a mixture-of-experts block (HF's routing picks experts on the host: no CUDA graphs).
-        self.sparse_layers = [i for i, layer in enumerate(self.layers) if not _is_dense_mlp(layer.mlp)]
+        self.sparse_layers = [i for i, layer in enumerate(self.layers) if _mlp_kind(layer.mlp) == "sparse"]
         self.sliding_window = getattr(config, "sliding_window", None)
         self.packed: nn.ModuleList | None = None  # set by `pack_weights` (inference)
 
@@ -173,17 +176,25 @@ class TargetModel(nn.Module):
         packed = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = pack_linears((attn.q_proj, attn.k_proj, attn.v_proj))
-            dense = _is_dense_mlp(mlp)
-            gate_up = pack_linears((mlp.gate_proj, mlp.up_proj)) if dense else (None, None)
+            if hasattr(attn, "qkv_proj"):  # stored packed (Phi-3): its own weight
+                qkv = _weights(attn.qkv_proj)
+            else:
+                qkv = pack_linears((attn.q_proj, attn.k_proj, attn.v_proj))
+            kind = _mlp_kind(mlp)
+            if kind == "fused":
+                gate_up = _weights(mlp.gate_up_proj)
+            else:
+                gate_up = pack_linears((mlp.gate_proj, mlp.up_proj)) if kind == "gated" else (None, None)
             if qkv is None or gate_up is None:
                 return False
             packed.append((qkv, gate_up))
         self.packed = nn.ModuleList()
         for layer, (qkv, gate_up) in zip(self.layers, packed, strict=True):
-            bind_views((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), *qkv)
-            if gate_up[0] is not None:
-                bind_views((layer.mlp.gate_proj, layer.mlp.up_proj), *gate_up)
+            attn, mlp = layer.self_attn, layer.mlp
+            if not hasattr(attn, "qkv_proj"):
+                bind_views((attn.q_proj, attn.k_proj, attn.v_proj), *qkv)
+            if _mlp_kind(mlp) == "gated":
+                bind_views((mlp.gate_proj, mlp.up_proj), *gate_up)
             self.packed.append(_PackedLayer(*qkv, *gate_up))
         return True
 
@@ -225,9 +236,10 @@ class TargetModel(nn.Module):
         for idx, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(B, T, -1, self.head_dim)  # [B,T,H,D]
-            k = attn.k_proj(x).view(B, T, -1, self.head_dim)  # [B,T,Hkv,D]
-            v = attn.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # [B,Hkv,T,D]
+            q, k, v = self._qkv(attn, x)
+            q = q.view(B, T, -1, self.head_dim)  # [B,T,H,D]
+            k = k.view(B, T, -1, self.head_dim)  # [B,T,Hkv,D]
+            v = v.view(B, T, -1, self.head_dim).transpose(1, 2)  # [B,Hkv,T,D]
             if self.family == "qwen3":  # RMSNorm over the head dim, before RoPE
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q = apply_rotary(q.transpose(1, 2), cos, sin)  # [B,H,T,D]
@@ -244,6 +256,13 @@ class TargetModel(nn.Module):
             last_k, last_v = k, v
         hidden = self.model.model.norm(hidden)
         return TargetOutput(hidden=hidden, last_k=last_k, last_v=last_v)
+
+    def _qkv(self, attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer's q, k, v projections of x [B,T,Dm] (one fused projection split, for Phi-3)."""
+        if not hasattr(attn, "qkv_proj"):
+            return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return attn.qkv_proj(x).split((q_size, kv_size, kv_size), dim=-1)
 
     def _forward_packed(self, hidden, cos, sin, attn_fn: AttnFn | None, kv_cache) -> TargetOutput:
         """`forward` after `pack_weights`: the same layer, computed with packed projections and fused steps. The
@@ -294,11 +313,21 @@ class _PackedLayer(nn.Module):
         self.register_buffer("gate_up_bias", gate_up_bias, persistent=False)
 
 
-def _is_dense_mlp(mlp: nn.Module) -> bool:
-    """A gated MLP (gate_proj, up_proj, down_proj), not a mixture-of-experts block."""
-    return all(
-        isinstance(getattr(mlp, name, None), nn.Linear) for name in ("gate_proj", "up_proj", "down_proj")
-    )
+def _mlp_kind(mlp: nn.Module) -> str:
+    """ "gated" (gate_proj, up_proj, down_proj), "fused" (gate_up_proj, down_proj: Phi-3), or "sparse" (a
+    mixture-of-experts block)."""
+
+    def linears(*names):
+        return all(isinstance(getattr(mlp, name, None), nn.Linear) for name in names)
+
+    if linears("gate_proj", "up_proj", "down_proj"):
+        return "gated"
+    return "fused" if linears("gate_up_proj", "down_proj") else "sparse"
+
+
+def _weights(linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A linear's (weight, bias), detached: the packed buffers share its storage."""
+    return linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
 
 
 def _norm_args(norm: nn.Module) -> tuple[torch.Tensor, float]:

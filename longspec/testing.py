@@ -86,6 +86,24 @@ _VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "mixtral",
         dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=16, tie_word_embeddings=False),
     ),
+    # Phi-3: fused qkv_proj and gate_up_proj, a sliding window on every layer.
+    "phi3": ("phi3", dict(sliding_window=16, tie_word_embeddings=False)),
+    # Phi-3.5 / Phi-3-128K: LongRoPE, an original context of 32 so tests cross it.
+    "phi3-longrope": (
+        "phi3",
+        dict(
+            max_position_embeddings=128,
+            original_max_position_embeddings=32,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 1e4,
+                "short_factor": [1.0] * 8,
+                "long_factor": [4.0] * 8,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+    ),  # fmt: skip
     # Qwen2-MoE: q/k/v biases, routed experts plus a gated shared expert.
     "qwen2-moe": (
         "qwen2_moe",
@@ -115,7 +133,7 @@ TINY_VARIANTS: tuple[str, ...] = tuple(_VARIANTS)
 
 def tiny_hf_config(family: str, **overrides):
     """A tiny HF config (hidden 64, 4 q heads / 2 kv heads, head_dim 16, 2 layers, vocab 300) of one variant:
-    llama | llama-linear | llama3 | qwen2 | qwen2-tied | mistral | qwen3 | mixtral | qwen2-moe | qwen3-moe."""
+    llama | llama-linear | llama3 | qwen2 | qwen2-tied | mistral | qwen3 | phi3 | phi3-longrope | mixtral | qwen2-moe | qwen3-moe."""
     from transformers import AutoConfig
 
     if family not in _VARIANTS:

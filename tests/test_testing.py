@@ -23,6 +23,8 @@ EXPECTED_CLASS = {
     "qwen2-tied": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "phi3-longrope": "Phi3ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen2-moe": "Qwen2MoeForCausalLM",
     "qwen3-moe": "Qwen3MoeForCausalLM",

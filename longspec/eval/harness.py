@@ -26,7 +26,7 @@ from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.eval.session import EvalSession
 from longspec.infer.baselines import reserve_hf_compiled, run_method, run_method_batch
 from longspec.infer.methods import BATCH_RUNNERS, get_method
-from longspec.modules.rope import exact_positions
+from longspec.modules.rope import exact_positions, longrope_original
 from longspec.provenance import git_commit
 
 __all__ = ["log_summary", "run_eval"]
@@ -55,11 +55,13 @@ def _eos_ids(tokenizer, hf_config) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def _check_positions(cfg: EvalConfig, hf_config, longest_prompt: int) -> None:
+def _check_positions(cfg: EvalConfig, hf_config, datasets: list[tuple[str, list]]) -> None:
     """Refuse, before any generation, a run whose output would pass the target's max_position_embeddings: past
     it the target extrapolates silently, and every τ and speedup of the run would mean something else. (Draft
-    tokens a round proposes beyond max_new_tokens are discarded, so they do not count.) A rope whose frequencies
-    change with the length (LongRoPE past its original context) bounds the run there (`rope.exact_positions`)."""
+    tokens a round proposes beyond max_new_tokens are discarded, so they do not count.) A dynamic-NTK rope bounds
+    the run where its frequencies start changing (`rope.exact_positions`); a longrope one needs each call on one
+    side of its original context (`SpeculativeEngine._fix_longrope`)."""
+    longest_prompt = max(s.prompt_len for _, samples in datasets for s in samples)
     max_positions = getattr(hf_config, "max_position_embeddings", None)
     exact = exact_positions(hf_config)
     if exact is not None and (max_positions is None or exact < max_positions):
@@ -68,9 +70,21 @@ def _check_positions(cfg: EvalConfig, hf_config, longest_prompt: int) -> None:
             raise UserError(
                 f"the longest prompt ({longest_prompt} tokens) + max_new_tokens={cfg.max_new_tokens} = {reach} "
                 f"tokens, past the {exact} positions within which this target's "
-                f"{hf_config.rope_parameters['rope_type']} rope keeps fixed frequencies (past them HF switches them "
+                f"{hf_config.rope_parameters['rope_type']} rope keeps fixed frequencies (past them HF changes them "
                 f"with the length, which the engine does not follow): set data.context_len <= {exact}"
             )
+    original = longrope_original(hf_config)
+    if original is not None:
+        for name, samples in datasets:
+            for start in range(0, len(samples), cfg.batch_size):
+                lengths = [s.prompt_len for s in samples[start : start + cfg.batch_size]]
+                if not (min(lengths) > original or max(lengths) + cfg.max_new_tokens <= original):
+                    raise UserError(
+                        f"{name}: prompts of {min(lengths)}-{max(lengths)} tokens (+ max_new_tokens="
+                        f"{cfg.max_new_tokens}) cross this target's original context ({original} tokens), where "
+                        "its longrope rope switches factors mid-sequence: keep every prompt above it (e.g. "
+                        f"data.min_prompt_tokens={original + 1}) or every prompt + max_new_tokens within it"
+                    )
     if max_positions is None:
         return
     if cfg.data.context_len is not None and cfg.data.context_len > max_positions:
@@ -130,7 +144,7 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
         data_reports.append(report.to_dict())
         datasets.append((samples[0].dataset, samples))
     longest = max(s.prompt_len for _, samples in datasets for s in samples)
-    _check_positions(cfg, hf_config, longest)
+    _check_positions(cfg, hf_config, datasets)
     clock.mark("data")
 
     session = EvalSession() if session is None else session

@@ -350,6 +350,7 @@ class SpeculativeEngine:
                 f"prompt ({max(p.numel() for p in prompts)} tokens) + max_new_tokens={config.max_new_tokens} "
                 f"must stay within {exact}"
             )
+        self._fix_longrope([p.numel() for p in prompts], config)
         real = len(prompts)
         # Run in the batch's bucket (static shapes); padding rows hold one token (a cheap prefill).
         prompts = prompts + [prompts[-1][-1:]] * (_rows(real, config) - real)
@@ -388,6 +389,28 @@ class SpeculativeEngine:
             stats[row].num_new_tokens = len(tokens)
             results.append(GenerationResult(tokens=tokens, stats=stats[row]))
         return results
+
+    def _fix_longrope(self, lengths: list[int], config: GenerationConfig) -> None:
+        """A longrope target (Phi-3) rotates with its long factors in every HF forward of a prompt longer than
+        its original context, and with its short ones while a sequence stays within it: fix that set for the
+        call's forwards (the prefill's chunks would otherwise each pick their own). A sequence that would cross
+        the original context while generating, or a batch with prompts on both sides of it, has no single set
+        (HF switches mid-sequence): refused. The set stays until the next call fixes its own."""
+        rotary = self.target.rotary
+        if rotary.long_inv_freq is None:
+            return
+        original = rotary.original_positions
+        if min(lengths) > original:
+            rotary.set_long(True)
+        elif max(lengths) + config.max_new_tokens <= original:
+            rotary.set_long(False)
+        else:
+            raise ValueError(
+                f"this target's longrope rope switches to its long factors past {original} positions (its original "
+                f"context): prompts of {min(lengths)}-{max(lengths)} tokens + max_new_tokens={config.max_new_tokens} "
+                f"need one set for the whole call: every prompt longer than {original} tokens, or every prompt + "
+                f"max_new_tokens within {original}"
+            )
 
     def _launch(
         self,

@@ -7,11 +7,15 @@ The inverse frequencies and the attention scaling come from transformers' own ro
 drafter and our target loop rotate exactly like the HF model. cos/sin are computed from the position ids on the
 fly (no table), because anchor-offset training positions reach 30K+ and need not be contiguous.
 
-Two rope types change their frequencies with the sequence's length in HF, which fixed frequencies cannot follow:
-"dynamic" (NTK) recomputes them once a sequence grows past `max_position_embeddings`, "longrope" switches from
-its short to its long factors past `original_max_position_embeddings`. Below those lengths both agree exactly, and
-`exact_positions` says where that range ends: the engine and the eval refuse to generate past it (measured on a
-tiny Llama: logits off by 1e-3 (dynamic) and 8e-3 (longrope) in fp32 past the bound).
+Two rope types change their frequencies with the sequence's length in HF:
+- "dynamic" (NTK) recomputes them once a sequence grows past `max_position_embeddings`, continuously: fixed
+  frequencies cannot follow, and `exact_positions` bounds the range where both agree (the engine and the eval
+  refuse to generate past it; on a tiny Llama the logits were off by 1e-3 in fp32 past it).
+- "longrope" (Phi-3) has two sets: HF's forward uses the long factors iff it reaches past the original context
+  (`original_max_position_embeddings`). The module keeps both; `long` None applies that rule per forward (a plain
+  forward, training), True / False fix one set for an engine call (`set_long`): prompts longer than the original
+  context use the long factors throughout, as HF's prefill and every later step do; shorter ones the short
+  factors, as long as they do not generate past it (HF would switch mid-sequence: the engine refuses).
 """
 
 from __future__ import annotations
@@ -22,7 +26,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["RotaryEmbedding", "apply_rotary", "exact_positions", "rotate_half", "rope_config"]
+__all__ = [
+    "RotaryEmbedding",
+    "apply_rotary",
+    "exact_positions",
+    "longrope_original",
+    "rotate_half",
+    "rope_config",
+]
 
 
 def _default_inv_freq(rope_parameters: dict[str, Any], head_dim: int) -> tuple[torch.Tensor, float]:
@@ -34,17 +45,23 @@ def _default_inv_freq(rope_parameters: dict[str, Any], head_dim: int) -> tuple[t
 
 def exact_positions(hf_config) -> int | None:
     """How many positions (prompt + generated tokens) a sequence may reach while fixed frequencies rotate exactly
-    as HF does for this config; None: any (the frequencies do not depend on the length)."""
+    as HF does for this config; None: any (the frequencies do not depend on the length, or, for longrope, the
+    engine picks the set per call)."""
     params = getattr(hf_config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", "default")
-    if rope_type == "dynamic":
+    if params.get("rope_type", "default") == "dynamic":
         return getattr(hf_config, "max_position_embeddings", None)
-    if rope_type == "longrope":
-        original = params.get("original_max_position_embeddings") or getattr(
-            hf_config, "original_max_position_embeddings", None
-        )
-        return original or getattr(hf_config, "max_position_embeddings", None)
     return None
+
+
+def longrope_original(hf_config) -> int | None:
+    """A longrope config's original context (where HF switches to the long factors); None for other types."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    if params.get("rope_type") != "longrope":
+        return None
+    original = params.get("original_max_position_embeddings") or getattr(
+        hf_config, "original_max_position_embeddings", None
+    )
+    return original or hf_config.max_position_embeddings
 
 
 def rope_config(
@@ -77,19 +94,43 @@ class RotaryEmbedding(nn.Module):
         attention_scaling: float = 1.0,
         rope_type: str = "default",
         exact_positions: int | None = None,
+        *,
+        long_inv_freq: torch.Tensor | None = None,
+        original_positions: int | None = None,
     ):
         super().__init__()
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.attention_scaling = float(attention_scaling)
         self.rope_type = rope_type
         self.exact_positions = exact_positions  # see `exact_positions()`
+        # longrope: both sets, `inv_freq` holding the one in use (copied in place: captured graphs read it)
+        short = None if long_inv_freq is None else inv_freq.float().clone()
+        self.register_buffer("short_inv_freq", short, persistent=False)
+        self.register_buffer(
+            "long_inv_freq", None if long_inv_freq is None else long_inv_freq.float(), persistent=False
+        )
+        self.original_positions = original_positions
+        self.long: bool | None = (
+            None  # longrope: None = HF's rule per forward; True / False = fixed (`set_long`)
+        )
+
+    def set_long(self, long: bool | None) -> None:
+        """longrope: fix the long (True) or short (False) factors for the forwards that follow, or (None) go back
+        to HF's rule per forward (long iff it reaches past the original context)."""
+        if self.long_inv_freq is None:
+            return
+        self.long = long
+        if long is not None:
+            self.inv_freq.copy_(self.long_inv_freq if long else self.short_inv_freq)
 
     def _apply(self, fn, recurse=True):
-        # Module.to(dtype) would round inv_freq to bf16: at position 30K the angles would be off by radians
+        # Module.to(dtype) would round the frequencies to bf16: at position 30K the angles would be off by radians
         # (and disagree with the target's fp32 frequencies). Follow device moves only; stay float32.
-        inv_freq = self.inv_freq
+        names = [n for n in ("inv_freq", "short_inv_freq", "long_inv_freq") if getattr(self, n) is not None]
+        kept = {n: getattr(self, n) for n in names}
         super()._apply(fn, recurse)
-        self.inv_freq = inv_freq.to(device=self.inv_freq.device)
+        for name in names:
+            setattr(self, name, kept[name].to(device=getattr(self, name).device))
         return self
 
     @classmethod
@@ -121,7 +162,14 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(
                 f"unknown rope_type {rope_type!r}; supported: default, {', '.join(sorted(ROPE_INIT_FUNCTIONS))}"
             )
-        return cls(inv_freq, scaling, rope_type, exact_positions(hf_config))
+        original = longrope_original(hf_config)
+        long_inv_freq = None
+        if original is not None:  # the long factors: what HF uses once a forward reaches past `original`
+            long_inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](copy.deepcopy(hf_config), None, original + 1)
+        return cls(
+            inv_freq, scaling, rope_type, exact_positions(hf_config),
+            long_inv_freq=long_inv_freq, original_positions=original,
+        )  # fmt: skip
 
     @property
     def head_dim(self) -> int:
@@ -135,6 +183,9 @@ class RotaryEmbedding(nn.Module):
         Angles are computed in float32 like HF: position * inv_freq, then duplicated over the two halves."""
         if position_ids.dim() == 1:
             position_ids = position_ids[None]
+        if self.long_inv_freq is not None and self.long is None:  # HF's rule for this forward (host sync)
+            reaches = int(position_ids.max()) + 1 > self.original_positions
+            self.inv_freq.copy_(self.long_inv_freq if reaches else self.short_inv_freq)
         # Autocast would run this product in bf16 and wreck large positions; keep it in fp32.
         with torch.autocast(device_type=position_ids.device.type, enabled=False):
             freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)  # [B,T,D/2]

@@ -125,9 +125,11 @@ def test_results_json_is_strict_json(eval_overrides, tmp_path):
     assert results["summary"]["rows"]["ar"]["tokens_per_s"] is None
 
 
-def test_a_longrope_target_is_bounded_by_its_original_context(eval_overrides, tmp_path):
-    """Past original_max_position_embeddings HF switches LongRoPE's factors with the length, which the engine's
-    fixed frequencies do not follow: a run that would reach past it is refused before any generation."""
+def test_a_longrope_target_needs_each_batch_on_one_side_of_its_original_context(eval_overrides, tmp_path):
+    """LongRoPE switches factors at its original context (32 here): a sample that would cross it while
+    generating, or a batch with prompts on both sides, is refused before any generation; prompts above it run."""
+    from types import SimpleNamespace
+
     from longspec.cli import UserError
     from longspec.eval import harness
     from longspec.testing import tiny_hf_config
@@ -138,7 +140,14 @@ def test_a_longrope_target_is_bounded_by_its_original_context(eval_overrides, tm
         rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
                          "long_factor": [4.0] * 8, "original_max_position_embeddings": 32},
     )  # fmt: skip
-    cfg = load_eval_config(eval_overrides(tmp_path, "max_new_tokens=10"))
-    harness._check_positions(cfg, hf_config, 22)  # 32 positions: within
-    with pytest.raises(UserError, match="past the 32 positions within which this target's longrope rope"):
-        harness._check_positions(cfg, hf_config, 23)
+
+    def check(lengths, batch_size=1):
+        cfg = load_eval_config(eval_overrides(tmp_path, "max_new_tokens=10", f"batch_size={batch_size}"))
+        samples = [SimpleNamespace(prompt_len=n) for n in lengths]
+        harness._check_positions(cfg, hf_config, [("rows", samples)])
+
+    check([22, 40, 100])  # each alone: within (22 + 10 <= 32) or above
+    with pytest.raises(UserError, match="cross this target's original context"):
+        check([23])
+    with pytest.raises(UserError, match="cross this target's original context"):
+        check([22, 40], batch_size=2)

@@ -53,34 +53,23 @@ def test_config_variant_is_lossless(variant):
             assert engine.generate(prompt, config, method=method).tokens == ref, (method, static)
 
 
-LENGTH_DEPENDENT_ROPE = {
-    # HF switches to the long factors past original_max_position_embeddings
-    "longrope": dict(
-        max_position_embeddings=128,
-        rope_parameters={
-            "rope_type": "longrope",
-            "rope_theta": 1e4,
-            "short_factor": [1.0] * 8,
-            "long_factor": [4.0] * 8,
-            "original_max_position_embeddings": 32,
-        },
-    ),  # fmt: skip
-    # HF recomputes the frequencies past max_position_embeddings
-    "dynamic": dict(
-        max_position_embeddings=32, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
-    ),
-}
+LONGROPE = dict(
+    max_position_embeddings=128,
+    rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
+                     "long_factor": [4.0] * 8, "original_max_position_embeddings": 32},
+)  # fmt: skip
 
 
-@pytest.mark.parametrize("rope", LENGTH_DEPENDENT_ROPE)
-def test_a_length_dependent_rope_is_exact_within_its_range_and_refused_past_it(rope):
-    """Fixed frequencies equal HF's within the range (logits, and lossless decoding up to its end); past it HF
-    changes them with the length (logits then differ by 1e-3 to 1e-2 in fp32), and the engine refuses."""
-    target = TargetModel(make_tiny_hf_model("llama", **LENGTH_DEPENDENT_ROPE[rope]))
+def test_a_dynamic_ntk_rope_is_exact_within_its_range_and_refused_past_it():
+    """HF recomputes dynamic-NTK frequencies past max_position_embeddings, continuously (the logits then differ
+    by ~1e-3 in fp32): within the range fixed frequencies are exact, past it the engine refuses."""
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+    target = TargetModel(make_tiny_hf_model("llama", max_position_embeddings=32, rope_parameters=rope))
     assert target.rotary.exact_positions == 32
     ids = torch.randint(0, 256, (1, 45), generator=torch.Generator().manual_seed(0))
-    within = ids[:, :32]
-    assert torch.allclose(target.model(within).logits, target.logits(target(within).hidden), atol=1e-5)
+    assert torch.allclose(
+        target.model(ids[:, :32]).logits, target.logits(target(ids[:, :32]).hidden), atol=1e-5
+    )
     assert not torch.allclose(target.model(ids).logits, target.logits(target(ids).hidden), atol=1e-4)
     engine = SpeculativeEngine(target, random_drafter(target))
     prompt = ids[0, :20]
@@ -89,6 +78,41 @@ def test_a_length_dependent_rope_is_exact_within_its_range_and_refused_past_it(r
     )
     with pytest.raises(ValueError, match="must stay within 32"):
         engine.generate(prompt, GenerationConfig(max_new_tokens=13))
+
+
+def _hf_generate(target, prompt, tokens):
+    """HF's own greedy generation with its cache: a longrope model picks its factors per forward there."""
+    out = target.model.generate(prompt[None], max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    return out[0, prompt.numel() :].tolist()
+
+
+def test_longrope_uses_the_factors_hf_uses_and_refuses_a_crossing():
+    """LongRoPE (Phi-3): HF's forward takes the long factors iff it reaches past the original context (32 here).
+    A plain forward follows that rule (logits equal HF's on either side); the engine fixes one set per call:
+    prompts within the context decode with the short factors, longer ones (HF's prefill already long) with the
+    long ones, both equal to HF's own generation; a sequence that would cross it is refused."""
+    target = TargetModel(make_tiny_hf_model("llama", **LONGROPE))
+    assert target.rotary.exact_positions is None and target.rotary.original_positions == 32
+    ids = torch.randint(0, 256, (1, 45), generator=torch.Generator().manual_seed(0))
+    for n in (20, 32, 33, 45):
+        torch.testing.assert_close(target.logits(target(ids[:, :n]).hidden), target.model(ids[:, :n]).logits)
+    engine = SpeculativeEngine(target, random_drafter(target))
+    for prompt, tokens in ((ids[0, :20], 12), (ids[0, :40], 16)):
+        for static in (False, True):
+            config = GenerationConfig(max_new_tokens=tokens, prefill_chunk=16, static_shapes=static)
+            assert engine.generate(prompt, config).tokens == _hf_generate(target, prompt, tokens), (
+                len(prompt),
+                static,
+            )
+    with pytest.raises(ValueError, match="switches to its long factors past 32"):
+        engine.generate(ids[0, :20], GenerationConfig(max_new_tokens=13))
+    with pytest.raises(ValueError, match="switches to its long factors past 32"):  # rows on both sides
+        engine.generate_batch([ids[0, :20], ids[0, :40]], GenerationConfig(max_new_tokens=4))
+    # a batch of prompts past the context (ragged, static shapes): each row HF's own generation
+    prompts = [ids[0, :n] for n in (33, 45, 38)]
+    config = GenerationConfig(max_new_tokens=10, prefill_chunk=16, static_shapes=True, tree_widths=(2, 2))
+    for result, prompt in zip(engine.generate_batch(prompts, config), prompts, strict=True):
+        assert result.tokens == _hf_generate(target, prompt, 10)
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen3-moe"])

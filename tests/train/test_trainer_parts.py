@@ -121,7 +121,9 @@ def test_checkpoint_bookkeeping_ignores_incomplete_dirs(tmp_path):
     assert not (root / ".tmp-step_00000010").exists()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3-moe"])  # a mixture-of-experts target trains the same way
+@pytest.mark.parametrize(
+    "family", ["qwen2", "qwen3-moe", "phi3-longrope"]
+)  # MoE, fused projections + LongRoPE
 @pytest.mark.parametrize("distill_weight", [0.0, 0.5])
 def test_drafting_model_losses_match_full_logits(distill_weight, family):
     target = make_tiny_target(family)
