@@ -399,11 +399,16 @@ class SpeculativeEngine:
         rotary = self.target.rotary
         if rotary.long_inv_freq is None:
             return
+        # The drafter keeps the target's rope, so it has both sets too: fixed with the target's (else it would
+        # apply HF's rule per forward, a host read that a captured draft step cannot make).
+        rotaries = [rotary, *[r for r in [getattr(self.drafter, "rotary", None)] if r is not None]]
         original = rotary.original_positions
         if min(lengths) > original:
-            rotary.set_long(True)
+            for r in rotaries:
+                r.set_long(True)
         elif max(lengths) + config.max_new_tokens <= original:
-            rotary.set_long(False)
+            for r in rotaries:
+                r.set_long(False)
         else:
             raise ValueError(
                 f"this target's longrope rope switches to its long factors past {original} positions (its original "

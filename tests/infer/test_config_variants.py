@@ -104,6 +104,7 @@ def test_longrope_uses_the_factors_hf_uses_and_refuses_a_crossing():
                 len(prompt),
                 static,
             )
+    assert engine.drafter.rotary.long is target.rotary.long is True  # the last call's prompts were long
     with pytest.raises(ValueError, match="switches to its long factors past 32"):
         engine.generate(ids[0, :20], GenerationConfig(max_new_tokens=13))
     with pytest.raises(ValueError, match="switches to its long factors past 32"):  # rows on both sides
