@@ -8,16 +8,21 @@ Two stage-1 drafters for the shipped code target, identical but for the position
 stage 2 on long rows (1024 tokens, plain positions 0..1023: positions a plain stage 1 never saw), same data order,
 same seed. Reported: the stage-2 loss curves (paired, trailing mean of 5 steps), the loss at stage 2's first step
 (before any long-sequence update), and how many stage-2 steps the anchor-offset run needs to reach the loss the
-plain run ends with (speedup = plain steps / anchor steps; only where the plain run's loss fell beyond its batch-to-batch spread), and the paired per-step
-difference of the two stage-2 losses (same batches) with its standard error: where neither curve falls, the steps
-are noise and the paired difference is the figure. Loss = CE on the data (the paper's loss). ~4-5 min on 2 cores. Runs through the real CLIs (data_prep, torchrun -m longspec.train, longspec.export), resumable.
+plain run ends with (speedup = plain steps / anchor steps; only where the plain run's loss fell beyond its
+batch-to-batch spread), and the paired per-step difference of the two stage-2 losses (same batches) with its
+standard error: where neither curve falls, the steps are noise and the paired difference is the figure. Loss = CE
+on the data (the paper's loss). ~4-5 min on 2 cores. Runs through the real CLIs (data_prep, torchrun -m
+longspec.train, longspec.export), resumable. `--rescore OLD/anchor_offset.json` recomputes the figures from a
+recorded result's losses (nothing is trained), e.g. after a change to how they are scored.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,9 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smooth", type=int, default=5, help="trailing-mean window over stage-2 steps")
     parser.add_argument("--distill-weight", type=float, default=0.0, help="0 = the paper's loss (CE only)")
     parser.add_argument("--max-rows", type=int, default=300, help="corpus files per data set")
+    parser.add_argument(
+        "--rescore", default=None, help="a recorded anchor_offset.json: re-score its losses only"
+    )
     add_target_args(parser)
     args = parser.parse_args(argv)
     out = os.path.abspath(args.out)
+    if args.rescore:
+        with open(args.rescore) as f:
+            recorded = json.load(f)
+        result = {"stage1": recorded["stage1"], "stage2": recorded["stage2"], "rescored_from": args.rescore}
+        os.makedirs(out, exist_ok=True)
+        write_result(out, "anchor_offset", result, score(result, args.smooth))
+        return 0
     preset, target = resolve_target(args, distill_weight=args.distill_weight)
     steps, corpus = corpus_step(out, args.corpus)
     train_jsonl = corpus_file(corpus, "train")
@@ -82,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     overrides = target_overrides(preset, target)
     runs = os.path.join(out, "runs")
-    for variant, positions in (("anchor", "anchor_offset"), ("plain", "plain")):
+    for variant, positions in zip(VARIANTS, ("anchor_offset", "plain"), strict=True):
         s1 = dataclasses.replace(stage1, extra=(*stage1.extra, f"stage.position_ids={positions}"))
         steps += stage_steps(preset, f"stage1_{variant}", s1, target_overrides=overrides, data_path=short,
                              run_dir=os.path.join(runs, f"stage1_{variant}"))  # fmt: skip
@@ -92,46 +107,57 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(train2)
     run_pipeline(steps, out)
 
-    curves, result = {}, {"stage1": {}, "stage2": {}}
-    for variant in ("anchor", "plain"):
+    result = {"stage1": {}, "stage2": {}}
+    for variant in VARIANTS:
         s1 = read_metrics(os.path.join(runs, f"stage1_{variant}"))
         s2 = read_metrics(os.path.join(runs, f"stage2_from_{variant}"))
         # CE on the data (`loss` also holds the KL term when --distill-weight > 0)
-        curves[variant] = trailing_mean([r["ce"] for r in s2], args.smooth)
         result["stage1"][variant] = {"final_loss": trailing_mean([r["ce"] for r in s1], args.smooth)[-1]}
         result["stage2"][variant] = {"first_step_loss": s2[0]["ce"], "losses": [r["ce"] for r in s2]}
+    write_result(out, "anchor_offset", result, score(result, args.smooth))
+    return 0
+
+
+VARIANTS = ("anchor", "plain")
+
+
+def score(result: dict, smooth: int) -> str:
+    """Add the figures to `result` (stage-1 final losses, stage-2 losses per step of each variant); returns the
+    printed tables."""
+    anchor2, plain2 = (result["stage2"][v]["losses"] for v in VARIANTS)
+    curves = {v: trailing_mean(result["stage2"][v]["losses"], smooth) for v in VARIANTS}
     target_loss = curves["plain"][-1]
-    anchor2, plain2 = result["stage2"]["anchor"]["losses"], result["stage2"]["plain"]["losses"]
     # Steps-to-target means something only where the plain run's loss fell by more than the batch-to-batch
     # spread of a trailing mean; on the GPU run neither stage-2 curve fell over its 60 steps and an easy first
     # batch "reached" the target at step 1 (a 60x "speedup" of noise).
-    full = min(args.smooth, len(plain2)) - 1
+    full = min(smooth, len(plain2)) - 1
     descent = curves["plain"][full] - target_loss
-    noise = _stdev(plain2) / args.smooth**0.5
+    noise = statistics.stdev(plain2) / smooth**0.5
     fell = descent > 2 * noise
-    reached = (
-        next((i + 1 for i, loss in enumerate(curves["anchor"]) if i >= full and loss <= target_loss), None)
-        if fell
-        else None
-    )
+    reached = None
+    if fell:
+        reached = next(
+            (i + 1 for i, loss in enumerate(curves["anchor"]) if i >= full and loss <= target_loss), None
+        )
     speedup = len(curves["plain"]) / reached if reached else None
     # Both runs see the same batches in the same order: the per-step difference is paired, and its mean and
     # standard error say whether anchor offsets helped beyond that spread.
     paired = [a - p for a, p in zip(anchor2, plain2, strict=True)]
-    mean = sum(paired) / len(paired)
-    spread = _stdev(paired) / len(paired) ** 0.5
+    mean = statistics.fmean(paired)
+    spread = statistics.stdev(paired) / len(paired) ** 0.5
     result.update(
         target_loss=target_loss, anchor_steps_to_target=reached, speedup=speedup, plain_descent=descent,
         plain_fell=fell, paired_difference=mean, paired_difference_se=spread,
     )  # fmt: skip
 
+    steps = len(plain2)
     lines = [
         "| stage-1 positions | stage-1 final loss | stage-2 loss at step 1 (unseen positions) | "
-        f"stage-2 loss after {args.stage2_steps} steps (mean of last {args.smooth}) | stage-2 steps to {target_loss:.3f} |",
+        f"stage-2 loss after {steps} steps (mean of last {smooth}) | stage-2 steps to {target_loss:.3f} |",
         "|---|---|---|---|---|",
     ]
-    for variant, name in (("anchor", "anchor offsets"), ("plain", "plain 0..L-1")):
-        steps_to = reached if variant == "anchor" else len(curves["plain"])
+    for variant, name in zip(VARIANTS, ("anchor offsets", "plain 0..L-1"), strict=True):
+        steps_to = reached if variant == "anchor" else steps
         lines.append(
             f"| {name} | {result['stage1'][variant]['final_loss']:.3f} | "
             f"{result['stage2'][variant]['first_step_loss']:.3f} | {curves[variant][-1]:.3f} | "
@@ -152,19 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(
         f"stage-2 CE, anchor minus plain, paired per step: {mean:+.4f} +- {spread:.4f} (standard error)"
     )
-    every = max(1, args.stage2_steps // 5)
-    lines += ["", "| stage-2 step | " + " | ".join(str(i) for i in range(every, args.stage2_steps + 1, every)) + " |",
-              "|---|" + "---|" * len(range(every, args.stage2_steps + 1, every))]  # fmt: skip
-    for variant in ("anchor", "plain"):
-        values = [f"{curves[variant][i - 1]:.3f}" for i in range(every, args.stage2_steps + 1, every)]
+    every = max(1, steps // 5)
+    lines += ["", "| stage-2 step | " + " | ".join(str(i) for i in range(every, steps + 1, every)) + " |",
+              "|---|" + "---|" * len(range(every, steps + 1, every))]  # fmt: skip
+    for variant in VARIANTS:
+        values = [f"{curves[variant][i - 1]:.3f}" for i in range(every, steps + 1, every)]
         lines.append(f"| from {variant} | " + " | ".join(values) + " |")
-    write_result(out, "anchor_offset", result, "\n".join(lines))
-    return 0
-
-
-def _stdev(values: list[float]) -> float:
-    mean = sum(values) / len(values)
-    return (sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)) ** 0.5
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -129,6 +129,11 @@ def test_anchor_offset_result_is_paired_and_ignores_a_lucky_first_batch(
     assert result["anchor_steps_to_target"] is None and result["speedup"] is None  # never below plain's end
     assert result["paired_difference"] == pytest.approx(0.05) and result["paired_difference_se"] < 1e-6
     assert "paired per step: +0.0500" in result["table"]
+    # --rescore: the same figures from the recorded losses, nothing run
+    monkeypatch.setattr(module, "run_pipeline", None)
+    module.main(["--rescore", str(out / "anchor_offset.json"), "--out", str(tmp_path / "again")])
+    again = json.loads((tmp_path / "again" / "anchor_offset.json").read_text())
+    assert again["paired_difference"] == result["paired_difference"] and again["table"] == result["table"]
 
 
 def test_flash_noisy_evaluates_a_suite_as_its_preset_does(tmp_path, corpus, monkeypatch, load_benchmark):
