@@ -131,7 +131,9 @@ def test_anchor_offset_result_is_paired_and_ignores_a_lucky_first_batch(
     assert "paired per step: +0.0500" in result["table"]
     # --rescore: the same figures from the recorded losses, nothing run
     monkeypatch.setattr(module, "run_pipeline", None)
-    module.main(["--rescore", str(out / "anchor_offset.json"), "--out", str(tmp_path / "again")])
+    module.main(
+        ["--rescore", str(out / "anchor_offset.json"), "--out", str(tmp_path / "again"), "--smooth", "3"]
+    )
     again = json.loads((tmp_path / "again" / "anchor_offset.json").read_text())
     assert again["paired_difference"] == result["paired_difference"] and again["table"] == result["table"]
 
