@@ -219,7 +219,8 @@ def timed_batch(engine, prompts, config, method: str, repeats: int, before=lambd
     return results, statistics.median(speeds)
 
 
-def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> dict:
+def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> tuple[dict, list[list[int]]]:
+    """The cell's row, and ar's output per sequence (vanilla_fa's check)."""
     tree = {"tree": "auto"} if widths == "auto" else {"tree_widths": widths}
     config = GenerationConfig(max_new_tokens=args.tokens, cuda_graphs=capture, static_shapes=True, **tree)
     row: dict = {"context": len(prompts[0]), "batch": len(prompts)}
@@ -234,7 +235,6 @@ def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> dict:
     torch.manual_seed(args.seed)  # the stand-in's draws
     spec, row["longspec_tok_s"] = timed_batch(engine, prompts, config, "longspec", args.repeats, before)
     row["speedup"] = row["longspec_tok_s"] / row["ar_tok_s"]
-    row["ar_tokens"] = [a.tokens for a in ar]  # for vanilla_fa's check; not written (main pops it)
     row["lossless"] = [s.tokens == a.tokens for s, a in zip(spec, ar, strict=True)]
     row["longspec_matches_ar"] = all(row["lossless"])
     # Where a row differs: a bf16 near-tie of the target (not a failure), or a real divergence (a bug)?
@@ -265,7 +265,7 @@ def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> dict:
         row["observed_round_ms"] = {
             f"{b}:{tree_name(w)}": round(s * 1e3, 4) for (b, w), s in sorted(policy.costs.mean.items())
         }
-    return row
+    return row, [a.tokens for a in ar]
 
 
 def bench_vanilla_fa(target, prompts: list[list[int]], args, ar_tokens: list[list[int]] | None) -> dict:
@@ -403,8 +403,9 @@ def main(argv: list[str] | None = None) -> dict:
             # What is still allocated when a cell starts (weights + anything an earlier cell left behind): on the
             # H200, 32K x batch 16 ran out of memory with ~65 GB held beyond the weights.
             allocated = torch.cuda.memory_allocated() / 2**30 if device.type == "cuda" else None
+            ar_tokens = None
             try:
-                row = bench_cell(engine, drafter, prompts, args, widths, capture)
+                row, ar_tokens = bench_cell(engine, drafter, prompts, args, widths, capture)
             except torch.OutOfMemoryError as error:  # recorded; the larger cells of this context are skipped
                 where = traceback.extract_tb(error.__traceback__)[-3:]  # the allocation and its callers
                 row = {"context": context, "batch": batch, "error": "out of memory",
@@ -416,7 +417,6 @@ def main(argv: list[str] | None = None) -> dict:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
             row["allocated_gib_at_start"] = allocated
-            ar_tokens = row.pop("ar_tokens", None)
             if not args.no_vanilla_fa and "error" not in row:  # after the engine's memory is freed
                 try:
                     row.update(bench_vanilla_fa(target, prompts, args, ar_tokens))

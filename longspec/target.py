@@ -175,26 +175,19 @@ class TargetModel(nn.Module):
             return False
         packed = []
         for layer in self.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            if hasattr(attn, "qkv_proj"):  # stored packed (Phi-3): its own weight
-                qkv = _weights(attn.qkv_proj)
+            qkv = _packing(layer.self_attn, "qkv_proj", ("q_proj", "k_proj", "v_proj"))
+            if _mlp_kind(layer.mlp) == "sparse":  # the expert block runs as HF's: nothing to pack
+                gate_up = ((None, None), ())
             else:
-                qkv = pack_linears((attn.q_proj, attn.k_proj, attn.v_proj))
-            kind = _mlp_kind(mlp)
-            if kind == "fused":
-                gate_up = _weights(mlp.gate_up_proj)
-            else:
-                gate_up = pack_linears((mlp.gate_proj, mlp.up_proj)) if kind == "gated" else (None, None)
+                gate_up = _packing(layer.mlp, "gate_up_proj", ("gate_proj", "up_proj"))
             if qkv is None or gate_up is None:
                 return False
             packed.append((qkv, gate_up))
         self.packed = nn.ModuleList()
-        for layer, (qkv, gate_up) in zip(self.layers, packed, strict=True):
-            attn, mlp = layer.self_attn, layer.mlp
-            if not hasattr(attn, "qkv_proj"):
-                bind_views((attn.q_proj, attn.k_proj, attn.v_proj), *qkv)
-            if _mlp_kind(mlp) == "gated":
-                bind_views((mlp.gate_proj, mlp.up_proj), *gate_up)
+        for (qkv, qkv_views), (gate_up, gate_up_views) in packed:
+            for tensors, views in ((qkv, qkv_views), (gate_up, gate_up_views)):
+                if views:
+                    bind_views(views, *tensors)
             self.packed.append(_PackedLayer(*qkv, *gate_up))
         return True
 
@@ -325,9 +318,16 @@ def _mlp_kind(mlp: nn.Module) -> str:
     return "fused" if linears("gate_up_proj", "down_proj") else "sparse"
 
 
-def _weights(linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A linear's (weight, bias), detached: the packed buffers share its storage."""
-    return linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
+def _packing(module: nn.Module, fused: str, parts: tuple[str, ...]):
+    """((weight, bias) of `module`'s projections `parts` stacked, the linears to rebind as views of them), or
+    None when only some have a bias. A checkpoint that stores them fused (`fused`, Phi-3) gives that linear's own
+    tensors (shared storage) and nothing to rebind."""
+    linear = getattr(module, fused, None)
+    if isinstance(linear, nn.Linear):
+        return (linear.weight.detach(), None if linear.bias is None else linear.bias.detach()), ()
+    linears = tuple(getattr(module, name) for name in parts)
+    tensors = pack_linears(linears)
+    return None if tensors is None else (tensors, linears)
 
 
 def _norm_args(norm: nn.Module) -> tuple[torch.Tensor, float]:

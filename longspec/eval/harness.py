@@ -199,9 +199,10 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
                 for prompt in warm_prompts:
                     if prompt is not widest:
                         engine.generate_batch([prompt] * cfg.batch_size, warm, method=method)
-        for method in [m for m in methods if get_method(m).runner == "hf"] if cfg.batch_size > 1 else []:
-            for prompt in warm_prompts:  # the batched HF baselines' kernels at the batch's shapes
-                run_method_batch(method, [prompt] * cfg.batch_size, warm, target=target)
+        if cfg.batch_size > 1:  # the batched HF baselines' kernels at the batch's shapes
+            for method in [m for m in methods if get_method(m).runner == "hf"]:
+                for prompt in warm_prompts:
+                    run_method_batch(method, [prompt] * cfg.batch_size, warm, target=target)
     clock.mark("warm_up")
 
     reference = greedy_reference(methods) if cfg.temperature == 0 else None
@@ -251,7 +252,7 @@ def _timed_runs(methods: list[str], samples: list, config, cfg, *, target, engin
     for rep in range(repeats):
         shift = rep % len(methods)
         for method in methods[shift:] + methods[:shift]:
-            if rep > 0:
+            if rep > 0 and get_method(method).needs_drafter:  # only longspec's rounds teach the policies
                 engine.restore_policies(start_state)
             runs[method].append(
                 _generate(method, samples, config, cfg.batch_size, target=target, engine=engine)

@@ -85,12 +85,14 @@ def hf_generate_batch(
         raise ValueError("hf_generate_batch needs non-empty prompts")
     batch, width = len(prompts), max(p.numel() for p in prompts)
     ids = torch.zeros(batch, width, dtype=torch.long, device=device)
-    mask = torch.zeros(batch, width, dtype=torch.long, device=device)
+    # The attention mask for the whole call, allocated once: each step passes a longer view of it.
+    full_mask = torch.ones(batch, width + config.max_new_tokens, dtype=torch.long, device=device)
     for row, prompt in enumerate(prompts):
         ids[row, width - prompt.numel() :] = prompt
-        mask[row, width - prompt.numel() :] = 1
+        full_mask[row, : width - prompt.numel()] = 0
+    mask = full_mask[:, :width]
     positions = (mask.cumsum(1) - 1).clamp(min=0)  # each row from 0 at its first real token
-    padded = bool((mask == 0).any())
+    padded = any(p.numel() < width for p in prompts)
     # Prefill is not what is compared (tokens/s exclude it) and eager attention over a 32K prompt would
     # materialise H x 32K x 32K scores: prefill with SDPA / flash, decode with the method's implementation.
     # The K/V written to the cache do not depend on the attention implementation.
@@ -117,8 +119,7 @@ def hf_generate_batch(
         start = _now(device)
         while not all(done):
             last = last + 1
-            if padded:
-                mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+            mask = full_mask[:, : mask.shape[1] + 1]
             token = _pick(forward(token[:, None], last[:, None]), config, generator)
             for row, value in enumerate(token.tolist()):  # host sync: the stopping test needs the tokens
                 if not done[row]:

@@ -401,14 +401,11 @@ class SpeculativeEngine:
             return
         # The drafter keeps the target's rope, so it has both sets too: fixed with the target's (else it would
         # apply HF's rule per forward, a host read that a captured draft step cannot make).
-        rotaries = [rotary, *[r for r in [getattr(self.drafter, "rotary", None)] if r is not None]]
         original = rotary.original_positions
-        if min(lengths) > original:
-            for r in rotaries:
-                r.set_long(True)
-        elif max(lengths) + config.max_new_tokens <= original:
-            for r in rotaries:
-                r.set_long(False)
+        if min(lengths) > original or max(lengths) + config.max_new_tokens <= original:
+            for r in (rotary, getattr(self.drafter, "rotary", None)):
+                if r is not None:
+                    r.set_long(min(lengths) > original)
         else:
             raise ValueError(
                 f"this target's longrope rope switches to its long factors past {original} positions (its original "

@@ -110,9 +110,8 @@ class RotaryEmbedding(nn.Module):
             "long_inv_freq", None if long_inv_freq is None else long_inv_freq.float(), persistent=False
         )
         self.original_positions = original_positions
-        self.long: bool | None = (
-            None  # longrope: None = HF's rule per forward; True / False = fixed (`set_long`)
-        )
+        # longrope: None = HF's rule per forward; True / False = fixed (`set_long`)
+        self.long: bool | None = None
 
     def set_long(self, long: bool | None) -> None:
         """longrope: fix the long (True) or short (False) factors for the forwards that follow, or (None) go back

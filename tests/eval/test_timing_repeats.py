@@ -54,20 +54,22 @@ def test_repeats_rotate_the_methods_and_restart_the_policy(monkeypatch):
 
     def generate(method, samples, config, batch_size, *, target, engine):
         calls.append(method)
-        engine.state += 1  # what a run teaches the policy
-        seconds = {"a": 3.0, "b": 2.0, "c": 1.0}[method] + len(calls) / 100
+        engine.state += method == "longspec"  # what a run teaches the policy: only longspec's rounds do
+        seconds = {"longspec": 3.0, "ar": 2.0, "pld": 1.0}[method] + len(calls) / 100
         return [
             {"decode_s": seconds, "tokens_per_s": 1 / seconds, "mean_accept_length": 1.0, "run": len(calls)}
         ]
 
     monkeypatch.setattr(harness, "_generate", generate)
     cfg = SimpleNamespace(timing_repeats=3, batch_size=1)
-    kept = harness._timed_runs(["a", "b", "c"], [object()], None, cfg, target=None, engine=spy)
-    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # no method always first after a new prompt
-    # the first repeat starts from state 0 and leaves 3; every later run starts from 0 again; then back to 3
+    methods = ["longspec", "ar", "pld"]
+    kept = harness._timed_runs(methods, [object()], None, cfg, target=None, engine=spy)
+    # no method always first after a new prompt
+    assert calls == ["longspec", "ar", "pld", "ar", "pld", "longspec", "pld", "longspec", "ar"]
+    # the first repeat starts from state 0 and leaves 1; longspec's later runs start from 0 again; then back to 1
     restores = [state for kind, state in spy.events if kind == "restore"]
-    assert restores == [0] * 6 + [3] and spy.state == 3
-    assert [kept[m][0]["run"] for m in "abc"] == [1, 2, 3]  # each method's fastest: its first run here
+    assert restores == [0, 0, 1] and spy.state == 1
+    assert [kept[m][0]["run"] for m in methods] == [1, 2, 3]  # each method's fastest: its first run here
 
 
 def test_policy_state_restores_what_was_learned_and_shares_the_cost_tables():
