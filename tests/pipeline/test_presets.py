@@ -62,6 +62,25 @@ def test_a_hydra_override_changes_the_plan(tmp_path):
     ]
 
 
+def test_a_longer_preset_inherits_and_checkpoints_as_it_goes(tmp_path):
+    """smollm2_long is smollm2 with longer stages (Hydra defaults), and its stage 1 saves every 250 steps so a
+    time-limited job that stops it loses little; stages without save_every keep saving their last step only."""
+    base, long = load_preset("smollm2"), load_preset("smollm2_long")
+    assert (
+        long.evals == base.evals
+        and long.eval_suite == base.eval_suite
+        and long.target_gguf == base.target_gguf
+    )
+    assert long.stage1.num_steps > base.stage1.num_steps and long.num_prompts > base.num_prompts
+    steps = {s.name: s for s in plan(long, str(tmp_path), data=str(tmp_path))}
+    assert "checkpoint.save_every=250" in steps["train_stage1"].cmd
+    assert f"checkpoint.save_every={long.stage2.num_steps}" in steps["train_stage2"].cmd
+    cpu = {s.name: s for s in plan(load_preset("cpu", ["stage1.save_every=7"]), str(tmp_path))}
+    assert "checkpoint.save_every=7" in cpu["train_stage1"].cmd
+    with pytest.raises(ValueError, match="save_every must be >= 1"):
+        load_preset("cpu", ["stage1.save_every=0"])
+
+
 def test_list_fields_and_eval_plans_are_overridable(tmp_path):
     preset = load_preset("smollm2", ["evals.0.methods=[ar]", "stage2.extra=[]", "eval_suite=[suite/a.jsonl]"])
     assert preset.evals[0].methods == ["ar"] and preset.stage2.extra == []
