@@ -36,6 +36,7 @@ from common import (  # noqa: E402
 )
 
 from longspec.cli import UserError, run_cli  # noqa: E402
+from longspec.infer.policy import DEFAULT_TREE_WIDTHS  # noqa: E402
 from longspec.pipeline import (  # noqa: E402
     StagePlan,
     Step,
@@ -97,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                 name=f"eval_{variant}",
                 cmd=[sys.executable, "-m", "longspec.eval", *overrides, f"drafter.path={run_dir}/export",
                      *eval_data_overrides(preset, sources),
-                     "method=[longspec,ar]", f"max_new_tokens={args.max_new_tokens}",
+                     # τ of the drafter itself needs a fixed tree: under tree=auto (the default) a weak
+                     # drafter's rounds go plain and both variants read τ 1.0 (the first GPU run, BENCHMARKS)
+                     "method=[longspec,ar]", f"tree_widths=[{','.join(map(str, DEFAULT_TREE_WIDTHS))}]",
+                     f"max_new_tokens={args.max_new_tokens}",
                      f"max_samples={args.max_samples}", f"output_dir={out}/eval_{variant}"],
                 outputs=[os.path.join(out, f"eval_{variant}", "results.json")],
             )

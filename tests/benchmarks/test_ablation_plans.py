@@ -67,6 +67,9 @@ def test_flash_noisy_ablation_differs_only_in_the_noisy_switch(tmp_path, corpus,
     assert (noisy.stage.flash_noisy, lag0.stage.flash_noisy) == (True, False)
     assert noisy.drafter == lag0.drafter and noisy.max_steps == lag0.max_steps
     assert f"drafter.path={tmp_path}/out/runs/noisy/export" in steps["eval_noisy"].cmd
+    # τ is read on the paper's fixed tree: tree=auto would decode a weak drafter's text plain (τ 1.0 for both)
+    for variant in ("noisy", "lag0"):
+        assert "tree_widths=[4,16,16,16,16]" in steps[f"eval_{variant}"].cmd
 
 
 def test_ablations_run_on_any_hf_target_with_a_presets_settings(
