@@ -351,6 +351,13 @@ class SpeculativeEngine:
                 f"must stay within {exact}"
             )
         self._fix_longrope([p.numel() for p in prompts], config)
+        try:
+            return self._decode_batch(prompts, config, method, spec)
+        finally:
+            self._release_longrope()
+
+    def _decode_batch(self, prompts: list[torch.Tensor], config: GenerationConfig, method: str, spec):
+        """`generate_batch` on validated prompts (device tensors), with the call's longrope set fixed."""
         real = len(prompts)
         # Run in the batch's bucket (static shapes); padding rows hold one token (a cheap prefill).
         prompts = prompts + [prompts[-1][-1:]] * (_rows(real, config) - real)
@@ -395,7 +402,7 @@ class SpeculativeEngine:
         its original context, and with its short ones while a sequence stays within it: fix that set for the
         call's forwards (the prefill's chunks would otherwise each pick their own). A sequence that would cross
         the original context while generating, or a batch with prompts on both sides of it, has no single set
-        (HF switches mid-sequence): refused. The set stays until the next call fixes its own."""
+        (HF switches mid-sequence): refused. The set holds for the call (`_release_longrope` ends it)."""
         rotary = self.target.rotary
         if rotary.long_inv_freq is None:
             return
@@ -413,6 +420,14 @@ class SpeculativeEngine:
                 f"need one set for the whole call: every prompt longer than {original} tokens, or every prompt + "
                 f"max_new_tokens within {original}"
             )
+
+    def _release_longrope(self) -> None:
+        """After a call: the rotaries go back to HF's rule per forward (`_fix_longrope` fixed one set for the
+        call), so a forward outside the engine (training, a baseline on the same TargetModel) is not left on
+        the call's set."""
+        for r in (self.target.rotary, getattr(self.drafter, "rotary", None)):
+            if r is not None:
+                r.set_long(None)
 
     def _launch(
         self,

@@ -88,7 +88,8 @@ def _hf_generate(target, prompt, tokens):
 
 def test_longrope_uses_the_factors_hf_uses_and_refuses_a_crossing():
     """LongRoPE (Phi-3): HF's forward takes the long factors iff it reaches past the original context (32 here).
-    A plain forward follows that rule (logits equal HF's on either side); the engine fixes one set per call:
+    A plain forward follows that rule (logits equal HF's on either side); the engine fixes one set per call
+    (and releases it after):
     prompts within the context decode with the short factors, longer ones (HF's prefill already long) with the
     long ones, both equal to HF's own generation; a sequence that would cross it is refused."""
     target = TargetModel(make_tiny_hf_model("llama", **LONGROPE))
@@ -104,7 +105,10 @@ def test_longrope_uses_the_factors_hf_uses_and_refuses_a_crossing():
                 len(prompt),
                 static,
             )
-    assert engine.drafter.rotary.long is target.rotary.long is True  # the last call's prompts were long
+    # The call's set ends with the call: a plain forward afterwards follows HF's rule again (short factors here;
+    # left on the long call's set, these logits were off)
+    assert engine.drafter.rotary.long is target.rotary.long is None
+    torch.testing.assert_close(target.logits(target(ids[:, :20]).hidden), target.model(ids[:, :20]).logits)
     with pytest.raises(ValueError, match="switches to its long factors past 32"):
         engine.generate(ids[0, :20], GenerationConfig(max_new_tokens=13))
     with pytest.raises(ValueError, match="switches to its long factors past 32"):  # rows on both sides
