@@ -14,7 +14,7 @@ from data_prep.prefix_prompts import write_prefix_prompts
 from longspec.data.manifest import manifest_path
 from longspec.export import default_out_dir, export_marker
 from longspec.pipeline.presets import PipelineConfig, StagePlan
-from longspec.train.checkpoint import checkpoints_root, done_marker
+from longspec.train.checkpoint import checkpoints_root, done_marker, latest_checkpoint
 from longspec.train.config import load_config
 
 __all__ = ["Step", "eval_data_overrides", "eval_runs_command", "plan", "stage_steps", "target_overrides"]
@@ -139,9 +139,8 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
                      "--out", regenerated, "--template", preset.stage3_template,
                      "--max-new-tokens", str(preset.regen_max_new_tokens), "--max-rows", str(preset.num_prompts),
                      "--batch-size", str(preset.regen_batch_size), "--no-progress"]  # fmt: skip
-        regenerate = Step(
-            name="stage3_regenerate", cmd=regen_cmd, outputs=[regenerated], fn=_unlink_partial(regenerated)
-        )
+        regenerate = Step(name="stage3_regenerate", cmd=regen_cmd, outputs=[regenerated])
+        regenerate.fn = _unlink_partial(regenerated, regenerate.command)
     data_stage3 = Step(
         name="data_stage3",
         cmd=[py, "-m", "data_prep.stage3_sft", "--source", stage3_rows, "--out", s3,
@@ -259,9 +258,12 @@ def stage_steps(
     py = sys.executable
     # anchor_max_len is training-only (stage.anchor_max_len): the eval commands do not carry it
     anchor = [] if preset.anchor_max_len is None else [f"stage.anchor_max_len={preset.anchor_max_len}"]
+    # A stage that checkpoints as it goes (save_every) continues a half-finished run of its own command from the
+    # latest checkpoint; any other half-finished run restarts from scratch (`_prepare_run_dir`).
+    resumable = stage.save_every is not None
     overrides = [*target_overrides, *anchor, *stage.overrides(), f"drafter.window={preset.window}",
                  f"loss.distill_weight={preset.distill_weight}", f"data.path={data_path}", f"output_dir={run_dir}",
-                 "checkpoint.resume=never"]  # fmt: skip
+                 f"checkpoint.resume={'auto' if resumable else 'never'}"]  # fmt: skip
     if init_from:
         overrides.append(f"init_from={init_from}")
     train = Step(
@@ -273,8 +275,8 @@ def stage_steps(
         # trainer exited 0 (the run record) and left its checkpoints.
         outputs=[done_marker(run_dir, stage.num_steps) if stage.num_steps else checkpoints_root(run_dir)],
         needs=[manifest_path(data_path), *([init_from] if init_from else [])],
-        fn=_clean_dir(run_dir),  # a half-finished run restarts from scratch (resume=never)
     )  # fmt: skip
+    train.fn = _prepare_run_dir(run_dir, train.command, resumable)
     export = Step(
         name=f"export_{name}",
         cmd=[py, "-m", "longspec.export", run_dir, default_out_dir(run_dir), "--overwrite"],
@@ -305,19 +307,52 @@ def _seq_len(stage: StagePlan) -> int:
     return load_config([f"stage={stage.config}", "data.path=unused"]).stage.seq_len
 
 
-def _clean_dir(path: str) -> Callable[[], None]:
-    def clean() -> None:
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-
-    return clean
+# Beside a step's partial output: the command that wrote it. A rerun continues that output only if it runs the
+# same command; a changed one (another preset, other overrides) starts from scratch.
+COMMAND_MARKER = ".pipeline_command"
 
 
-def _unlink_partial(path: str) -> Callable[[], None]:
-    # stage3_regenerate appends to its output to resume; a step that reruns (e.g. after a preset change)
-    # must not mix old rows in.
-    def unlink() -> None:
+def _same_command(marker: str, command: str) -> bool:
+    if not os.path.isfile(marker):
+        return False
+    with open(marker) as f:
+        return f.read() == command
+
+
+def _write_command(marker: str, command: str) -> None:
+    with open(f"{marker}.tmp", "w") as f:
+        f.write(command)
+    os.replace(f"{marker}.tmp", marker)
+
+
+def _prepare_run_dir(run_dir: str, command: str, resumable: bool) -> Callable[[], None]:
+    """Before a training step: a resumable stage keeps a run dir that its own command left with a complete
+    checkpoint (the trainer resumes from the latest: a run stopped by a job's time limit loses at most
+    save_every steps); otherwise the dir is removed and the stage starts from scratch."""
+    marker = os.path.join(run_dir, COMMAND_MARKER)
+
+    def prepare() -> None:
+        if resumable and _same_command(marker, command) and latest_checkpoint(run_dir) is not None:
+            return
+        if os.path.isdir(run_dir):
+            shutil.rmtree(run_dir)
+        os.makedirs(run_dir)
+        _write_command(marker, command)
+
+    return prepare
+
+
+def _unlink_partial(path: str, command: str) -> Callable[[], None]:
+    """Before stage3_regenerate, which appends to its output and skips the prompts already answered there: a
+    partial output of the same command is continued, any other removed (old rows must not mix in)."""
+    marker = f"{path}{COMMAND_MARKER}"
+
+    def prepare() -> None:
+        if _same_command(marker, command):
+            return
         if os.path.exists(path):
             os.remove(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        _write_command(marker, command)
 
-    return unlink
+    return prepare

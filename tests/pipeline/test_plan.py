@@ -158,3 +158,57 @@ def test_demo_preset_chains_three_stages_with_one_under_zero3(tmp_path):
         )
     assert zero == {1: 1, 2: 3, 3: 1}
     assert "eval" in steps
+
+
+def _complete_checkpoint(run_dir, step: int) -> None:
+    from longspec.train.checkpoint import done_marker
+
+    os.makedirs(os.path.dirname(done_marker(str(run_dir), step)))
+    open(done_marker(str(run_dir), step), "w").write("{}")
+
+
+def test_a_stage_that_saves_as_it_goes_resumes_only_its_own_run(tmp_path):
+    """stage.save_every: a rerun of the same command keeps the half-finished run dir (checkpoint.resume=auto: the
+    trainer continues from its latest checkpoint); a changed command, or a run stopped before its first
+    checkpoint, starts from scratch. Without save_every every rerun starts from scratch (resume=never)."""
+    run_dir = tmp_path / "runs" / "stage1"
+
+    def train_step(overrides):
+        step = {s.name: s for s in plan(load_preset("cpu", overrides), str(tmp_path))}["train_stage1"]
+        return step
+
+    step = train_step(["stage1.save_every=2"])
+    assert "checkpoint.resume=auto" in _cmd(step)
+    step.fn()  # a fresh dir, marked with the command
+    _complete_checkpoint(run_dir, 2)
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    step.fn()  # the same command again: kept
+    assert (run_dir / "metrics.jsonl").exists()
+    train_step(["stage1.save_every=2", "stage1.lr=0.5"]).fn()  # another command: from scratch
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    train_step(["stage1.save_every=2", "stage1.lr=0.5"]).fn()  # same command, but no checkpoint yet
+    assert not (run_dir / "metrics.jsonl").exists()
+
+    plain = train_step([])
+    assert "checkpoint.resume=never" in _cmd(plain)
+    plain.fn()
+    _complete_checkpoint(run_dir, 2)
+    plain.fn()  # not resumable: always from scratch
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_the_target_answers_continue_only_under_the_same_command(tmp_path):
+    """stage3_regenerate appends to its output and skips answered prompts: a rerun of the same command keeps the
+    partial file, a changed command (other num_prompts, ...) removes it so that old rows do not mix in."""
+    out = tmp_path / "data" / "stage3_regenerated.jsonl"
+
+    def regenerate(overrides):
+        return {s.name: s for s in plan(load_preset("cpu", overrides), str(tmp_path))}["stage3_regenerate"]
+
+    regenerate([]).fn()
+    out.write_text('{"id": "a"}\n')
+    regenerate([]).fn()
+    assert out.read_text() == '{"id": "a"}\n'
+    regenerate(["num_prompts=7"]).fn()
+    assert not out.exists()
