@@ -104,6 +104,23 @@ _VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             },
         ),
     ),  # fmt: skip
+    # Phi-4-mini: Phi-3's layout with a partial rope (3/4 of each head rotates) and LongRoPE over those dims.
+    "phi4-mini": (
+        "phi3",
+        dict(
+            max_position_embeddings=128,
+            original_max_position_embeddings=32,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 1e4,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0] * 6,
+                "long_factor": [4.0] * 6,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+    ),  # fmt: skip
     # Qwen2-MoE: q/k/v biases, routed experts plus a gated shared expert.
     "qwen2-moe": (
         "qwen2_moe",
@@ -133,7 +150,8 @@ TINY_VARIANTS: tuple[str, ...] = tuple(_VARIANTS)
 
 def tiny_hf_config(family: str, **overrides):
     """A tiny HF config (hidden 64, 4 q heads / 2 kv heads, head_dim 16, 2 layers, vocab 300) of one variant:
-    llama | llama-linear | llama3 | qwen2 | qwen2-tied | mistral | qwen3 | phi3 | phi3-longrope | mixtral | qwen2-moe | qwen3-moe."""
+    llama | llama-linear | llama3 | qwen2 | qwen2-tied | mistral | qwen3 | phi3 | phi3-longrope | phi4-mini | mixtral |
+    qwen2-moe | qwen3-moe."""
     from transformers import AutoConfig
 
     if family not in _VARIANTS:

@@ -25,6 +25,7 @@ EXPECTED_CLASS = {
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "phi3-longrope": "Phi3ForCausalLM",
+    "phi4-mini": "Phi3ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen2-moe": "Qwen2MoeForCausalLM",
     "qwen3-moe": "Qwen3MoeForCausalLM",

@@ -42,7 +42,10 @@ def qkv_rope(
 ):
     """Packed qkv [B, T, (H + 2 Hkv) * D] -> q [B, H, T, D], k, v [B, Hkv, T, D], q and k rotated; with cache =
     (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T]) k and v are also written to those cache slots."""
-    fn = kernels.qkv_rope if _triton(qkv) else kernels.qkv_rope_naive
+    # The Triton kernel rotates whole heads; a partial rope (fewer cos / sin dims than the head's) runs the
+    # reference, which splits each head.
+    full = cos.shape[-1] * (num_heads + 2 * num_kv_heads) == qkv.shape[-1]
+    fn = kernels.qkv_rope if _triton(qkv) and full else kernels.qkv_rope_naive
     return fn(qkv, cos, sin, num_heads, num_kv_heads, q_norm=q_norm, k_norm=k_norm, eps=eps, cache=cache)
 
 

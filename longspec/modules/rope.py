@@ -146,14 +146,20 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(
                 "per-layer-type rope parameters are not supported (one rope for all layers expected)"
             )
-        if params.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ValueError("partial rotary embeddings are not supported by longspec")
         head_dim = (
             getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         )
+        # Partial rotary (Phi-4-mini: 0.75): only the first int(head_dim * factor) dims of each head rotate, the
+        # rest pass through (`apply_rotary`); HF's init functions size their frequencies the same way.
+        rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        if rotary_dim < 2 or rotary_dim % 2:
+            raise ValueError(
+                f"partial_rotary_factor={params['partial_rotary_factor']} leaves {rotary_dim} rotary dims of "
+                f"head_dim={head_dim}: an even number >= 2 is needed"
+            )
         rope_type = params.get("rope_type", "default")
         if rope_type == "default":
-            inv_freq, scaling = _default_inv_freq(params, head_dim)
+            inv_freq, scaling = _default_inv_freq(params, rotary_dim)
         elif rope_type in ROPE_INIT_FUNCTIONS:
             # The init functions mutate/standardise the config they are given: hand them a copy.
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](copy.deepcopy(hf_config), None)
@@ -171,7 +177,8 @@ class RotaryEmbedding(nn.Module):
         )  # fmt: skip
 
     @property
-    def head_dim(self) -> int:
+    def rotary_dim(self) -> int:
+        """The rotated dims of each head (the head dim unless the rope is partial)."""
         return 2 * self.inv_freq.numel()
 
     def cos_sin(
@@ -201,7 +208,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B,H,T,D], cos/sin [B,T,D] -> x rotated (the HF "rotate_half" convention)."""
+    """x [B,H,T,D], cos/sin [B,T,R] -> x rotated (the HF "rotate_half" convention). A partial rope (R < D) rotates
+    the first R dims and passes the rest through, as HF's Phi-3 does."""
     cos = cos[:, None]
     sin = sin[:, None]
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        x_rot, x_pass = x[..., :rotary], x[..., rotary:]
+        return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
     return x * cos + rotate_half(x) * sin

@@ -1,6 +1,6 @@
 """Lossless on config variants of the supported families that real checkpoints use and the tiny variants of
 `longspec.testing` do not: biases, a head dim other than hidden / heads, MQA and MHA, tied embeddings, YaRN and
-dynamic rope, per-layer sliding windows (Qwen2/3's max_window_layers), Mistral without a window. Each decodes
+dynamic rope, per-layer sliding windows (Qwen2/3's max_window_layers), Mistral without a window, a partial rope. Each decodes
 with longspec and ar, eager and on static shapes, against the HF model's own greedy output."""
 
 import pytest
@@ -36,6 +36,11 @@ VARIANTS = {
     "qwen2-window-layers": ("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
     "qwen3-window-layers": ("qwen3", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
     "mistral-no-window": ("mistral", dict(sliding_window=None)),
+    # half of each head rotates, plain rope (the tiny phi4-mini variant covers partial + LongRoPE)
+    "phi3-partial-rope": (
+        "phi3",
+        dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
+    ),
 }
 
 

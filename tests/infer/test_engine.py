@@ -18,7 +18,18 @@ def llama():
 
 @pytest.mark.parametrize(
     "family",
-    ["llama", "qwen2", "mistral", "qwen3", "phi3", "phi3-longrope", "mixtral", "qwen2-moe", "qwen3-moe"],
+    [
+        "llama",
+        "qwen2",
+        "mistral",
+        "qwen3",
+        "phi3",
+        "phi3-longrope",
+        "phi4-mini",
+        "mixtral",
+        "qwen2-moe",
+        "qwen3-moe",
+    ],
 )
 def test_greedy_speculative_equals_target_greedy(family):
     """Prompt 45 tokens > drafter window 8 and > Mistral's sliding window 16; prefill in chunks of 16."""

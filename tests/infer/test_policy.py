@@ -137,7 +137,18 @@ class CyclingCosts:
 
 @pytest.mark.parametrize(
     "family",
-    ["llama", "qwen2", "mistral", "qwen3", "phi3", "phi3-longrope", "mixtral", "qwen2-moe", "qwen3-moe"],
+    [
+        "llama",
+        "qwen2",
+        "mistral",
+        "qwen3",
+        "phi3",
+        "phi3-longrope",
+        "phi4-mini",
+        "mixtral",
+        "qwen2-moe",
+        "qwen3-moe",
+    ],
 )
 def test_auto_greedy_equals_target_greedy_with_mixed_trees(family):
     target = make_tiny_target(family)

@@ -35,7 +35,8 @@ def test_cos_sin_match_hf_rotary_emb(name, hf):
     positions = POSITIONS[1:] if name == "dynamic" else POSITIONS
     ref_cos, ref_sin = hf.model.rotary_emb(x, positions)
     cos, sin = rotary.cos_sin(positions)
-    assert cos.shape == (positions.shape[0], 8, 16)
+    rotary_dim = int(16 * hf.config.rope_parameters.get("partial_rotary_factor", 1.0))  # phi4-mini: 12 of 16
+    assert cos.shape == (positions.shape[0], 8, rotary_dim) == ref_cos.shape
     # Same formula, same fp32 ops: exact, even at position 40000.
     assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin)
 
@@ -76,7 +77,7 @@ def test_one_dim_positions_and_dtype():
 
 def test_inv_freq_is_not_saved():
     rotary = RotaryEmbedding.from_config(make_tiny_hf_model("llama").config)
-    assert rotary.state_dict() == {} and rotary.head_dim == 16
+    assert rotary.state_dict() == {} and rotary.rotary_dim == 16
 
 
 def test_rope_config_rebuilds_the_same_rotary():

@@ -122,8 +122,8 @@ def test_checkpoint_bookkeeping_ignores_incomplete_dirs(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "family", ["qwen2", "qwen3-moe", "phi3-longrope"]
-)  # MoE, fused projections + LongRoPE
+    "family", ["qwen2", "qwen3-moe", "phi3-longrope", "phi4-mini"]
+)  # MoE, fused projections + LongRoPE, partial rope
 @pytest.mark.parametrize("distill_weight", [0.0, 0.5])
 def test_drafting_model_losses_match_full_logits(distill_weight, family):
     target = make_tiny_target(family)
