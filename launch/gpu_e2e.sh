@@ -68,7 +68,9 @@ sets=()
 [ -n "${SMOLLM2_GGUF:-}" ] && sets=(--set "target_gguf=$SMOLLM2_GGUF")
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
-python -c "import torch, transformers, deepspeed; print('torch', torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__)"
+# Stop at once when the training stack is missing (every step would fail, one after another, until the budget).
+python -c "import torch, transformers, deepspeed, hydra, gguf; print('torch', torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__)" \
+    || { echo "gpu_e2e: the training stack is not importable: pip install -e '.[gguf]' (see README)" >&2; exit 2; }
 
 # Own process group, so the watchdog stops torchrun and its workers too.
 set -m
