@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from data_prep.prefix_prompts import write_prefix_prompts
+from longspec.atomic import write_text_atomic
 from longspec.data.manifest import manifest_path
 from longspec.export import default_out_dir, export_marker
 from longspec.pipeline.presets import PipelineConfig, StagePlan
@@ -319,12 +320,6 @@ def _same_command(marker: str, command: str) -> bool:
         return f.read() == command
 
 
-def _write_command(marker: str, command: str) -> None:
-    with open(f"{marker}.tmp", "w") as f:
-        f.write(command)
-    os.replace(f"{marker}.tmp", marker)
-
-
 def _prepare_run_dir(run_dir: str, command: str, resumable: bool) -> Callable[[], None]:
     """Before a training step: a resumable stage keeps a run dir that its own command left with a complete
     checkpoint (the trainer resumes from the latest: a run stopped by a job's time limit loses at most
@@ -337,7 +332,7 @@ def _prepare_run_dir(run_dir: str, command: str, resumable: bool) -> Callable[[]
         if os.path.isdir(run_dir):
             shutil.rmtree(run_dir)
         os.makedirs(run_dir)
-        _write_command(marker, command)
+        write_text_atomic(marker, command)
 
     return prepare
 
@@ -353,6 +348,6 @@ def _unlink_partial(path: str, command: str) -> Callable[[], None]:
         if os.path.exists(path):
             os.remove(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        _write_command(marker, command)
+        write_text_atomic(marker, command)
 
     return prepare
