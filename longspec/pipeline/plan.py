@@ -141,7 +141,7 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
                      "--max-new-tokens", str(preset.regen_max_new_tokens), "--max-rows", str(preset.num_prompts),
                      "--batch-size", str(preset.regen_batch_size), "--no-progress"]  # fmt: skip
         regenerate = Step(name="stage3_regenerate", cmd=regen_cmd, outputs=[regenerated])
-        regenerate.fn = _unlink_partial(regenerated, regenerate.command)
+        regenerate.fn = _prepare_partial_output(regenerated, regenerate.command)
     data_stage3 = Step(
         name="data_stage3",
         cmd=[py, "-m", "data_prep.stage3_sft", "--source", stage3_rows, "--out", s3,
@@ -337,7 +337,7 @@ def _prepare_run_dir(run_dir: str, command: str, resumable: bool) -> Callable[[]
     return prepare
 
 
-def _unlink_partial(path: str, command: str) -> Callable[[], None]:
+def _prepare_partial_output(path: str, command: str) -> Callable[[], None]:
     """Before stage3_regenerate, which appends to its output and skips the prompts already answered there: a
     partial output of the same command is continued, any other removed (old rows must not mix in)."""
     marker = f"{path}{COMMAND_MARKER}"
