@@ -192,7 +192,7 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
                 cmd=[py, *EVAL_MODULE, *overrides,
                      *([f"drafter.path={drafter}"] if drafter and "longspec" in methods else []),
                      *data_overrides, f"method=[{','.join(methods)}]", f"temperature={ev.temperature}",
-                     f"max_new_tokens={preset.eval_max_new_tokens}", f"max_samples={preset.eval_max_samples}",
+                     f"max_new_tokens={preset.eval_max_new_tokens}", f"max_samples={ev.max_samples or preset.eval_max_samples}",
                      *([f"tree_widths=[{','.join(map(str, preset.tree_widths))}]"] if preset.tree_widths else []),
                      f"output_dir={eval_dir}",
                      *ev.extra],

@@ -86,6 +86,7 @@ class EvalPlan(Schema):
         MISSING  # decoding methods measured side by side (longspec.infer.methods.ALL_METHODS)
     )
     temperature: float = 0.0  # 0 = greedy, lossless-checked against the target's greedy output
+    max_samples: int | None = None  # samples per data source; null: the preset's eval_max_samples
     extra: list[str] = field(default_factory=list)  # further eval overrides (cuda_graphs=true, ...)
     required: bool = True  # a failed optional run is reported but does not stop the pipeline
 
@@ -94,6 +95,7 @@ class EvalPlan(Schema):
         unknown = [m for m in self.methods if m not in ALL_METHODS]
         check(not unknown, f"eval plan {self.name!r}: unknown method(s) {unknown}; choose from {ALL_METHODS}")
         check(self.temperature >= 0, f"eval plan {self.name!r}: temperature must be >= 0")
+        check(self.max_samples is None or self.max_samples >= 1, f"eval plan {self.name!r}: max_samples >= 1")
 
 
 @dataclass(kw_only=True)

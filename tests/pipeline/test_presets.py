@@ -81,6 +81,20 @@ def test_a_longer_preset_inherits_and_checkpoints_as_it_goes(tmp_path):
         load_preset("cpu", ["stage1.save_every=0"])
 
 
+def test_an_eval_plan_may_take_more_samples_than_the_preset(tmp_path):
+    """smollm2 reads τ on the fixed tree from all 4 prepared samples per dataset; the timed runs keep 2."""
+    steps = {s.name: s for s in plan(load_preset("smollm2"), str(tmp_path), data=str(tmp_path))}
+    assert (
+        "max_samples=4" in steps["eval_t0_full_tree"].cmd
+        and "max_samples=4" in steps["eval_t1_full_tree"].cmd
+    )
+    assert (
+        "max_samples=2" in steps["eval_t0_graphs"].cmd and "max_samples=4" not in steps["eval_t0_graphs"].cmd
+    )
+    with pytest.raises(ValueError, match="max_samples >= 1"):
+        load_preset("smollm2", ["evals.0.max_samples=0"])
+
+
 def test_list_fields_and_eval_plans_are_overridable(tmp_path):
     preset = load_preset("smollm2", ["evals.0.methods=[ar]", "stage2.extra=[]", "eval_suite=[suite/a.jsonl]"])
     assert preset.evals[0].methods == ["ar"] and preset.stage2.extra == []
