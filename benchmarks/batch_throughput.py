@@ -47,6 +47,7 @@ import json
 import os
 import statistics
 import sys
+import time
 import traceback
 
 import torch
@@ -227,13 +228,20 @@ def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> tuple[d
     # The cache both methods' whole runs need, before any warm-up: a warm-up of 8 tokens reserved less, so the
     # first timed run reallocated it and re-captured its steps inside the timing (the ar baseline, every cell).
     engine.reserve_for([len(p) for p in prompts], config)
+    start = time.perf_counter()
     ar, row["ar_tok_s"] = timed_batch(engine, prompts, config, "ar", args.repeats)
+    # Each phase's line as it ends: a run stopped by a time limit still shows how far its cell got.
+    print(f"  {row['context']} x {row['batch']}: ar {row['ar_tok_s']:.1f} tok/s "
+          f"({time.perf_counter() - start:.0f} s with warm-up)", flush=True)  # fmt: skip
     before = lambda: None  # noqa: E731
     if isinstance(drafter, ProfileDrafter):  # the stand-in proposes ar's greedy continuation, from the first
         references = [p + r.tokens for p, r in zip(prompts, ar, strict=True)]  # slots (a run may shrink them)
         before = lambda: drafter.set_references(references)  # noqa: E731
     torch.manual_seed(args.seed)  # the stand-in's draws
+    start = time.perf_counter()
     spec, row["longspec_tok_s"] = timed_batch(engine, prompts, config, "longspec", args.repeats, before)
+    print(f"  {row['context']} x {row['batch']}: longspec {row['longspec_tok_s']:.1f} tok/s "
+          f"({time.perf_counter() - start:.0f} s with warm-up and round-cost measurement)", flush=True)  # fmt: skip
     row["speedup"] = row["longspec_tok_s"] / row["ar_tok_s"]
     row["lossless"] = [s.tokens == a.tokens for s, a in zip(spec, ar, strict=True)]
     row["longspec_matches_ar"] = all(row["lossless"])
@@ -283,6 +291,7 @@ def bench_vanilla_fa(target, prompts: list[list[int]], args, ar_tokens: list[lis
         decode_s = results[0].stats.decode_s
         speeds.append(tokens / decode_s if decode_s > 0 else float("nan"))
     row = {"vanilla_fa_tok_s": statistics.median(speeds)}
+    print(f"  {len(prompts[0])} x {len(prompts)}: vanilla_fa {row['vanilla_fa_tok_s']:.1f} tok/s", flush=True)
     if ar_tokens is not None:
         row["vanilla_fa_rows_equal_ar"] = sum(r.tokens == t for r, t in zip(results, ar_tokens, strict=True))
     return row
