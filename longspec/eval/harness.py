@@ -22,6 +22,7 @@ from longspec.cli import UserError
 from longspec.eval.config import EvalConfig
 from longspec.eval.datasets import load_samples
 from longspec.eval.divergence import analyse_divergence
+from longspec.eval.progress import EvalProgress, run_key
 from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.eval.session import EvalSession
 from longspec.infer.baselines import reserve_hf_compiled, run_method, run_method_batch
@@ -206,11 +207,15 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     clock.mark("warm_up")
 
     reference = greedy_reference(methods) if cfg.temperature == 0 else None
+    # Each finished chunk goes to disk as it completes; a rerun of a stopped run reads them back (progress.py).
+    progress = EvalProgress(cfg.output_dir, run_key(results["config"], _drafter_dir(cfg)))
+    resumed = {}
     for dataset, samples in datasets:
         bar = tqdm(total=len(samples), desc=dataset, unit="sample", dynamic_ncols=True)
         for start in range(0, len(samples), cfg.batch_size):
             chunk = samples[start : start + cfg.batch_size]
-            kept = _timed_runs(methods, chunk, gen_config, cfg, target=target, engine=engine)
+            done = progress.get(dataset, start)
+            kept = done or _timed_runs(methods, chunk, gen_config, cfg, target=target, engine=engine)
             for method in methods:
                 records = kept[method]
                 results["methods"][method].setdefault(dataset, []).extend(records)
@@ -218,11 +223,19 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
                 bar.set_postfix_str(
                     f"{method}: τ {last['mean_accept_length']:.2f}, {last['tokens_per_s']:.1f} tok/s"
                 )
-            if reference is not None:
-                for index, sample in enumerate(chunk, start=start):
-                    _check_against_reference(results["methods"], dataset, reference, sample, target, index)
+            if done is not None:
+                resumed[dataset] = resumed.get(dataset, 0) + len(chunk)
+            else:
+                if reference is not None:
+                    for index, sample in enumerate(chunk, start=start):
+                        _check_against_reference(
+                            results["methods"], dataset, reference, sample, target, index
+                        )
+                progress.add(dataset, start, kept)
             bar.update(len(chunk))
         bar.close()
+    if resumed:  # their times come from the stopped process (its policy state, its machine load)
+        results["resumed"] = resumed
 
     clock.mark("samples")
     results["phases_s"] = clock.seconds
@@ -234,7 +247,13 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
         json.dumps(_json_safe(results), indent=1, allow_nan=False),
     )
     write_report(results, cfg.output_dir)
+    progress.finish()
     return results
+
+
+def _drafter_dir(cfg: EvalConfig) -> str | None:
+    uses_drafter = any(get_method(m).needs_drafter for m in cfg.methods)
+    return cfg.drafter.path if uses_drafter and cfg.drafter.init == "pretrained" else None
 
 
 def _timed_runs(methods: list[str], samples: list, config, cfg, *, target, engine) -> dict[str, list[dict]]:

@@ -195,6 +195,15 @@ def report_markdown(results: dict) -> str:
         f"temperature {cfg['temperature']} · max_new_tokens {cfg['max_new_tokens']} · started {results['started']}"
         + (f" · commit {results['commit']}" if results.get("commit") else ""),
         "",
+    ]
+    if results.get("resumed"):
+        lines += [
+            f"Continued from a stopped run of this configuration: {sum(results['resumed'].values())} sample(s) "
+            f"read back ({', '.join(f'{d} {n}' for d, n in results['resumed'].items())}); their times were "
+            "measured by that run.",
+            "",
+        ]
+    lines += [
         f"τ = mean acceptance length (tokens per target forward); tokens/s exclude the prefill; speedup is vs "
         f"`{main_base}` measured in this run. Samples whose target output is degenerate are excluded (see "
         f"Output quality)."
