@@ -19,7 +19,13 @@ docs/BENCHMARKS.md), while acceptance per level, given the level above was accep
 `explore_every`-th such round runs the cheapest speculating candidate instead, so the policy can come back; an
 exploration after which "no speculation" still wins doubles the interval (up to MAX_EXPLORE_EVERY; each call
 starts again from `explore_every`), one that changes the decision resets it, so a drafter that cannot help costs
-ever less (at most one chain round in 64: ~1% of the time where a chain round costs 1.5 plain steps).
+ever less (at most one chain round in 64: ~1% of the time where a chain round costs 1.5 plain steps). The interval
+never drops below what keeps the explorations' extra cost within EXPLORE_BUDGET of plain decoding's, at the round
+times learned so far (the exploring round is charged for the ring's catch-up): on the CPU quickstart a one-token
+chain after plain rounds costs ~2-2.5 plain steps (1.65-1.8x plus the catch-up, docs/BENCHMARKS.md), and the
+schedule alone explores 3 times per 128-token sample (rounds 16, 48, 112: ~3.5% of the decode time); the floor
+(~75 rounds there) leaves one. On the GPU (a chain at ~1.4 plain steps) the floor is ~20, close to
+`explore_every`.
 
 Yield calibration (`YieldCalibration`): the model's expected accepted drafts (expected tokens minus the bonus
 token, which every round emits) are multiplied by the decayed ratio of drafts the speculating rounds really
@@ -85,6 +91,9 @@ AUTO_TREES: tuple[tuple[int, ...], ...] = (
 RANK_EDGES = (1, 2, 4, 8, 16)  # bucket j = ranks [RANK_EDGES[j-1], RANK_EDGES[j]) (edge -1 = 0)
 MIN_BUCKET = 1024  # round costs barely change below this context length
 MAX_EXPLORE_EVERY = 64  # a useless drafter then costs at most one cheap chain round in 64
+# Explorations' extra cost (exploring round minus a plain round) at most this share of plain decoding's time: the
+# floor of the exploration interval where an exploring round costs much more than a plain one (a CPU).
+EXPLORE_BUDGET = 0.02
 # In a run of plain rounds only the plain rounds' own times change the estimates; re-deciding (every candidate's
 # rate) is host work between every two graphed steps, so the decision is re-checked every few rounds.
 RECHECK_EVERY = 8
@@ -412,20 +421,30 @@ class AdaptivePolicy:
         return max(self.trees, key=lambda t: rates[t])
 
     def choose(self, context_len: int) -> tuple[int, ...]:
-        """`best`, except every `explore_every`-th consecutive round where it is no speculation. In a plain
-        streak the decision is re-checked every RECHECK_EVERY rounds or when the context bucket changes."""
+        """`best`, except where it is no speculation: every `_interval`-th consecutive such round (at least the
+        budget's floor, `_floor`) explores. In a plain streak the decision is re-checked every RECHECK_EVERY rounds
+        or when the context bucket changes."""
         bucket = context_bucket(context_len)
         if self._decision is None or self._decision[0] != bucket or self._plain_streak % RECHECK_EVERY == 0:
-            self._decision = (bucket, self.best(context_len))
-        best = self._decision[1]
+            self._decision = (bucket, self.best(context_len), self._floor(context_len))
+        _, best, floor = self._decision
         if best:
             self._plain_streak = 0
             return best
         self._plain_streak += 1
-        if self.explore_every and self._plain_streak % self._interval == 0:
+        if self.explore_every and self._plain_streak % max(self._interval, floor) == 0:
             self._exploring = True
             return self._explore_tree
         return best
+
+    def _floor(self, context_len: int) -> int:
+        """The fewest plain rounds between explorations that keeps their extra cost within EXPLORE_BUDGET (decided
+        with `best`, every RECHECK_EVERY rounds of a plain streak: the learned times change every round)."""
+        costs = self.costs.costs(context_len)
+        plain, explore = costs[()], costs[self._explore_tree]
+        if plain <= 0:
+            return 1
+        return max(1, math.ceil((explore - plain) / (EXPLORE_BUDGET * plain)))
 
     def observe(self, widths: tuple[int, ...], ranks: Sequence[int], context_len: int | None = None) -> None:
         """A round's outcome: ranks of its accepted nodes (see AcceptanceModel.observe). `context_len` (the

@@ -1,6 +1,7 @@
 """tree="auto": the adaptive policy with a stubbed cost model, its acceptance model, and the engine running it
 (lossless with the tree changing between rounds, eager and static shapes; the round's one host copy)."""
 
+import math
 import random
 
 import pytest
@@ -12,6 +13,7 @@ from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.policy import (
     AUTO_TREES,
     DEFAULT_TREE_WIDTHS,
+    EXPLORE_BUDGET,
     MAX_EXPLORE_EVERY,
     AcceptanceModel,
     AdaptivePolicy,
@@ -321,6 +323,7 @@ def test_the_round_after_plain_rounds_is_charged_for_the_ring_catch_up(monkeypat
     still in flight while it ran."""
     import time
 
+    from longspec.infer import policy as policy_module
     from longspec.infer.draft_step import DraftStep
 
     class EveryFourth:  # a chain of one at every 4th context length, else plain rounds
@@ -338,6 +341,9 @@ def test_the_round_after_plain_rounds_is_charged_for_the_ring_catch_up(monkeypat
         return catch_up(self, *args)
 
     monkeypatch.setattr(DraftStep, "catch_up", slow_catch_up)
+    # Speculating rounds after plain ones come from the schedule's explorations here: no budget floor (at this
+    # stub's costs, 1000x for the chain at most lengths, it would leave none in 24 tokens).
+    monkeypatch.setattr(policy_module, "EXPLORE_BUDGET", float("inf"))
     observed = []
     prompt = torch.randint(0, 256, (30,))
     config = GenerationConfig(max_new_tokens=24, static_shapes=True)
@@ -439,7 +445,43 @@ def test_an_exploration_that_does_not_change_the_decision_backs_off():
             gaps.append(since)
             since = 0
         policy.observe(widths, _ranks(rng, widths, 0.5), 1000)  # half the explorations accept a draft
-    assert policy.best(1000) == () and gaps[-3:] == [MAX_EXPLORE_EVERY] * 3
+    # backed off to the cap, or here to the budget's floor above it: an exploring chain costs 4.02 plain steps,
+    # so one in (4.02 - 1) / (EXPLORE_BUDGET x 1) = 151 rounds keeps explorations within the budget
+    floor = math.ceil((NodeCosts(draft=3.0).cost((1,), 1000) - 1.0) / EXPLORE_BUDGET)
+    assert floor > MAX_EXPLORE_EVERY
+    assert policy.best(1000) == () and gaps[-3:] == [floor] * 3
+
+
+def test_explorations_cost_at_most_their_budget_where_a_chain_round_is_dear(monkeypatch):
+    """The CPU quickstart's case: a drafter that cannot help, 128-token answers, and an exploring chain round
+    (with the ring's catch-up) at ~2.5 plain steps. Every call restarts the exploration schedule, which alone
+    explores at rounds 16, 48 and 112 of each sample (3.5% of the decode time here). The budget's floor spaces
+    explorations so that their extra cost stays within EXPLORE_BUDGET; where a chain round is cheap (a GPU) the
+    floor is ~`explore_every`."""
+    from longspec.infer import policy as policy_module
+
+    class Table:
+        def __init__(self, chain):
+            self.chain = chain
+
+        def cost(self, widths, context_len):
+            return 1.0 if not widths else self.chain + 0.1 * (sum(widths) - 1)
+
+    def overhead(chain: float) -> float:
+        policy, extra, plain = AdaptivePolicy(Table(chain), learn_times=False), 0.0, 0.0
+        for _ in range(20):  # 20 samples of 128 tokens
+            policy.start()
+            for _ in range(128):
+                widths = policy.choose(4096)
+                policy.observe(widths, [], 4096)
+                plain += 1.0
+                extra += Table(chain).cost(widths, 4096) - 1.0
+        return extra / plain
+
+    assert overhead(2.5) <= EXPLORE_BUDGET
+    assert AdaptivePolicy(Table(1.35))._floor(4096) <= 18  # GPU-like: about explore_every (16)
+    monkeypatch.setattr(policy_module, "EXPLORE_BUDGET", float("inf"))  # no floor: the schedule alone
+    assert overhead(2.5) > 1.5 * EXPLORE_BUDGET
 
 
 def test_a_new_call_on_a_text_the_drafter_cannot_predict_drops_the_tree_within_rounds():
