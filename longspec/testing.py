@@ -12,7 +12,9 @@ from typing import Any
 import torch
 
 __all__ = [
+    "FAMILY_VARIANTS",
     "TINY_VARIANTS",
+    "longrope_overrides",
     "TINY_VOCAB_SIZE",
     "BOS_TOKEN",
     "EOS_TOKEN",
@@ -48,6 +50,20 @@ _COMMON = dict(
     eos_token_id=EOS_ID,
     pad_token_id=PAD_ID,
 )
+
+
+def longrope_overrides(partial_rotary_factor: float = 1.0, **overrides) -> dict:
+    """Config overrides of a tiny LongRoPE model (head_dim 16): context 128 with an original context of 32, so a
+    test crosses it; short factors 1, long factors 4, over the rotated dims (all 16, or the partial share)."""
+    half = int(16 * partial_rotary_factor) // 2
+    rope = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * half, "long_factor": [4.0] * half,
+            "original_max_position_embeddings": 32}  # fmt: skip
+    if partial_rotary_factor != 1.0:
+        rope["partial_rotary_factor"] = partial_rotary_factor
+    return dict(
+        max_position_embeddings=128, original_max_position_embeddings=32, rope_parameters=rope, **overrides
+    )
+
 
 # variant name -> (HF model_type, config kwargs). Each variant exercises one thing the adapter must get right.
 _VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -89,38 +105,9 @@ _VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # Phi-3: fused qkv_proj and gate_up_proj, a sliding window on every layer.
     "phi3": ("phi3", dict(sliding_window=16, tie_word_embeddings=False)),
     # Phi-3.5 / Phi-3-128K: LongRoPE, an original context of 32 so tests cross it.
-    "phi3-longrope": (
-        "phi3",
-        dict(
-            max_position_embeddings=128,
-            original_max_position_embeddings=32,
-            tie_word_embeddings=False,
-            rope_parameters={
-                "rope_type": "longrope",
-                "rope_theta": 1e4,
-                "short_factor": [1.0] * 8,
-                "long_factor": [4.0] * 8,
-                "original_max_position_embeddings": 32,
-            },
-        ),
-    ),  # fmt: skip
+    "phi3-longrope": ("phi3", longrope_overrides(tie_word_embeddings=False)),
     # Phi-4-mini: Phi-3's layout with a partial rope (3/4 of each head rotates) and LongRoPE over those dims.
-    "phi4-mini": (
-        "phi3",
-        dict(
-            max_position_embeddings=128,
-            original_max_position_embeddings=32,
-            tie_word_embeddings=True,
-            rope_parameters={
-                "rope_type": "longrope",
-                "rope_theta": 1e4,
-                "partial_rotary_factor": 0.75,
-                "short_factor": [1.0] * 6,
-                "long_factor": [4.0] * 6,
-                "original_max_position_embeddings": 32,
-            },
-        ),
-    ),  # fmt: skip
+    "phi4-mini": ("phi3", longrope_overrides(0.75, tie_word_embeddings=True)),
     # Qwen2-MoE: q/k/v biases, routed experts plus a gated shared expert.
     "qwen2-moe": (
         "qwen2_moe",
@@ -146,6 +133,11 @@ _VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),  # fmt: skip
 }
 TINY_VARIANTS: tuple[str, ...] = tuple(_VARIANTS)
+# One variant per decoder layout the engine must get right (the rope-scaling variants of Llama / Qwen2 aside):
+# what the engine- and policy-level lossless tests run on.
+FAMILY_VARIANTS: tuple[str, ...] = (
+    "llama", "qwen2", "mistral", "qwen3", "phi3", "phi3-longrope", "phi4-mini", "mixtral", "qwen2-moe", "qwen3-moe",
+)  # fmt: skip
 
 
 def tiny_hf_config(family: str, **overrides):

@@ -13,15 +13,16 @@ from longspec.infer.accept import target_distribution
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.policy import AUTO_TREES
 from longspec.infer.slots import compaction
-from longspec.testing import make_tiny_target
+from longspec.testing import FAMILY_VARIANTS, make_tiny_target, tiny_hf_config
 
 LENGTHS = (
     17,
     40,
     63,
 )  # > drafter window 8 and Mistral's window 16; prefill chunks of 16 end at different rounds
-# (phi3-longrope: its batches need every prompt on one side of the original context, tests/infer/test_config_variants.py)
-FAMILIES = ["llama", "qwen2", "mistral", "qwen3", "phi3", "mixtral", "qwen2-moe", "qwen3-moe"]
+# (not the LongRoPE variants: their batches need every prompt on one side of the original context,
+# tests/infer/test_config_variants.py)
+FAMILIES = [f for f in FAMILY_VARIANTS if tiny_hf_config(f).rope_parameters["rope_type"] != "longrope"]
 
 
 def _prompts(seed: int = 0) -> list[torch.Tensor]:

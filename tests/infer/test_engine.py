@@ -8,7 +8,7 @@ from infer_helpers import WINDOW, OracleDrafter, random_drafter, reference_greed
 from longspec.drafter import DrafterConfig
 from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine, cache_slots
 from longspec.infer.tree import TreeLayout, chain_tree
-from longspec.testing import make_tiny_target
+from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -16,21 +16,7 @@ def llama():
     return make_tiny_target("llama")
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        "llama",
-        "qwen2",
-        "mistral",
-        "qwen3",
-        "phi3",
-        "phi3-longrope",
-        "phi4-mini",
-        "mixtral",
-        "qwen2-moe",
-        "qwen3-moe",
-    ],
-)
+@pytest.mark.parametrize("family", FAMILY_VARIANTS)
 def test_greedy_speculative_equals_target_greedy(family):
     """Prompt 45 tokens > drafter window 8 and > Mistral's sliding window 16; prefill in chunks of 16."""
     target = make_tiny_target(family)

@@ -21,7 +21,7 @@ from longspec.infer.policy import (
     RoundTimes,
     context_bucket,
 )
-from longspec.testing import make_tiny_target
+from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
 BIG = DEFAULT_TREE_WIDTHS
 
@@ -137,21 +137,7 @@ class CyclingCosts:
         return 1.0 if AUTO_TREES.index(widths) == context_len % len(AUTO_TREES) else 1000.0
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        "llama",
-        "qwen2",
-        "mistral",
-        "qwen3",
-        "phi3",
-        "phi3-longrope",
-        "phi4-mini",
-        "mixtral",
-        "qwen2-moe",
-        "qwen3-moe",
-    ],
-)
+@pytest.mark.parametrize("family", FAMILY_VARIANTS)
 def test_auto_greedy_equals_target_greedy_with_mixed_trees(family):
     target = make_tiny_target(family)
     prompt = torch.randint(0, 256, (40,))
