@@ -27,7 +27,7 @@ from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.eval.session import EvalSession
 from longspec.infer.baselines import reserve_hf_compiled, run_method, run_method_batch
 from longspec.infer.methods import BATCH_RUNNERS, get_method
-from longspec.modules.rope import exact_positions, longrope_original
+from longspec.modules.rope import exact_positions, longrope_long, longrope_original
 from longspec.provenance import git_commit
 
 __all__ = ["log_summary", "run_eval"]
@@ -79,7 +79,7 @@ def _check_positions(cfg: EvalConfig, hf_config, datasets: list[tuple[str, list]
         for name, samples in datasets:
             for start in range(0, len(samples), cfg.batch_size):
                 lengths = [s.prompt_len for s in samples[start : start + cfg.batch_size]]
-                if not (min(lengths) > original or max(lengths) + cfg.max_new_tokens <= original):
+                if longrope_long(lengths, cfg.max_new_tokens, original) is None:
                     raise UserError(
                         f"{name}: prompts of {min(lengths)}-{max(lengths)} tokens (+ max_new_tokens="
                         f"{cfg.max_new_tokens}) cross this target's original context ({original} tokens), where "

@@ -70,6 +70,7 @@ from longspec.infer.stats import GenerationStats
 from longspec.infer.target_step import TargetStep, prefill_slots
 from longspec.infer.timing import PhaseClock, now, timer
 from longspec.infer.tree import DraftTree, TreeLayout, chain_tree, tree_name
+from longspec.modules.rope import exact_positions, longrope_long
 
 # GenerationConfig and DEFAULT_TREE_WIDTHS live in longspec.infer.config; the engine is their public home.
 __all__ = ["GenerationConfig", "GenerationResult", "SpeculativeEngine", "DEFAULT_TREE_WIDTHS", "cache_slots"]
@@ -342,7 +343,7 @@ class SpeculativeEngine:
         prompts = [torch.as_tensor(p, dtype=torch.long, device=self.device).flatten() for p in prompts]
         if any(p.numel() == 0 for p in prompts):
             raise ValueError("empty prompt")
-        exact = self.target.rotary.exact_positions
+        exact = exact_positions(self.target.config)
         if exact is not None and max(p.numel() for p in prompts) + config.max_new_tokens > exact:
             raise ValueError(
                 f"this target's {self.target.rotary.rope_type} rope changes its frequencies with the sequence's "
@@ -409,25 +410,27 @@ class SpeculativeEngine:
         # The drafter keeps the target's rope, so it has both sets too: fixed with the target's (else it would
         # apply HF's rule per forward, a host read that a captured draft step cannot make).
         original = rotary.original_positions
-        if min(lengths) > original or max(lengths) + config.max_new_tokens <= original:
-            for r in (rotary, getattr(self.drafter, "rotary", None)):
-                if r is not None:
-                    r.set_long(min(lengths) > original)
-        else:
+        long = longrope_long(lengths, config.max_new_tokens, original)
+        if long is None:
             raise ValueError(
                 f"this target's longrope rope switches to its long factors past {original} positions (its original "
                 f"context): prompts of {min(lengths)}-{max(lengths)} tokens + max_new_tokens={config.max_new_tokens} "
                 f"need one set for the whole call: every prompt longer than {original} tokens, or every prompt + "
                 f"max_new_tokens within {original}"
             )
+        for r in self._rotaries():
+            r.set_long(long)
 
     def _release_longrope(self) -> None:
         """After a call: the rotaries go back to HF's rule per forward (`_fix_longrope` fixed one set for the
         call), so a forward outside the engine (training, a baseline on the same TargetModel) is not left on
         the call's set."""
-        for r in (self.target.rotary, getattr(self.drafter, "rotary", None)):
-            if r is not None:
-                r.set_long(None)
+        for r in self._rotaries():
+            r.set_long(None)
+
+    def _rotaries(self) -> list:
+        """The target's RotaryEmbedding, and the drafter's (a stand-in drafter may have none)."""
+        return [r for r in (self.target.rotary, getattr(self.drafter, "rotary", None)) if r is not None]
 
     def _launch(
         self,

@@ -26,12 +26,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from longspec.kernels.layer_ops.naive import rotate
+
 __all__ = [
     "RotaryEmbedding",
     "apply_rotary",
     "exact_positions",
+    "longrope_long",
     "longrope_original",
-    "rotate_half",
     "rope_config",
 ]
 
@@ -64,6 +66,18 @@ def longrope_original(hf_config) -> int | None:
     return original or hf_config.max_position_embeddings
 
 
+def longrope_long(lengths: list[int], max_new_tokens: int, original: int) -> bool | None:
+    """The one LongRoPE set a call's sequences (prompts of `lengths`, up to `max_new_tokens` generated) rotate
+    with throughout, as HF's forwards would pick it: True (the long factors) when every prompt is past the
+    original context, False when every sequence stays within it; None when no single set fits (a sequence that
+    would cross it, where HF switches mid-sequence, or prompts on both sides)."""
+    if min(lengths) > original:
+        return True
+    if max(lengths) + max_new_tokens <= original:
+        return False
+    return None
+
+
 def rope_config(
     *,
     rope_parameters: dict[str, Any],
@@ -93,7 +107,6 @@ class RotaryEmbedding(nn.Module):
         inv_freq: torch.Tensor,
         attention_scaling: float = 1.0,
         rope_type: str = "default",
-        exact_positions: int | None = None,
         *,
         long_inv_freq: torch.Tensor | None = None,
         original_positions: int | None = None,
@@ -102,7 +115,6 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.attention_scaling = float(attention_scaling)
         self.rope_type = rope_type
-        self.exact_positions = exact_positions  # see `exact_positions()`
         # longrope: both sets, `inv_freq` holding the one in use (copied in place: captured graphs read it)
         short = None if long_inv_freq is None else inv_freq.float().clone()
         self.register_buffer("short_inv_freq", short, persistent=False)
@@ -172,8 +184,7 @@ class RotaryEmbedding(nn.Module):
         if original is not None:  # the long factors: what HF uses once a forward reaches past `original`
             long_inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](copy.deepcopy(hf_config), None, original + 1)
         return cls(
-            inv_freq, scaling, rope_type, exact_positions(hf_config),
-            long_inv_freq=long_inv_freq, original_positions=original,
+            inv_freq, scaling, rope_type, long_inv_freq=long_inv_freq, original_positions=original,
         )  # fmt: skip
 
     @property
@@ -202,18 +213,8 @@ class RotaryEmbedding(nn.Module):
         return cos.to(dtype), sin.to(dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B,H,T,D], cos/sin [B,T,R] -> x rotated (the HF "rotate_half" convention). A partial rope (R < D) rotates
-    the first R dims and passes the rest through, as HF's Phi-3 does."""
-    cos = cos[:, None]
-    sin = sin[:, None]
-    rotary = cos.shape[-1]
-    if rotary < x.shape[-1]:
-        x_rot, x_pass = x[..., :rotary], x[..., rotary:]
-        return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
-    return x * cos + rotate_half(x) * sin
+    the first R dims and passes the rest through, as HF's Phi-3 does. The same arithmetic as the fused q/k/v +
+    RoPE step's reference: one implementation."""
+    return rotate(x, cos, sin)

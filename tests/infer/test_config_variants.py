@@ -8,8 +8,9 @@ import torch
 from infer_helpers import random_drafter, reference_greedy
 
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.modules.rope import exact_positions
 from longspec.target import TargetModel
-from longspec.testing import make_tiny_hf_model
+from longspec.testing import longrope_overrides, make_tiny_hf_model
 
 VARIANTS = {
     "llama-biases": ("llama", dict(attention_bias=True, mlp_bias=True)),
@@ -58,11 +59,7 @@ def test_config_variant_is_lossless(variant):
             assert engine.generate(prompt, config, method=method).tokens == ref, (method, static)
 
 
-LONGROPE = dict(
-    max_position_embeddings=128,
-    rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
-                     "long_factor": [4.0] * 8, "original_max_position_embeddings": 32},
-)  # fmt: skip
+LONGROPE = longrope_overrides()
 
 
 def test_a_dynamic_ntk_rope_is_exact_within_its_range_and_refused_past_it():
@@ -70,7 +67,7 @@ def test_a_dynamic_ntk_rope_is_exact_within_its_range_and_refused_past_it():
     by ~1e-3 in fp32): within the range fixed frequencies are exact, past it the engine refuses."""
     rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
     target = TargetModel(make_tiny_hf_model("llama", max_position_embeddings=32, rope_parameters=rope))
-    assert target.rotary.exact_positions == 32
+    assert exact_positions(target.config) == 32
     ids = torch.randint(0, 256, (1, 45), generator=torch.Generator().manual_seed(0))
     assert torch.allclose(
         target.model(ids[:, :32]).logits, target.logits(target(ids[:, :32]).hidden), atol=1e-5
@@ -98,7 +95,7 @@ def test_longrope_uses_the_factors_hf_uses_and_refuses_a_crossing():
     prompts within the context decode with the short factors, longer ones (HF's prefill already long) with the
     long ones, both equal to HF's own generation; a sequence that would cross it is refused."""
     target = TargetModel(make_tiny_hf_model("llama", **LONGROPE))
-    assert target.rotary.exact_positions is None and target.rotary.original_positions == 32
+    assert exact_positions(target.config) is None and target.rotary.original_positions == 32
     ids = torch.randint(0, 256, (1, 45), generator=torch.Generator().manual_seed(0))
     for n in (20, 32, 33, 45):
         torch.testing.assert_close(target.logits(target(ids[:, :n]).hidden), target.model(ids[:, :n]).logits)

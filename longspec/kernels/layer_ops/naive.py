@@ -40,7 +40,7 @@ def qkv_rope_naive(
     cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv [B, T, (H + 2 Hkv) * D] (the packed projection: q heads, then k heads, then v heads), cos/sin
-    [B, T, R] (R = D, or fewer rotary dims: `_rotate`) -> q [B, H, T, D], k [B, Hkv, T, D] rotated (after the per-head RMSNorm q_norm / k_norm [D] when
+    [B, T, R] (R = D, or fewer rotary dims: `rotate`) -> q [B, H, T, D], k [B, Hkv, T, D] rotated (after the per-head RMSNorm q_norm / k_norm [D] when
     given: Qwen3), v [B, Hkv, T, D]. cache = (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T]): k and v are
     also written there (`write_kv`)."""
     B, T, _ = qkv.shape
@@ -50,8 +50,8 @@ def qkv_rope_naive(
         q = rms_norm_naive(q, q_norm, eps)
     if k_norm is not None:
         k = rms_norm_naive(k, k_norm, eps)
-    q = _rotate(q.transpose(1, 2), cos, sin)
-    k = _rotate(k.transpose(1, 2), cos, sin)
+    q = rotate(q.transpose(1, 2), cos, sin)
+    k = rotate(k.transpose(1, 2), cos, sin)
     v = v.transpose(1, 2)
     if cache is not None:
         write_kv(*cache, k, v)
@@ -67,12 +67,12 @@ def write_kv(
     v_cache.scatter_(2, index, v)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, H, T, D] rotated by cos/sin [B, T, R] in the HF "rotate_half" convention, op by op as HF rounds; a
     partial rope (R < D) rotates the first R dims and passes the rest through."""
     rotary = cos.shape[-1]
     if rotary < x.shape[-1]:
-        return torch.cat([_rotate(x[..., :rotary], cos, sin), x[..., rotary:]], dim=-1)
+        return torch.cat([rotate(x[..., :rotary], cos, sin), x[..., rotary:]], dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos[:, None] + torch.cat((-x2, x1), dim=-1) * sin[:, None]
 
