@@ -426,7 +426,8 @@ class AdaptivePolicy:
         or when the context bucket changes."""
         bucket = context_bucket(context_len)
         if self._decision is None or self._decision[0] != bucket or self._plain_streak % RECHECK_EVERY == 0:
-            self._decision = (bucket, self.best(context_len), self._floor(context_len))
+            best = self.best(context_len)
+            self._decision = (bucket, best, self._floor(context_len) if not best else 0)  # floor: plain only
         _, best, floor = self._decision
         if best:
             self._plain_streak = 0
