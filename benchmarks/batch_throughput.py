@@ -62,7 +62,7 @@ from longspec.infer.baselines import run_method_batch  # noqa: E402
 from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine  # noqa: E402
 from longspec.infer.round_costs import cost_mode  # noqa: E402
 from longspec.infer.slots import bucket  # noqa: E402
-from longspec.infer.tree import tree_name  # noqa: E402
+from longspec.infer.tree import candidate_order, tree_name  # noqa: E402
 from longspec.provenance import run_info  # noqa: E402
 
 MAX_PROFILE_DEPTH = 64  # profile entries past the given ones are 0
@@ -271,8 +271,11 @@ def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> tuple[d
         row["round_costs_ms"] = {k: round(v * 1e3, 4) for k, v in table.to_dict().items()}
         policy = next(p for p in engine.policies.values() if p.costs.base is table)
         row["observed_round_ms"] = {
-            f"{b}:{tree_name(w)}": round(s * 1e3, 4) for (b, w), s in sorted(policy.costs.mean.items())
-        }
+            f"{b}:{tree_name(w)}": round(s * 1e3, 4)
+            for (b, w), s in sorted(
+                policy.costs.mean.items(), key=lambda kv: (kv[0][0], *candidate_order(kv[0][1]))
+            )
+        }  # a lookup chain (tree.Lookup) does not compare with level widths: policy's candidate order
     return row, [a.tokens for a in ar]
 
 

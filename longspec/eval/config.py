@@ -110,6 +110,8 @@ class EvalConfig(Schema):
     )
     # fixed dynamic-beam level widths (e.g. longspec.infer.policy.DEFAULT_TREE_WIDTHS); wins over tree
     tree_widths: list[int] | None = None
+    # tree=auto also weighs prompt-lookup chains (GenerationConfig.auto_lookup); false: drafter trees only
+    auto_lookup: bool = True
     sampling_rule: str = "rrs"  # T > 0: rrs (children sampled from the drafter's q) | deterministic (top-k)
     prefill_chunk: int = 4096  # target prefill tokens per forward
     cuda_graphs: bool = False  # capture each round's target forward in a CUDA graph (CUDA only)
@@ -170,6 +172,7 @@ class EvalConfig(Schema):
             eos_token_ids=eos_token_ids,
             tree=self.tree,
             tree_widths=None if self.tree_widths is None else tuple(self.tree_widths),
+            auto_lookup=self.auto_lookup,
             sampling_rule=self.sampling_rule,
             prefill_chunk=self.prefill_chunk,
             seed=self.seed,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from longspec.infer.policy import AUTO_TREES, DEFAULT_TREE_WIDTHS
+from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, DEFAULT_TREE_WIDTHS
 from longspec.infer.tree import TreeLayout
 
 __all__ = ["GenerationConfig", "DEFAULT_TREE_WIDTHS", "SAMPLING_RULES"]
@@ -29,11 +29,15 @@ class GenerationConfig:
     # learned), so a seed does not pin the sample: fix the tree for reproducible sampling.
     tree: str | tuple[int, ...] = "auto"
     tree_widths: tuple[int, ...] | None = None
+    # tree="auto" also weighs prompt-lookup chains (policy.AUTO_LOOKUPS: n-gram drafts from the sequence's own
+    # text, pld_max_ngram long) against the drafter's trees and a plain step each round; False: drafter trees and
+    # plain steps only. A fixed tree runs no lookups.
+    auto_lookup: bool = True
     # T > 0: "rrs" = children sampled from the drafter's q, recursive rejection sampling; "deterministic" = the
     # drafter's top candidates, accepted by p alone (both lossless; longspec.infer.accept.sample_path).
     sampling_rule: str = "rrs"
     pld_num_draft: int = 10  # PLD: tokens proposed per round
-    pld_max_ngram: int = 3  # PLD: longest n-gram matched against the context
+    pld_max_ngram: int = 3  # PLD and tree="auto"'s lookup chains: longest n-gram matched against the context
     prefill_chunk: int = 4096  # target prefill tokens per forward
     seed: int = 0  # sampling RNG seed (T > 0)
     static_shapes: bool = False  # rounds read the cache length from the device (what a CUDA graph replays)
@@ -74,6 +78,8 @@ class GenerationConfig:
         else:
             self.tree = tuple(int(w) for w in self.tree)
             TreeLayout(self.tree)
+        if not isinstance(self.auto_lookup, bool):
+            raise ValueError(f"auto_lookup must be true or false, got {self.auto_lookup!r}")
         if self.sampling_rule not in SAMPLING_RULES:
             raise ValueError(f"sampling_rule must be one of {SAMPLING_RULES}, got {self.sampling_rule!r}")
 
@@ -86,14 +92,22 @@ class GenerationConfig:
 
     @property
     def trees(self) -> tuple[tuple[int, ...], ...]:
-        """Every tree a longspec round may run."""
+        """Every drafter tree a longspec round may run (() = no speculation)."""
         fixed = self.fixed_tree
         return (fixed,) if fixed is not None else AUTO_TREES
 
     @property
+    def candidates(self) -> tuple:
+        """Every round shape a longspec round may run: the trees, and with tree="auto" and auto_lookup the lookup
+        chains (`policy.Lookup`)."""
+        lookups = AUTO_LOOKUPS if self.fixed_tree is None and self.auto_lookup else ()
+        return self.trees + lookups
+
+    @property
     def max_round_nodes(self) -> int:
         """The most tokens one round of any method verifies (sizes the cache's slack)."""
-        return max(1 + max(sum(t) for t in self.trees), 1 + self.pld_num_draft)
+        lookups = [1 + c.length for c in self.candidates if not isinstance(c, tuple)]
+        return max(1 + max(sum(t) for t in self.trees), 1 + self.pld_num_draft, *lookups)
 
     @property
     def rrs(self) -> bool:

@@ -12,6 +12,7 @@ import torch
 
 from longspec.drafter import DrafterCache
 from longspec.infer.accept import target_distribution
+from longspec.infer.history import TokenHistory
 from longspec.infer.target_step import TargetStep
 from longspec.infer.tree import DraftTree, TreeLayout, beam_step, sample_step
 
@@ -20,64 +21,51 @@ __all__ = ["DraftStep"]
 
 class DraftStep:
     """Owns the drafter's ring buffer: O(window) whatever the context, so allocated once per engine (captured
-        graphs keep its address), and the committed tokens by position (`history`, on the device).
+    graphs keep its address). The committed tokens by position it catches up from are the engine's
+    `TokenHistory` (shared with prompt lookup, which has no drafter), passed in.
 
-        A drafting round's commit enters its accepted path into the ring (`fill_path`); a plain round ("no
-        speculation", tree="auto") only records its token in the history, inside its verify step, so it launches what
-    an AR step does, and before
-        the next drafting round `catch_up` computes the ring's missing tokens from the history. Both read only device
-        values (per-row lengths, the ring's own positions), so they run inside the rounds' static / captured steps
-        with nothing settled first, at any batch size. A draft reads the target's committed cache through a
-        `TargetStep`, whose `static_step` holds the static / captured draft steps next to its verify steps."""
+    A drafting round's commit enters its accepted path into the ring (`fill_path`); a plain round ("no
+    speculation", tree="auto") only records its token in the history, inside its verify step, so it launches what
+    an AR step does, and a lookup round records its path there in its commit; before the next drafting round
+    `catch_up` computes the ring's missing tokens from the history. Both read only device values (per-row
+    lengths, the ring's own positions), so they run inside the rounds' static / captured steps with nothing
+    settled first, at any batch size. A draft reads the target's committed cache through a `TargetStep`, whose
+    `static_step` holds the static / captured draft steps next to its verify steps."""
 
-    def __init__(self, drafter, *, vocab_size: int, device: torch.device):
+    def __init__(self, drafter, *, vocab_size: int, device: torch.device, history: TokenHistory):
         self.drafter = drafter
         self.vocab_size = vocab_size
         self.device = device
         self.cache: DrafterCache | None = None  # the ring buffer, allocated by `allocate`
-        self._history: torch.Tensor | None = None  # [rows, slots] committed token ids by position
-        self.history: torch.Tensor | None = None  # its first rows (the batch's)
+        self.token_history = history  # the committed tokens by position (the engine's)
 
-    def allocate(self, dtype: torch.dtype, batch_size: int = 1, slots: int = 0) -> bool:
-        """Allocate the ring buffer (in the target cache's dtype, one row per sequence) and the token history
-        (`slots` positions per row: the target cache's) on first use; later calls of up to as many rows and
-        slots keep them (working on their first rows), so captured steps stay valid. Returns whether they were
-        (re)allocated: the steps that read the old ones must go."""
-        cache, history = self.cache, self._history
-        if (
-            cache is not None
-            and cache.capacity >= batch_size
-            and cache.keys.dtype == dtype
-            and history.shape[1] >= slots
-        ):
-            self.use_rows(batch_size)
+    @property
+    def history(self) -> torch.Tensor | None:
+        """The committed token ids by position [B, slots] (`TokenHistory.tokens`)."""
+        return self.token_history.tokens
+
+    def allocate(self, dtype: torch.dtype, batch_size: int = 1) -> bool:
+        """Allocate the ring buffer (in the target cache's dtype, one row per sequence) on first use; later calls
+        of up to as many rows keep it (working on its first rows), so captured steps stay valid. Returns whether
+        it was (re)allocated: the steps that read the old one must go."""
+        cache = self.cache
+        if cache is not None and cache.capacity >= batch_size and cache.keys.dtype == dtype:
+            self.cache.use_rows(batch_size)
             return False
-        self.cache = self._history = self.history = None  # freed before the new ones
+        self.cache = None  # freed before the new one
         self.cache = DrafterCache(self.drafter.config, batch_size, dtype=dtype, device=self.device)
-        self._history = torch.zeros(batch_size, max(slots, 1), dtype=torch.long, device=self.device)
-        self.history = self._history
         return True
 
-    def use_rows(self, rows: int) -> None:
-        """Work on the first `rows` rows of the ring and the history (views whose addresses depend only on
-        `rows`)."""
-        self.cache.use_rows(rows)
-        self.history = self._history[:rows]
-
     def move_rows(self, moves: list[tuple[int, int]], rows: int) -> None:
-        """Row `to` takes row `src`'s ring and history for each (to, src) (`DrafterCache.move_rows`)."""
+        """Row `to` takes row `src`'s ring for each (to, src) (`DrafterCache.move_rows`)."""
         self.cache.move_rows(moves, rows)
-        for to, src in moves:
-            self._history[to].copy_(self._history[src])
-        self.history = self._history[:rows]
 
     def prefill(self, prompts: list[torch.Tensor]) -> None:
         """Fill each row of the ring buffer with the self-attention K/V of the last `window` tokens of its
         prompt only: the drafter never runs cross-attention over the prompt (the first round's root does that,
-        once). Shorter tails are left-padded (position -1: skipped). The prompts enter the history."""
+        once). Shorter tails are left-padded (position -1: skipped). (The prompts enter the history with the
+        engine's prefill.)"""
         self.cache.reset()
-        for row, prompt in enumerate(prompts):
-            self.history[row, : prompt.numel()] = prompt
         width = min(self.cache.window, max(p.numel() for p in prompts))
         ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
         positions = torch.full_like(ids, -1)
@@ -92,21 +80,14 @@ class DraftStep:
         [lengths - window, lengths) that the ring lacks (those after the newest position it holds: a ring is
         filled in position order) are read from the history and their self-attention K/V computed, as if every
         round had committed them. Fixed shapes, device values only (a static / captured step); a row whose ring
-        is complete writes nothing."""
+        is complete writes nothing. Any number of missing tokens: one plain round's, a lookup chain's path and
+        bonus, many rounds' (only the window's last ones are computed)."""
         window = self.cache.window
         positions = lengths[:, None] - window + torch.arange(window, device=lengths.device)  # [B, W]
         first_missing = self.cache.positions.amax(1, keepdim=True).clamp(min=-1) + 1  # [B, 1]
         missing = positions >= first_missing
         ids = self.history.gather(1, positions.clamp(min=0))
         self.drafter.fill_cache(self.cache, ids, torch.where(missing, positions, -1))
-
-    def record(self, tokens: torch.Tensor, paths: torch.Tensor, starts: torch.Tensor) -> None:
-        """A round's accepted path tokens enter the history at their positions: tokens [B, N] of the round's
-        trees, paths [B, k] their node slots (padded), starts [B] each root's position. The padding past a row's
-        count writes ahead of its committed length, where the next rounds overwrite it before anything reads."""
-        steps = torch.arange(paths.shape[1], device=tokens.device)
-        positions = (starts[:, None] + steps).clamp(max=self.history.shape[1] - 1)
-        self.history.scatter_(1, positions, tokens.gather(1, paths.clamp(min=0)))
 
     def fill_path(
         self, tokens: torch.Tensor, paths: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor

@@ -8,15 +8,16 @@ D head dim.
 One round (docs/ALGORITHM.md §4), starting from the root = the last token emitted, at position n, not yet in any cache:
   1. draft:  a dynamic-beam tree of N nodes (root + sum(widths)); every node cross-attends to the target's
              last-layer K/V < n and self-attends to the drafter's ring buffer (committed tokens in its window)
-             plus its tree ancestors;
+             plus its tree ancestors; or a prompt-lookup chain (method pld, and tree="auto"'s `Lookup` rounds):
+             n-gram drafts from the device token history (`pld.device_lookup`), no drafter;
   2. verify: ONE target forward over the N nodes at positions n + depth; per layer the new K/V go to the cache's
              pending slots and attention = merge(cache part unmasked, tree part under the ancestor mask);
   3. accept: greedy or lossless sampling (longspec.infer.accept), on the device with fixed shapes, inside the
              verify's step (one captured graph with the forward) -> accepted path (padded) + its length + bonus
              token;
   4. commit: the path's K/V move into place for every layer (no re-feeding); the path's tokens enter the
-             drafter's token history and its ring buffer takes their self-attention K/V (a plain round of
-             tree="auto" only records them: the ring catches up from the history before the next draft); the
+             token history and the drafter's ring buffer takes their self-attention K/V (a plain or lookup round
+             of tree="auto" only records them: the ring catches up from the history before the next draft); the
              committed lengths advance on the device; the bonus becomes the next root. The emitted tokens, the
              path and its length start ONE asynchronous copy to the host.
 Steps 1-4 read nothing on the host (`_launch`); the round settles (`_finish`: the round's one host sync) later.
@@ -35,8 +36,9 @@ if the rest still has `shrink_min_tokens` to go (`slots.BatchSlots`, GenerationC
 This module strings the rounds together (`generate_batch` -> `_launch` / `_finish`) and accepts; the pieces
 live by side:
 `draft_step.DraftStep` (the drafter's ring buffer and the draft tree), `target_step.TargetStep` (the target's
-cache, prefill and verify forward, the static steps), `round_costs` (tree="auto": the policy and the measured
-round costs), `timing` (phase clocks).
+cache, prefill and verify forward, the static steps), `history.TokenHistory` (the committed tokens by position),
+`pld` (the device lookup, and the host's shadow lookup the policy learns from), `round_costs` (tree="auto": the
+policy and the measured round costs), `timing` (phase clocks).
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ from longspec.infer.accept import (
 from longspec.infer.cache import StaticKVCache
 from longspec.infer.config import DEFAULT_TREE_WIDTHS, GenerationConfig
 from longspec.infer.draft_step import DraftStep
+from longspec.infer.history import TokenHistory
 from longspec.infer.methods import get_method
-from longspec.infer.pld import prompt_lookup
+from longspec.infer.pld import LookupShadow, lookup_tree
 from longspec.infer.policy import AdaptivePolicy, MeasuredCosts
 from longspec.infer.round_costs import choose_policy
 from longspec.infer.round_costs import measure_round_costs as _measure_round_costs
@@ -69,7 +72,14 @@ from longspec.infer.slots import BatchSlots, bucket, compaction
 from longspec.infer.stats import GenerationStats
 from longspec.infer.target_step import TargetStep, prefill_slots
 from longspec.infer.timing import PhaseClock, now, timer
-from longspec.infer.tree import DraftTree, TreeLayout, chain_tree, tree_name
+from longspec.infer.tree import (
+    DraftTree,
+    Lookup,
+    TreeLayout,
+    chain_tree,
+    is_drafter_tree,
+    tree_name,
+)
 from longspec.modules.rope import exact_positions, longrope_long
 
 # GenerationConfig and DEFAULT_TREE_WIDTHS live in longspec.infer.config; the engine is their public home.
@@ -86,7 +96,7 @@ class GenerationResult:
 class _Round:
     """A launched round, until it settles: what the host needs to finish it."""
 
-    widths: tuple[int, ...]  # its tree (() = a plain step)
+    widths: tuple[int, ...] | Lookup  # its tree (() = a plain step) or lookup chain
     depth: int  # levels drafted (the packed output is [B, 2 (depth + 1) + 1])
     active: list[bool]  # the rows it commits for (the host's view at launch)
     packed: torch.Tensor  # emitted tokens, path, count per row: on the host once `copied` has completed
@@ -102,8 +112,8 @@ class _DecodeLoop:
 
     One round ahead: on static shapes the next round is launched before the last one's tokens reach the host (a
     round's inputs, its roots, the cache lengths and the ring, are on the device), so the host's work between
-    rounds hides behind the device's. PLD looks its drafts up on the host (from the last round's tokens) and eager
-    rounds gain nothing: they settle each round before the next. Everything is settled first where the host's
+    rounds hides behind the device's (PLD too: its lookup reads the device history). Eager rounds gain nothing:
+    they settle each round before the next. Everything is settled first where the host's
     tokens are needed (a batch that shrinks), and nothing stays in flight when the newest round may end every
     running row (no wasted round). The ring's catch-up needs no host token: it is launched like a round.
 
@@ -111,21 +121,24 @@ class _DecodeLoop:
     j - 1 is still in flight or not: the trees, and so a sampled output, do not depend on how far ahead the
     rounds run (static shapes or eager, with or without graphs)."""
 
-    def __init__(self, engine, method, config, policy, slots, emitted, stats, contexts, generator, clock):
+    def __init__(self, engine, method, config, policy, slots, emitted, stats, generator, clock, shadows=None):
         self.engine, self.method, self.config, self.policy = engine, method, config, policy
+        # Per row, what a lookup chain would have accepted at the rounds that ran none (tree="auto" with lookups:
+        # `pld.LookupShadow`), given to the policy with the rounds' other lessons.
+        self.shadows = shadows
         self.spec = get_method(method, runner="engine")
-        self.slots, self.emitted, self.stats, self.contexts = slots, emitted, stats, contexts
+        self.slots, self.emitted, self.stats = slots, emitted, stats
         self.generator, self.clock = generator, clock
         self.static = config.static
-        self.lookahead = self.static and self.spec.drafts != "ngram"
+        self.lookahead = self.static
         self.inflight: list[_Round] = []
         self.launched = 0  # rounds launched so far (the next one's index)
-        # A plain round leaves the drafter's ring behind (its token only enters the history); the next drafting
-        # round catches it up first (`DraftStep.catch_up`, on the device, nothing settled).
+        # A plain or lookup round leaves the drafter's ring behind (its tokens only enter the history); the next
+        # drafting round catches it up first (`DraftStep.catch_up`, on the device, nothing settled).
         self.ring_behind = False
         self.settled_at = time.perf_counter()
         # What settled rounds showed, not yet given to the policy: (round, widths, ranks per running row,
-        # context_len, seconds); and the host's context length after each settled round (index 0: the prompt).
+        # context_len, seconds, shadow lookups' accepted counts); and the host's context length after each settled round (index 0: the prompt).
         self.lags: list[tuple] = []
         self.context_after = [max(engine.cache.lengths)]
 
@@ -149,7 +162,7 @@ class _DecodeLoop:
                     while self.inflight:
                         self._settle()
                     if (index := slots.shrink()) is not None:
-                        roots, self.contexts = engine._select_slots(index, roots, self.contexts)
+                        roots = engine._select_slots(index, roots)
                 if not self.inflight and not any(slots.active):
                     break
         self._observe(self.launched + 1)  # the last rounds' lessons, for the policy's next call
@@ -164,7 +177,7 @@ class _DecodeLoop:
         engine, spec = self.engine, self.spec
         widths, context_len = self._choose(self.launched) if self.policy is not None else ((), 0)
         spent = 0.0
-        if spec.needs_drafter and widths and self.ring_behind:
+        if spec.needs_drafter and is_drafter_tree(widths) and self.ring_behind:
             start = time.perf_counter()
             engine._catch_up(static=self.static, capture=self.config.cuda_graphs)
             self.ring_behind = False
@@ -178,12 +191,12 @@ class _DecodeLoop:
                 flying.launched_at += spent
         rnd, roots = engine._launch(
             self.method, widths, roots, self.config, self.generator, static=self.static, clock=self.clock,
-            contexts=self.contexts, slots=self.slots, context_len=context_len,
+            slots=self.slots, context_len=context_len,
         )  # fmt: skip
         rnd.extra_s = spent
         rnd.index, self.launched = self.launched, self.launched + 1
         self.inflight.append(rnd)
-        self.ring_behind |= spec.needs_drafter and not widths
+        self.ring_behind |= spec.needs_drafter and not is_drafter_tree(widths)
         return roots, True
 
     def _settle(self) -> None:
@@ -196,18 +209,20 @@ class _DecodeLoop:
         seconds = time.perf_counter() - max(self.settled_at, rnd.launched_at) + rnd.extra_s
         self.settled_at = time.perf_counter()
         ranks = [_level_ranks(rnd.widths, path_slots[slot]) for slot, _ in slots.running()]
-        self.lags.append((rnd.index, rnd.widths, ranks, rnd.context_len, seconds))
+        shadowed = []
+        if self.shadows is not None:
+            for slot, row in slots.running():
+                lookup = isinstance(rnd.widths, Lookup)  # its own outcome is in `ranks`
+                shadowed += self.shadows[row].extend(new_tokens[slot], shadow=not lookup)
+        self.lags.append((rnd.index, rnd.widths, ranks, rnd.context_len, seconds, shadowed))
         self.context_after.append(max(engine.cache.lengths))
         tree = tree_name(rnd.widths) if self.spec.needs_drafter else None
         for slot, row in slots.running():  # rows that finished in an earlier round ignore this one
             self.stats[row].record_round(len(new_tokens[slot]) - 1, tree)
             self.emitted[row].extend(new_tokens[slot])
-            if self.contexts is not None:
-                new = torch.tensor(new_tokens[slot], device=engine.device)
-                self.contexts[slot] = torch.cat([self.contexts[slot], new])
             slots.active[slot] = not _finished(self.emitted[row], self.config, new=new_tokens[slot])
 
-    def _choose(self, index: int) -> tuple[tuple[int, ...], int]:
+    def _choose(self, index: int) -> tuple[tuple[int, ...] | Lookup, int]:
         """Round `index`'s tree and the context length it is chosen for, from rounds < index - 1."""
         self._observe(index)
         context_len = self.context_after[max(0, index - 1)]
@@ -218,10 +233,12 @@ class _DecodeLoop:
         if self.policy is None:
             return
         while self.lags and self.lags[0][0] <= index - 2:
-            _, widths, ranks, context_len, seconds = self.lags.pop(0)
+            _, widths, ranks, context_len, seconds, shadowed = self.lags.pop(0)
             self.policy.observe_time(widths, context_len, seconds)
             for row_ranks in ranks:
                 self.policy.observe(widths, row_ranks, context_len)
+            for accepted in shadowed:
+                self.policy.observe_shadow(accepted)
 
 
 class _HostCopies:
@@ -279,8 +296,11 @@ class SpeculativeEngine:
         target.pack_weights()
         self.target_step = TargetStep(target)
         self._host_copies = _HostCopies()
-        # Batch size -> a plain round's constant tree parts (`_plain_tree`).
-        self._plain_trees: dict[int, tuple[torch.Tensor, ...]] = {}
+        # (batch size, nodes) -> a chain's constant tree parts (`_chain_parts`: plain and lookup rounds).
+        self._chains: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        # The committed tokens by position, per row: what the drafter's ring catches up from and what prompt
+        # lookup (pld, tree="auto"'s lookup chains) matches in. The engine's, not the drafter's: pld has none.
+        self.history = TokenHistory(self.device)
         self.draft_step = None
         if drafter is not None:
             if hasattr(drafter, "pack_weights") and not drafter.pack_weights():  # stand-ins have no weights
@@ -290,7 +310,9 @@ class SpeculativeEngine:
                     "drafter.requires_grad_(False)",
                     stacklevel=2,
                 )
-            self.draft_step = DraftStep(drafter, vocab_size=target.vocab_size, device=self.device)
+            self.draft_step = DraftStep(
+                drafter, vocab_size=target.vocab_size, device=self.device, history=self.history
+            )
         if (
             drafter is not None
             and hasattr(drafter, "shared_storage_ok")
@@ -374,19 +396,27 @@ class SpeculativeEngine:
 
         with timer(stats[0], "prefill_s", self.device):
             roots = self._prefill(prompts, config, generator)  # [B]
+            if spec.drafts is not None:  # drafter and lookup both read the history
+                self.history.prefill(prompts)
             if spec.needs_drafter:
                 self.draft_step.prefill(prompts)
         emitted = [[token] for token in roots.tolist()]  # host sync: the first tokens
-        contexts = None
-        if spec.drafts == "ngram":
-            contexts = [torch.cat([p, r.reshape(1)]) for p, r in zip(prompts, roots, strict=True)]
+        shadows = None
+        if getattr(
+            policy, "lookups", ()
+        ):  # the prompts read on the host once (a sync before the decode's clock)
+            length = max(lookup.length for lookup in policy.lookups)
+            shadows = [
+                LookupShadow(p.tolist() + e, length, config.pld_max_ngram)
+                for p, e in zip(prompts, emitted, strict=True)
+            ]
 
         clock = PhaseClock(self.device)
         decode_start = now(self.device)
         slots = BatchSlots(
             [row < real and not _finished(e, config, new=e) for row, e in enumerate(emitted)], self.device
         )
-        loop = _DecodeLoop(self, method, config, policy, slots, emitted, stats, contexts, generator, clock)
+        loop = _DecodeLoop(self, method, config, policy, slots, emitted, stats, generator, clock, shadows)
         loop.run(roots)
         decode_s = now(self.device) - decode_start
         results = []
@@ -435,30 +465,32 @@ class SpeculativeEngine:
     def _launch(
         self,
         method: str,
-        widths: tuple[int, ...],
+        widths: tuple[int, ...] | Lookup,
         roots: torch.Tensor,
         config: GenerationConfig,
         generator: torch.Generator,
         *,
         static: bool,
         clock: PhaseClock,
-        contexts: list[torch.Tensor] | None = None,
         slots: BatchSlots | None = None,
         context_len: int = 0,
     ) -> tuple[_Round, torch.Tensor]:
         """Queue one round (draft, verify, accept, commit) from `roots` [B], one tree per sequence; widths () = one
-        plain target step. Nothing is read on the host: the commit advances the cache lengths on the device and
-        the round's outputs start their way to the host (`_finish` waits for them). Returns the round and the
-        next roots [B] on the device. Rows not active in `slots` (finished) commit nothing and keep their root:
-        computed but frozen. longspec's plain round leaves the drafter's ring behind: its token enters only the
-        history, and `_catch_up` fills the ring before the next drafting round."""
+        plain target step, a `Lookup` = a prompt-lookup chain (as pld's rounds, of pld_num_draft drafts). Nothing
+        is read on the host: the commit advances the cache lengths on the device and the round's outputs start
+        their way to the host (`_finish` waits for them). Returns the round and the next roots [B] on the device.
+        Rows not active in `slots` (finished) commit nothing and keep their root: computed but frozen. longspec's
+        plain and lookup rounds leave the drafter's ring behind: their tokens enter only the history, and
+        `_catch_up` fills the ring before the next drafting round."""
         capture, spec = config.cuda_graphs, get_method(method, runner="engine")
         batch = roots.shape[0]
         active = [True] * batch if slots is None else list(slots.active)
         mask = None if all(active) else slots.mask()
         kept = None if mask is None else roots.clone()  # frozen rows keep their root (read before the verify)
         launched_at = time.perf_counter()
-        if spec.needs_drafter and widths:
+        if spec.drafts == "ngram":
+            widths = Lookup(config.pld_num_draft)  # pld: every round a lookup chain
+        if spec.needs_drafter and is_drafter_tree(widths):
             layout = TreeLayout(widths)
             with clock.phase("draft_s"):
                 tree = self.draft_step.draft(
@@ -466,10 +498,10 @@ class SpeculativeEngine:
                     shaping=_shaping(config), generator=generator,
                 )  # fmt: skip
             depth, max_children = layout.depth, max(widths)
-        elif spec.drafts == "ngram":
+        elif isinstance(widths, Lookup):
             with clock.phase("draft_s"):
-                tree = _lookup_chains(roots, contexts, config)
-            depth, max_children = config.pld_num_draft, 1
+                tree = self._lookup(roots, widths.length, config.pld_max_ngram, static, capture)
+            depth, max_children = widths.length, 1
         else:  # "ar", or longspec's "no speculation"
             tree = self._plain_tree(roots)
             depth, max_children = 0, 0
@@ -479,7 +511,7 @@ class SpeculativeEngine:
         # plain round of a drafting method records its token in the drafter's history inside its verify step,
         # from that copy (its commit step once read the overwritten roots: the history, and the ring caught up
         # from it, held the next token on the GPU). It then launches what an AR step does, no commit step.
-        record = self.draft_step if spec.needs_drafter and not widths else None
+        record = self.history if spec.needs_drafter and not widths else None
         # verify_s holds the acceptance rule too: it runs in the verify's step (one graph with cuda_graphs)
         with clock.phase("verify_s"):
             packed, bonus = self._verify_accept(
@@ -487,9 +519,12 @@ class SpeculativeEngine:
             )
         with clock.phase("overhead_s"):
             counts = packed[:, -1] if mask is None else packed[:, -1] * mask
-            draft = self.draft_step if spec.needs_drafter and widths else None
+            # The history takes every speculating round's path (a lookup reads it; the ring catches up from it);
+            # the ring takes a drafter tree's path at once.
+            history = self.history if spec.drafts is not None and widths else None
+            ring = self.draft_step if spec.needs_drafter and is_drafter_tree(widths) else None
             paths = packed[:, depth + 1 : 2 * (depth + 1)]
-            self._commit(tree.tokens, paths, counts, draft, static, capture)
+            self._commit(tree.tokens, paths, counts, history, ring, static, capture)
             if mask is not None:
                 bonus = torch.where(mask, bonus, kept)
             host, copied = self._host_copies.start(packed)
@@ -500,12 +535,42 @@ class SpeculativeEngine:
         """A plain round's one-node tree per row around `roots` [B]: everything but the tokens is the same in every
         round, made once per batch size, so the round launches nothing to build it (a plain round's host work is
         what keeps it from costing one AR step)."""
-        batch = roots.shape[0]
-        if batch not in self._plain_trees:
-            tree = chain_tree(roots, roots.new_empty(batch, 0), 0, 1)
-            self._plain_trees[batch] = (tree.parents, tree.depths, tree.ancestor_mask, tree.valid)
-        parents, depths, ancestor_mask, valid = self._plain_trees[batch]
+        parents, depths, ancestor_mask, valid = self._chain_parts(roots.shape[0], 1)
         return DraftTree(roots[:, None], parents, depths, ancestor_mask, valid, chain=True)
+
+    def _chain_parts(self, batch: int, nodes: int) -> tuple[torch.Tensor, ...]:
+        """A chain's constant parts for `batch` rows of `nodes` nodes (parents, depths, ancestor_mask, and the
+        node index [nodes] a lookup's valid mask is made from), made once: a round builds none of them (on the
+        GPU each op would be a launch outside the captured steps)."""
+        key = (batch, nodes)
+        if key not in self._chains:
+            roots = torch.zeros(batch, dtype=torch.long, device=self.device)
+            tree = chain_tree(roots, roots.new_zeros(batch, nodes - 1), 0, nodes)
+            parts = (tree.parents, tree.depths, tree.ancestor_mask, tree.valid)
+            self._chains[key] = parts if nodes == 1 else parts[:3] + (tree.depths,)
+        return self._chains[key]
+
+    def _lookup(
+        self, roots: torch.Tensor, length: int, max_ngram: int, static: bool, capture: bool
+    ) -> DraftTree:
+        """A lookup round's chain [B, 1 + length] from `roots` [B] (`pld.lookup_tree` over the history, at each
+        row's committed length): eager, or one static step (a graph launch with cuda_graphs) reading the device
+        lengths, so it launches with nothing settled."""
+        parts = self._chain_parts(roots.shape[0], 1 + length)
+        if not static:
+            lengths = self.target_step.lengths(static=False)
+            if not isinstance(lengths, torch.Tensor):
+                lengths = torch.full_like(roots, lengths)
+            return lookup_tree(self.history.tokens, lengths, roots, length, max_ngram, parts)
+
+        def fn(root_buf):
+            tree = lookup_tree(self.history.tokens, self.cache.lengths_t, root_buf, length, max_ngram, parts)
+            return tree.tokens, tree.valid
+
+        tokens, valid = self.target_step.static_step(
+            ("lookup", length, max_ngram, capture), fn, (roots,), capture
+        )
+        return DraftTree(tokens, *parts[:3], valid, chain=True)
 
     def _finish(self, rnd: _Round) -> tuple[list[list[int]], list[list[int]]]:
         """Wait for a launched round's outputs (the round's ONE host sync: emitted tokens, paths and counts
@@ -516,27 +581,28 @@ class SpeculativeEngine:
         depth = rnd.depth
         return [row[: row[-1]] for row in out], [row[depth + 1 : depth + 1 + row[-1]] for row in out]
 
-    def _select_slots(self, index: list[int], roots: torch.Tensor, contexts):
-        """Per-slot state follows `BatchSlots.shrink`: the target cache rows and the drafter's ring rows (moved
-        in place, so the steps of the smaller bucket, built once, serve again), the drafter's own per-row state
-        (if it has a `select_rows`), the roots and the PLD contexts."""
+    def _select_slots(self, index: list[int], roots: torch.Tensor) -> torch.Tensor:
+        """Per-slot state follows `BatchSlots.shrink`: the target cache rows, the token history's and the
+        drafter's ring rows (moved in place, so the steps of the smaller bucket, built once, serve again), the
+        drafter's own per-row state (if it has a `select_rows`), and the roots."""
         moves = compaction(index)
         self.cache.move_rows(moves, len(index))
+        self.history.move_rows(moves, len(index))
         if self.draft_step is not None and self.draft_step.cache is not None:
             self.draft_step.move_rows(moves, len(index))
         if hasattr(self.drafter, "select_rows"):  # a drafter with per-row state of its own
             self.drafter.select_rows(index)
-        roots = roots.index_select(0, torch.tensor(index, device=self.device))
-        return roots, None if contexts is None else [contexts[slot] for slot in index]
+        return roots.index_select(0, torch.tensor(index, device=self.device))
 
-    def _commit(self, tokens, paths, counts, draft, static: bool, capture: bool) -> None:
+    def _commit(self, tokens, paths, counts, history, ring, static: bool, capture: bool) -> None:
         """The round's commit from device values only (paths [B, depth + 1], counts [B]: 0 for frozen rows): each
         row's accepted path moved in the target cache (`StaticKVCache.move_path`, the whole path width; a plain
-        round's one node is already in place); for a drafting round of longspec (`draft`) the path's tokens
-        recorded in the drafter's history (`DraftStep.record`) and entered into its ring buffer
-        (`DraftStep.fill_path`); the committed lengths advanced on the device. On static shapes it is one
-        static step (one graph launch with cuda_graphs); a plain round only adds its counts (longspec's has
-        recorded its token inside its verify step). The host lengths follow when the round settles (`_finish`)."""
+        round's one node is already in place); with `history` (a speculating round of longspec or pld) the path's
+        tokens recorded in the token history (`TokenHistory.record`); with `ring` (a drafter tree's round) entered
+        into the drafter's ring buffer (`DraftStep.fill_path`); the committed lengths advanced on the device. On
+        static shapes it is one static step (one graph launch with cuda_graphs); a plain round only adds its
+        counts (longspec's has recorded its token inside its verify step). The host lengths follow when the round
+        settles (`_finish`)."""
         cache = self.cache
         plain = paths.shape[1] == 1  # no drafts: the one node's K/V already sit at each row's length
 
@@ -544,15 +610,16 @@ class SpeculativeEngine:
             starts = cache.lengths_t  # the committed lengths before this round
             if not plain:
                 cache.move_path(paths, starts)
-            if draft is not None:
-                draft.record(tokens, paths, starts)
-                draft.fill_path(tokens, paths, counts, starts)
+            if history is not None:
+                history.record(tokens, paths, starts)
+            if ring is not None:
+                ring.fill_path(tokens, paths, counts, starts)
             cache.advance(counts)
 
-        if plain and draft is None:  # nothing to move, record or fill: the lengths only, no step
+        if plain and history is None and ring is None:  # nothing to move, record or fill: the lengths only
             cache.advance(counts)
         elif static:
-            key = ("commit", tokens.shape[1], paths.shape[1], draft is not None, capture)
+            key = ("commit", tokens.shape[1], paths.shape[1], history is not None, ring is not None, capture)
             self.target_step.static_step(key, fn, (tokens, paths, counts), capture, effects=True)
         else:
             fn(tokens, paths, counts)
@@ -579,12 +646,14 @@ class SpeculativeEngine:
         static: bool,
         capture: bool,
         *,
-        record: DraftStep | None = None,
+        record: TokenHistory | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The verify forward and the acceptance rule as ONE step (`TargetStep.verify` with a head): returns
         (packed [B, 2 (depth + 1) + 1] = emitted tokens, path, count per row; bonus [B]) on the device. The
-        random draws are made here, outside the step, so a replayed graph gets fresh ones. `record`: a plain
-        round's drafter, whose history receives the round's token at each row's committed length in the same
+        random draws are made here, outside the step, so a replayed graph gets fresh ones. A tree without
+        `draft_probs` (a lookup chain, or deterministic candidates) is accepted by the deterministic-candidate
+        rule at T > 0, whatever `sampling_rule` says: exact for drafts that are a function of the context.
+        `record`: a plain round's token history, which receives the round's token at each row's committed length in the same
         step (its warm-up runs write the same token to the same uncommitted slot: harmless)."""
         sampling = config.temperature > 0
         head_inputs = (tree.parents, tree.valid)
@@ -636,9 +705,11 @@ class SpeculativeEngine:
         return self._prefill([prompt], config, generator)[0]
 
     def prefill_drafter(self, prompt) -> None:
-        """The ring buffer from the last `window` tokens of the prompt, or of each of a list of prompts
-        (`DraftStep.prefill`)."""
-        self.draft_step.prefill(prompt if isinstance(prompt, list) else [prompt])
+        """The token history from the prompt, and the ring buffer from its last `window` tokens, or of each of a
+        list of prompts (`TokenHistory.prefill`, `DraftStep.prefill`)."""
+        prompts = prompt if isinstance(prompt, list) else [prompt]
+        self.history.prefill(prompts)
+        self.draft_step.prefill(prompts)
 
     def draft(
         self,
@@ -718,12 +789,15 @@ class SpeculativeEngine:
             self.generate_batch([prompt] * size, short, method=method)
 
     def _ensure_cache(self, needed: int, batch_size: int = 1) -> None:
-        """The target cache reserved for `needed` tokens per row (reused, or grown); the drafter's ring buffer
-        allocated with it on first use, in the cache's dtype, one row per sequence."""
+        """The target cache reserved for `needed` tokens per row (reused, or grown); the token history (a slot per
+        cache slot) and the drafter's ring buffer allocated with it on first use, the ring in the cache's dtype,
+        one row per sequence."""
         self.target_step.reserve(needed, batch_size)
+        grown = self.history.allocate(batch_size, self.cache.max_len)
         draft = self.draft_step
-        if draft is not None and draft.allocate(self.cache.keys.dtype, batch_size, self.cache.max_len):
-            self.target_step.steps = {}  # the draft and commit steps read the old ring's and history's addresses
+        grown |= draft is not None and draft.allocate(self.cache.keys.dtype, batch_size)
+        if grown:
+            self.target_step.steps = {}  # the draft, lookup and commit steps read the old ring's / history's addresses
 
     def _prefill(self, prompts: list[torch.Tensor], config: GenerationConfig, generator) -> torch.Tensor:
         """`TargetStep.prefill` of every prompt -> the first generated token of each [B] (on device)."""
@@ -795,26 +869,18 @@ def _shaping(config: GenerationConfig) -> tuple | None:
     return (config.temperature, config.top_k, config.top_p) if config.rrs else None
 
 
-def _lookup_chains(roots: torch.Tensor, contexts: list[torch.Tensor], config: GenerationConfig) -> DraftTree:
-    """PLD: each sequence's prompt-lookup draft as a chain from its root, padded to pld_num_draft (invalid)."""
-    drafts = [prompt_lookup(c, config.pld_num_draft, config.pld_max_ngram) for c in contexts]
-    padded = roots.new_zeros(len(drafts), config.pld_num_draft)
-    for row, draft in enumerate(drafts):
-        padded[row, : draft.numel()] = draft
-    num_valid = torch.tensor([d.numel() for d in drafts], device=roots.device)
-    return chain_tree(roots, padded, num_valid, 1 + config.pld_num_draft)
-
-
 def _finished(emitted: list[int], config: GenerationConfig, *, new: list[int]) -> bool:
     """Stop once max_new_tokens are out or one of the `new` tokens is an EOS."""
     return len(emitted) >= config.max_new_tokens or any(t in config.eos_token_ids for t in new)
 
 
-def _level_ranks(widths: tuple[int, ...], path_slots: list[int]) -> list[int]:
+def _level_ranks(widths, path_slots: list[int]) -> list[int]:
     """Rank of each accepted node within its level (its slot minus the level's first slot): what the
-    acceptance model learns from. path_slots starts with the root."""
+    acceptance model learns from (a lookup chain's are all 0). path_slots starts with the root."""
     if not widths:
         return []
+    if isinstance(widths, Lookup):
+        return [0] * (len(path_slots) - 1)
     layout = TreeLayout(widths)
     return [slot - layout.level_slice(d).start for d, slot in enumerate(path_slots[1:], start=1)]
 

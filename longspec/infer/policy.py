@@ -1,9 +1,25 @@
-"""Adaptive speculation (`tree="auto"`): each round, run the candidate tree with the most expected tokens per
-second, "no speculation" (one plain target step) included.
+"""Adaptive speculation (`tree="auto"`): each round, run the candidate with the most expected tokens per second:
+"no speculation" (one plain target step), a drafter tree (level widths), or a prompt-lookup chain (`Lookup`:
+n-gram drafts from the sequence's own text, the method pld's, longspec.infer.pld), so tree="auto" never loses to
+plain decoding, to the drafter's best tree nor to pld by more than what its estimates get wrong. On long-context
+summaries and code, pld beat the drafter-only policy (GPU gov_report 8K: pld 3.25x of AR, longspec 1.32x;
+the CPU quickstart: longspec mostly decoded plain), because a text that repeats its document is continued better
+by a lookup than by any drafter.
 
     expected tokens(widths) = 1 + sum_d prod_{i <= d} P(accept at depth i | accepted above, width widths[i-1])
     cost(widths, context)   = measured seconds of the engine's real round (draft + verify + accept + commit)
     pick argmax expected tokens / cost
+
+Lookup chains are a family of their own: an `AcceptanceModel` and a `YieldCalibration` apart from the drafter's
+(a chain's accepted rank is always 0; no match is a miss at depth 1), since whether a lookup hits follows the text
+(quoting, or writing anew) and not the drafter's skill; their costs are measured next to the trees' and are
+monotone within their family (`contains`). Besides the lookup rounds' own outcomes, the model hears what the
+longest chain would have accepted at the root of every other round (`observe_shadow`, from `pld.LookupShadow`):
+without it a plain streak learned of a looping output only at its next exploration (the CPU quickstart: a sample
+whose output looped from round 5 stayed plain for 68 rounds; with it, lookups ran from round 5). Exploration out of a plain streak runs the cheapest round of the
+family whose estimate is the better (the drafter's chain of one, or the shortest lookup chain), priced for the
+budget's floor at the dearer of the two. A fixed tree (`tree_widths=`) runs alone, without lookups, and
+`GenerationConfig(auto_lookup=False)` leaves them out.
 
 Acceptance model (`AcceptanceModel`): for the accepted path's node at depth d, its RANK among the level's
 candidates (its slot in the level, best first) is observed; a level of width w accepts iff the rank is < w. The
@@ -60,11 +76,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from longspec.infer.tree import Lookup, candidate_order, tree_name
+
 __all__ = [
+    "AUTO_LOOKUPS",
     "AUTO_TREES",
     "DEFAULT_TREE_WIDTHS",
     "AcceptanceModel",
     "AdaptivePolicy",
+    "Candidate",
     "CostModel",
     "FixedPolicy",
     "MeasuredCosts",
@@ -87,6 +107,18 @@ AUTO_TREES: tuple[tuple[int, ...], ...] = (
     (4, 16, 16, 16),
     DEFAULT_TREE_WIDTHS,
 )
+
+# tree="auto"'s prompt-lookup candidates (GenerationConfig.auto_lookup): chains of 2, 4, 8 and 16 drafts. A lookup
+# costs no drafter forward, only its n-gram match and the verify of its chain, so on a text that repeats itself (a
+# summary quoting its document, code) a long chain pays where no drafter tree does. Measured on the CPU quickstart
+# (eager, 1K / 4K context, ms per round): plain 6.4 / 6.6, lookup 2: 9.7 / 11.0, 4: 8.1 / 11.7, 8: 9.3 / 15.0,
+# 12: 10.7 / 17.7, 16: 12.7 / 24.0, 24: 15.9 / 34.4 (the drafter's chain of one: 11.2 / 12.4). Up to 8 drafts
+# the match and the round's steps cost more than the chain's tokens; 16 adds ~1.4-1.6x for up to twice the
+# tokens where the text loops or quotes at length; past it the verify grows with every draft.
+AUTO_LOOKUPS: tuple[Lookup, ...] = (Lookup(2), Lookup(4), Lookup(8), Lookup(16))
+
+# A round shape the policy chooses from: a drafter tree's level widths (() = no speculation) or a Lookup chain.
+Candidate = tuple[int, ...] | Lookup
 
 RANK_EDGES = (1, 2, 4, 8, 16)  # bucket j = ranks [RANK_EDGES[j-1], RANK_EDGES[j]) (edge -1 = 0)
 MIN_BUCKET = 1024  # round costs barely change below this context length
@@ -116,11 +148,18 @@ def context_bucket(context_len: int) -> int:
 
 
 class CostModel(Protocol):
-    def cost(self, widths: tuple[int, ...], context_len: int) -> float: ...
+    def cost(self, widths: Candidate, context_len: int) -> float: ...
 
 
-def contains(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
-    """Whether tree `small` is a sub-tree of `big`: no more levels, each level no wider."""
+def contains(small: Candidate, big: Candidate) -> bool:
+    """Whether round `small` does a part of round `big`'s work: tree `small` is a sub-tree of `big` (no more levels,
+    each level no wider); a lookup chain is no longer than the other; no speculation is part of every round. A
+    lookup chain and a drafter tree are of different families (one runs the drafter, the other an n-gram
+    match): neither bounds the other's cost."""
+    if not small:
+        return True
+    if isinstance(small, Lookup) or isinstance(big, Lookup):
+        return isinstance(small, Lookup) and isinstance(big, Lookup) and small.length <= big.length
     return len(small) <= len(big) and all(a <= b for a, b in zip(small, big, strict=False))
 
 
@@ -164,7 +203,8 @@ class MeasuredCosts:
         return [b for b in buckets if any((b, w) not in self.seconds for w in trees)]
 
     def to_dict(self) -> dict:
-        return {f"{b}:{'-'.join(map(str, w)) or 'ar'}": s for (b, w), s in sorted(self.seconds.items())}
+        items = sorted(self.seconds.items(), key=lambda item: (item[0][0], *candidate_order(item[0][1])))
+        return {f"{b}:{tree_name(w)}": s for (b, w), s in items}
 
 
 class AcceptanceModel:
@@ -276,7 +316,7 @@ class RoundTimes:
 
     def observe(self, widths: tuple[int, ...], context_len: int, seconds: float) -> None:
         bucket = context_bucket(context_len)
-        key = (bucket, tuple(widths))
+        key = (bucket, _candidate(widths))
         old = self.mean.get(key)
         self.mean[key] = seconds if old is None else self.decay * old + (1.0 - self.decay) * seconds
         self._observations += 1
@@ -318,7 +358,7 @@ class RoundTimes:
         return monotone({t: seen.get(t, table[t] * scale) for t in self.trees}, self._below)
 
     def cost(self, widths: tuple[int, ...], context_len: int) -> float:
-        return self.costs(context_len)[tuple(widths)]
+        return self.costs(context_len)[_candidate(widths)]
 
 
 class YieldCalibration:
@@ -360,32 +400,50 @@ class FixedPolicy:
 
 
 class AdaptivePolicy:
-    """tree="auto": argmax over `trees` of expected tokens / cost, with exploration out of "no speculation"."""
+    """tree="auto": argmax over the candidates (`trees`: drafter trees, no speculation, lookup chains) of expected
+    tokens / cost, with exploration out of "no speculation"."""
 
     def __init__(
         self,
         costs: CostModel,
-        trees: Sequence[tuple[int, ...]] = AUTO_TREES,
+        trees: Sequence[Candidate] = AUTO_TREES,
         *,
         explore_every: int = 16,
         acceptance: AcceptanceModel | None = None,
         learn_times: bool = True,
     ):
-        self.trees = tuple(tuple(t) for t in trees)
+        self.trees = tuple(_candidate(t) for t in trees)
         if not self.trees:
             raise ValueError("the adaptive policy needs at least one candidate tree")
         # learn_times=False: `costs` is authoritative (an injected model), observed round times are ignored.
         self.costs = RoundTimes(costs, self.trees, decay=0.9 if learn_times else 1.0)
         self.learn_times = learn_times
         self.explore_every = explore_every
-        self.acceptance = acceptance or AcceptanceModel(max(len(t) for t in self.trees) or 1)
+        drafter_trees = [t for t in self.trees if not isinstance(t, Lookup)]
+        lookups = [t for t in self.trees if isinstance(t, Lookup)]
+        self.lookups = tuple(lookups)
+        self.acceptance = acceptance or AcceptanceModel(max((len(t) for t in drafter_trees), default=1) or 1)
         self.calibration = YieldCalibration()
-        speculating = [t for t in self.trees if t]
-        self._explore_tree = min(speculating, key=lambda t: (sum(t), len(t))) if speculating else ()
+        # Lookup chains have a model and a calibration of their own: their acceptance is the text's
+        # repetitiveness, not the drafter's skill, and the two change independently (a summary quoting its
+        # document, then paraphrasing). A chain's rank is always 0; no match is a miss at depth 1.
+        self.lookup_acceptance = AcceptanceModel(max((t.length for t in lookups), default=1))
+        self.lookup_calibration = YieldCalibration()
+        # The cheapest round of each family explores out of a plain streak (`choose`).
+        speculating = [t for t in drafter_trees if t]
+        self._explore_trees = tuple(
+            [min(speculating, key=lambda t: (sum(t), len(t)))] if speculating else []
+        ) + tuple([min(lookups, key=lambda t: t.length)] if lookups else [])
         self._plain_streak = 0
         self._interval = explore_every  # grows while explorations fail (see the module docstring)
         self._exploring = False
-        self._decision: tuple[int, tuple[int, ...]] | None = None  # (context bucket, best) of the last check
+        self._decision: tuple | None = None  # (context bucket, best, floor) of the last check
+
+    @property
+    def _explore_tree(self) -> Candidate:
+        """The drafter's cheapest tree, else the cheapest lookup chain, else () (what `_floor` is priced at when
+        one family is missing)."""
+        return self._explore_trees[0] if self._explore_trees else ()
 
     def start(self) -> None:
         """A new generation: a new prompt is a new text. The acceptance estimates stay (a short output need not
@@ -397,6 +455,7 @@ class AdaptivePolicy:
         time.) The exploration schedule starts over too: keeping a backed-off interval across calls left the
         policy on plain decoding through whole samples where the full tree had paid 1.6x before."""
         self.calibration.discount(CARRY_OVER)
+        self.lookup_calibration.discount(CARRY_OVER)
         self._plain_streak, self._interval, self._exploring, self._decision = (
             0,
             self.explore_every,
@@ -404,26 +463,33 @@ class AdaptivePolicy:
             None,
         )
 
-    def expected_tokens(self, widths: tuple[int, ...]) -> float:
-        """The acceptance model's expected tokens for `widths`, calibrated by the realised yield."""
+    def expected_tokens(self, widths: Candidate) -> float:
+        """The acceptance model's expected tokens for a candidate (its family's model), calibrated by its
+        family's realised yield."""
         if not widths:
             return 1.0
-        return 1.0 + (self.acceptance.expected_tokens(widths) - 1.0) * self.calibration.ratio
+        if isinstance(widths, Lookup):
+            model, calibration, widths = self.lookup_acceptance, self.lookup_calibration, widths.widths
+        else:
+            model, calibration = self.acceptance, self.calibration
+        return 1.0 + (model.expected_tokens(widths) - 1.0) * calibration.ratio
 
-    def rates(self, context_len: int) -> dict[tuple[int, ...], float]:
+    def rates(self, context_len: int) -> dict[Candidate, float]:
         """Expected tokens per second of every candidate at this context length."""
         costs = self.costs.costs(context_len)
         return {t: self.expected_tokens(t) / costs[t] for t in self.trees}
 
-    def best(self, context_len: int) -> tuple[int, ...]:
+    def best(self, context_len: int) -> Candidate:
         """The candidate with the most expected tokens per second (first of equals: the cheaper end)."""
         rates = self.rates(context_len)
         return max(self.trees, key=lambda t: rates[t])
 
-    def choose(self, context_len: int) -> tuple[int, ...]:
+    def choose(self, context_len: int) -> Candidate:
         """`best`, except where it is no speculation: every `_interval`-th consecutive such round (at least the
-        budget's floor, `_floor`) explores. In a plain streak the decision is re-checked every RECHECK_EVERY rounds
-        or when the context bucket changes."""
+        budget's floor, `_floor`) explores, with the cheapest round of the family (drafter tree or lookup chain)
+        whose expected rate is higher: each family's estimate is kept up by its own explorations, and a family
+        whose explorations fail falls behind the other until that one fails too. In a plain streak the decision
+        is re-checked every RECHECK_EVERY rounds or when the context bucket changes."""
         bucket = context_bucket(context_len)
         if self._decision is None or self._decision[0] != bucket or self._plain_streak % RECHECK_EVERY == 0:
             best = self.best(context_len)
@@ -433,28 +499,41 @@ class AdaptivePolicy:
             self._plain_streak = 0
             return best
         self._plain_streak += 1
-        if self.explore_every and self._plain_streak % max(self._interval, floor) == 0:
+        if (
+            self.explore_every
+            and self._explore_trees
+            and self._plain_streak % max(self._interval, floor) == 0
+        ):
             self._exploring = True
-            return self._explore_tree
+            rates = self.rates(context_len)
+            return max(self._explore_trees, key=lambda t: rates[t])
         return best
 
     def _floor(self, context_len: int) -> int:
-        """The fewest plain rounds between explorations that keeps their extra cost within EXPLORE_BUDGET (decided
-        with `best`, every RECHECK_EVERY rounds of a plain streak: the learned times change every round)."""
+        """The fewest plain rounds between explorations that keeps their extra cost within EXPLORE_BUDGET, priced
+        at the dearer exploring round (decided with `best`, every RECHECK_EVERY rounds of a plain streak: the
+        learned times change every round)."""
         costs = self.costs.costs(context_len)
-        plain, explore = costs[()], costs[self._explore_tree]
+        plain = costs[()] if () in costs else min(costs.values())
+        explore = max((costs[t] for t in self._explore_trees), default=plain)
         if plain <= 0:
             return 1
         return max(1, math.ceil((explore - plain) / (EXPLORE_BUDGET * plain)))
 
-    def observe(self, widths: tuple[int, ...], ranks: Sequence[int], context_len: int | None = None) -> None:
-        """A round's outcome: ranks of its accepted nodes (see AcceptanceModel.observe). `context_len` (the
-        round's) lets an exploration judge whether it changed the decision; without it, any accept counts."""
-        if widths:
+    def observe(self, widths: Candidate, ranks: Sequence[int], context_len: int | None = None) -> None:
+        """A round's outcome: ranks of its accepted nodes (see AcceptanceModel.observe; a lookup chain's are all
+        0). `context_len` (the round's) lets an exploration judge whether it changed the decision; without it,
+        any accept counts."""
+        if isinstance(widths, Lookup):
+            chain = widths.widths
+            self.lookup_calibration.observe(self.lookup_acceptance.expected_tokens(chain) - 1.0, len(ranks))
+            self.lookup_acceptance.observe(chain, ranks)
+        elif widths:
             self.calibration.observe(self.acceptance.expected_tokens(widths) - 1.0, len(ranks))
             self.acceptance.observe(widths, ranks)
         else:
             self.calibration.discount(PLAIN_AGING)
+            self.lookup_calibration.discount(PLAIN_AGING)
         if self._exploring:
             self._exploring = False
             self._plain_streak = 0
@@ -462,7 +541,24 @@ class AdaptivePolicy:
             pays = bool(ranks) if context_len is None else bool(self.best(context_len))
             self._interval = self.explore_every if pays else min(2 * self._interval, MAX_EXPLORE_EVERY)
 
-    def observe_time(self, widths: tuple[int, ...], context_len: int, seconds: float) -> None:
+    def observe_shadow(self, accepted: int) -> None:
+        """What the longest lookup candidate would have accepted at the root of a round that ran no lookup
+        (`pld.LookupShadow`): the lookup family's model and calibration learn it as from a lookup round, so a text
+        that starts repeating itself is seen in plain and drafter rounds too, not only at an exploration. The
+        exploration state is left alone (an exploring round's own outcome decides its interval)."""
+        if not self.lookups:
+            return
+        chain = max(self.lookups, key=lambda t: t.length).widths
+        ranks = [0] * min(accepted, len(chain))
+        self.lookup_calibration.observe(self.lookup_acceptance.expected_tokens(chain) - 1.0, len(ranks))
+        self.lookup_acceptance.observe(chain, ranks)
+
+    def observe_time(self, widths: Candidate, context_len: int, seconds: float) -> None:
         """The wall time of a round just run (its whole cost: it ended with its host copy)."""
         if self.learn_times:
             self.costs.observe(widths, context_len, seconds)
+
+
+def _candidate(widths) -> Candidate:
+    """A candidate in its hashable form: a Lookup as it is, level widths as a tuple of ints."""
+    return widths if isinstance(widths, Lookup) else tuple(int(w) for w in widths)

@@ -13,6 +13,7 @@ import torch
 from longspec.infer.config import GenerationConfig
 from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts, context_bucket
 from longspec.infer.timing import PhaseClock
+from longspec.infer.tree import candidate_depth
 
 if TYPE_CHECKING:  # the engine calls in here; it is passed in, never imported at run time
     from longspec.infer.engine import SpeculativeEngine
@@ -36,7 +37,7 @@ def choose_policy(
             engine, config, [prompt_len, prompt_len + config.max_new_tokens], batch_size=batch_size
         )
     key = (
-        tuple(config.trees),
+        config.candidates,
         config.temperature > 0,
         config.sampling_rule,
         config.cuda_graphs,
@@ -46,7 +47,7 @@ def choose_policy(
     if key not in engine.policies:
         # Measured costs are refined by the rounds' observed times; an injected cost model is taken as given.
         measured = isinstance(costs, MeasuredCosts)
-        engine.policies[key] = AdaptivePolicy(costs, config.trees, learn_times=measured)
+        engine.policies[key] = AdaptivePolicy(costs, config.candidates, learn_times=measured)
     policy = engine.policies[key]
     policy.start()
     return policy
@@ -64,7 +65,8 @@ def measure_round_costs(
 ) -> MeasuredCosts:
     """Measure, on the engine's device, the seconds of one real round (draft + verify + accept + commit, on the
     static / captured path when the config asks for it, launched one ahead as `generate_batch` runs them:
-    `_time_rounds`) of every tree="auto" candidate, per
+    `_time_rounds`) of every tree="auto" candidate (drafter trees, no speculation, lookup chains: their cost is
+    their chain's verify plus the n-gram match over the history's slots), per
     context bucket between min(context_lens) and max(context_lens). The cache's content is whatever it holds (a
     round's cost does not depend on it); its length is set to the bucket (within the reserved size). Only
     missing buckets are measured; the cache and ring buffer are reset after. First use of a shape captures its
@@ -82,11 +84,12 @@ def measure_round_costs(
     costs = engine.cost_tables[mode]
     low, high = context_bucket(min(context_lens)), context_bucket(max(context_lens))
     buckets = [1 << e for e in range(low.bit_length() - 1, high.bit_length())]
-    missing = costs.missing(config.trees, buckets)
+    candidates = config.candidates
+    missing = costs.missing(candidates, buckets)
     if not missing:
         return costs
     # Room for a block: each round commits at most depth + 1 tokens, the last one's tree is pending on top.
-    room = _BLOCK * (1 + max(len(widths) for widths in config.trees)) + config.max_round_nodes
+    room = _BLOCK * (1 + max(candidate_depth(c) for c in candidates)) + config.max_round_nodes
     engine.reserve(max(context_lens) + room, batch_size)
     generator = torch.Generator(device=engine.device).manual_seed(0)
     root = torch.zeros(batch_size, dtype=torch.long, device=engine.device)
@@ -94,11 +97,11 @@ def measure_round_costs(
     engine.drafter_cache.reset()
     for bucket in missing:
         length = max(1, min(bucket, engine.cache.max_len - room))
-        times: dict[tuple[int, ...], list[float]] = {w: [] for w in config.trees}
+        times: dict = {w: [] for w in candidates}
         # Candidates interleaved rep by rep (a slow moment hits them all), the median kept; the first rep is
         # untimed: lazy init, autotuning, graph capture.
         for rep in range(reps + 1):
-            for widths in config.trees:
+            for widths in candidates:
                 engine.cache.length = length
                 seconds = _time_rounds(engine, widths, root, config, generator, static, clock)
                 if rep:

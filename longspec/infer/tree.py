@@ -23,7 +23,18 @@ from dataclasses import dataclass, replace
 
 import torch
 
-__all__ = ["DraftTree", "TreeLayout", "beam_step", "chain_tree", "sample_step", "tree_name"]
+__all__ = [
+    "DraftTree",
+    "Lookup",
+    "TreeLayout",
+    "beam_step",
+    "candidate_depth",
+    "candidate_order",
+    "chain_tree",
+    "is_drafter_tree",
+    "sample_step",
+    "tree_name",
+]
 
 
 @dataclass(frozen=True)
@@ -224,8 +235,45 @@ def sample_step(
     return tuple(x.reshape(*lead, width) for x in (parent_local, tokens, scores, valid))
 
 
-def tree_name(widths: tuple[int, ...]) -> str:
-    """'ar' for no speculation, else the widths joined by '-' (e.g. '4-16-16'): the stats' key for a tree."""
+@dataclass(frozen=True)
+class Lookup:
+    """A round shape that drafts by prompt lookup instead of the drafter (tree="auto"'s lookup candidates,
+    longspec.infer.pld): a chain of `length` drafts (padded with invalid nodes where the match is shorter or
+    missing), verified like any chain. A candidate of the policy next to the drafter's trees (tuples of level
+    widths, () = no speculation), so it is hashable and named apart from them."""
+
+    length: int
+
+    def __post_init__(self):
+        if self.length < 1:
+            raise ValueError(f"a lookup chain needs at least one draft, got {self.length}")
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The chain's level widths: what its verify, acceptance and acceptance model see."""
+        return (1,) * self.length
+
+
+def is_drafter_tree(candidate) -> bool:
+    """Whether a round shape runs the drafter: level widths, not () (no speculation) nor a Lookup."""
+    return isinstance(candidate, tuple) and bool(candidate)
+
+
+def candidate_depth(candidate) -> int:
+    """Levels drafted by a round shape (a tree's widths, or a Lookup chain)."""
+    return candidate.length if isinstance(candidate, Lookup) else len(candidate)
+
+
+def candidate_order(candidate) -> tuple:
+    """A sort key for round shapes (a Lookup does not compare with level widths): trees by widths, then lookups."""
+    return (1, (candidate.length,)) if isinstance(candidate, Lookup) else (0, tuple(candidate))
+
+
+def tree_name(widths) -> str:
+    """'ar' for no speculation, 'lookup8' for a lookup chain of 8, else the widths joined by '-' (e.g.
+    '4-16-16'): the stats' key for a round shape."""
+    if isinstance(widths, Lookup):
+        return f"lookup{widths.length}"
     return "-".join(map(str, widths)) if widths else "ar"
 
 

@@ -5,8 +5,12 @@ from types import SimpleNamespace
 import torch
 
 from longspec.drafter import Drafter, DrafterConfig
+from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES
+from longspec.infer.tree import tree_name
 
 WINDOW = 8  # drafter window, far below the prompt lengths the tests use
+# The round shapes (stats names) that leave the drafter's ring behind: plain steps and lookup chains
+RING_BEHIND = {"ar"} | {tree_name(c) for c in AUTO_LOOKUPS}
 
 
 def reference_greedy(target, prompt: torch.Tensor, num_tokens: int) -> list[int]:
@@ -59,3 +63,14 @@ class OracleDrafter:
             token = self.sequences[row][pos + 1]
             out[tuple(index) + (token,)] = 10.0 if self.favour(pos + 1) else float("-inf")
         return out
+
+
+class CyclingCosts:
+    """Stub cost model that makes a different tree="auto" candidate the cheapest at every cache length (the
+    drafter's trees, "no speculation" and the lookup chains), so consecutive rounds run different round shapes
+    (what the lossless tests need): a plain or lookup round's tokens must still reach the drafter's ring."""
+
+    candidates = AUTO_TREES + AUTO_LOOKUPS
+
+    def cost(self, widths, context_len):
+        return 1.0 if self.candidates.index(widths) == context_len % len(self.candidates) else 1000.0

@@ -187,6 +187,19 @@ class TableDrafter(OracleDrafter):
         return self.table[hidden[..., 0].long()]
 
 
+def sampling_target(vocab: int):
+    """A tiny llama target over `vocab` tokens with no special tokens and peaked logits (initializer_range 0.2), so
+    the sampling tests' distributions are far from uniform and every token is a candidate."""
+    return make_tiny_target(
+        "llama",
+        vocab_size=vocab,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        initializer_range=0.2,
+    )
+
+
 def sampling_marginals(target, prompt: torch.Tensor, vocab: int, top_k: int):
     """Exact target distributions (top-k, T=1), by enumeration: the joint of the first two generated tokens
     [V*V], the marginal of the 3rd [V], and the conditional table p(t2 | prompt, t1) [V, V]."""
@@ -213,14 +226,7 @@ def test_sampling_generate_reproduces_target_distribution(chi_square):
     mass and every branch of the acceptance rule runs often (a sampler that skips the renormalisation after
     a rejection fails this test: p = 4e-6 on the joint when checked by hand)."""
     vocab, top_k, draws = 16, 10, 400
-    target = make_tiny_target(
-        "llama",
-        vocab_size=vocab,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        initializer_range=0.2,
-    )
+    target = sampling_target(vocab)
     prompt = torch.randint(0, vocab, (10,))
     joint_12, marginal_3, p2_given_1 = sampling_marginals(target, prompt, vocab, top_k)
     config = DrafterConfig.from_target_config(target.config, window=4)

@@ -75,7 +75,7 @@ def test_measured_round_costs_then_auto_generation(temperature):
     config = GenerationConfig(max_new_tokens=24, temperature=temperature, cuda_graphs=True, seed=1)
     engine.reserve(prompt.numel() + 24 + config.max_round_nodes + 1)
     costs = engine.measure_round_costs(config, [prompt.numel()])
-    assert {w for _, w in costs.seconds} == set(config.trees) and min(costs.seconds.values()) > 0
+    assert {w for _, w in costs.seconds} == set(config.candidates) and min(costs.seconds.values()) > 0
     result = engine.generate(prompt, config)
     assert len(result.tokens) == 24 and sum(result.stats.trees.values()) == result.stats.rounds
     if temperature == 0:

@@ -6,11 +6,12 @@ import random
 
 import pytest
 import torch
-from infer_helpers import OracleDrafter, random_drafter, reference_greedy
+from infer_helpers import RING_BEHIND, CyclingCosts, OracleDrafter, random_drafter, reference_greedy
 
 from longspec.drafter import DrafterConfig
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.policy import (
+    AUTO_LOOKUPS,
     AUTO_TREES,
     DEFAULT_TREE_WIDTHS,
     EXPLORE_BUDGET,
@@ -21,6 +22,7 @@ from longspec.infer.policy import (
     RoundTimes,
     context_bucket,
 )
+from longspec.infer.tree import Lookup
 from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
 BIG = DEFAULT_TREE_WIDTHS
@@ -30,10 +32,12 @@ class NodeCosts:
     """Stub cost model: a round costs one AR step, plus `draft` of one for drafting at all and `per_node` of one
     per drafted node."""
 
-    def __init__(self, per_node: float = 0.02, draft: float = 0.2):
-        self.per_node, self.draft = per_node, draft
+    def __init__(self, per_node: float = 0.02, draft: float = 0.2, lookup: float = 0.05):
+        self.per_node, self.draft, self.lookup = per_node, draft, lookup
 
     def cost(self, widths, context_len):
+        if isinstance(widths, Lookup):  # a lookup chain: no drafter forward, an n-gram match
+            return 1.0 + self.lookup + self.per_node * widths.length
         return 1.0 + (self.draft if widths else 0.0) + self.per_node * sum(widths)
 
 
@@ -124,17 +128,17 @@ def test_generation_config_tree_fields():
     assert GenerationConfig(tree=[2, 2]).fixed_tree == (2, 2)
     assert GenerationConfig(tree="auto", tree_widths=[3]).fixed_tree == (3,)  # tree_widths wins
     assert GenerationConfig().max_round_nodes == 1 + sum(BIG)
-    for bad in ({"tree": "big"}, {"tree": [0]}, {"sampling_rule": "greedy"}):
+    for bad in ({"tree": "big"}, {"tree": [0]}, {"sampling_rule": "greedy"}, {"auto_lookup": "yes"}):
         with pytest.raises(ValueError):
             GenerationConfig(**bad)
-
-
-class CyclingCosts:
-    """Stub cost model that makes a different candidate the cheapest at every cache length, so consecutive
-    rounds run different tree shapes (what the lossless tests below need)."""
-
-    def cost(self, widths, context_len):
-        return 1.0 if AUTO_TREES.index(widths) == context_len % len(AUTO_TREES) else 1000.0
+    # lookups join tree="auto"'s candidates unless switched off; a fixed tree runs alone
+    assert GenerationConfig().candidates == AUTO_TREES + AUTO_LOOKUPS
+    assert GenerationConfig(auto_lookup=False).candidates == AUTO_TREES
+    assert (
+        GenerationConfig(tree_widths=[2, 2]).candidates
+        == ((2, 2),)
+        == GenerationConfig(tree=[2, 2]).candidates
+    )
 
 
 @pytest.mark.parametrize("family", FAMILY_VARIANTS)
@@ -152,8 +156,9 @@ def test_auto_greedy_equals_target_greedy_with_mixed_trees(family):
 
 
 def test_auto_follows_the_drafter(tmp_path):
-    """Oracle drafters (measured costs on this CPU): always right -> mostly speculating with deep trees;
-    never right -> mostly plain decoding. Output equals the target's greedy output either way."""
+    """Oracle drafters (stub costs): always right -> mostly speculating with deep trees; never right -> mostly
+    plain decoding. Output equals the target's greedy output either way. Drafter trees and plain steps only: the
+    tiny target's output loops, where lookup chains (the next test) would rightly take over from plain steps."""
     target = make_tiny_target("llama")
     prompt = torch.randint(0, 256, (20,))
     ref = reference_greedy(target, prompt, 60)
@@ -162,8 +167,9 @@ def test_auto_follows_the_drafter(tmp_path):
     costs = NodeCosts(per_node=0.01)
     for favour, expect_plain in ((lambda p: True, False), (lambda p: False, True)):
         engine = SpeculativeEngine(target, OracleDrafter(config, [sequence], favour), costs=costs)
-        result = engine.generate(prompt, GenerationConfig(max_new_tokens=60))
+        result = engine.generate(prompt, GenerationConfig(max_new_tokens=60, auto_lookup=False))
         assert result.tokens == ref
+        assert not any(name.startswith("lookup") for name in result.stats.trees)
         plain = result.stats.trees.get("ar", 0) / result.stats.rounds
         assert (plain > 0.5) if expect_plain else (plain == 0 and result.stats.mean_accept_length > 3)
 
@@ -174,17 +180,19 @@ def test_round_costs_are_measured_per_bucket_and_reused():
     config = GenerationConfig(max_new_tokens=4)
     costs = engine.measure_round_costs(config, [10, 1500], reps=1)
     assert {b for b, _ in costs.seconds} == {1024, 2048}
-    assert {w for _, w in costs.seconds} == set(AUTO_TREES) and min(costs.seconds.values()) > 0
+    assert {w for _, w in costs.seconds} == {*AUTO_TREES, *AUTO_LOOKUPS} and min(costs.seconds.values()) > 0
     assert engine.cache.length == 0 and int(engine.drafter_cache.num_appended.sum()) == 0
     before = dict(costs.seconds)
     engine.generate(torch.randint(0, 256, (12,)), config)  # bucket 1024 is known: nothing re-measured
     assert costs.seconds == before and list(engine.cost_tables.values()) == [costs]
 
 
+@pytest.mark.parametrize("shape", [(2, 3), Lookup(4)], ids=["tree", "lookup"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_round_copies_to_the_host_once(monkeypatch, temperature):
-    """The static-shape round (draft, verify, device-side acceptance, commit) reads no device value on the host
-    when it is launched, and exactly one when it settles: the packed emitted tokens / path / count."""
+def test_a_round_copies_to_the_host_once(monkeypatch, temperature, shape):
+    """The static-shape round (draft or device lookup, verify, device-side acceptance, commit) reads no device
+    value on the host when it is launched, and exactly one when it settles: the packed emitted tokens / path /
+    count."""
     target = make_tiny_target("llama")
     engine = SpeculativeEngine(target, random_drafter(target))
     config = GenerationConfig(
@@ -199,7 +207,7 @@ def test_a_round_copies_to_the_host_once(monkeypatch, temperature):
 
     clock = PhaseClock(engine.device)
     engine._finish(
-        engine._launch("longspec", (2, 3), root.reshape(1), config, generator, static=True, clock=clock)[0]
+        engine._launch("longspec", shape, root.reshape(1), config, generator, static=True, clock=clock)[0]
     )  # builds the steps
     reads = []
     for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
@@ -210,11 +218,11 @@ def test_a_round_copies_to_the_host_once(monkeypatch, temperature):
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, spy)
-    rnd, _ = engine._launch("longspec", (2, 3), root.reshape(1), config, generator, static=True, clock=clock)
+    rnd, _ = engine._launch("longspec", shape, root.reshape(1), config, generator, static=True, clock=clock)
     launch_reads = list(reads)
     tokens, path = engine._finish(rnd)
     monkeypatch.undo()
-    assert launch_reads == [] and reads == ["tolist"] and 1 <= len(tokens[0]) == len(path[0]) <= 3
+    assert launch_reads == [] and reads == ["tolist"] and 1 <= len(tokens[0]) == len(path[0]) <= 5
 
 
 @pytest.mark.parametrize("rule", ["rrs", "deterministic"])
@@ -229,7 +237,7 @@ def test_auto_sampling_static_equals_eager(rule):
             max_new_tokens=16, temperature=1.0, top_p=0.9, sampling_rule=rule, static_shapes=static, seed=3
         )
         result = engine.generate(prompt, config)
-        assert len(result.stats.trees) >= 4
+        assert len(result.stats.trees) >= 3  # several shapes (a lookup chain among them, verified by p alone)
         outputs.append(result.tokens)
     assert outputs[0] == outputs[1] and len(outputs[0]) == 16
 
@@ -246,20 +254,20 @@ def test_plain_rounds_skip_the_drafter_and_the_ring_catches_up():
     """A "no speculation" round leaves the drafter's ring buffer alone (its token only enters the history, so it
     costs about one AR step); before the next drafting round the ring receives the skipped tokens from the
     device history, exactly as if every round had committed them: per row, for rows of different lengths that
-    skipped different numbers of tokens (one of them none)."""
+    skipped different numbers of tokens (one of them none; 9: a lookup chain of 8 accepted, and its bonus)."""
     target = make_tiny_target("llama")
     engine = SpeculativeEngine(target, random_drafter(target))
-    engine.reserve(64, batch_size=3)
+    engine.reserve(64, batch_size=4)
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (20, 5, 13)]
-    skipped = [torch.randint(0, 256, (n,), generator=gen) for n in (10, 3, 0)]
+    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (20, 5, 13, 11)]
+    skipped = [torch.randint(0, 256, (n,), generator=gen) for n in (10, 3, 0, 9)]
     engine.prefill_drafter(prompts)
     draft = engine.draft_step
     for row, (prompt, tokens) in enumerate(zip(prompts, skipped, strict=True)):
         draft.history[row, prompt.numel() : prompt.numel() + tokens.numel()] = tokens
     lengths = torch.tensor([p.numel() + t.numel() for p, t in zip(prompts, skipped, strict=True)])
     draft.catch_up(lengths)
-    caught_up = [_ring_by_position(engine.drafter_cache, row) for row in range(3)]
+    caught_up = [_ring_by_position(engine.drafter_cache, row) for row in range(4)]
     appended = engine.drafter_cache.num_appended.tolist()
     draft.catch_up(lengths)  # a ring that is complete takes nothing more
     assert engine.drafter_cache.num_appended.tolist() == appended
@@ -285,7 +293,7 @@ def test_the_ring_a_call_leaves_is_the_one_every_round_filling_it_would_leave():
             config = GenerationConfig(max_new_tokens=21, static_shapes=static, shrink_min_tokens=1000)
             results = engine.generate_batch(batch, config)
             trees = set().union(*(r.stats.trees for r in results))
-            assert "ar" in trees and len(trees) > 1, trees
+            assert trees & RING_BEHIND and len(trees) > 1, trees  # plain or lookup rounds among drafting ones
             draft = engine.draft_step
             draft.catch_up(engine.cache.lengths_t)  # the last rounds may have been plain
             got = [_ring_by_position(engine.drafter_cache, row) for row in range(len(batch))]
@@ -589,3 +597,114 @@ def test_a_stale_plain_time_does_not_hold_the_policy_on_a_useless_chain():
     for _ in range(5):
         policy.observe((1,), [], 1000)  # the chain's draft rejected
     assert policy.choose(1000) == ()
+
+
+def _lookup_ranks(rng: random.Random, lookup: Lookup, hit: float) -> list[int]:
+    """A lookup round's accepted ranks (all 0: a chain): with probability `hit` the match is right and the chain
+    is accepted up to a point past which the text stops repeating (each further draft with 0.9), else nothing
+    (no match, or a wrong one)."""
+    if rng.random() >= hit:
+        return []
+    accepted = 1
+    while accepted < lookup.length and rng.random() < 0.9:
+        accepted += 1
+    return [0] * accepted
+
+
+def _simulate(policy, rng, rounds: int, drafter: float, lookup: float) -> list:
+    """`rounds` of the policy on a text where the drafter's first choice is right with probability `drafter` per
+    level and a lookup hits with probability `lookup`; returns the candidates chosen."""
+    chosen = []
+    for _ in range(rounds):
+        widths = policy.choose(4096)
+        chosen.append(widths)
+        if isinstance(widths, Lookup):
+            ranks = _lookup_ranks(rng, widths, lookup)
+        else:
+            ranks = _ranks(rng, widths, drafter)
+        policy.observe(widths, ranks, 4096)
+    return chosen
+
+
+@pytest.mark.parametrize(
+    "drafter, lookup, family",
+    [(0.05, 0.9, Lookup), (0.9, 0.05, tuple), (0.05, 0.05, None)],
+    ids=["lookups-hit", "drafter-better", "neither"],
+)
+def test_the_policy_takes_lookups_where_they_hit_trees_where_the_drafter_is_better_else_plain(
+    drafter, lookup, family
+):
+    """The three families on one stub cost model (a drafter tree pays its drafter's forward, a lookup chain
+    only its nodes): on a text that repeats itself lookup chains (the long one: matches run on), on one the
+    drafter predicts its trees, on one neither does plain steps."""
+    costs = NodeCosts(per_node=0.005, draft=0.5)
+    policy = AdaptivePolicy(costs, AUTO_TREES + AUTO_LOOKUPS)
+    chosen = _simulate(policy, random.Random(0), 300, drafter, lookup)[-100:]
+    if family is None:
+        assert chosen.count(()) >= 90, chosen
+    elif family is Lookup:
+        assert (
+            sum(isinstance(c, Lookup) for c in chosen) >= 95
+            and chosen.count(Lookup(8)) + chosen.count(Lookup(16)) >= 50
+        )
+    else:
+        assert sum(isinstance(c, tuple) and len(c) >= 3 for c in chosen) >= 95
+
+
+def test_explorations_try_the_lookup_chain_where_lookups_were_learned_to_hit():
+    """Out of a plain streak the exploring round is the cheapest of the family with the better estimate: after a
+    text that repeated itself (and a drafter that never helps) the lookup chain, so the policy comes back to
+    lookups when the text repeats again; explorations that fail still back off, within the budget's floor."""
+    rng = random.Random(1)
+    policy = AdaptivePolicy(NodeCosts(), AUTO_TREES + AUTO_LOOKUPS, explore_every=4)
+    assert policy._explore_trees == ((1,), Lookup(2))
+    _simulate(policy, rng, 200, drafter=0.0, lookup=0.9)  # lookups learned to hit, the drafter never
+    # New content: nothing hits. The long chain's realised yield drops it within ~30 rounds; plain rounds age that
+    # evidence back (PLAIN_AGING), so lookups are re-tried until their acceptance model itself has learned.
+    _simulate(policy, rng, 500, drafter=0.0, lookup=0.0)
+    assert policy.best(4096) == ()
+    chosen = _simulate(policy, rng, 400, drafter=0.0, lookup=0.0)
+    explorations = [c for c in chosen if c != ()]
+    assert explorations and set(explorations) <= {(1,), Lookup(2)} and Lookup(2) in explorations
+    assert len(explorations) <= 400 / MAX_EXPLORE_EVERY + 3  # backed off
+    chosen = _simulate(policy, rng, 300, drafter=0.0, lookup=0.9)  # the text repeats again
+    assert sum(isinstance(c, Lookup) for c in chosen[-100:]) >= 90
+
+
+def test_lookup_costs_are_monotone_within_their_family_and_learned_like_the_trees():
+    """A shorter lookup chain never costs more than a longer one, nor less than a plain step; lookup chains and
+    drafter trees do not bound each other (different work). Learned times calibrate unseen lookups too."""
+    costs = MeasuredCosts(
+        seconds={(1024, ()): 1.0, (1024, (1,)): 1.6, (1024, Lookup(2)): 1.3, (1024, Lookup(4)): 1.2,
+                 (1024, Lookup(8)): 1.4}
+    )  # fmt: skip
+    assert costs.cost(Lookup(4), 1000) == 1.3 and costs.cost(Lookup(8), 1000) == 1.4
+    assert costs.cost(Lookup(2), 1000) == 1.3 and costs.cost((1,), 1000) == 1.6
+    assert costs.to_dict()["1024:lookup8"] == 1.4
+    policy = AdaptivePolicy(costs, ((), (1,), Lookup(2), Lookup(4), Lookup(8)))
+    for _ in range(30):
+        policy.observe_time(Lookup(2), 1000, 2.6)  # lookup rounds really take twice the table's figure
+    learned = policy.costs.costs(1000)
+    assert learned[Lookup(2)] == pytest.approx(2.6) and learned[Lookup(8)] == pytest.approx(2.8)
+    assert learned[Lookup(4)] >= learned[Lookup(2)]
+
+
+def test_shadow_lookups_move_a_plain_streak_to_lookups_without_an_exploration():
+    """The CPU quickstart's case: a text that starts looping while the policy decodes plain. What a lookup would
+    have accepted at each plain round's root (`pld.LookupShadow`) reaches the lookup family's estimate, so the
+    policy takes lookup chains within a few rechecks instead of at the next exploration (every 16-64 rounds, and
+    the budget's floor above that); the exploration schedule is left alone."""
+    policy = AdaptivePolicy(NodeCosts(per_node=0.02, lookup=0.5), AUTO_TREES + AUTO_LOOKUPS)
+    for _ in range(100):  # nothing hits: plain
+        widths = policy.choose(4096)
+        policy.observe(widths, [], 4096)
+    assert policy.best(4096) == ()
+    streak, chosen = policy._plain_streak, []
+    for _ in range(2 * 8):  # the output loops: every root's lookup would have accepted its 8 drafts
+        widths = policy.choose(4096)
+        chosen.append(widths)
+        assert not policy._exploring
+        policy.observe(widths, [0] * 8 if isinstance(widths, Lookup) else [], 4096)
+        if not isinstance(widths, Lookup):  # a lookup round's outcome is its own
+            policy.observe_shadow(8)
+    assert streak > 0 and isinstance(chosen[-1], Lookup) and chosen[-1].length == 8

@@ -1,0 +1,271 @@
+"""Prompt lookup on the device (`pld.device_lookup`) against the host reference (`pld.prompt_lookup`), and the
+rounds that draft by lookup: pld on static shapes (one round ahead, as the others), tree="auto"'s lookup chains
+(lossless on every family, in ragged batches, at T > 0 with the rrs rule; the drafter's ring caught up after
+them)."""
+
+import random
+
+import pytest
+import torch
+from infer_helpers import random_drafter, reference_greedy
+from test_engine import sampling_marginals, sampling_target
+from test_policy import _ring_by_position
+
+from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.infer.pld import LookupShadow, device_lookup, prompt_lookup
+from longspec.infer.policy import AUTO_LOOKUPS, AdaptivePolicy
+from longspec.infer.tree import Lookup
+from longspec.testing import FAMILY_VARIANTS, make_tiny_target
+
+LOOKUP_NAMES = {f"lookup{c.length}" for c in AUTO_LOOKUPS}
+
+
+def _reference(history, lengths, roots, num_draft, max_ngram) -> list[list[int]]:
+    return [
+        prompt_lookup(torch.cat([history[row, :n], roots[row : row + 1]]), num_draft, max_ngram).tolist()
+        for row, n in enumerate(lengths.tolist())
+    ]
+
+
+def _device(history, lengths, roots, num_draft, max_ngram) -> list[list[int]]:
+    drafts, num_valid = device_lookup(history, lengths, roots, num_draft, max_ngram)
+    assert drafts.shape == (history.shape[0], num_draft)  # fixed shapes, whatever the rows' lengths
+    return [drafts[row, :n].tolist() for row, n in enumerate(num_valid.tolist())]
+
+
+@pytest.mark.parametrize(
+    "vocab", [2, 3, 8, 256]
+)  # small vocabularies: repetitive texts, matches near the end
+def test_device_lookup_equals_the_reference(vocab):
+    """Rows of different lengths (0, 1 and 2 committed tokens among them), stale random tokens past each row's
+    length (never context), n-gram sizes and draft lengths as pld and tree="auto" use them."""
+    gen = torch.Generator().manual_seed(vocab)
+    slots = 40
+    for _ in range(25):
+        history = torch.randint(0, vocab, (5, slots), generator=gen)
+        lengths = torch.cat([torch.tensor([0, 1, 2]), torch.randint(3, slots - 1, (2,), generator=gen)])
+        roots = torch.randint(0, vocab, (5,), generator=gen)
+        for num_draft, max_ngram in ((1, 1), (2, 3), (8, 3), (10, 2)):
+            args = (history, lengths, roots, num_draft, max_ngram)
+            assert _device(*args) == _reference(*args)
+
+
+def test_device_lookup_on_a_repeated_pattern_and_on_no_match():
+    pattern = torch.tensor([5, 9, 2, 7, 4])
+    history = torch.stack([pattern.repeat(6), torch.arange(30)])  # a loop; all tokens distinct
+    lengths, roots = torch.tensor([13, 20]), torch.tensor([7, 25])  # row 0's root continues the loop
+    for num_draft in (2, 4, 8):
+        got = _device(history, lengths, roots, num_draft, 3)
+        assert got == _reference(history, lengths, roots, num_draft, 3)
+        # the latest "9 2 7" ends 5 tokens before the context's end: a draft of 8 is cut to those 5
+        assert got[0] == [4, 5, 9, 2, 7][:num_draft] and got[1] == []
+
+
+class LookupCosts:
+    """Stub cost model: a lookup chain costs about a plain step, the drafter's trees far more: the policy takes
+    lookup chains every round (their expected tokens never drop to 1), which hit once the tiny target's output
+    loops."""
+
+    def cost(self, widths, context_len):
+        if isinstance(widths, Lookup):
+            return 1.0 + 0.001 * widths.length
+        return 1.0 if not widths else 1000.0
+
+
+def _repetitive(seed: int, length: int) -> torch.Tensor:
+    """A prompt made of a random 7-token phrase repeated, with a random token every few: lookups hit, and the
+    tiny targets' greedy outputs loop too."""
+    gen = torch.Generator().manual_seed(seed)
+    phrase = torch.randint(0, 256, (7,), generator=gen)
+    prompt = phrase.repeat(length // 7 + 1)[:length].clone()
+    prompt[::9] = torch.randint(0, 256, (prompt[::9].numel(),), generator=gen)
+    return prompt
+
+
+@pytest.mark.parametrize("family", FAMILY_VARIANTS)
+def test_auto_lookups_are_lossless_and_accepted(family):
+    """tree="auto" with lookup chains == the target's greedy output, eager and on static shapes; lookup rounds ran
+    and accepted drafts (the only speculating rounds here: the drafter's trees are priced out)."""
+    target = make_tiny_target(family)
+    prompt = _repetitive(4, 45)  # a seed whose outputs loop on every family within 32 tokens
+    ref = reference_greedy(target, prompt, 32)
+    engine = SpeculativeEngine(target, random_drafter(target), costs=LookupCosts())
+    for static in (False, True):
+        config = GenerationConfig(max_new_tokens=32, prefill_chunk=16, static_shapes=static)
+        result = engine.generate(prompt, config)
+        assert result.tokens == ref, static
+        trees = result.stats.trees
+        assert set(trees) <= LOOKUP_NAMES | {"ar"} and set(trees) & LOOKUP_NAMES, trees
+        assert sum(result.stats.accepted) > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_auto_lookups_in_a_ragged_batch_equal_each_row_alone(family):
+    target = make_tiny_target(family)
+    prompts = [_repetitive(seed, n) for seed, n in ((2, 45), (3, 19), (4, 33))]
+    refs = [reference_greedy(target, p, 16) for p in prompts]
+    engine = SpeculativeEngine(target, random_drafter(target), costs=LookupCosts())
+    for static in (False, True):
+        results = engine.generate_batch(prompts, GenerationConfig(max_new_tokens=16, static_shapes=static))
+        assert [r.tokens for r in results] == refs, static
+        assert set().union(*(r.stats.trees for r in results)) & LOOKUP_NAMES
+        assert sum(sum(r.stats.accepted) for r in results) > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_pld_on_static_shapes_equals_eager_and_runs_one_ahead(family, monkeypatch):
+    """pld drafts on the device (no host context): on static shapes its rounds launch one ahead, as the other
+    methods' do, and every row of a ragged batch equals its greedy output."""
+    target = make_tiny_target(family)
+    prompts = [_repetitive(seed, n) for seed, n in ((5, 40), (6, 17), (7, 29))]
+    refs = [reference_greedy(target, p, 18) for p in prompts]
+    engine = SpeculativeEngine(target)  # no drafter: pld needs none
+    events = []
+    launch, finish = engine._launch, engine._finish
+    monkeypatch.setattr(engine, "_launch", lambda *a, **k: (events.append("L"), launch(*a, **k))[1])
+    monkeypatch.setattr(engine, "_finish", lambda rnd: (events.append("F"), finish(rnd))[1])
+    for static in (False, True):
+        events.clear()
+        config = GenerationConfig(max_new_tokens=18, static_shapes=static, shrink_min_tokens=1000)
+        results = engine.generate_batch(prompts, config, method="pld")
+        assert [r.tokens for r in results] == refs, static
+        assert sum(sum(r.stats.accepted) for r in results) > 0
+        assert ("LLF" in "".join(events)) == static
+    assert any(key[0] == "lookup" for key in engine.target_step.steps)
+
+
+class AlternatingCosts:
+    """Stub cost model: a lookup chain of 8 at even cache lengths, the drafter's (2, 2, 2) tree at odd ones."""
+
+    def cost(self, widths, context_len):
+        cheapest = Lookup(8) if context_len % 2 == 0 else (2, 2, 2)
+        return 1.0 if widths == cheapest else 1000.0
+
+
+def test_the_ring_after_lookup_rounds_is_the_prefill_of_the_committed_text():
+    """A lookup round commits a path and a bonus (up to 9 tokens here) into the history only; the drafting round
+    after it catches the ring up (`DraftStep.catch_up`, several tokens at once): at the end of the call the ring,
+    caught up, equals the prefill of the committed text, eager and on static shapes, for ragged rows."""
+    target = make_tiny_target("llama")
+    prompts = [_repetitive(seed, n) for seed, n in ((8, 30), (9, 14))]
+    for static in (False, True):
+        engine = SpeculativeEngine(target, random_drafter(target), costs=AlternatingCosts())
+        config = GenerationConfig(max_new_tokens=30, static_shapes=static, shrink_min_tokens=1000)
+        results = engine.generate_batch(prompts, config)
+        assert {"lookup8", "2-2-2"} <= set().union(*(r.stats.trees for r in results))
+        assert max(max(r.stats.accepted) for r in results) >= 2  # a lookup round left several tokens behind
+        draft = engine.draft_step
+        draft.catch_up(engine.cache.lengths_t)
+        got = [_ring_by_position(engine.drafter_cache, row) for row in range(2)]
+        committed = [draft.history[row, :n].clone() for row, n in enumerate(engine.cache.lengths)]
+        for text, prompt, result in zip(committed, prompts, results, strict=True):
+            known = torch.cat([prompt, torch.tensor(result.tokens)])[: text.numel()]
+            assert text[: known.numel()].tolist() == known.tolist()
+        engine.prefill_drafter(committed)
+        for row in range(2):
+            reference = _ring_by_position(engine.drafter_cache, row)
+            assert got[row].keys() == reference.keys()
+            for position, key in reference.items():
+                torch.testing.assert_close(got[row][position], key)
+
+
+@pytest.mark.slow
+def test_sampling_with_lookup_chains_reproduces_target_distribution(chi_square):
+    """T=1 (top-k 10), the rrs rule asked for, every round a lookup chain (a prompt that repeats its tokens, so
+    lookups propose and get accepted): a lookup has no draft distribution q, so it must take the
+    deterministic-candidate rule; the first two tokens (jointly) and the 3rd follow the target's exact
+    distributions over many seeds (enumerated with full forwards on a 16-token vocabulary)."""
+    vocab, top_k, draws = 16, 10, 300
+    target = sampling_target(vocab)
+    prompt = torch.arange(vocab).repeat(2)[:24]  # every token occurs: a unigram always matches
+    joint_12, marginal_3, _ = sampling_marginals(target, prompt, vocab, top_k)
+
+    class AlwaysLookup:
+        def cost(self, widths, context_len):
+            return 1.0 if widths == Lookup(2) else 1000.0
+
+    engine = SpeculativeEngine(target, random_drafter(target), costs=AlwaysLookup())
+    counts_12, counts_3 = torch.zeros(vocab * vocab), torch.zeros(vocab)
+    accepted = 0
+    for seed in range(draws):
+        config = GenerationConfig(
+            max_new_tokens=3, temperature=1.0, top_k=top_k, seed=seed, sampling_rule="rrs"
+        )
+        result = engine.generate(prompt, config)
+        assert set(result.stats.trees) == {"lookup2"}
+        counts_12[result.tokens[0] * vocab + result.tokens[1]] += 1
+        counts_3[result.tokens[2]] += 1
+        accepted += sum(result.stats.accepted)
+    assert accepted > draws // 10  # the accept branch ran, not only the residual one
+    assert chi_square(counts_12, joint_12) > 1e-3
+    assert chi_square(counts_3, marginal_3) > 1e-3
+
+
+def _shadow_outcomes(context: list[int], roots: list[int], length: int, max_ngram: int) -> list[int]:
+    """The reference's answer for the shadow: at each root position p, the longest common prefix of the lookup
+    draft at p and the tokens after p, where the context decides it (a mismatch, or the whole draft matched)."""
+    out = []
+    for p in roots:
+        draft = prompt_lookup(torch.tensor(context[: p + 1]), length, max_ngram).tolist()
+        after = context[p + 1 :]
+        matched = 0
+        while matched < len(draft) and matched < len(after) and draft[matched] == after[matched]:
+            matched += 1
+        if matched == len(draft) or matched < len(after):
+            out.append(matched)
+    return out
+
+
+@pytest.mark.parametrize("vocab", [2, 5, 50])
+def test_the_shadow_lookup_is_the_reference_lookup_and_its_common_prefix(vocab):
+    """`LookupShadow` (an incremental n-gram index on the host) drafts what `prompt_lookup` drafts at every
+    length, and resolves each shadowed root to what the chain would have accepted (at T = 0)."""
+    rng = random.Random(vocab)
+    for _ in range(30):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 25))]
+        output = [rng.randrange(vocab) for _ in range(30)]
+        shadow, context = LookupShadow(prompt, 8, 3), list(prompt)
+        for token in output:
+            assert shadow.draft() == prompt_lookup(torch.tensor(context), 8, 3).tolist()
+            shadow._append(token)
+            context.append(token)
+        shadow, context, roots, resolved, i = LookupShadow(prompt, 8, 3), list(prompt), [], [], 0
+        while i < len(output):  # rounds of 1-4 tokens; every other one ran a lookup (not shadowed)
+            tokens = output[i : i + rng.randint(1, 4)]
+            shadowed = rng.random() < 0.5
+            if shadowed:
+                roots.append(len(context) - 1)
+            resolved += shadow.extend(tokens, shadow=shadowed)
+            context += tokens
+            i += len(tokens)
+        assert sorted(resolved) == sorted(_shadow_outcomes(context, roots, 8, 3))
+
+
+class PlainCosts:
+    """Stub cost model: plain steps only (everything else priced out, explorations past the budget's floor)."""
+
+    def cost(self, widths, context_len):
+        return 1.0 if not widths else 1000.0
+
+
+def test_plain_rounds_tell_the_policy_what_a_lookup_would_have_accepted(monkeypatch):
+    """Every round plain, a ragged batch: the policy still hears, per row and root, the shadow lookup's outcome,
+    equal to the reference's on the decoded text (greedy: exact)."""
+    target = make_tiny_target("llama")
+    prompts = [_repetitive(seed, n) for seed, n in ((10, 30), (11, 17))]
+    heard = []
+    monkeypatch.setattr(AdaptivePolicy, "observe_shadow", lambda self, accepted: heard.append(accepted))
+    engine = SpeculativeEngine(target, random_drafter(target), costs=PlainCosts())
+    for static in (False, True):
+        heard.clear()
+        config = GenerationConfig(max_new_tokens=20, static_shapes=static, shrink_min_tokens=1000)
+        results = engine.generate_batch(prompts, config)
+        assert all(set(r.stats.trees) == {"ar"} for r in results)
+        expected = []
+        for prompt, result in zip(prompts, results, strict=True):
+            context = prompt.tolist() + result.tokens  # each round's root: the prompt's last token onward
+            roots = range(
+                prompt.numel(), prompt.numel() + len(result.tokens) - 1
+            )  # rounds settled in the call
+            expected += _shadow_outcomes(context, list(roots), max(c.length for c in AUTO_LOOKUPS), 3)
+        assert sorted(heard) == sorted(expected) and max(heard) > 0
