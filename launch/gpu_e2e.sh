@@ -22,10 +22,10 @@
 #    PRESET names the pipeline preset (default smollm2); each has its bundle (.cache_target/smollm2_e2e for
 #    smollm2, .cache_target/PRESET otherwise) and its work directory.
 # Output in $OUT (default outputs/gpu_e2e): report.md (tables), e2e_summary.json, e2e_logs.tar.gz (every step's
-# log, the eval results.json files, plots, training metrics). The table is printed last. A failed stage does not
-# stop the run: evaluation uses the latest drafter that exists, or the baselines alone (--keep-going). The pipeline
-# is stopped (whole process group) after E2E_BUDGET_S seconds (default 560); rerunning the same command continues
-# where it stopped (finished steps are skipped).
+# log, the eval results.json files, plots, training metrics), drafter/ (the latest exported drafter). The table is
+# printed last. A failed stage does not stop the run: evaluation uses the latest drafter that exists, or the
+# baselines alone (--keep-going). The pipeline is stopped (whole process group) after E2E_BUDGET_S seconds (default
+# 560); rerunning the same command continues where it stopped (finished steps are skipped).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # A copy of the tree without .git: the commit comes from .git_rev (longspec/provenance.py).
@@ -93,6 +93,14 @@ cp "$WORK/$RUN_NAME/report.md" "$WORK/$RUN_NAME/e2e_summary.json" "$OUT/" 2>/dev
 evals=$(cd "$WORK/$RUN_NAME" && ls -d eval_* 2>/dev/null)  # one folder per evaluation of the preset
 tar -czf "$OUT/e2e_logs.tar.gz" -C "$WORK/$RUN_NAME" --exclude='checkpoints' --exclude='*.safetensors' \
     --exclude='data' --exclude='target' logs runs $evals e2e_manifest.json training_loss.png 2>/dev/null
+# The trained drafter itself (one block, a few MB: the embedding and LM head are the target's), so that it outlives
+# the machine's work directory: `python -m longspec.eval ... drafter.path=$OUT/drafter` evaluates it again.
+for stage in stage3 stage2 stage1; do
+    if [ -f "$WORK/$RUN_NAME/runs/$stage/export/config.json" ]; then
+        rm -rf "$OUT/drafter" && cp -r "$WORK/$RUN_NAME/runs/$stage/export" "$OUT/drafter" && echo "drafter ($stage): $OUT/drafter"
+        break
+    fi
+done
 grep -E "done in|FAILED|skipped|fallback|budget" "$OUT/e2e.log"  # one line per step
 cat "$OUT/e2e_table.txt"
 echo "gpu_e2e: $(( $(date +%s) - start )) s"
