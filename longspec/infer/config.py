@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, DEFAULT_TREE_WIDTHS
-from longspec.infer.tree import TreeLayout
+from longspec.infer.tree import Lookup, TreeLayout
 
 __all__ = ["GenerationConfig", "DEFAULT_TREE_WIDTHS", "SAMPLING_RULES"]
 
@@ -99,14 +99,14 @@ class GenerationConfig:
     @property
     def candidates(self) -> tuple:
         """Every round shape a longspec round may run: the trees, and with tree="auto" and auto_lookup the lookup
-        chains (`policy.Lookup`)."""
+        chains (`tree.Lookup`)."""
         lookups = AUTO_LOOKUPS if self.fixed_tree is None and self.auto_lookup else ()
         return self.trees + lookups
 
     @property
     def max_round_nodes(self) -> int:
         """The most tokens one round of any method verifies (sizes the cache's slack)."""
-        lookups = [1 + c.length for c in self.candidates if not isinstance(c, tuple)]
+        lookups = [1 + c.length for c in self.candidates if isinstance(c, Lookup)]
         return max(1 + max(sum(t) for t in self.trees), 1 + self.pld_num_draft, *lookups)
 
     @property

@@ -65,7 +65,7 @@ from longspec.infer.draft_step import DraftStep
 from longspec.infer.history import TokenHistory
 from longspec.infer.methods import get_method
 from longspec.infer.pld import LookupShadow, lookup_tree
-from longspec.infer.policy import AdaptivePolicy, MeasuredCosts
+from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts
 from longspec.infer.round_costs import choose_policy
 from longspec.infer.round_costs import measure_round_costs as _measure_round_costs
 from longspec.infer.slots import BatchSlots, bucket, compaction
@@ -138,7 +138,8 @@ class _DecodeLoop:
         self.ring_behind = False
         self.settled_at = time.perf_counter()
         # What settled rounds showed, not yet given to the policy: (round, widths, ranks per running row,
-        # context_len, seconds, shadow lookups' accepted counts); and the host's context length after each settled round (index 0: the prompt).
+        # context_len, seconds, shadow lookups' accepted counts); and the host's context length after each settled
+        # round (index 0: the prompt).
         self.lags: list[tuple] = []
         self.context_after = [max(engine.cache.lengths)]
 
@@ -386,10 +387,12 @@ class SpeculativeEngine:
         prompts = prompts + [prompts[-1][-1:]] * (_rows(real, config) - real)
         batch, lengths = len(prompts), [p.numel() for p in prompts]
         self._ensure_cache(cache_slots(lengths, config), batch)
-        policy = None
+        policy = None  # ar: plain steps
         # May measure round costs (at this batch size): before timing, on a scratch state.
         if spec.needs_drafter:
             policy = choose_policy(self, config, max(lengths), batch_size=batch)
+        elif spec.drafts == "ngram":  # pld: every round a lookup chain of pld_num_draft
+            policy = FixedPolicy(Lookup(config.pld_num_draft))
         # On the device: a round's random draws need no host-to-device copy (and no host sync).
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         stats = [GenerationStats(method=method, prompt_len=n) for n in lengths]
@@ -402,9 +405,8 @@ class SpeculativeEngine:
                 self.draft_step.prefill(prompts)
         emitted = [[token] for token in roots.tolist()]  # host sync: the first tokens
         shadows = None
-        if getattr(
-            policy, "lookups", ()
-        ):  # the prompts read on the host once (a sync before the decode's clock)
+        # tree="auto" with lookups: each row's shadow lookup (the prompts read on the host, before the clock)
+        if getattr(policy, "lookups", ()):
             length = max(lookup.length for lookup in policy.lookups)
             shadows = [
                 LookupShadow(p.tolist() + e, length, config.pld_max_ngram)
@@ -476,7 +478,7 @@ class SpeculativeEngine:
         context_len: int = 0,
     ) -> tuple[_Round, torch.Tensor]:
         """Queue one round (draft, verify, accept, commit) from `roots` [B], one tree per sequence; widths () = one
-        plain target step, a `Lookup` = a prompt-lookup chain (as pld's rounds, of pld_num_draft drafts). Nothing
+        plain target step, a `Lookup` = a prompt-lookup chain (every round of pld: its FixedPolicy). Nothing
         is read on the host: the commit advances the cache lengths on the device and the round's outputs start
         their way to the host (`_finish` waits for them). Returns the round and the next roots [B] on the device.
         Rows not active in `slots` (finished) commit nothing and keep their root: computed but frozen. longspec's
@@ -488,8 +490,6 @@ class SpeculativeEngine:
         mask = None if all(active) else slots.mask()
         kept = None if mask is None else roots.clone()  # frozen rows keep their root (read before the verify)
         launched_at = time.perf_counter()
-        if spec.drafts == "ngram":
-            widths = Lookup(config.pld_num_draft)  # pld: every round a lookup chain
         if spec.needs_drafter and is_drafter_tree(widths):
             layout = TreeLayout(widths)
             with clock.phase("draft_s"):
@@ -539,15 +539,14 @@ class SpeculativeEngine:
         return DraftTree(roots[:, None], parents, depths, ancestor_mask, valid, chain=True)
 
     def _chain_parts(self, batch: int, nodes: int) -> tuple[torch.Tensor, ...]:
-        """A chain's constant parts for `batch` rows of `nodes` nodes (parents, depths, ancestor_mask, and the
-        node index [nodes] a lookup's valid mask is made from), made once: a round builds none of them (on the
-        GPU each op would be a launch outside the captured steps)."""
+        """A chain's constant parts for `batch` rows of `nodes` nodes (parents, depths, ancestor_mask, and valid
+        with every node valid: a plain round's; a lookup makes its own from the depths), made once: a round
+        builds none of them (on the GPU each op would be a launch outside the captured steps)."""
         key = (batch, nodes)
         if key not in self._chains:
             roots = torch.zeros(batch, dtype=torch.long, device=self.device)
-            tree = chain_tree(roots, roots.new_zeros(batch, nodes - 1), 0, nodes)
-            parts = (tree.parents, tree.depths, tree.ancestor_mask, tree.valid)
-            self._chains[key] = parts if nodes == 1 else parts[:3] + (tree.depths,)
+            tree = chain_tree(roots, roots.new_zeros(batch, nodes - 1), nodes - 1, nodes)
+            self._chains[key] = (tree.parents, tree.depths, tree.ancestor_mask, tree.valid)
         return self._chains[key]
 
     def _lookup(
@@ -556,7 +555,7 @@ class SpeculativeEngine:
         """A lookup round's chain [B, 1 + length] from `roots` [B] (`pld.lookup_tree` over the history, at each
         row's committed length): eager, or one static step (a graph launch with cuda_graphs) reading the device
         lengths, so it launches with nothing settled."""
-        parts = self._chain_parts(roots.shape[0], 1 + length)
+        parts = self._chain_parts(roots.shape[0], 1 + length)[:3]  # its valid mask is the lookup's
         if not static:
             lengths = self.target_step.lengths(static=False)
             if not isinstance(lengths, torch.Tensor):
@@ -570,7 +569,7 @@ class SpeculativeEngine:
         tokens, valid = self.target_step.static_step(
             ("lookup", length, max_ngram, capture), fn, (roots,), capture
         )
-        return DraftTree(tokens, *parts[:3], valid, chain=True)
+        return DraftTree(tokens, *parts, valid, chain=True)
 
     def _finish(self, rnd: _Round) -> tuple[list[list[int]], list[list[int]]]:
         """Wait for a launched round's outputs (the round's ONE host sync: emitted tokens, paths and counts

@@ -51,27 +51,22 @@ def device_lookup(
     num_valid [B]): row b's draft is drafts[b, :num_valid[b]] (0 when nothing matches; fewer than num_draft
     when the match continues into the context's end).
 
-    Every n-gram size is matched over every slot ([B, S] compares per size, S the history's slots, whatever
-    the rows' lengths: the shapes stay those of the history) and the latest match of the longest size wins:
-    the reference's order. Requires n_b < S (the cache's slack always leaves room for the root)."""
-    batch, slots = history.shape
+    Every n-gram size is matched over every window of the history's slots ([B, S - n + 1] compares per size,
+    whatever the rows' lengths: the shapes stay those of the history) and the latest match of the longest size
+    wins: the reference's order. Requires n_b < S (the cache's slack always leaves room for the root)."""
+    slots = history.shape[1]
     # The context with the root in its place, out of place: the history itself is only written by commits.
     context = history.scatter(1, lengths[:, None], roots[:, None])  # [B, S]
     last = lengths[:, None]  # the root's position: L - 1 in the reference's terms
-    starts = torch.arange(slots, device=history.device)  # [S] a window's first position
     best = torch.full_like(lengths, -1)  # the winning window's end (its last position + 1), -1: none
-    for n in range(
-        min_ngram, max_ngram + 1
-    ):  # increasing: a longer n-gram's match overwrites a shorter one's
+    # n increasing: a longer n-gram's match overwrites a shorter one's
+    for n in range(min_ngram, max_ngram + 1):
         pattern = context.gather(1, (last - n + 1 + torch.arange(n, device=history.device)).clamp(min=0))
-        match = torch.ones(batch, slots, dtype=torch.bool, device=history.device)
-        for j in range(n):
-            shifted = torch.roll(
-                context, -j, dims=1
-            )  # shifted[s] = context[s + j] (wraps past S: masked below)
-            match &= shifted == pattern[:, j : j + 1]
-        # A window [s, s + n) must end before the root (s + n <= L - 1 = last): earlier occurrences only, never the
-        # suffix itself, and nothing stale; and the suffix needs n tokens (n <= last, as the reference's range).
+        # [B, S - n + 1]: window s = [s, s + n) against the suffix
+        match = (context.unfold(1, n, 1) == pattern[:, None, :]).all(dim=2)
+        starts = torch.arange(match.shape[1], device=history.device)
+        # A window must end before the root (s + n <= L - 1 = last): earlier occurrences only, never the suffix
+        # itself, and nothing stale; and the suffix needs n tokens (n <= last, as the reference's range).
         match &= (starts + n <= last) & (n <= last)
         latest = torch.where(match, starts, -1).amax(dim=1)  # [B]
         best = torch.where(latest >= 0, latest + n, best)
@@ -91,12 +86,13 @@ def lookup_tree(
     chain: tuple[torch.Tensor, ...],
 ) -> DraftTree:
     """The round's lookup drafts as a chain tree [B, 1 + num_draft] from `roots` (`device_lookup`): padding
-    past a row's drafts is invalid, never accepted. `chain`: the chain's constant parts (parents, depths,
-    ancestor_mask, valid positions) made once per shape, so a round builds none of them."""
-    parents, depths, ancestor_mask, idx = chain
+    past a row's drafts is invalid, never accepted (node d, at depth d, is valid iff d <= the row's drafts).
+    `chain`: the chain's constant parts (parents, depths, ancestor_mask) made once per shape, so a round builds
+    none of them."""
+    parents, depths, ancestor_mask = chain
     drafts, num_valid = device_lookup(history, lengths, roots, num_draft, max_ngram)
     tokens = torch.cat([roots[:, None], drafts], dim=1)
-    return DraftTree(tokens, parents, depths, ancestor_mask, idx <= num_valid[:, None], chain=True)
+    return DraftTree(tokens, parents, depths, ancestor_mask, depths <= num_valid[:, None], chain=True)
 
 
 class LookupShadow:
@@ -104,8 +100,8 @@ class LookupShadow:
     one row's context mirrored on the host from the tokens each round brings there anyway (no device work).
 
     The policy learns a lookup's acceptance from the rounds that run one; a policy in a plain streak (or running the
-    drafter's trees) ran none and would learn nothing until an exploration: on the CPU quickstart a sample whose
-    output started to loop after 5 rounds (pld τ 4.45) stayed plain for 68 rounds. The shadow makes the lookup at
+    drafter's trees) ran none and would learn nothing until an exploration, 16-64 plain rounds away
+    (`policy.AdaptivePolicy.choose`). The shadow makes the lookup at
     every such root too (`prompt_lookup`'s semantics: an incremental index of each n-gram's latest occurrence, so a
     round costs a few dict operations, not a scan of the context) and compares the draft with the tokens that
     follow it once they are known: the longest common prefix is exactly what the chain would have accepted at

@@ -15,10 +15,10 @@ Lookup chains are a family of their own: an `AcceptanceModel` and a `YieldCalibr
 (quoting, or writing anew) and not the drafter's skill; their costs are measured next to the trees' and are
 monotone within their family (`contains`). Besides the lookup rounds' own outcomes, the model hears what the
 longest chain would have accepted at the root of every other round (`observe_shadow`, from `pld.LookupShadow`):
-without it a plain streak learned of a looping output only at its next exploration (the CPU quickstart: a sample
-whose output looped from round 5 stayed plain for 68 rounds; with it, lookups ran from round 5). Exploration out of a plain streak runs the cheapest round of the
-family whose estimate is the better (the drafter's chain of one, or the shortest lookup chain), priced for the
-budget's floor at the dearer of the two. A fixed tree (`tree_widths=`) runs alone, without lookups, and
+without it a plain streak learns of an output that starts to repeat itself only at its next exploration, 16-64
+plain rounds later. Exploration out of a plain streak runs the cheapest round of the family whose estimate is the
+better (the drafter's chain of one, or the shortest lookup chain), priced for the budget's floor at the dearer of
+the two. A fixed tree (`tree_widths=`) runs alone, without lookups, and
 `GenerationConfig(auto_lookup=False)` leaves them out.
 
 Acceptance model (`AcceptanceModel`): for the accepted path's node at depth d, its RANK among the level's
@@ -384,18 +384,18 @@ class YieldCalibration:
 
 
 class FixedPolicy:
-    """The user's fixed tree: every round the same, nothing learned."""
+    """Every round the same candidate, nothing learned: the user's fixed tree, or pld's lookup chain."""
 
-    def __init__(self, widths: tuple[int, ...]):
-        self.widths = tuple(widths)
+    def __init__(self, widths: Candidate):
+        self.widths = _candidate(widths)
 
-    def choose(self, context_len: int) -> tuple[int, ...]:
+    def choose(self, context_len: int) -> Candidate:
         return self.widths
 
-    def observe(self, widths: tuple[int, ...], ranks: Sequence[int], context_len: int | None = None) -> None:
+    def observe(self, widths: Candidate, ranks: Sequence[int], context_len: int | None = None) -> None:
         pass
 
-    def observe_time(self, widths: tuple[int, ...], context_len: int, seconds: float) -> None:
+    def observe_time(self, widths: Candidate, context_len: int, seconds: float) -> None:
         pass
 
 
@@ -431,19 +431,12 @@ class AdaptivePolicy:
         self.lookup_calibration = YieldCalibration()
         # The cheapest round of each family explores out of a plain streak (`choose`).
         speculating = [t for t in drafter_trees if t]
-        self._explore_trees = tuple(
-            [min(speculating, key=lambda t: (sum(t), len(t)))] if speculating else []
-        ) + tuple([min(lookups, key=lambda t: t.length)] if lookups else [])
+        cheapest = [min(speculating, key=lambda t: (sum(t), len(t)))] if speculating else []
+        self._explore_trees = tuple(cheapest + ([min(lookups, key=lambda t: t.length)] if lookups else []))
         self._plain_streak = 0
         self._interval = explore_every  # grows while explorations fail (see the module docstring)
         self._exploring = False
         self._decision: tuple | None = None  # (context bucket, best, floor) of the last check
-
-    @property
-    def _explore_tree(self) -> Candidate:
-        """The drafter's cheapest tree, else the cheapest lookup chain, else () (what `_floor` is priced at when
-        one family is missing)."""
-        return self._explore_trees[0] if self._explore_trees else ()
 
     def start(self) -> None:
         """A new generation: a new prompt is a new text. The acceptance estimates stay (a short output need not
@@ -468,11 +461,21 @@ class AdaptivePolicy:
         family's realised yield."""
         if not widths:
             return 1.0
-        if isinstance(widths, Lookup):
-            model, calibration, widths = self.lookup_acceptance, self.lookup_calibration, widths.widths
-        else:
-            model, calibration = self.acceptance, self.calibration
+        model, calibration, widths = self._family(widths)
         return 1.0 + (model.expected_tokens(widths) - 1.0) * calibration.ratio
+
+    def _family(self, candidate: Candidate) -> tuple[AcceptanceModel, YieldCalibration, tuple[int, ...]]:
+        """A speculating candidate's acceptance model and yield calibration (the drafter's, or the lookup
+        chains'), and its level widths as that model sees them."""
+        if isinstance(candidate, Lookup):
+            return self.lookup_acceptance, self.lookup_calibration, candidate.widths
+        return self.acceptance, self.calibration, candidate
+
+    def _learn(self, candidate: Candidate, ranks: Sequence[int]) -> None:
+        """A speculating round's outcome into its family's calibration (realised vs predicted drafts) and model."""
+        model, calibration, widths = self._family(candidate)
+        calibration.observe(model.expected_tokens(widths) - 1.0, len(ranks))
+        model.observe(widths, ranks)
 
     def rates(self, context_len: int) -> dict[Candidate, float]:
         """Expected tokens per second of every candidate at this context length."""
@@ -524,13 +527,8 @@ class AdaptivePolicy:
         """A round's outcome: ranks of its accepted nodes (see AcceptanceModel.observe; a lookup chain's are all
         0). `context_len` (the round's) lets an exploration judge whether it changed the decision; without it,
         any accept counts."""
-        if isinstance(widths, Lookup):
-            chain = widths.widths
-            self.lookup_calibration.observe(self.lookup_acceptance.expected_tokens(chain) - 1.0, len(ranks))
-            self.lookup_acceptance.observe(chain, ranks)
-        elif widths:
-            self.calibration.observe(self.acceptance.expected_tokens(widths) - 1.0, len(ranks))
-            self.acceptance.observe(widths, ranks)
+        if widths:
+            self._learn(widths, ranks)
         else:
             self.calibration.discount(PLAIN_AGING)
             self.lookup_calibration.discount(PLAIN_AGING)
@@ -548,10 +546,8 @@ class AdaptivePolicy:
         exploration state is left alone (an exploring round's own outcome decides its interval)."""
         if not self.lookups:
             return
-        chain = max(self.lookups, key=lambda t: t.length).widths
-        ranks = [0] * min(accepted, len(chain))
-        self.lookup_calibration.observe(self.lookup_acceptance.expected_tokens(chain) - 1.0, len(ranks))
-        self.lookup_acceptance.observe(chain, ranks)
+        longest = max(self.lookups, key=lambda t: t.length)
+        self._learn(longest, [0] * min(accepted, longest.length))
 
     def observe_time(self, widths: Candidate, context_len: int, seconds: float) -> None:
         """The wall time of a round just run (its whole cost: it ended with its host copy)."""

@@ -33,9 +33,8 @@ def _device(history, lengths, roots, num_draft, max_ngram) -> list[list[int]]:
     return [drafts[row, :n].tolist() for row, n in enumerate(num_valid.tolist())]
 
 
-@pytest.mark.parametrize(
-    "vocab", [2, 3, 8, 256]
-)  # small vocabularies: repetitive texts, matches near the end
+# small vocabularies: repetitive texts, matches near the end
+@pytest.mark.parametrize("vocab", [2, 3, 8, 256])
 def test_device_lookup_equals_the_reference(vocab):
     """Rows of different lengths (0, 1 and 2 committed tokens among them), stale random tokens past each row's
     length (never context), n-gram sizes and draft lengths as pld and tree="auto" use them."""
