@@ -10,9 +10,10 @@ def batch_throughput(load_benchmark):
 
 def test_tiny_mode_writes_a_complete_table(batch_throughput, tmp_path, monkeypatch, capsys):
     """Batch 1 and 2 on CPU with the stand-in drafter accepting depth 1 always and depth 2 never: τ = 2 exactly
-    (tree 2,2,2; 8 tokens = the prefill's + 7 in rounds of 2, the last round's extra token truncated)."""
+    (tree 2,2,2; 8 tokens = the prefill's + 7 in rounds of 2, the last round's extra token truncated).
+    vanilla_fa decodes 5 tokens per row (--vanilla-fa-tokens), checked against ar's first 5."""
     monkeypatch.setenv("OUT", str(tmp_path))
-    batch_throughput.main(["--tiny", "--accept-profile", "1,0"])
+    batch_throughput.main(["--tiny", "--accept-profile", "1,0", "--vanilla-fa-tokens", "5"])
     result = json.loads((tmp_path / "batch_throughput.json").read_text())
     assert result["accept_profile"] == [1.0, 0.0] and result["expected_tau"] == 2.0
     assert result["tree_widths"] == [2, 2, 2] and result["vanilla_fa"] == "batched, the same prompts"
@@ -23,6 +24,7 @@ def test_tiny_mode_writes_a_complete_table(batch_throughput, tmp_path, monkeypat
         assert row["speedup"] == pytest.approx(row["longspec_tok_s"] / row["ar_tok_s"])
         assert row["speedup_vs_vanilla_fa"] == pytest.approx(row["longspec_tok_s"] / row["vanilla_fa_tok_s"])
         assert row["vanilla_fa_rows_equal_ar"] == row["batch"] and "ar_tokens" not in row  # fp32: all equal
+        assert row["vanilla_fa_tokens"] == 5
         # the script's own check: every sequence's longspec output == its ar output
         assert row["lossless"] == [True] * row["batch"] and row["longspec_matches_ar"]
         assert row["tau"] == 2.0 and row["tokens_per_row"] == [8] * row["batch"]
