@@ -778,14 +778,26 @@ class SpeculativeEngine:
         captures) its static steps; under tree="auto" it also measures that bucket's round costs, which runs
         every candidate tree. Without it, a timed call's first shrink built (captured) that bucket's steps inside
         its timing: the eval's batch-4 cells whose rows finished early ran at 0.45-0.53x of batched graph AR,
-        which was itself slower there than at batch 1 (docs/BENCHMARKS.md)."""
+        which was itself slower there than at batch 1 (docs/BENCHMARKS.md).
+
+        The tree policies learn nothing from it (their state is put back afterwards): its short calls decode one
+        prompt again and again, at buckets the timed calls may never reach, and what a drafter accepts there is
+        not what it accepts on the real batch. A drafter that accepted nothing in them (the batch benchmark's
+        stand-in proposes each row's own reference text, while every warm-up row decodes the one prompt) left
+        tree="auto" with a drafter estimate near zero that no later round revised: every exploration then tried
+        a lookup chain instead, and batch 16 at 8K decoded plain throughout (1.00x of batched graph AR, where batch 8 ran 1.45x,
+        docs/BENCHMARKS.md). The measured round costs, which describe the device, are kept."""
         prompt = torch.as_tensor(prompt, dtype=torch.long).flatten()
         self.reserve_for([prompt.numel()] * batch_size, config)
         rows = _rows(batch_size, config)
         buckets = [rows >> i for i in range(rows.bit_length())] if config.static else [batch_size]
         short = dataclasses.replace(config, max_new_tokens=min(tokens, config.max_new_tokens))
-        for size in buckets:
-            self.generate_batch([prompt] * size, short, method=method)
+        learned = self.policy_state()
+        try:
+            for size in buckets:
+                self.generate_batch([prompt] * size, short, method=method)
+        finally:
+            self.restore_policies(learned)
 
     def _ensure_cache(self, needed: int, batch_size: int = 1) -> None:
         """The target cache reserved for `needed` tokens per row (reused, or grown); the token history (a slot per

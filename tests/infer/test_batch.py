@@ -2,6 +2,7 @@
 sequence: at T=0 every sequence's tokens equal its own single-sequence greedy output, on every family, with
 ragged acceptance (a forcing drafter) and sequences that finish early (EOS) while the others run."""
 
+import copy
 import dataclasses
 
 import pytest
@@ -347,3 +348,42 @@ def test_device_lengths_are_copied_once_per_change():
     cache.lengths_t.fill_(-7)
     cache.sync_length()
     assert cache.lengths_t.tolist() == [5]
+
+
+def _learned(policy) -> tuple:
+    """What a tree policy has learned: both families' acceptance counts and yield calibrations, and the
+    observed round times."""
+    return (
+        policy.acceptance.hits,
+        policy.acceptance.trials,
+        policy.lookup_acceptance.hits,
+        policy.lookup_acceptance.trials,
+        vars(policy.calibration),
+        vars(policy.lookup_calibration),
+        policy.costs.mean,
+    )
+
+
+def test_warm_up_teaches_the_tree_policy_nothing():
+    """`warm_up`'s short calls decode one prompt at every bucket; what the drafter accepts there is not what it
+    accepts on the batch, so the policies come out of it as they went in: none on a fresh engine (its round
+    costs, measured, are kept), and after a real batch taught one, that one unchanged. The control: the same
+    short calls through `generate_batch` do change it."""
+    target = make_tiny_target("llama")
+    prompts = _prompts(3)
+    refs = [reference_greedy(target, p, 12) for p in prompts]
+    config = GenerationConfig(max_new_tokens=12, static_shapes=True, tree="auto")
+    engine = SpeculativeEngine(target, random_drafter(target))
+    engine.warm_up(max(prompts, key=len), config, batch_size=len(prompts))
+    assert engine.policies == {} and engine.cost_tables
+    results = engine.generate_batch(prompts, config)
+    assert [r.tokens for r in results] == refs
+    (key, policy), *others = engine.policies.items()
+    assert not others and policy.costs.mean  # it learned from the batch (its round times at least)
+    before = copy.deepcopy(_learned(policy))
+    engine.warm_up(max(prompts, key=len), config, batch_size=len(prompts))
+    assert list(engine.policies) == [key] and _learned(engine.policies[key]) == before
+    engine.generate_batch(
+        [max(prompts, key=len)] * len(prompts), dataclasses.replace(config, max_new_tokens=8)
+    )
+    assert _learned(engine.policies[key]) != before
