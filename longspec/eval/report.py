@@ -94,16 +94,27 @@ def throughput(agg: dict) -> float:
 
 
 def sample_quality(methods: dict[str, dict[str, list[dict]]], dataset: str) -> dict[str, dict]:
-    """id -> quality (longspec.eval.quality) of the target's own output for each sample of `dataset`: the
+    """id -> quality (longspec.eval.quality) of what the target wrote for each sample of `dataset`: the
     target-only reference method's output (greedy at T = 0, sampled at T > 0), else -- a run without one -- each
-    sample's output from the first method that has it."""
-    reference = greedy_reference([m for m in methods if dataset in methods[m]])
-    order = [reference] if reference else [m for m in methods if dataset in methods[m]]
+    sample's output from the first method that has it. A sample is degenerate too where another method's output
+    differs from that one and is degenerate itself: at T = 0 a bf16 near-tie can send one method into a loop the
+    reference never wrote (GPU, gov_report_8k: graph AR stopped after 19 tokens at an end-of-text near-tie,
+    longspec and pld went on with 109 tokens of one repeated sentence and read 3.9x and 4.3x), and a speed
+    measured on a loop is not a result. `judged_on` names the method whose output decided."""
+    present = [m for m in methods if dataset in methods[m]]
+    reference = greedy_reference(present)
+    order = [reference] + [m for m in present if m != reference] if reference else present
     quality: dict[str, dict] = {}
+    judged: dict[str, list[int]] = {}  # id -> the output its verdict is about
     for method in order:
         for record in methods[method][dataset]:
-            if record["id"] not in quality:
-                quality[record["id"]] = assess(record["output_ids"]).to_dict() | {"judged_on": method}
+            sample, output = record["id"], record["output_ids"]
+            if sample in quality and (quality[sample]["degenerate"] or output == judged[sample]):
+                continue
+            verdict = assess(output)
+            if sample not in quality or verdict.degenerate:
+                quality[sample] = verdict.to_dict() | {"judged_on": method}
+                judged[sample] = output
     return quality
 
 

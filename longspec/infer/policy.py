@@ -16,9 +16,13 @@ Lookup chains are a family of their own: an `AcceptanceModel` and a `YieldCalibr
 monotone within their family (`contains`). Besides the lookup rounds' own outcomes, the model hears what the
 longest chain would have accepted at the root of every other round (`observe_shadow`, from `pld.LookupShadow`):
 without it a plain streak learns of an output that starts to repeat itself only at its next exploration, 16-64
-plain rounds later. Exploration out of a plain streak runs the cheapest round of the family whose estimate is the
-better (the drafter's chain of one, or the shortest lookup chain), priced for the budget's floor at the dearer of
-the two. A fixed tree (`tree_widths=`) runs alone, without lookups, and
+plain rounds later. Exploration out of a plain streak runs the drafter's cheapest round once shadow lookups
+report: the lookup family's estimate is then current at every round, and an exploring lookup would learn nothing
+the shadow does not say. (Choosing the family with the better estimate instead starved the drafter wherever a
+lookup round is the cheaper one: at T=1 on the GPU, SmolLM2, every exploration of 18 samples ran a lookup chain,
+and the drafter, whose estimate no round revised, never ran at all.) Without shadow reports (a policy driven by
+hand), it runs the cheapest round of the family whose estimate is the better (the drafter's chain of one, or the
+shortest lookup chain). The budget's floor is priced at the dearest round that may explore. A fixed tree (`tree_widths=`) runs alone, without lookups, and
 `GenerationConfig(auto_lookup=False)` leaves them out.
 
 Acceptance model (`AcceptanceModel`): for the accepted path's node at depth d, its RANK among the level's
@@ -433,6 +437,7 @@ class AdaptivePolicy:
         speculating = [t for t in drafter_trees if t]
         cheapest = [min(speculating, key=lambda t: (sum(t), len(t)))] if speculating else []
         self._explore_trees = tuple(cheapest + ([min(lookups, key=lambda t: t.length)] if lookups else []))
+        self._shadowed = False  # set by the first shadow report: the lookup family then needs no exploration
         self._plain_streak = 0
         self._interval = explore_every  # grows while explorations fail (see the module docstring)
         self._exploring = False
@@ -489,10 +494,9 @@ class AdaptivePolicy:
 
     def choose(self, context_len: int) -> Candidate:
         """`best`, except where it is no speculation: every `_interval`-th consecutive such round (at least the
-        budget's floor, `_floor`) explores, with the cheapest round of the family (drafter tree or lookup chain)
-        whose expected rate is higher: each family's estimate is kept up by its own explorations, and a family
-        whose explorations fail falls behind the other until that one fails too. In a plain streak the decision
-        is re-checked every RECHECK_EVERY rounds or when the context bucket changes."""
+        budget's floor, `_floor`) explores, with a round of `_explorers` (the one with the higher expected rate).
+        In a plain streak the decision is re-checked every RECHECK_EVERY rounds or when the context bucket
+        changes."""
         bucket = context_bucket(context_len)
         if self._decision is None or self._decision[0] != bucket or self._plain_streak % RECHECK_EVERY == 0:
             best = self.best(context_len)
@@ -509,8 +513,17 @@ class AdaptivePolicy:
         ):
             self._exploring = True
             rates = self.rates(context_len)
-            return max(self._explore_trees, key=lambda t: rates[t])
+            return max(self._explorers(), key=lambda t: rates[t])
         return best
+
+    def _explorers(self) -> tuple[Candidate, ...]:
+        """The rounds an exploration may run: the drafter's cheapest once shadow lookups report (they keep the
+        lookup family's estimate current), else the cheapest of each family, whose estimates are then kept up
+        by their own explorations (see the module docstring)."""
+        if self._shadowed:
+            drafter = tuple(t for t in self._explore_trees if not isinstance(t, Lookup))
+            return drafter or self._explore_trees
+        return self._explore_trees
 
     def _floor(self, context_len: int) -> int:
         """The fewest plain rounds between explorations that keeps their extra cost within EXPLORE_BUDGET, priced
@@ -518,7 +531,7 @@ class AdaptivePolicy:
         learned times change every round)."""
         costs = self.costs.costs(context_len)
         plain = costs[()] if () in costs else min(costs.values())
-        explore = max((costs[t] for t in self._explore_trees), default=plain)
+        explore = max((costs[t] for t in self._explorers()), default=plain)
         if plain <= 0:
             return 1
         return max(1, math.ceil((explore - plain) / (EXPLORE_BUDGET * plain)))
@@ -546,6 +559,7 @@ class AdaptivePolicy:
         exploration state is left alone (an exploring round's own outcome decides its interval)."""
         if not self.lookups:
             return
+        self._shadowed = True
         longest = max(self.lookups, key=lambda t: t.length)
         self._learn(longest, [0] * min(accepted, longest.length))
 

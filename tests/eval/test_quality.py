@@ -104,3 +104,21 @@ def test_outputs_markdown_shows_the_reference_text_with_its_verdict():
     assert "## d / loop\n\nar, 64 tokens, distinct ratio 0.02, degenerate: low_distinct_ratio" in text
     assert "````text\n```x```\n````" in text
     assert " [...]" in text  # the real sample is cut at max_chars
+
+
+def test_a_loop_that_only_another_method_wrote_sets_the_sample_apart():
+    """At T=0 a bf16 near-tie can end the reference early while another method continues into a loop (GPU,
+    gov_report_8k: graph AR stopped after 19 tokens, longspec wrote 128 of one repeated sentence): that
+    method's speed was measured on the loop, so the sample is degenerate and the verdict names the method. A
+    method that differs without looping changes nothing."""
+    answer = _real(19)
+    looped = answer + answer[:10] * 11
+    methods = {
+        "ar": {"d": [_record("tie", answer, [0] * 19, 1.0), _record("ok", _real(64), [0] * 64, 1.0)]},
+        "pld": {"d": [_record("tie", answer, [0] * 19, 1.0), _record("ok", _real(64)[:60], [1] * 30, 0.5)]},
+        "longspec": {"d": [_record("tie", looped, [7] * 16, 0.1), _record("ok", _real(64), [1] * 32, 0.5)]},
+    }
+    spec = summarise(methods, greedy=True)["d"]["longspec"]
+    assert spec["quality"]["tie"]["degenerate"] and spec["quality"]["tie"]["judged_on"] == "longspec"
+    assert not spec["quality"]["ok"]["degenerate"] and spec["quality"]["ok"]["judged_on"] == "ar"
+    assert spec["num_degenerate"] == 1 and spec["num_samples"] == 1

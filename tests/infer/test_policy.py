@@ -652,9 +652,10 @@ def test_the_policy_takes_lookups_where_they_hit_trees_where_the_drafter_is_bett
 
 
 def test_explorations_try_the_lookup_chain_where_lookups_were_learned_to_hit():
-    """Out of a plain streak the exploring round is the cheapest of the family with the better estimate: after a
-    text that repeated itself (and a drafter that never helps) the lookup chain, so the policy comes back to
-    lookups when the text repeats again; explorations that fail still back off, within the budget's floor."""
+    """Without shadow reports, an exploring round out of a plain streak is the cheapest of the family with the
+    better estimate: after a text that repeated itself (and a drafter that never helps) the lookup chain, so the
+    policy comes back to lookups when the text repeats again; explorations that fail still back off, within the
+    budget's floor."""
     rng = random.Random(1)
     policy = AdaptivePolicy(NodeCosts(), AUTO_TREES + AUTO_LOOKUPS, explore_every=4)
     assert policy._explore_trees == ((1,), Lookup(2))
@@ -708,3 +709,41 @@ def test_shadow_lookups_move_a_plain_streak_to_lookups_without_an_exploration():
         if not isinstance(widths, Lookup):  # a lookup round's outcome is its own
             policy.observe_shadow(8)
     assert streak > 0 and isinstance(chosen[-1], Lookup) and chosen[-1].length == 8
+
+
+# ms per round, SmolLM2 at 4K, T=1, graphs: the round costs the GPU e2e measured at `3ba8683` (docs/BENCHMARKS.md)
+T1_COSTS_4K = {(): 1.197, (1,): 1.786, (1, 1): 2.065, (1, 1, 1, 1): 2.527, (2, 2, 2): 2.628, (4, 4, 4): 3.066,
+               (4, 8, 8, 8): 3.246, (4, 16, 16, 16): 3.465, BIG: 3.840, Lookup(2): 1.380, Lookup(4): 1.380,
+               Lookup(8): 1.391, Lookup(16): 1.414}  # fmt: skip
+
+
+@pytest.mark.parametrize("shadow", [True, False])
+def test_with_shadow_lookups_explorations_relearn_the_drafter_where_a_lookup_round_is_cheaper(shadow):
+    """The GPU's T=1 case: a lookup round costs 0.77 of the drafter's chain of one, and the drafter's estimate
+    is low (here: 10 rounds in which it accepted nothing, an earlier text). The text then becomes one the
+    drafter predicts (first choice right 65% a level: its trees pay ~1.2x) and lookups rarely hit (10%). With
+    shadow lookups reporting, explorations run the drafter's chain (the shadow keeps the lookup estimate
+    current), so the policy learns again that the drafter pays: over 8 seeds, more than half of the last 300
+    rounds run drafter trees (a failed burst still sends it back to plain until the next exploration). The
+    control, without shadow reports: each exploration runs the cheapest round of the family with the better
+    estimate, always the lookup chain here, and the drafter never runs again: the rule under which the GPU's
+    T=1 evaluations never ran the drafter."""
+    costs = MeasuredCosts(seconds={(4096, w): ms / 1e3 for w, ms in T1_COSTS_4K.items()})
+    late = 0
+    for seed in range(8):
+        policy = AdaptivePolicy(costs, AUTO_TREES + AUTO_LOOKUPS)
+        for _ in range(10):
+            policy.observe((1, 1), [], 4096)
+        rng, chosen = random.Random(seed), []
+        for _ in range(800):
+            widths = policy.choose(4096)
+            chosen.append(widths)
+            if isinstance(widths, Lookup):
+                ranks = [0] if rng.random() < 0.1 else []
+            else:
+                ranks = _ranks(rng, widths, 0.65)
+                if shadow:
+                    policy.observe_shadow(1 if rng.random() < 0.1 else 0)
+            policy.observe(widths, ranks, 4096)
+        late += sum(1 for c in chosen[-300:] if isinstance(c, tuple) and c)
+    assert late >= 0.5 * 8 * 300 if shadow else late == 0, late
