@@ -21,6 +21,9 @@
 #        PRESET=smollm2_long bash launch/gpu_e2e.sh   # [; PRESET=smollm2_long bash launch/gpu_e2e.sh]
 #    PRESET names the pipeline preset (default smollm2); each has its bundle (.cache_target/smollm2_e2e for
 #    smollm2, .cache_target/PRESET otherwise) and its work directory.
+# 4. The evaluations alone, of a drafter exported earlier (e.g. a run's $OUT/drafter): no data, no training; the
+#    target is converted, then the preset's evaluations run (a few minutes on an H200):
+#        PRESET=smollm2_long bash launch/gpu_e2e.sh drafter_path=/path/to/drafter
 # Output in $OUT (default outputs/gpu_e2e): report.md (tables), e2e_summary.json, e2e_logs.tar.gz (every step's
 # log, the eval results.json files, plots, training metrics), drafter/ (the latest exported drafter). The table is
 # printed last. A failed stage does not stop the run: evaluation uses the latest drafter that exists, or the

@@ -180,6 +180,7 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
     else:
         data_overrides = eval_data_overrides(preset, [os.path.join(corpus, "heldout_lcc.jsonl")])
     exports = [default_out_dir(os.path.join(out, "runs", f"stage{i}")) for i in (3, 2, 1)]
+    given = os.path.abspath(preset.drafter_path) if preset.drafter_path else None
     for ev in preset.evals:
         eval_dir = os.path.join(out, f"eval_{ev.name}" if ev.name else "eval")
 
@@ -202,12 +203,13 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
                 joint=eval_runs_command,
             )  # fmt: skip
 
-        step = eval_step(exports[0])
+        step = eval_step(given or exports[0])
         # --keep-going: an earlier stage's drafter when a later stage failed, else the baselines alone
-        step.alternatives = [
-            alt for alt in (*map(eval_step, exports[1:]), eval_step(None)) if alt is not None
-        ]
+        fallbacks = [] if given else exports[1:]
+        step.alternatives = [alt for alt in (*map(eval_step, fallbacks), eval_step(None)) if alt is not None]
         steps.append(step)
+    if given:  # a drafter to evaluate, not to train: no data or training step
+        steps = [s for s in steps if s.name in ("corpus", "convert_target") or s.name.startswith("eval")]
     return steps
 
 

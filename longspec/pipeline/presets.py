@@ -153,6 +153,9 @@ class PipelineConfig(Schema):
     )
     # [] = the eval's default, tree=auto (the tree, or no speculation, picked each round); widths fix the tree
     tree_widths: list[int] = field(default_factory=list)
+    # An exported drafter (a directory with config.json) to evaluate instead of training one: the plan keeps only
+    # the corpus (when the evaluation reads it), the target's conversion and the evaluations.
+    drafter_path: str | None = None
 
     def validate(self) -> None:
         check(
@@ -185,6 +188,10 @@ class PipelineConfig(Schema):
         names = [ev.name for ev in self.evals]
         check(len(set(names)) == len(names), f"eval plan names must differ, got {names}")
         check(all(w >= 1 for w in self.tree_widths), f"tree_widths must be positive, got {self.tree_widths}")
+        check(
+            self.drafter_path is None or os.path.isfile(os.path.join(self.drafter_path, "config.json")),
+            f"drafter_path={self.drafter_path}: no exported drafter there (no config.json)",
+        )
         if self.target_path is not None and self.target_path.startswith(PACKAGE_SCHEME):
             self.target_dir()  # a missing package directory is one clear line now, not at the first step
 

@@ -212,3 +212,24 @@ def test_the_target_answers_continue_only_under_the_same_command(tmp_path):
     assert out.read_text() == '{"id": "a"}\n'
     regenerate(["num_prompts=7"]).fn()
     assert not out.exists()
+
+
+def test_a_given_drafter_is_evaluated_without_data_or_training(tmp_path):
+    """drafter_path= evaluates an exported drafter through the preset's evaluations: the target is still
+    converted (and the corpus built where the evaluation reads it), nothing is tokenized or trained, and
+    --keep-going falls back to the baselines alone. A path without an exported drafter is one error."""
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
+    gguf = str(tmp_path / "model.gguf")
+    preset = load_preset("smollm2", [f"target_gguf={gguf}", f"drafter_path={drafter}"])
+    steps = plan(preset, str(tmp_path / "out"), data=str(tmp_path / "data_in"))
+    assert [s.name for s in steps] == ["convert_target", *(f"eval_{ev.name}" for ev in preset.evals)]
+    for step in steps[1:]:  # the fallback: the same evaluation's baselines, where it has any
+        assert f"drafter.path={drafter}" in _cmd(step) and len(step.alternatives) <= 1
+        assert not any(a.startswith("drafter.path=") for alt in step.alternatives for a in alt.cmd)
+    assert len(steps[1].alternatives) == 1  # eval_t0_graphs: ar, vanilla_fa and pld alone
+    cpu = plan(load_preset("cpu", [f"drafter_path={drafter}"]), str(tmp_path / "cpu"))
+    assert [s.name for s in cpu] == ["corpus", "eval"] and f"drafter.path={drafter}" in _cmd(cpu[1])
+    with pytest.raises(ValueError, match="no exported drafter there"):
+        load_preset("cpu", [f"drafter_path={tmp_path / 'missing'}"])
