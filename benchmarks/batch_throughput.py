@@ -148,8 +148,8 @@ def give_greedy_margin(target, generator: torch.Generator, scale: float = 0.01) 
     (tests/benchmarks/test_batch_throughput.py: 8 of 256 on its config), so a batched verify and an AR step, whose
     kernels round differently, leave each other's text within a few tokens, and the stand-in, which proposes the
     AR text, then accepts nothing. This makes the random target's greedy choice robust, at the same cost (same
-    shapes, same kernels): every layer's output projections (attention out, MLP down) are scaled by `scale`, so a position's residual stream is its token's embedding plus small context
-    terms, and (untied LM heads) the LM head's rows are the embedding rows permuted, so the greedy successor of
+    shapes, same kernels): every layer's output projections (attention out, MLP down) are scaled by `scale`, so
+    a position's residual stream is its token's embedding plus small context terms, and (untied LM heads) the LM head's rows are the embedding rows permuted, so the greedy successor of
     token x is perm(x), by a top-two logit gap far above bf16's rounding step (the same test: bf16 and fp32
     greedy then agree everywhere). A tied head can only repeat x.
     Returns what was done, for the JSON."""

@@ -785,8 +785,8 @@ class SpeculativeEngine:
         not what it accepts on the real batch. A drafter that accepted nothing in them (the batch benchmark's
         stand-in proposes each row's own reference text, while every warm-up row decodes the one prompt) left
         tree="auto" with a drafter estimate near zero that no later round revised: every exploration then tried
-        a lookup chain instead, and batch 16 at 8K decoded plain throughout (1.00x of batched graph AR, where batch 8 ran 1.45x,
-        docs/BENCHMARKS.md). The measured round costs, which describe the device, are kept."""
+        a lookup chain instead, and batch 16 at 8K decoded plain throughout (1.00x of batched graph AR, where
+        batch 8 ran 1.45x, docs/BENCHMARKS.md). The measured round costs, which describe the device, are kept."""
         prompt = torch.as_tensor(prompt, dtype=torch.long).flatten()
         self.reserve_for([prompt.numel()] * batch_size, config)
         rows = _rows(batch_size, config)

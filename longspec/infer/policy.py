@@ -22,8 +22,8 @@ the shadow does not say. (Choosing the family with the better estimate instead s
 lookup round is the cheaper one: at T=1 on the GPU, SmolLM2, every exploration of 18 samples ran a lookup chain,
 and the drafter, whose estimate no round revised, never ran at all.) Without shadow reports (a policy driven by
 hand), it runs the cheapest round of the family whose estimate is the better (the drafter's chain of one, or the
-shortest lookup chain). The budget's floor is priced at the dearest round that may explore. A fixed tree (`tree_widths=`) runs alone, without lookups, and
-`GenerationConfig(auto_lookup=False)` leaves them out.
+shortest lookup chain). The budget's floor is priced at the dearest round that may explore. A fixed tree
+(`tree_widths=`) runs alone, without lookups, and `GenerationConfig(auto_lookup=False)` leaves them out.
 
 Acceptance model (`AcceptanceModel`): for the accepted path's node at depth d, its RANK among the level's
 candidates (its slot in the level, best first) is observed; a level of width w accepts iff the rank is < w. The
@@ -31,12 +31,14 @@ rank's distribution per depth is kept as discrete hazards over rank buckets [0,1
 [16,...), h_j = P(rank in bucket j | rank >= bucket j's start), each a decayed success / trial count with a
 prior. A rejection at depth d with width w says only "rank >= w" (censored): it counts as a miss for the
 buckets below w and says nothing about the others, so one model serves every candidate, including trees that
-are not running (Kaplan-Meier style). Counts decay every round, so the estimate follows the text and
-unobserved depths drift back to their prior. Depth 1 has a fixed prior; depth d > 1 takes depth d-1's estimate
+are not running (Kaplan-Meier style). Counts decay at every round the model observes (the family's own rounds;
+for lookups also every shadow report), so the estimate follows the text and depths those rounds do not reach
+drift back to their prior; while the family does not run, its estimate stands. Depth 1 has a fixed prior; depth d > 1 takes depth d-1's estimate
 as its prior (hierarchical): deep levels are reached in few rounds, and a fixed optimistic prior there
 overstated a big tree's yield (the first policy kept the full tree at 0.73x of plain decoding on the GPU,
-docs/BENCHMARKS.md), while acceptance per level, given the level above was accepted, changes little with depth. While "no speculation" wins nothing is observed: every
-`explore_every`-th such round runs the cheapest speculating candidate instead, so the policy can come back; an
+docs/BENCHMARKS.md), while acceptance per level, given the level above was accepted, changes little with
+depth. While "no speculation" wins the drafter is not observed: every `explore_every`-th such round explores
+instead (the drafter's cheapest round, see above), so the policy can come back; an
 exploration after which "no speculation" still wins doubles the interval (up to MAX_EXPLORE_EVERY; each call
 starts again from `explore_every`), one that changes the decision resets it, so a drafter that cannot help costs
 ever less (at most one chain round in 64: ~1% of the time where a chain round costs 1.5 plain steps). The interval
@@ -527,7 +529,7 @@ class AdaptivePolicy:
 
     def _floor(self, context_len: int) -> int:
         """The fewest plain rounds between explorations that keeps their extra cost within EXPLORE_BUDGET, priced
-        at the dearer exploring round (decided with `best`, every RECHECK_EVERY rounds of a plain streak: the
+        at the dearest round of `_explorers` (decided with `best`, every RECHECK_EVERY rounds of a plain streak: the
         learned times change every round)."""
         costs = self.costs.costs(context_len)
         plain = costs[()] if () in costs else min(costs.values())
