@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import functools
 import gzip
-import json
 import os
 import time
 
 import torch
 
+from longspec.atomic import write_json_atomic
 from longspec.infer.baselines import run_method
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.pipeline.code_target.presets import MODEL_PRESETS
@@ -143,8 +143,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 flush=True,
             )
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "decode_methods.json"), "w") as f:
-            json.dump({**run_info(device=device, argv=argv), "args": vars(args), "rows": rows}, f, indent=1)
+        write_json_atomic(
+            os.path.join(os.environ["OUT"], "decode_methods.json"),
+            {**run_info(device=device, argv=argv), "args": vars(args), "rows": rows},
+        )
     return rows
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from longspec.atomic import write_json_atomic  # noqa: E402
 from longspec.drafter import Drafter, DrafterConfig  # noqa: E402
 from longspec.infer import graphs  # noqa: E402
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine  # noqa: E402
@@ -150,8 +150,7 @@ def main(argv=None):
     }
     out = os.path.join(os.environ["OUT"], "host_ops.json") if os.environ.get("OUT") else args.json
     if out:
-        with open(out, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json_atomic(out, result)
         print(f"wrote {out}")
     return result
 

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import time
 
 import torch
 
+from longspec.atomic import write_json_atomic
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.infer.accept import greedy_accept
 from longspec.infer.baselines import _cache_kwarg, _CompiledDecoder, using_attn_implementation
@@ -423,8 +423,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     out_dir = os.environ.get("OUT")
     path = os.path.join(out_dir, "round_latency.json") if out_dir else args.json
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json_atomic(path, result)
     for r in rows:
         checks = {k: r[k] for k in r if k.endswith(("_diff", "_matches_eager"))}
         print(f"checks at {r['context']}: " + ", ".join(f"{k}={v}" for k, v in checks.items()))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import time
@@ -28,6 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from longspec.atomic import write_json_atomic
 from longspec.provenance import run_info
 from longspec.testing import llama31_8b_config, random_target, smollm2_135m_config
 
@@ -364,8 +364,7 @@ def main(argv: list[str] | None = None) -> dict:
             }
         report["results"].append(result)
         if dist_info.rank == 0:  # rewritten after every case: a crash later still leaves these results
-            with open(path, "w") as f:
-                json.dump(report, f, indent=2)
+            write_json_atomic(path, report)
     if dist_info.rank == 0:
         print(
             f"\n{report['device']}, {dist_info.world_size} process(es), ZeRO-{args.zero_stage}, {precision}\n"

@@ -16,7 +16,6 @@ JSON to $OUT/tree_sampling.json when OUT is set, else to --json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -25,6 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from round_latency import Timer, markdown_table  # noqa: E402
 
+from longspec.atomic import write_json_atomic  # noqa: E402
 from longspec.infer.accept import target_distribution  # noqa: E402
 from longspec.infer.engine import DEFAULT_TREE_WIDTHS  # noqa: E402
 from longspec.infer.tree import TreeLayout  # noqa: E402
@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = os.environ.get("OUT")
     path = os.path.join(out_dir, "tree_sampling.json") if out_dir else args.json
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json_atomic(path, result)
     cols = [
         ("vocab", "vocab", "d"),
         ("batch", "batch", "d"),

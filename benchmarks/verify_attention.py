@@ -34,6 +34,7 @@ import sys
 
 import torch
 
+from longspec.atomic import write_json_atomic
 from longspec.infer.policy import DEFAULT_TREE_WIDTHS
 from longspec.kernels.fused_mask_attn import fused_mask_attn, fused_mask_attn_naive
 from longspec.kernels.split_kv_attn import split_kv_attn
@@ -372,8 +373,7 @@ def main(argv=None) -> int:
     meta = run_info(argv=argv)
     table = markdown_ragged(rows) if args.ragged else markdown(rows)
     path = os.path.join(os.environ["OUT"], "verify_attention.json") if os.environ.get("OUT") else args.json
-    with open(path, "w") as f:
-        json.dump({"meta": meta, "rows": rows, "table": table}, f, indent=1)
+    write_json_atomic(path, {"meta": meta, "rows": rows, "table": table})
     print(f"\n{meta}\n\n{table}")
     return 0 if all(r["correct"] for r in rows) else 1
 
