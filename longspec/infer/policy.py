@@ -16,14 +16,13 @@ Lookup chains are a family of their own: an `AcceptanceModel` and a `YieldCalibr
 monotone within their family (`contains`). Besides the lookup rounds' own outcomes, the model hears what the
 longest chain would have accepted at the root of every other round (`observe_shadow`, from `pld.LookupShadow`):
 without it a plain streak learns of an output that starts to repeat itself only at its next exploration, 16-64
-plain rounds later. Exploration out of a plain streak runs the drafter's cheapest round once shadow lookups
-report: the lookup family's estimate is then current at every round, and an exploring lookup would learn nothing
-the shadow does not say. (Choosing the family with the better estimate instead starved the drafter wherever a
-lookup round is the cheaper one: at T=1 on the GPU, SmolLM2, every exploration of 18 samples ran a lookup chain,
-and the drafter, whose estimate no round revised, never ran at all.) Without shadow reports (a policy driven by
-hand), it runs the cheapest round of the family whose estimate is the better (the drafter's chain of one, or the
-shortest lookup chain). The budget's floor is priced at the dearest round that may explore. A fixed tree
-(`tree_widths=`) runs alone, without lookups, and `GenerationConfig(auto_lookup=False)` leaves them out.
+plain rounds later. So only the drafter needs exploring: out of a plain streak the exploring round is the
+drafter's cheapest (the shortest lookup chain where the candidates hold no drafter tree), and whoever runs a
+policy with lookups reports the shadow (the engine does, every round). (Exploring the family with the better
+estimate instead starved the drafter wherever a lookup round is the cheaper one: at T=1 on the GPU, SmolLM2,
+every exploration of 18 samples ran a lookup chain, and the drafter, whose estimate no round revised, never ran
+at all.) A fixed tree (`tree_widths=`) runs alone, without lookups, and `GenerationConfig(auto_lookup=False)`
+leaves them out.
 
 Acceptance model (`AcceptanceModel`): for the accepted path's node at depth d, its RANK among the level's
 candidates (its slot in the level, best first) is observed; a level of width w accepts iff the rank is < w. The
@@ -33,12 +32,12 @@ prior. A rejection at depth d with width w says only "rank >= w" (censored): it 
 buckets below w and says nothing about the others, so one model serves every candidate, including trees that
 are not running (Kaplan-Meier style). Counts decay at every round the model observes (the family's own rounds;
 for lookups also every shadow report), so the estimate follows the text and depths those rounds do not reach
-drift back to their prior; while the family does not run, its estimate stands. Depth 1 has a fixed prior; depth d > 1 takes depth d-1's estimate
-as its prior (hierarchical): deep levels are reached in few rounds, and a fixed optimistic prior there
-overstated a big tree's yield (the first policy kept the full tree at 0.73x of plain decoding on the GPU,
-docs/BENCHMARKS.md), while acceptance per level, given the level above was accepted, changes little with
-depth. While "no speculation" wins the drafter is not observed: every `explore_every`-th such round explores
-instead (the drafter's cheapest round, see above), so the policy can come back; an
+drift back to their prior; while the family does not run, its estimate stands. Depth 1 has a fixed prior;
+depth d > 1 takes depth d-1's estimate as its prior (hierarchical): deep levels are reached in few rounds, and
+a fixed optimistic prior there overstated a big tree's yield (the first policy kept the full tree at 0.73x of
+plain decoding on the GPU, docs/BENCHMARKS.md), while acceptance per level, given the level above was accepted,
+changes little with depth. While "no speculation" wins the drafter is not observed: every `explore_every`-th
+such round explores instead (the drafter's cheapest round, see above), so the policy can come back; an
 exploration after which "no speculation" still wins doubles the interval (up to MAX_EXPLORE_EVERY; each call
 starts again from `explore_every`), one that changes the decision resets it, so a drafter that cannot help costs
 ever less (at most one chain round in 64: ~1% of the time where a chain round costs 1.5 plain steps). The interval
@@ -435,11 +434,14 @@ class AdaptivePolicy:
         # document, then paraphrasing). A chain's rank is always 0; no match is a miss at depth 1.
         self.lookup_acceptance = AcceptanceModel(max((t.length for t in lookups), default=1))
         self.lookup_calibration = YieldCalibration()
-        # The cheapest round of each family explores out of a plain streak (`choose`).
+        # The round that explores out of a plain streak (`choose`): the drafter's cheapest; the lookups' estimate
+        # is kept by the shadow reports (`observe_shadow`), unless there is no drafter tree to explore.
         speculating = [t for t in drafter_trees if t]
-        cheapest = [min(speculating, key=lambda t: (sum(t), len(t)))] if speculating else []
-        self._explore_trees = tuple(cheapest + ([min(lookups, key=lambda t: t.length)] if lookups else []))
-        self._shadowed = False  # set by the first shadow report: the lookup family then needs no exploration
+        self._explore: Candidate | None = (
+            min(speculating, key=lambda t: (sum(t), len(t)))
+            if speculating
+            else min(lookups, key=lambda t: t.length, default=None)
+        )
         self._plain_streak = 0
         self._interval = explore_every  # grows while explorations fail (see the module docstring)
         self._exploring = False
@@ -496,9 +498,8 @@ class AdaptivePolicy:
 
     def choose(self, context_len: int) -> Candidate:
         """`best`, except where it is no speculation: every `_interval`-th consecutive such round (at least the
-        budget's floor, `_floor`) explores, with a round of `_explorers` (the one with the higher expected rate).
-        In a plain streak the decision is re-checked every RECHECK_EVERY rounds or when the context bucket
-        changes."""
+        budget's floor, `_floor`) explores, with the drafter's cheapest round (`_explore`). In a plain streak the
+        decision is re-checked every RECHECK_EVERY rounds or when the context bucket changes."""
         bucket = context_bucket(context_len)
         if self._decision is None or self._decision[0] != bucket or self._plain_streak % RECHECK_EVERY == 0:
             best = self.best(context_len)
@@ -510,30 +511,20 @@ class AdaptivePolicy:
         self._plain_streak += 1
         if (
             self.explore_every
-            and self._explore_trees
+            and self._explore is not None
             and self._plain_streak % max(self._interval, floor) == 0
         ):
             self._exploring = True
-            rates = self.rates(context_len)
-            return max(self._explorers(), key=lambda t: rates[t])
+            return self._explore
         return best
-
-    def _explorers(self) -> tuple[Candidate, ...]:
-        """The rounds an exploration may run: the drafter's cheapest once shadow lookups report (they keep the
-        lookup family's estimate current), else the cheapest of each family, whose estimates are then kept up
-        by their own explorations (see the module docstring)."""
-        if self._shadowed:
-            drafter = tuple(t for t in self._explore_trees if not isinstance(t, Lookup))
-            return drafter or self._explore_trees
-        return self._explore_trees
 
     def _floor(self, context_len: int) -> int:
         """The fewest plain rounds between explorations that keeps their extra cost within EXPLORE_BUDGET, priced
-        at the dearest round of `_explorers` (decided with `best`, every RECHECK_EVERY rounds of a plain streak: the
+        at the exploring round's cost (decided with `best`, every RECHECK_EVERY rounds of a plain streak: the
         learned times change every round)."""
         costs = self.costs.costs(context_len)
         plain = costs[()] if () in costs else min(costs.values())
-        explore = max((costs[t] for t in self._explorers()), default=plain)
+        explore = plain if self._explore is None else costs[self._explore]
         if plain <= 0:
             return 1
         return max(1, math.ceil((explore - plain) / (EXPLORE_BUDGET * plain)))
@@ -561,7 +552,6 @@ class AdaptivePolicy:
         exploration state is left alone (an exploring round's own outcome decides its interval)."""
         if not self.lookups:
             return
-        self._shadowed = True
         longest = max(self.lookups, key=lambda t: t.length)
         self._learn(longest, [0] * min(accepted, longest.length))
 
