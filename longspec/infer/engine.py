@@ -397,21 +397,21 @@ class SpeculativeEngine:
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         stats = [GenerationStats(method=method, prompt_len=n) for n in lengths]
 
+        shadows = None
         with timer(stats[0], "prefill_s", self.device):
             roots = self._prefill(prompts, config, generator)  # [B]
             if spec.drafts is not None:  # drafter and lookup both read the history
                 self.history.prefill(prompts)
             if spec.needs_drafter:
                 self.draft_step.prefill(prompts)
+            # tree="auto" with lookups: each row's shadow lookup, its prompt indexed on the host (host work of the
+            # call's start, counted with the prefill: it grows with the prompt and was timed by neither clock)
+            if getattr(policy, "lookups", ()):
+                length = max(lookup.length for lookup in policy.lookups)
+                shadows = [LookupShadow(p.tolist(), length, config.pld_max_ngram) for p in prompts]
         emitted = [[token] for token in roots.tolist()]  # host sync: the first tokens
-        shadows = None
-        # tree="auto" with lookups: each row's shadow lookup (the prompts read on the host, before the clock)
-        if getattr(policy, "lookups", ()):
-            length = max(lookup.length for lookup in policy.lookups)
-            shadows = [
-                LookupShadow(p.tolist() + e, length, config.pld_max_ngram)
-                for p, e in zip(prompts, emitted, strict=True)
-            ]
+        for shadow, first in zip(shadows or (), emitted, strict=False):
+            shadow.extend(first, shadow=False)  # the first token: context, not a round's root
 
         clock = PhaseClock(self.device)
         decode_start = now(self.device)
@@ -652,8 +652,8 @@ class SpeculativeEngine:
         random draws are made here, outside the step, so a replayed graph gets fresh ones. A tree without
         `draft_probs` (a lookup chain, or deterministic candidates) is accepted by the deterministic-candidate
         rule at T > 0, whatever `sampling_rule` says: exact for drafts that are a function of the context.
-        `record`: a plain round's token history, which receives the round's token at each row's committed length in the same
-        step (its warm-up runs write the same token to the same uncommitted slot: harmless)."""
+        `record`: a plain round's token history, which receives the round's token at each row's committed length
+        in the same step (its warm-up runs write the same token to the same uncommitted slot: harmless)."""
         sampling = config.temperature > 0
         head_inputs = (tree.parents, tree.valid)
         if sampling:

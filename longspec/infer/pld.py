@@ -110,15 +110,19 @@ class LookupShadow:
 
     def __init__(self, prompt: list[int], length: int, max_ngram: int):
         self.length, self.max_ngram = length, max_ngram
-        self.context: list[int] = []
+        self.context = list(prompt)
         # n-gram -> the position after its latest occurrence, for n-grams that end before the last token (the
-        # reference's windows: earlier occurrences only)
+        # reference's windows: earlier occurrences only). Built for the prompt in one pass per n rather than by
+        # `_append` a token at a time: the prompt can be 128K tokens per row, and this runs before the first round.
         self.index: dict[tuple[int, ...], int] = {}
-        self.pending: list[
-            list
-        ] = []  # [draft, tokens matched so far]: resolved by the tokens that follow its root
-        for token in prompt:
-            self._append(token)
+        size = len(self.context)
+        for n in range(
+            1, min(max_ngram, size - 1) + 1
+        ):  # windows [s, s + n), s + n <= size - 1: the latest kept
+            grams = zip(*(self.context[i : size - n + i] for i in range(n)), strict=True)
+            self.index.update(zip(grams, range(n, size), strict=True))
+        # [draft, tokens matched so far]: resolved by the tokens that follow its root
+        self.pending: list[list] = []
 
     def draft(self) -> list[int]:
         """`prompt_lookup(context, length, max_ngram)` from the index."""

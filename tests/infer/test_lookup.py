@@ -156,7 +156,7 @@ def test_the_ring_after_lookup_rounds_is_the_prefill_of_the_committed_text():
         draft = engine.draft_step
         draft.catch_up(engine.cache.lengths_t)
         got = [_ring_by_position(engine.drafter_cache, row) for row in range(2)]
-        committed = [draft.history[row, :n].clone() for row, n in enumerate(engine.cache.lengths)]
+        committed = [draft.history.tokens[row, :n].clone() for row, n in enumerate(engine.cache.lengths)]
         for text, prompt, result in zip(committed, prompts, results, strict=True):
             known = torch.cat([prompt, torch.tensor(result.tokens)])[: text.numel()]
             assert text[: known.numel()].tolist() == known.tolist()
@@ -268,3 +268,17 @@ def test_plain_rounds_tell_the_policy_what_a_lookup_would_have_accepted(monkeypa
             )  # rounds settled in the call
             expected += _shadow_outcomes(context, list(roots), max(c.length for c in AUTO_LOOKUPS), 3)
         assert sorted(heard) == sorted(expected) and max(heard) > 0
+
+
+@pytest.mark.parametrize("vocab", [3, 50])
+def test_the_shadow_indexes_a_prompt_as_appending_it_token_by_token(vocab):
+    """The prompt's n-gram index, built in one pass per n, is the one `_append` builds a token at a time (every
+    prompt length from 0, short ones included)."""
+    rng = random.Random(vocab)
+    for size in [*range(6), 40]:
+        prompt = [rng.randrange(vocab) for _ in range(size)]
+        built = LookupShadow([], 8, 3)
+        for token in prompt:
+            built._append(token)
+        shadow = LookupShadow(prompt, 8, 3)
+        assert shadow.index == built.index and shadow.context == built.context
