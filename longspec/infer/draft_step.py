@@ -37,12 +37,7 @@ class DraftStep:
         self.vocab_size = vocab_size
         self.device = device
         self.cache: DrafterCache | None = None  # the ring buffer, allocated by `allocate`
-        self.token_history = history  # the committed tokens by position (the engine's)
-
-    @property
-    def history(self) -> torch.Tensor | None:
-        """The committed token ids by position [B, slots] (`TokenHistory.tokens`)."""
-        return self.token_history.tokens
+        self.history = history  # the committed tokens by position (the engine's)
 
     def allocate(self, dtype: torch.dtype, batch_size: int = 1) -> bool:
         """Allocate the ring buffer (in the target cache's dtype, one row per sequence) on first use; later calls
@@ -86,7 +81,7 @@ class DraftStep:
         positions = lengths[:, None] - window + torch.arange(window, device=lengths.device)  # [B, W]
         first_missing = self.cache.positions.amax(1, keepdim=True).clamp(min=-1) + 1  # [B, 1]
         missing = positions >= first_missing
-        ids = self.history.gather(1, positions.clamp(min=0))
+        ids = self.history.tokens.gather(1, positions.clamp(min=0))
         self.drafter.fill_cache(self.cache, ids, torch.where(missing, positions, -1))
 
     def fill_path(
