@@ -64,9 +64,9 @@ from longspec.eval.divergence import analyse_divergence  # noqa: E402
 from longspec.eval.report import pooled_acceptance_profile  # noqa: E402
 from longspec.infer.baselines import run_method_batch  # noqa: E402
 from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine  # noqa: E402
+from longspec.infer.policy import named_by_bucket  # noqa: E402
 from longspec.infer.round_costs import cost_mode  # noqa: E402
 from longspec.infer.slots import bucket  # noqa: E402
-from longspec.infer.tree import candidate_order, tree_name  # noqa: E402
 from longspec.provenance import run_info  # noqa: E402
 
 MAX_PROFILE_DEPTH = 64  # profile entries past the given ones are 0
@@ -149,7 +149,8 @@ def give_greedy_margin(target, generator: torch.Generator, scale: float = 0.01) 
     kernels round differently, leave each other's text within a few tokens, and the stand-in, which proposes the
     AR text, then accepts nothing. This makes the random target's greedy choice robust, at the same cost (same
     shapes, same kernels): every layer's output projections (attention out, MLP down) are scaled by `scale`, so
-    a position's residual stream is its token's embedding plus small context terms, and (untied LM heads) the LM head's rows are the embedding rows permuted, so the greedy successor of
+    a position's residual stream is its token's embedding plus small context terms, and (untied LM heads) the
+    LM head's rows are the embedding rows permuted, so the greedy successor of
     token x is perm(x), by a top-two logit gap far above bf16's rounding step (the same test: bf16 and fp32
     greedy then agree everywhere). A tied head can only repeat x.
     Returns what was done, for the JSON."""
@@ -275,11 +276,8 @@ def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> tuple[d
         row["round_costs_ms"] = {k: round(v * 1e3, 4) for k, v in table.to_dict().items()}
         policy = next(p for p in engine.policies.values() if p.costs.base is table)
         row["observed_round_ms"] = {
-            f"{b}:{tree_name(w)}": round(s * 1e3, 4)
-            for (b, w), s in sorted(
-                policy.costs.mean.items(), key=lambda kv: (kv[0][0], *candidate_order(kv[0][1]))
-            )
-        }  # a lookup chain (tree.Lookup) does not compare with level widths: policy's candidate order
+            k: round(v * 1e3, 4) for k, v in named_by_bucket(policy.costs.mean).items()
+        }
     return row, [a.tokens for a in ar]
 
 

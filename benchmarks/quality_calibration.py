@@ -39,15 +39,8 @@ SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
 
 
 def score(tokens: list[int]) -> dict:
-    quality = assess(tokens)
-    return {
-        "num_tokens": quality.num_tokens,
-        "distinct_ratio": quality.distinct_ratio,
-        "repeated_share": quality.repeated_share,
-        "loop_fraction": quality.loop_fraction,
-        "degenerate": quality.degenerate,
-        "reason": quality.reason,
-    }
+    """The guard's verdict on `tokens` and the scales it was read from (`Quality.to_dict`)."""
+    return assess(tokens).to_dict()
 
 
 def corpus_windows(files: list[str], tokenizer, window: int, max_windows: int, seed: int) -> list[dict]:

@@ -96,6 +96,7 @@ __all__ = [
     "RoundTimes",
     "YieldCalibration",
     "context_bucket",
+    "named_by_bucket",
 ]
 
 DEFAULT_TREE_WIDTHS = (4, 16, 16, 16, 16)  # ALGORITHM §4.1's dynamic beam, the largest tree="auto" candidate
@@ -208,8 +209,14 @@ class MeasuredCosts:
         return [b for b in buckets if any((b, w) not in self.seconds for w in trees)]
 
     def to_dict(self) -> dict:
-        items = sorted(self.seconds.items(), key=lambda item: (item[0][0], *candidate_order(item[0][1])))
-        return {f"{b}:{tree_name(w)}": s for (b, w), s in items}
+        return named_by_bucket(self.seconds)
+
+
+def named_by_bucket(seconds: dict) -> dict[str, float]:
+    """A per (context bucket, candidate) table keyed "bucket:name" (`tree_name`), buckets ascending and in each
+    the candidates in `candidate_order` (a Lookup does not compare with level widths): for reports and JSON."""
+    items = sorted(seconds.items(), key=lambda item: (item[0][0], *candidate_order(item[0][1])))
+    return {f"{b}:{tree_name(w)}": s for (b, w), s in items}
 
 
 class AcceptanceModel:

@@ -101,8 +101,8 @@ def measure_round_costs(
         # graph capture). Another process on the same cores only ever adds time, and unevenly: with the test
         # suite running beside it, the CPU quickstart's median measured a plain step at 2K as 16.9 ms and at 1K
         # as 33.6 (6.4 ms quiet), and lookup8 at 2.4 plain steps, so the policy decoded plain where pld ran
-        # 1.9x of plain decoding. The rounds' observed times correct the table while decoding (policy.RoundTimes),
-        # but only for the candidates that run.
+        # 1.9x of plain decoding (docs/BENCHMARKS.md). The rounds' observed times correct the table while
+        # decoding (policy.RoundTimes), but only for the candidates that run.
         for rep in range(reps + 1):
             for widths in candidates:
                 engine.cache.length = length
