@@ -10,9 +10,8 @@ by a lookup than by any drafter.
     cost(widths, context)   = measured seconds of the engine's real round (draft + verify + accept + commit)
     pick argmax expected tokens / cost
 
-Lookup chains are a family of their own: an `AcceptanceModel` and a `YieldCalibration` apart from the drafter's,
-with a longer memory and priors of their own (LOOKUP_*; a chain's accepted rank is always 0; no match is a miss
-at depth 1), since whether a lookup hits follows the text
+Lookup chains are a family of their own: an `AcceptanceModel` and a `YieldCalibration` apart from the drafter's
+(a chain's accepted rank is always 0; no match is a miss at depth 1), since whether a lookup hits follows the text
 (quoting, or writing anew) and not the drafter's skill; their costs are measured next to the trees' and are
 monotone within their family (`contains`). Besides the lookup rounds' own outcomes, the model hears what the
 longest chain would have accepted at the root of every other round (`observe_shadow`, from `pld.LookupShadow`):
@@ -147,12 +146,6 @@ CARRY_OVER = 0.1
 # cannot help stays unused. (The bursty text of tests/infer/test_policy.py, at the SmolLM2 round costs: 1.06x ->
 # 1.15x of plain decoding; a useless drafter unchanged at 0.99x.)
 PLAIN_AGING = 0.8
-# The lookup family's estimates (AdaptivePolicy.__init__ says why they differ from the drafter's): memory ~100
-# rounds, a text assumed to repeat itself at one root in ten until the shadow says otherwise, and a yield
-# calibration that one hit of a typical run length cannot swing.
-LOOKUP_DECAY = 0.99
-LOOKUP_PRIOR_FIRST = 0.1
-LOOKUP_CALIBRATION_PRIOR = 8.0
 
 
 def context_bucket(context_len: int) -> int:
@@ -446,16 +439,8 @@ class AdaptivePolicy:
         # Lookup chains have a model and a calibration of their own: their acceptance is the text's
         # repetitiveness, not the drafter's skill, and the two change independently (a summary quoting its
         # document, then paraphrasing). A chain's rank is always 0; no match is a miss at depth 1.
-        # The shadow reports a lookup outcome at every round, so this family is observed ~every round (the
-        # drafter's only while it runs) and can afford a long memory; and its outcomes are heavy-tailed (nothing,
-        # or a run of ~8 drafts where the text repeats). With the drafter's settings (memory ~33 rounds, depth-1
-        # prior 0.5, calibration prior of 1 draft) one hit in a hundred roots raised the estimate past a lookup
-        # round's cost for a burst of rounds, and a hit rate of 10% flapped between lookups and plain rounds
-        # (tests/infer/test_policy.py: `test_lookup_estimates_neither_burst_on_rare_hits_nor_flap_on_steady_ones`).
-        self.lookup_acceptance = AcceptanceModel(
-            max((t.length for t in lookups), default=1), decay=LOOKUP_DECAY, prior_first=LOOKUP_PRIOR_FIRST
-        )
-        self.lookup_calibration = YieldCalibration(prior_drafts=LOOKUP_CALIBRATION_PRIOR)
+        self.lookup_acceptance = AcceptanceModel(max((t.length for t in lookups), default=1))
+        self.lookup_calibration = YieldCalibration()
         # The round that explores out of a plain streak (`choose`): the drafter's cheapest; the lookups' estimate
         # is kept by the shadow reports (`observe_shadow`), unless there is no drafter tree to explore.
         speculating = [t for t in drafter_trees if t]
