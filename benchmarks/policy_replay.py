@@ -1,0 +1,251 @@
+"""Replay tree=auto's policy over an evaluation's real outputs, offline: what its decisions are worth on the texts a
+target really wrote, at the round costs the device really measured, in seconds on a CPU and with no GPU time.
+
+A GPU evaluation (`python -m longspec.eval ... tree=auto`) records each sample's output tokens and the round-cost
+table of its warm-up (`round_costs_s`). Here every sample is decoded again on paper, in the evaluation's order
+(the policy's estimates carry from call to call, as in the run):
+- a lookup chain's outcome is exact: the n-gram draft at each root (`pld.LookupShadow`, the engine's own host
+  lookup) against the tokens the output really continues with; the shadow reports of the rounds that run none
+  are the same numbers;
+- a drafter tree's outcome is a stand-in (the one of batch_throughput.py): depth d accepted with probability p_d of
+  a measured profile (`--accept-profile`, e.g. the same run's `eval_t0_full_tree/results.json`), independently
+  per round; no text, so the stand-in does not know which passages the drafter predicts well;
+- each round costs its measured table entry at the sample's context length; the policy learns outcomes one round
+  late, as the engine's one-round-ahead loop gives them.
+Per sample: tokens per second relative to plain decoding (every round an AR step) and the rounds by candidate;
+next to it, where the results hold the `ar` method, the speedup the GPU run measured for that sample. Use it to
+judge a change of the policy (its priors, memories, candidates) on real texts before spending device time.
+
+    python benchmarks/policy_replay.py EVAL_DIR/results.json --tokenizer TARGET_DIR \\
+        --accept-profile FULL_TREE_EVAL_DIR/results.json [--data-dir DIR_OF_THE_JSONL_FILES]
+
+Writes policy_replay.json ($OUT or --json) and prints a table per sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+from collections import Counter
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from longspec.atomic import write_json_atomic  # noqa: E402
+from longspec.eval.datasets import load_samples  # noqa: E402
+from longspec.infer.config import GenerationConfig  # noqa: E402
+from longspec.infer.pld import LookupShadow  # noqa: E402
+from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, AdaptivePolicy, MeasuredCosts  # noqa: E402
+from longspec.infer.tree import Lookup, candidate_order, tree_name  # noqa: E402
+from longspec.provenance import run_info  # noqa: E402
+from longspec.target_source import load_tokenizer  # noqa: E402
+
+
+def parse_candidate(name: str):
+    """The inverse of `tree.tree_name`: 'ar' -> (), 'lookup8' -> Lookup(8), '4-16-16' -> (4, 16, 16)."""
+    if name == "ar":
+        return ()
+    if name.startswith("lookup"):
+        return Lookup(int(name[len("lookup") :]))
+    return tuple(int(w) for w in name.split("-"))
+
+
+def cost_table(results: dict) -> MeasuredCosts:
+    """The evaluation's measured round costs ("bucket:name" -> seconds) as the policy's cost model."""
+    table = results.get("round_costs_s")
+    if not table:
+        raise SystemExit("the results hold no round_costs_s: replay an evaluation run with tree=auto")
+    seconds = {}
+    for key, value in table.items():
+        bucket, name = key.split(":", 1)
+        seconds[(int(bucket), parse_candidate(name))] = float(value)
+    return MeasuredCosts(seconds=seconds)
+
+
+def lookup_outcomes(prompt: list[int], output: list[int], length: int, max_ngram: int) -> list[int]:
+    """outcomes[i]: the drafts a lookup chain of `length` accepts at root output[i] (i < len(output) - 1): the
+    common prefix of the lookup's draft and the tokens the output continues with."""
+    shadow = LookupShadow(list(prompt) + output[:1], length, max_ngram)
+    outcomes = []
+    for i in range(len(output) - 1):
+        draft, n = shadow.draft(), 0
+        while n < len(draft) and i + 1 + n < len(output) and draft[n] == output[i + 1 + n]:
+            n += 1
+        outcomes.append(n)
+        shadow._append(output[i + 1])
+    return outcomes
+
+
+def replay_call(policy, rng, prompt_len: int, lookups: list[int], profile: list[float], costs) -> dict:
+    """One sample's decode on paper (see the module docstring); returns its speedup over plain and rounds."""
+    policy.start()
+    pending, rounds, spent, position = [], Counter(), 0.0, 0
+    plain = 0.0
+    while position < len(lookups):
+        index = sum(rounds.values())
+        while pending and pending[0][0] <= index - 2:  # the engine's policy hears round j - 2 at round j
+            _, widths, ranks, context_len, shadow = pending.pop(0)
+            policy.observe(widths, ranks, context_len)
+            if shadow is not None:
+                policy.observe_shadow(shadow)
+        context_len = prompt_len + position
+        widths = policy.choose(context_len)
+        if isinstance(widths, Lookup):
+            accepted = min(lookups[position], widths.length)
+        else:
+            accepted = 0
+            for depth in range(len(widths)):
+                if depth >= len(profile) or rng.random() >= profile[depth]:
+                    break
+                accepted += 1
+        emitted = min(accepted + 1, len(lookups) - position)  # the last round stops at the output's end
+        seconds = costs.cost(widths, context_len)
+        policy.observe_time(widths, context_len, seconds)
+        shadow = None if isinstance(widths, Lookup) else lookups[position]
+        pending.append((index, widths, [0] * accepted, context_len, shadow))
+        rounds[tree_name(widths)] += 1
+        spent += seconds
+        for step in range(emitted):
+            plain += costs.cost((), context_len + step)
+        position += emitted
+    for _, widths, ranks, context_len, shadow in pending:  # the call's last lessons, for the next call
+        policy.observe(widths, ranks, context_len)
+        if shadow is not None:
+            policy.observe_shadow(shadow)
+    return {"speedup": plain / spent if spent else 1.0, "rounds": dict(rounds)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", help="results.json of a tree=auto evaluation (python -m longspec.eval)")
+    parser.add_argument("--tokenizer", required=True, help="the target's directory (or GGUF) for the prompts")
+    parser.add_argument("--gguf-file", default=None)
+    parser.add_argument(
+        "--data-dir", default=None, help="where the evaluation's JSONL files are now (by name)"
+    )
+    parser.add_argument(
+        "--accept-profile",
+        default="0",
+        help="p1,p2,...: the drafter stand-in's per-depth acceptance, or an eval results.json to measure it from",
+    )
+    parser.add_argument("--method", default="longspec", help="whose recorded outputs to replay")
+    parser.add_argument("--seeds", type=int, default=8, help="stand-in draws averaged per sample")
+    parser.add_argument("--json", default=None, help="output path when $OUT is not set")
+    args = parser.parse_args(argv)
+
+    with open(args.results) as f:
+        results = json.load(f)
+    costs = cost_table(results)
+    profile = _profile(args.accept_profile)
+    data = results["config"]["data"]
+    tokenizer = load_tokenizer(args.tokenizer, args.gguf_file)
+    prompts = {}
+    for source in data["name"] if isinstance(data["name"], list) else [data["name"]]:
+        if args.data_dir is not None and os.path.isfile(source) is False:
+            source = os.path.join(args.data_dir, os.path.basename(source))
+        samples, _ = load_samples(
+            source, tokenizer, context_len=data["context_len"], min_prompt_tokens=data["min_prompt_tokens"],
+            context_margin=data["context_margin"], template=data.get("template"),
+        )  # fmt: skip
+        prompts.update({(s.dataset, s.id): s.prompt_ids for s in samples})
+    measured = _measured_speedups(results, args.method)
+
+    config = GenerationConfig()
+    longest = max(t.length for t in AUTO_LOOKUPS)
+    calls = []  # (dataset, record, lookup outcomes) in the evaluation's order
+    for dataset, records in results["methods"][args.method].items():
+        for record in records:
+            prompt = prompts.get((dataset, str(record["id"])))
+            if prompt is None or len(prompt) != record["prompt_len"]:
+                raise SystemExit(
+                    f"{dataset} / {record['id']}: the prompt is not the evaluation's ({record['prompt_len']} "
+                    f"tokens there, {None if prompt is None else len(prompt)} here): another tokenizer or data file"
+                )
+            outcomes = lookup_outcomes(prompt, record["output_ids"], longest, config.pld_max_ngram)
+            calls.append((dataset, record, outcomes))
+
+    per_seed = []
+    for seed in range(args.seeds):
+        rng, policy = random.Random(seed), AdaptivePolicy(costs, _candidates(costs))
+        per_seed.append([replay_call(policy, rng, r["prompt_len"], o, profile, costs) for _, r, o in calls])
+    rows = []
+    for i, (dataset, record, outcomes) in enumerate(calls):
+        rounds = Counter()
+        for run in per_seed:
+            rounds.update(run[i]["rounds"])
+        rows.append(
+            {
+                "dataset": dataset,
+                "id": str(record["id"]),
+                "tokens": len(record["output_ids"]),
+                "lookup_hit_rate": sum(1 for n in outcomes if n) / max(len(outcomes), 1),
+                "replayed_speedup": statistics.mean(run[i]["speedup"] for run in per_seed),
+                "measured_speedup": measured.get((dataset, str(record["id"]))),
+                "rounds": {name: count / args.seeds for name, count in rounds.most_common()},
+            }
+        )
+    summary = {
+        "mean_replayed_speedup": statistics.mean(r["replayed_speedup"] for r in rows) if rows else None,
+        "worst_replayed_speedup": min((r["replayed_speedup"] for r in rows), default=None),
+    }
+    print("| dataset | tokens | lookup hits | replayed / plain | measured / ar | rounds (mean per draw) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        shown = ", ".join(f"{name} {count:.0f}" for name, count in r["rounds"].items())
+        m = "–" if r["measured_speedup"] is None else f"{r['measured_speedup']:.2f}"
+        print(
+            f"| {r['dataset']} | {r['tokens']} | {r['lookup_hit_rate']:.0%} | {r['replayed_speedup']:.2f} | {m} | {shown} |"
+        )
+    print(f"mean {summary['mean_replayed_speedup']:.3f}, worst {summary['worst_replayed_speedup']:.3f}")
+    out = args.json or os.path.join(os.environ.get("OUT", "."), "policy_replay.json")
+    write_json_atomic(
+        out,
+        {
+            "run": run_info(),
+            "results": os.path.abspath(args.results),
+            "profile": profile,
+            "seeds": args.seeds,
+            "samples": rows,
+            "summary": summary,
+        },
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+def _candidates(costs: MeasuredCosts) -> list:
+    """The candidates the evaluation measured, in tree="auto"'s order (ties go to the earlier one)."""
+    seen = {candidate for _, candidate in costs.seconds}
+    known = [c for c in AUTO_TREES + AUTO_LOOKUPS if c in seen]
+    return known + sorted(seen - set(known), key=candidate_order)
+
+
+def _profile(text: str) -> list[float]:
+    if os.path.isfile(text):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from batch_throughput import measured_profile
+
+        return measured_profile(text)
+    return [float(p) for p in text.split(",") if p.strip()]
+
+
+def _measured_speedups(results: dict, method: str) -> dict:
+    """(dataset, id) -> the run's tokens/s of `method` over ar's for that sample, where both were run."""
+    ar = {
+        (dataset, str(r["id"])): r["tokens_per_s"]
+        for dataset, records in results["methods"].get("ar", {}).items()
+        for r in records
+    }
+    return {
+        (dataset, str(r["id"])): r["tokens_per_s"] / ar[(dataset, str(r["id"]))]
+        for dataset, records in results["methods"][method].items()
+        for r in records
+        if ar.get((dataset, str(r["id"])))
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
