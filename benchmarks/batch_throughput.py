@@ -6,10 +6,13 @@ size and context, on a real model's shape.
     PYTHONPATH=. python benchmarks/batch_throughput.py --accept-profile 0.5,0.5 --tree auto       # tree=auto per batch
     PYTHONPATH=. python benchmarks/batch_throughput.py --shape smollm2 --contexts 4096 8192       # SmolLM2-135M shape
     PYTHONPATH=. python benchmarks/batch_throughput.py --target DIR [--gguf-file F] [--dtype float32]  # real weights
+    PYTHONPATH=. python benchmarks/batch_throughput.py --target DIR --data SUITE/qmsum_8k.jsonl --contexts 4096  # real text
     PYTHONPATH=. python benchmarks/batch_throughput.py --tiny --accept-profile 1,0.5              # CPU smoke test
 
-For each context (default 8192 32768) and batch size (default 1 2 4 8 16): B random prompts of about `context`
-tokens (ragged: row b has context - 3 b), then, each after an untimed short warm-up (graph capture):
+For each context (default 8192 32768) and batch size (default 1 2 4 8 16): B prompts of about `context` tokens
+(ragged: row b has context - 3 b): random tokens, or with --data the ends of an evaluation data source's real
+prompts (a real --target then writes what it writes on real text: on random tokens its greedy output tends to
+repeat itself, which lookup chains exploit), then, each after an untimed short warm-up (graph capture):
 - ar: `generate_batch(method="ar")`, CUDA graphs on GPU: batched graph AR, the baseline;
 - longspec: `generate_batch(method="longspec")` with the fixed tree --tree (default the engine's default tree),
   or --tree auto (the adaptive policy at that batch size; the rounds per tree are recorded);
@@ -209,6 +212,30 @@ def prompts_for(context: int, batch: int, vocab: int, generator: torch.Generator
     ]
 
 
+def data_prompts(documents: list[list[int]], context: int, batch: int) -> list[list[int]]:
+    """--data: row b is the last context - 3 b tokens of the b-th prompt at least `context` tokens long (cycling
+    through them). The prompt's end is kept: a LongBench-style prompt puts its question after the document."""
+    long_enough = [ids for ids in documents if len(ids) >= context]
+    if not long_enough:
+        longest = max((len(ids) for ids in documents), default=0)
+        raise SystemExit(
+            f"--data: no prompt of {context} tokens or more (the longest has {longest}): lower --contexts"
+        )
+    return [long_enough[row % len(long_enough)][len(long_enough[row % len(long_enough)]) - (context - 3 * row) :]
+            for row in range(batch)]  # fmt: skip
+
+
+def load_data_prompts(source: str, tokenizer_path: str, gguf_file: str | None) -> list[list[int]]:
+    """Every prompt of an evaluation data source (`python -m longspec.eval`'s data.name: a JSONL path or a
+    LongBench task), built and tokenized as the evaluation builds them, whatever its length."""
+    from longspec.eval.datasets import load_samples
+    from longspec.target_source import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_path, gguf_file)
+    samples, _ = load_samples(source, tokenizer, context_len=2**62, min_prompt_tokens=0, context_margin=0)
+    return [sample.prompt_ids for sample in samples]
+
+
 def timed_batch(engine, prompts, config, method: str, repeats: int, before=lambda: None):
     """Untimed warm-up (`SpeculativeEngine.warm_up`, 8 tokens: graph capture and kernel selection at the batch's
     bucket and the smaller ones a shrink reaches), then `repeats` timed runs: (results of the last run, median
@@ -360,8 +387,21 @@ def main(argv: list[str] | None = None) -> dict:
         help="on a GPU; float32 keeps a real --target's outputs free of bf16 near-ties, after which the stand-in "
         "drafter proposes text the row no longer writes and accepts nothing (τ then falls below the profile's)",
     )
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="prompts from an evaluation data source (a JSONL path or a LongBench task, as the eval's data.name), "
+        "tokenized by the target's tokenizer: row b keeps the last context - 3 b tokens of a prompt at least "
+        "`context` long; default: random tokens",
+    )
+    parser.add_argument("--tokenizer", default=None, help="with --data: the tokenizer (default: --target's)")
     parser.add_argument("--json", default="batch_throughput.json", help="output path when $OUT is not set")
     args = parser.parse_args(argv)
+    documents = None
+    if args.data is not None:
+        if not (args.tokenizer or args.target):
+            raise SystemExit("--data needs the target's tokenizer: --target DIR or --tokenizer DIR")
+        documents = load_data_prompts(args.data, args.tokenizer or args.target, args.gguf_file)
 
     if args.tiny:
         device, dtype = torch.device("cpu"), torch.float32
@@ -414,12 +454,16 @@ def main(argv: list[str] | None = None) -> dict:
         if profile is None
         else expected_tau(profile, len(DEFAULT_TREE_WIDTHS if widths == "auto" else widths)),
         "vanilla_fa": "batched, the same prompts" if not args.no_vanilla_fa else None,
+        "prompts": f"data: {args.data}" if args.data else "random tokens",
         "rows": [],
     }
     rows = result["rows"]
     for context in contexts:
         for batch in batch_sizes:
-            prompts = prompts_for(context, batch, target.vocab_size, generator)
+            if documents is None:
+                prompts = prompts_for(context, batch, target.vocab_size, generator)
+            else:
+                prompts = data_prompts(documents, context, batch)
             # A fresh engine per cell: the last cell's cache and captured graphs are gone before this one's
             # cache (up to ~70 GB at batch 16, 32K, 8B shape) is allocated.
             engine = SpeculativeEngine(target, drafter)

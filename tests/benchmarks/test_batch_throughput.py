@@ -202,3 +202,39 @@ def test_the_margin_makes_a_random_targets_greedy_choice_survive_bf16(batch_thro
             assert differ > 0  # flat logits: rounding alone changes the text
         else:
             assert differ == 0 and fp32.max() < 16 and (top2[:, 0] - top2[:, 1]).min() > 50 * 0.0625
+
+
+def test_data_prompts_are_the_ends_of_real_prompts(batch_throughput, tmp_path, monkeypatch):
+    """--data: each row is the end of an evaluation data source's prompt (built and tokenized as the eval does),
+    row b context - 3 b tokens, cycling through the prompts long enough; the table records where prompts came
+    from, and a source with no prompt that long is refused with the longest length."""
+    from longspec.eval.datasets import load_samples
+    from longspec.target_source import load_tokenizer
+    from longspec.testing import save_tiny_target
+
+    tokenizer_dir = save_tiny_target("llama", tmp_path / "tok")
+    data = tmp_path / "rows.jsonl"
+    rows = [{"_id": f"r{i}", "context": f"Meeting {i}: we ship on Monday. " * 4, "input": "When?",
+             "answers": ["Monday"], "dataset": "qmsum"} for i in range(2)]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    samples, _ = load_samples(
+        str(data), load_tokenizer(tokenizer_dir), context_len=10**6, min_prompt_tokens=0, context_margin=0
+    )
+    documents = [s.prompt_ids for s in samples]
+    prompts = batch_throughput.data_prompts(documents, 40, 3)
+    assert [len(p) for p in prompts] == [40, 37, 34]
+    assert (
+        prompts[0] == documents[0][-40:]
+        and prompts[1] == documents[1][-37:]
+        and prompts[2] == documents[0][-34:]
+    )
+    with pytest.raises(SystemExit, match=f"the longest has {max(map(len, documents))}"):
+        batch_throughput.data_prompts(documents, 10**5, 1)
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    args = ["--tiny", "--accept-profile", "1,0", "--no-vanilla-fa", "--batch-sizes", "2"]
+    batch_throughput.main([*args, "--data", str(data), "--tokenizer", tokenizer_dir])
+    result = json.loads((tmp_path / "batch_throughput.json").read_text())
+    assert result["prompts"] == f"data: {data}" and result["all_lossless"]
+    with pytest.raises(SystemExit, match="--data needs the target's tokenizer"):
+        batch_throughput.main([*args, "--data", str(data)])
