@@ -75,7 +75,7 @@ def lookup_outcomes(prompt: list[int], output: list[int], length: int, max_ngram
         while n < len(draft) and i + 1 + n < len(output) and draft[n] == output[i + 1 + n]:
             n += 1
         outcomes.append(n)
-        shadow._append(output[i + 1])
+        shadow.extend([output[i + 1]], shadow=False)  # into the index; no draft of its own to track
     return outcomes
 
 
