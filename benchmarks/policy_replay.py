@@ -13,7 +13,9 @@ table of its warm-up (`round_costs_s`). Here every sample is decoded again on pa
 - each round costs its measured table entry at the sample's context length; the policy learns outcomes one round
   late, as the engine's one-round-ahead loop gives them.
 Per sample: tokens per second relative to plain decoding (every round an AR step) and the rounds by candidate;
-next to it, where the results hold the `ar` method, the speedup the GPU run measured for that sample. Use it to
+next to it, where the results hold the `ar` method, the speedup the GPU run measured for that sample, and with
+`--fixed NAME` the same texts replayed with one candidate every round (e.g. lookup16: close to pld, which runs a
+lookup chain every round), a reference for what the policy's choices gain or lose. Use it to
 judge a change of the policy (its priors, memories, candidates) on real texts before spending device time.
 
     python benchmarks/policy_replay.py EVAL_DIR/results.json --tokenizer TARGET_DIR \\
@@ -38,7 +40,7 @@ from longspec.atomic import write_json_atomic  # noqa: E402
 from longspec.eval.datasets import load_samples  # noqa: E402
 from longspec.infer.config import GenerationConfig  # noqa: E402
 from longspec.infer.pld import LookupShadow  # noqa: E402
-from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, AdaptivePolicy, MeasuredCosts  # noqa: E402
+from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, AdaptivePolicy, FixedPolicy, MeasuredCosts  # noqa: E402
 from longspec.infer.tree import Lookup, candidate_order, tree_name  # noqa: E402
 from longspec.provenance import run_info  # noqa: E402
 from longspec.target_source import load_tokenizer  # noqa: E402
@@ -80,8 +82,10 @@ def lookup_outcomes(prompt: list[int], output: list[int], length: int, max_ngram
 
 
 def replay_call(policy, rng, prompt_len: int, lookups: list[int], profile: list[float], costs) -> dict:
-    """One sample's decode on paper (see the module docstring); returns its speedup over plain and rounds."""
-    policy.start()
+    """One sample's decode on paper (see the module docstring); returns its speedup over plain and rounds.
+    `policy`: tree="auto"'s (`AdaptivePolicy`) or a `FixedPolicy` (one candidate every round, a reference)."""
+    if isinstance(policy, AdaptivePolicy):
+        policy.start()
     pending, rounds, spent, position = [], Counter(), 0.0, 0
     plain = 0.0
     while position < len(lookups):
@@ -104,7 +108,10 @@ def replay_call(policy, rng, prompt_len: int, lookups: list[int], profile: list[
         emitted = min(accepted + 1, len(lookups) - position)  # the last round stops at the output's end
         seconds = costs.cost(widths, context_len)
         policy.observe_time(widths, context_len, seconds)
-        shadow = None if isinstance(widths, Lookup) else lookups[position]
+        # as in the engine: a policy with lookup candidates hears the shadow at every round that ran none
+        shadow = (
+            None if isinstance(widths, Lookup) or not getattr(policy, "lookups", ()) else lookups[position]
+        )
         pending.append((index, widths, [0] * accepted, context_len, shadow))
         rounds[tree_name(widths)] += 1
         spent += seconds
@@ -133,6 +140,11 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--method", default="longspec", help="whose recorded outputs to replay")
     parser.add_argument("--seeds", type=int, default=8, help="stand-in draws averaged per sample")
+    parser.add_argument(
+        "--fixed",
+        default=None,
+        help="also replay one candidate every round as a reference, by its report name (e.g. lookup16, 1-1-1-1)",
+    )
     parser.add_argument("--json", default=None, help="output path when $OUT is not set")
     args = parser.parse_args(argv)
 
@@ -167,10 +179,20 @@ def main(argv=None) -> int:
             outcomes = lookup_outcomes(prompt, record["output_ids"], longest, config.pld_max_ngram)
             calls.append((dataset, record, outcomes))
 
-    per_seed = []
+    fixed = parse_candidate(args.fixed) if args.fixed else None
+    if fixed is not None and fixed not in _candidates(costs):
+        raise SystemExit(
+            f"--fixed {args.fixed}: not a candidate the evaluation measured ({sorted(costs.to_dict())})"
+        )
+    per_seed, per_seed_fixed = [], []
     for seed in range(args.seeds):
         rng, policy = random.Random(seed), AdaptivePolicy(costs, _candidates(costs))
         per_seed.append([replay_call(policy, rng, r["prompt_len"], o, profile, costs) for _, r, o in calls])
+        if fixed is not None:
+            rng, policy = random.Random(seed), FixedPolicy(fixed)
+            per_seed_fixed.append(
+                [replay_call(policy, rng, r["prompt_len"], o, profile, costs) for _, r, o in calls]
+            )
     rows = []
     for i, (dataset, record, outcomes) in enumerate(calls):
         rounds = Counter()
@@ -184,22 +206,31 @@ def main(argv=None) -> int:
                 "lookup_hit_rate": sum(1 for n in outcomes if n) / max(len(outcomes), 1),
                 "replayed_speedup": statistics.mean(run[i]["speedup"] for run in per_seed),
                 "measured_speedup": measured.get((dataset, str(record["id"]))),
+                "fixed_speedup": statistics.mean(run[i]["speedup"] for run in per_seed_fixed)
+                if fixed
+                else None,
                 "rounds": {name: count / args.seeds for name, count in rounds.most_common()},
             }
         )
     summary = {
         "mean_replayed_speedup": statistics.mean(r["replayed_speedup"] for r in rows) if rows else None,
         "worst_replayed_speedup": min((r["replayed_speedup"] for r in rows), default=None),
+        "fixed": args.fixed,
+        "mean_fixed_speedup": statistics.mean(r["fixed_speedup"] for r in rows) if fixed and rows else None,
     }
-    print("| dataset | tokens | lookup hits | replayed / plain | measured / ar | rounds (mean per draw) |")
-    print("|---|---|---|---|---|---|")
+    ref = f" {args.fixed} / plain |" if fixed else ""
+    print(
+        f"| dataset | tokens | lookup hits | replayed / plain |{ref} measured / ar | rounds (mean per draw) |"
+    )
+    print("|---|---|---|---|---|---|" + ("---|" if fixed else ""))
     for r in rows:
         shown = ", ".join(f"{name} {count:.0f}" for name, count in r["rounds"].items())
         m = "–" if r["measured_speedup"] is None else f"{r['measured_speedup']:.2f}"
-        print(
-            f"| {r['dataset']} | {r['tokens']} | {r['lookup_hit_rate']:.0%} | {r['replayed_speedup']:.2f} | {m} | {shown} |"
-        )
-    print(f"mean {summary['mean_replayed_speedup']:.3f}, worst {summary['worst_replayed_speedup']:.3f}")
+        f = f" {r['fixed_speedup']:.2f} |" if fixed else ""
+        cells = f"{r['lookup_hit_rate']:.0%} | {r['replayed_speedup']:.2f} |{f} {m}"
+        print(f"| {r['dataset']} | {r['tokens']} | {cells} | {shown} |")
+    line = f"mean {summary['mean_replayed_speedup']:.3f}, worst {summary['worst_replayed_speedup']:.3f}"
+    print(line + (f"; {args.fixed} every round: mean {summary['mean_fixed_speedup']:.3f}" if fixed else ""))
     out = args.json or os.path.join(os.environ.get("OUT", "."), "policy_replay.json")
     write_json_atomic(
         out,

@@ -60,21 +60,11 @@ def _results(tmp_path, tokenizer_dir, outputs) -> tuple[str, list[list[int]]]:
     return str(path), [s.prompt_ids for s in samples]
 
 
-def _replay(load_benchmark, tmp_path, results, tokenizer_dir, profile) -> dict:
+def _replay(load_benchmark, tmp_path, results, tokenizer_dir, profile, *extra) -> dict:
     script = load_benchmark("policy_replay")
     out = tmp_path / "replay.json"
-    args = [
-        results,
-        "--tokenizer",
-        tokenizer_dir,
-        "--accept-profile",
-        profile,
-        "--seeds",
-        "2",
-        "--json",
-        str(out),
-    ]
-    assert script.main(args) == 0
+    args = [results, "--tokenizer", tokenizer_dir, "--accept-profile", profile, "--seeds", "2"]
+    assert script.main([*args, "--json", str(out), *extra]) == 0
     return json.loads(out.read_text())
 
 
@@ -98,7 +88,8 @@ def test_a_text_that_quotes_its_prompt_is_replayed_on_lookup_chains(load_benchma
 
 def test_new_text_and_a_useless_drafter_replay_near_plain(load_benchmark, tmp_path, tokenizer_dir):
     """Outputs of fresh tokens (bytes no prompt holds, in a random order) and a drafter that accepts nothing:
-    the policy decodes plain in most rounds and loses at most its explorations' share."""
+    the policy decodes plain in most rounds and loses at most its explorations' share; lookup16 every round
+    (`--fixed`, the reference) loses more."""
     rng = random.Random(0)
 
     def fresh(prompt):
@@ -106,10 +97,15 @@ def test_new_text_and_a_useless_drafter_replay_near_plain(load_benchmark, tmp_pa
         return [rng.choice(unused) for _ in range(200)]
 
     results, _ = _results(tmp_path, tokenizer_dir, fresh)
-    replay = _replay(load_benchmark, tmp_path, results, tokenizer_dir, "0")
+    replay = _replay(load_benchmark, tmp_path, results, tokenizer_dir, "0", "--fixed", "lookup16")
     for row in replay["samples"]:
         assert 0.9 <= row["replayed_speedup"] <= 1.0, row
         assert row["rounds"]["ar"] >= 0.8 * sum(row["rounds"].values()), row
+        # the reference: a lookup chain every round pays its verify and accepts next to nothing here
+        assert row["fixed_speedup"] < 0.9 < row["replayed_speedup"], row
+    assert replay["summary"]["fixed"] == "lookup16"
+    with pytest.raises(SystemExit, match="not a candidate the evaluation measured"):
+        _replay(load_benchmark, tmp_path, results, tokenizer_dir, "0", "--fixed", "lookup5")
 
 
 def test_a_prompt_the_tokenizer_does_not_reproduce_is_refused(load_benchmark, tmp_path, tokenizer_dir):
