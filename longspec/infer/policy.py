@@ -11,7 +11,8 @@ by a lookup than by any drafter.
     pick argmax expected tokens / cost
 
 Lookup chains are a family of their own: an `AcceptanceModel` and a `YieldCalibration` apart from the drafter's
-(a chain's accepted rank is always 0; no match is a miss at depth 1), since whether a lookup hits follows the text
+(a low depth-1 prior, LOOKUP_PRIOR_FIRST; a chain's accepted rank is always 0; no match is a miss at depth 1),
+since whether a lookup hits follows the text
 (quoting, or writing anew) and not the drafter's skill; their costs are measured next to the trees' and are
 monotone within their family (`contains`). Besides the lookup rounds' own outcomes, the model hears what the
 longest chain would have accepted at the root of every other round (`observe_shadow`, from `pld.LookupShadow`):
@@ -146,6 +147,12 @@ CARRY_OVER = 0.1
 # cannot help stays unused. (The bursty text of tests/infer/test_policy.py, at the SmolLM2 round costs: 1.06x ->
 # 1.15x of plain decoding; a useless drafter unchanged at 0.99x.)
 PLAIN_AGING = 0.8
+# The lookup family's depth-1 prior and calibration prior (AdaptivePolicy.__init__ says why they are not the
+# drafter's). With the re-decision on accepts (`AdaptivePolicy._hit`), replayed over the GPU's SmolLM2 outputs
+# (benchmarks/policy_replay.py): T=0 2.75x -> 2.79x, T=1 1.18x -> 1.21x of plain decoding; no worse in any of the
+# synthetic texts of tests/infer/test_policy.py (docs/BENCHMARKS.md).
+LOOKUP_PRIOR_FIRST = 0.1
+LOOKUP_CALIBRATION_PRIOR = 4.0
 
 
 def context_bucket(context_len: int) -> int:
@@ -439,8 +446,16 @@ class AdaptivePolicy:
         # Lookup chains have a model and a calibration of their own: their acceptance is the text's
         # repetitiveness, not the drafter's skill, and the two change independently (a summary quoting its
         # document, then paraphrasing). A chain's rank is always 0; no match is a miss at depth 1.
-        self.lookup_acceptance = AcceptanceModel(max((t.length for t in lookups), default=1))
-        self.lookup_calibration = YieldCalibration()
+        # Its depth-1 prior is low (LOOKUP_PRIOR_FIRST): the shadow reports an outcome every round, so a prior
+        # is soon outweighed, and the drafter's 0.5 ("the text repeats itself at half its roots") held the
+        # lookups' estimate near a lookup round's break-even, where one hit started a burst of lookup rounds.
+        self.lookup_acceptance = AcceptanceModel(
+            max((t.length for t in lookups), default=1), prior_first=LOOKUP_PRIOR_FIRST
+        )
+        # Its calibration has more pseudo-drafts (LOOKUP_CALIBRATION_PRIOR): a lookup's yield is heavy-tailed
+        # (nothing, or a run of drafts), and with the drafter's one pseudo-draft a single hit multiplied the
+        # lookups' estimate several-fold for the next ~10 rounds.
+        self.lookup_calibration = YieldCalibration(prior_drafts=LOOKUP_CALIBRATION_PRIOR)
         # The round that explores out of a plain streak (`choose`): the drafter's cheapest; the lookups' estimate
         # is kept by the shadow reports (`observe_shadow`), unless there is no drafter tree to explore.
         speculating = [t for t in drafter_trees if t]
@@ -539,9 +554,12 @@ class AdaptivePolicy:
     def observe(self, widths: Candidate, ranks: Sequence[int], context_len: int | None = None) -> None:
         """A round's outcome: ranks of its accepted nodes (see AcceptanceModel.observe; a lookup chain's are all
         0). `context_len` (the round's) lets an exploration judge whether it changed the decision; without it,
-        any accept counts."""
+        any accept counts. An accept reaching a plain streak (the speculating round before it, heard a round
+        late) makes the streak decide again at its next round (`_hit`)."""
         if widths:
             self._learn(widths, ranks)
+            if ranks:
+                self._hit()
         else:
             self.calibration.discount(PLAIN_AGING)
             self.lookup_calibration.discount(PLAIN_AGING)
@@ -556,11 +574,26 @@ class AdaptivePolicy:
         """What the longest lookup candidate would have accepted at the root of a round that ran no lookup
         (`pld.LookupShadow`): the lookup family's model and calibration learn it as from a lookup round, so a text
         that starts repeating itself is seen in plain and drafter rounds too, not only at an exploration. The
-        exploration state is left alone (an exploring round's own outcome decides its interval)."""
+        exploration state is left alone (an exploring round's own outcome decides its interval); a hit makes a
+        plain streak decide again at its next round (`_hit`)."""
         if not self.lookups:
             return
         longest = max(self.lookups, key=lambda t: t.length)
         self._learn(longest, [0] * min(accepted, longest.length))
+        if accepted:
+            self._hit()
+
+    def _hit(self) -> None:
+        """An observed accept: a plain streak's cached decision is dropped, so its next round decides again
+        instead of its next re-check (RECHECK_EVERY). The re-check saves host work while nothing can change the
+        decision; an accept is what raises an estimate (a miss only lowers one). Waiting for it cost the rounds in
+        which the text had started to repeat itself: on the GPU's gov_report_8k at T=0, up to 7 plain rounds in
+        which a lookup chain would have accepted ~10 drafts each (replayed by `benchmarks/policy_replay.py`: that
+        sample 3.62x -> 4.08x of plain decoding). With the drafter's priors for the lookups it also acted at once
+        on the bursts a single hit started (the drafter's T=1 re-learning case of tests/infer/test_policy.py lost
+        7%); with the LOOKUP_* priors it gains there too."""
+        if self._decision is not None and not self._decision[1]:
+            self._decision = None
 
     def observe_time(self, widths: Candidate, context_len: int, seconds: float) -> None:
         """The wall time of a round just run (its whole cost: it ended with its host copy)."""

@@ -16,6 +16,7 @@ from longspec.infer.policy import (
     DEFAULT_TREE_WIDTHS,
     EXPLORE_BUDGET,
     MAX_EXPLORE_EVERY,
+    RECHECK_EVERY,
     AcceptanceModel,
     AdaptivePolicy,
     MeasuredCosts,
@@ -716,6 +717,33 @@ def test_shadow_lookups_move_a_plain_streak_to_lookups_without_an_exploration():
     assert streak > 0 and isinstance(chosen[-1], Lookup) and chosen[-1].length == 8
 
 
+@pytest.mark.parametrize("decide_again", [True, False], ids=["at-once", "control-at-recheck"])
+def test_an_accept_in_a_plain_streak_is_decided_on_at_the_next_round(monkeypatch, decide_again):
+    """In a plain streak the decision is re-checked every RECHECK_EVERY rounds (host work saved while nothing
+    changes it); an observed accept (here shadow hits: the text starts to repeat itself) raises an estimate, so
+    the very next round decides again and runs a lookup chain. The control, with the cached decision kept, waits
+    for the re-check: plain rounds in which the chain would have accepted its 8 drafts."""
+    if not decide_again:
+        monkeypatch.setattr(AdaptivePolicy, "_hit", lambda self: None)
+    policy = AdaptivePolicy(
+        NodeCosts(per_node=0.02, lookup=0.5), AUTO_TREES + AUTO_LOOKUPS, explore_every=10**6
+    )
+    for _ in range(1000):  # nothing hits: plain, until one round past a re-check of a long streak
+        widths = policy.choose(4096)
+        policy.observe(widths, [], 4096)
+        if policy._plain_streak > 4 * RECHECK_EVERY and policy._plain_streak % RECHECK_EVERY == 1:
+            break
+    assert widths == () and policy._plain_streak % RECHECK_EVERY == 1
+    for _ in range(3):
+        policy.observe_shadow(8)
+    assert isinstance(policy.best(4096), Lookup)
+    chosen = [policy.choose(4096) for _ in range(RECHECK_EVERY)]
+    if decide_again:
+        assert isinstance(chosen[0], Lookup)
+    else:
+        assert chosen[: RECHECK_EVERY - 2] == [()] * (RECHECK_EVERY - 2) and isinstance(chosen[-1], Lookup)
+
+
 # ms per round, SmolLM2 at 4K, T=1, graphs: the round costs the GPU e2e measured at `3ba8683` (docs/BENCHMARKS.md)
 T1_COSTS_4K = {(): 1.197, (1,): 1.786, (1, 1): 2.065, (1, 1, 1, 1): 2.527, (2, 2, 2): 2.628, (4, 4, 4): 3.066,
                (4, 8, 8, 8): 3.246, (4, 16, 16, 16): 3.465, BIG: 3.840, Lookup(2): 1.380, Lookup(4): 1.380,
@@ -749,6 +777,46 @@ def test_explorations_relearn_the_drafter_where_a_lookup_round_is_cheaper():
             policy.observe(widths, ranks, 4096)
         late += sum(1 for c in chosen[-300:] if isinstance(c, tuple) and c)
     assert late >= 0.5 * 8 * 300, late
+
+
+def _rare_one_token_lookups(monkeypatch, lookup_priors: bool) -> tuple[float, float]:
+    """(share of lookup rounds, tokens/s relative to plain) over 8 seeds x 800 rounds at the GPU's T=1 costs:
+    the drafter's first choice right 65% a level, lookups hitting 10% of roots for one draft. `lookup_priors`
+    False: the lookup family estimated with the drafter's priors (the control)."""
+    from longspec.infer import policy as policy_module
+
+    if not lookup_priors:
+        monkeypatch.setattr(policy_module, "LOOKUP_PRIOR_FIRST", 0.5)
+        monkeypatch.setattr(policy_module, "LOOKUP_CALIBRATION_PRIOR", 1.0)
+    costs = MeasuredCosts(seconds={(4096, w): ms / 1e3 for w, ms in T1_COSTS_4K.items()})
+    lookups = tokens = seconds = rounds = 0
+    for seed in range(8):
+        policy, rng = AdaptivePolicy(costs, AUTO_TREES + AUTO_LOOKUPS), random.Random(seed)
+        for _ in range(800):
+            widths = policy.choose(4096)
+            if isinstance(widths, Lookup):
+                ranks = [0] if rng.random() < 0.1 else []
+                lookups += 1
+            else:
+                ranks = _ranks(rng, widths, 0.65)
+                policy.observe_shadow(1 if rng.random() < 0.1 else 0)
+            policy.observe(widths, ranks, 4096)
+            tokens, seconds, rounds = tokens + 1 + len(ranks), seconds + costs.cost(widths, 4096), rounds + 1
+    monkeypatch.undo()
+    return lookups / rounds, tokens / seconds * costs.cost((), 4096)
+
+
+def test_one_lookup_hit_does_not_start_a_burst_of_lookup_rounds(monkeypatch):
+    """A text where the drafter's trees pay ~1.2x at T=1 and lookups hit 10% of roots for one draft (never
+    enough to pay a lookup round). A plain streak decides again at each accept (`_hit`), so what one hit does to
+    the lookups' estimate is acted on at once. With the lookup family's own priors (LOOKUP_PRIOR_FIRST,
+    LOOKUP_CALIBRATION_PRIOR) lookup rounds stay under 12% of rounds; with the drafter's (a depth-1 prior of 0.5,
+    one pseudo-draft of calibration: a single hit multiplied the estimate several-fold) they take over 20%, and
+    tokens per second are lower."""
+    share, speed = _rare_one_token_lookups(monkeypatch, lookup_priors=True)
+    control_share, control_speed = _rare_one_token_lookups(monkeypatch, lookup_priors=False)
+    assert share <= 0.12 and control_share >= 0.2, (share, control_share)
+    assert speed > control_speed + 0.03, (speed, control_speed)
 
 
 def test_a_candidate_costs_its_fastest_timed_rep(monkeypatch):
