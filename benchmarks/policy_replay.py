@@ -150,6 +150,9 @@ def main(argv=None) -> int:
 
     with open(args.results) as f:
         results = json.load(f)
+    if int(results["config"].get("batch_size") or 1) != 1:
+        # a batch's policy decides for all its rows at once, at the batch's round costs: not one call per sample
+        raise SystemExit("policy_replay replays an evaluation decoded one sample at a time (batch_size=1)")
     costs = cost_table(results)
     profile = _profile(args.accept_profile)
     data = results["config"]["data"]

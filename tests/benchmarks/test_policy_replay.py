@@ -108,7 +108,9 @@ def test_new_text_and_a_useless_drafter_replay_near_plain(load_benchmark, tmp_pa
         _replay(load_benchmark, tmp_path, results, tokenizer_dir, "0", "--fixed", "lookup5")
 
 
-def test_a_prompt_the_tokenizer_does_not_reproduce_is_refused(load_benchmark, tmp_path, tokenizer_dir):
+def test_a_prompt_the_tokenizer_does_not_reproduce_or_a_batched_run_is_refused(
+    load_benchmark, tmp_path, tokenizer_dir
+):
     results, _ = _results(tmp_path, tokenizer_dir, lambda prompt: prompt[:20])
     payload = json.loads(open(results).read())
     next(iter(payload["methods"]["longspec"].values()))[0]["prompt_len"] += 1
@@ -117,4 +119,13 @@ def test_a_prompt_the_tokenizer_does_not_reproduce_is_refused(load_benchmark, tm
     with pytest.raises(SystemExit, match="another tokenizer or data file"):
         load_benchmark("policy_replay").main(
             [results, "--tokenizer", tokenizer_dir, "--json", str(tmp_path / "x")]
+        )
+    payload["config"]["batch_size"] = (
+        4  # a batched evaluation: its policy decided for a batch, not per sample
+    )
+    with open(results, "w") as f:
+        json.dump(payload, f)
+    with pytest.raises(SystemExit, match="batch_size=1"):
+        load_benchmark("policy_replay").main(
+            [results, "--tokenizer", tokenizer_dir, "--json", str(tmp_path / "y")]
         )
