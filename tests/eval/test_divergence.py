@@ -88,7 +88,14 @@ def test_summary_counts_near_ties_apart_from_unexplained_differences():
     assert (spec["near_ties"], spec["unexplained_divergences"], spec["max_tie_gap"]) == (1, 1, 0.0625)
     assert summary["pld"]["unexplained_divergences"] == 1  # a difference nobody analysed is not excused
     assert identical_text(summary["ar"]) == "yes"
-    assert identical_text(spec) == "33% (1 near-tie, logit gap <= 0.0625; 1 NOT a near-tie)"
+    # the real divergence: a gap of 3.0 where the tolerance (2 ulp) is 0.25, i.e. 24 ulp; pld's was not analysed
+    assert (
+        spec["max_divergence_ulps"] == pytest.approx(24.0) and summary["pld"]["max_divergence_ulps"] is None
+    )
+    assert identical_text(spec) == (
+        "33% (1 near-tie, logit gap <= 0.0625; 1 NOT a near-tie, logit gap up to 24 ulp against a tolerance of 2)"
+    )
+    assert identical_text(summary["pld"]) == "67% (1 NOT a near-tie)"
     assert identical_text(summarise(methods, greedy=False)["d"]["longspec"]) == "n/a"
 
     rows = [{"run": "t0", "temperature": 0.0, "dataset": "d", "method": m, "tau": 1.0, "tokens_per_s": 1.0,
