@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import platform
+import sys
 import time
 
 from longspec.eval.report import BASELINES, identical_text
@@ -15,7 +16,15 @@ from longspec.pipeline.presets import PipelineConfig
 from longspec.pipeline.runner import RunRecord
 from longspec.provenance import git_commit
 
-__all__ = ["eval_rows", "fmt", "plot_training", "results_table", "training_summary", "write_report"]
+__all__ = [
+    "eval_rows",
+    "fmt",
+    "lossless_check",
+    "plot_training",
+    "results_table",
+    "training_summary",
+    "write_report",
+]
 
 
 def eval_rows(out: str, preset: PipelineConfig) -> list[dict]:
@@ -63,6 +72,24 @@ TARGET_ONLY = ("ar", "vanilla_hf", "vanilla_fa", "hf_compile")  # what "plain de
 def fmt(value, spec: str) -> str:
     """A number for a table cell; "–" when there is none."""
     return "–" if value is None else format(value, spec)
+
+
+def lossless_check(rows: list[dict]) -> bool:
+    """The run's lossless verdict over its greedy rows (`eval_rows`), printed: False when an output leaves the
+    target's greedy output where its two tokens are not a near-tie. The failing rows are listed with how far past
+    the tolerance they are (in ulps of the top logit: a few read as rounding past the margin, thousands as a
+    logic error)."""
+    greedy = [r for r in rows if r["temperature"] == 0 and r["identical"] is not None]
+    if failing := [r for r in greedy if r["unexplained"]]:
+        print("LOSSLESS CHECK FAILED: an output differs from the target's greedy output where the target's two "
+              "tokens are not a numerical near-tie:", file=sys.stderr)  # fmt: skip
+        for r in failing:
+            print(f"  {r['run']} / {r['dataset']} / {r['method']}: {r['identical_text']}", file=sys.stderr)
+        return False
+    if any(r["identical"] != 1 for r in greedy):
+        print("lossless check passed: every greedy output equals the reference, or leaves it only at a near-tie "
+              "of the target's logits (<= 2 ulp in its dtype; see the eval logs)")  # fmt: skip
+    return True
 
 
 def results_table(rows: list[dict]) -> str:

@@ -50,3 +50,28 @@ def test_mini_run_end_to_end(tmp_path):
     assert main(argv) == 0
     manifest = json.loads((out / RUN_RECORD_NAME).read_text())
     assert all(record["status"] == "done" for record in manifest["steps"].values())
+
+
+def test_the_lossless_check_names_each_failing_row_and_its_distance(capsys):
+    """A greedy row whose output leaves the reference past a near-tie fails the run, and the message names the row
+    with the report's text (how many ulps past the tolerance); near-ties alone pass, with a note; sampled rows are
+    not judged."""
+    from longspec.pipeline.report import lossless_check
+
+    def row(method, identical, unexplained, text, temperature=0.0):
+        return {"run": "t0", "temperature": temperature, "dataset": "d", "method": method, "identical": identical,
+                "unexplained": unexplained, "identical_text": text}  # fmt: skip
+
+    tie = row("pld", 0.5, 0, "50% (1 near-tie, logit gap <= 0.125)")
+    real = row(
+        "longspec", 0.5, 1, "50% (1 NOT a near-tie, logit gap up to 3.76 ulp against a tolerance of 2)"
+    )
+    assert not lossless_check([tie, real, row("longspec", None, None, "n/a", temperature=1.0)])
+    err = capsys.readouterr().err
+    assert (
+        "LOSSLESS CHECK FAILED" in err
+        and "t0 / d / longspec: 50% (1 NOT a near-tie, logit gap up to 3.76" in err
+    )
+    assert "pld" not in err
+    assert lossless_check([tie, row("ar", 1.0, 0, "yes")])
+    assert "lossless check passed" in capsys.readouterr().out
