@@ -17,7 +17,10 @@ import torch
 
 from longspec.infer.baselines import using_attn_implementation
 
-__all__ = ["Divergence", "analyse_divergence", "first_divergence", "tie_tolerance"]
+__all__ = ["TIE_ULPS", "Divergence", "analyse_divergence", "first_divergence", "gap_ulps", "tie_tolerance"]
+
+# A near-tie: a logit gap within this many units in the last place of the top logit, in the model's dtype.
+TIE_ULPS = 2.0
 
 
 @dataclass
@@ -42,9 +45,15 @@ def first_divergence(output: list[int], reference: list[int]) -> int | None:
 
 
 def tie_tolerance(top_logit: float, dtype: torch.dtype) -> float:
-    """Two units in the last place of `top_logit` in `dtype`: the rounding two implementations can disagree by."""
+    """TIE_ULPS units in the last place of `top_logit` in `dtype`: the rounding two implementations can disagree
+    by."""
     eps = torch.finfo(dtype).eps
-    return 2.0 * eps * max(abs(top_logit), 1.0)
+    return TIE_ULPS * eps * max(abs(top_logit), 1.0)
+
+
+def gap_ulps(gap: float, tolerance: float) -> float:
+    """A logit gap in units in the last place of the top logit (`tolerance` is TIE_ULPS of them)."""
+    return TIE_ULPS * abs(gap) / tolerance
 
 
 @torch.no_grad()

@@ -21,7 +21,7 @@ from longspec.atomic import write_text_atomic
 from longspec.cli import UserError
 from longspec.eval.config import EvalConfig
 from longspec.eval.datasets import load_samples
-from longspec.eval.divergence import analyse_divergence
+from longspec.eval.divergence import TIE_ULPS, analyse_divergence
 from longspec.eval.progress import EvalProgress, run_key
 from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.eval.session import EvalSession
@@ -370,7 +370,7 @@ def _check_against_reference(methods: dict, dataset: str, reference: str, sample
             divergence.token,
             divergence.reference_token,
             "n/a" if divergence.gap is None else f"{divergence.gap:.4g}",
-            f"a near-tie (|gap| <= {divergence.tolerance:.3g}, 2 ulp)"
+            f"a near-tie (|gap| <= {divergence.tolerance:.3g}, {TIE_ULPS:g} ulp)"
             if divergence.near_tie
             else "NOT a near-tie",
         )

@@ -7,6 +7,7 @@ import math
 import os
 
 from longspec.atomic import write_text_atomic
+from longspec.eval.divergence import TIE_ULPS, gap_ulps
 from longspec.eval.quality import MIN_DISTINCT_RATIO, assess
 from longspec.infer.stats import acceptance_profile
 
@@ -166,13 +167,12 @@ def summarise(methods: dict[str, dict[str, list[dict]]], *, greedy: bool) -> dic
             # How far past the tolerance an analysed divergence is, in units in the last place of the top logit
             # (the tolerance is 2 of them): a few ulps reads as rounding beyond the check's margin, thousands as
             # a logic error. None: no analysed divergence with a gap (unanalysed, or one output stopped early).
-            real = [(r.get("divergence") or {}) for r in differing]
-            real = [
-                d
-                for d in real
-                if d and not d.get("near_tie") and d.get("gap") is not None and d.get("tolerance")
-            ]
-            agg["max_divergence_ulps"] = max((2 * abs(d["gap"]) / d["tolerance"] for d in real), default=None)
+            analysed = [r["divergence"] for r in differing if r.get("divergence")]
+            agg["max_divergence_ulps"] = max(
+                (gap_ulps(d["gap"], d["tolerance"]) for d in analysed
+                 if not d["near_tie"] and d["gap"] is not None and d["tolerance"]),
+                default=None,
+            )  # fmt: skip
         summary[dataset] = per_method
     return summary
 
@@ -196,7 +196,7 @@ def identical_text(agg: dict) -> str:
         notes.append(f"{agg['near_ties']} near-tie{plural}, logit gap <= {agg['max_tie_gap']:.3g}")
     if agg["unexplained_divergences"]:
         ulps = agg.get("max_divergence_ulps")
-        gap = "" if ulps is None else f", logit gap up to {ulps:.3g} ulp against a tolerance of 2"
+        gap = "" if ulps is None else f", logit gap up to {ulps:.3g} ulp against a tolerance of {TIE_ULPS:g}"
         notes.append(f"{agg['unexplained_divergences']} NOT a near-tie{gap}")
     return f"{ident * 100:.0f}% ({'; '.join(notes)})"
 

@@ -10,6 +10,7 @@ import platform
 import sys
 import time
 
+from longspec.eval.divergence import TIE_ULPS
 from longspec.eval.report import BASELINES, identical_text
 from longspec.pipeline.plan import Step
 from longspec.pipeline.presets import PipelineConfig
@@ -88,7 +89,7 @@ def lossless_check(rows: list[dict]) -> bool:
         return False
     if any(r["identical"] != 1 for r in greedy):
         print("lossless check passed: every greedy output equals the reference, or leaves it only at a near-tie "
-              "of the target's logits (<= 2 ulp in its dtype; see the eval logs)")  # fmt: skip
+              f"of the target's logits (<= {TIE_ULPS:g} ulp in its dtype; see the eval logs)")  # fmt: skip
     return True
 
 
