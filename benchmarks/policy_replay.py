@@ -106,8 +106,7 @@ def replay_call(policy, rng, prompt_len: int, lookups: list[int], profile: list[
                     break
                 accepted += 1
         emitted = min(accepted + 1, len(lookups) - position)  # the last round stops at the output's end
-        seconds = costs.cost(widths, context_len)
-        policy.observe_time(widths, context_len, seconds)
+        seconds = costs.cost(widths, context_len)  # not given to observe_time: it would learn the table back
         # as in the engine: a policy with lookup candidates hears the shadow at every round that ran none
         shadow = (
             None if isinstance(widths, Lookup) or not getattr(policy, "lookups", ()) else lookups[position]
