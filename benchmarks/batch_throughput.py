@@ -221,8 +221,8 @@ def data_prompts(documents: list[list[int]], context: int, batch: int) -> list[l
         raise SystemExit(
             f"--data: no prompt of {context} tokens or more (the longest has {longest}): lower --contexts"
         )
-    return [long_enough[row % len(long_enough)][len(long_enough[row % len(long_enough)]) - (context - 3 * row) :]
-            for row in range(batch)]  # fmt: skip
+    rows = [long_enough[row % len(long_enough)] for row in range(batch)]
+    return [ids[len(ids) - (context - 3 * row) :] for row, ids in enumerate(rows)]
 
 
 def load_data_prompts(source: str, tokenizer_path: str, gguf_file: str | None) -> list[list[int]]:

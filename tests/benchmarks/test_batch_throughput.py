@@ -232,8 +232,13 @@ def test_data_prompts_are_the_ends_of_real_prompts(batch_throughput, tmp_path, m
         batch_throughput.data_prompts(documents, 10**5, 1)
 
     monkeypatch.setenv("OUT", str(tmp_path))
+    used = []  # the cells' prompts: the data's, never random ones
+    monkeypatch.setattr(batch_throughput, "prompts_for", lambda *a: pytest.fail("random prompts with --data"))
+    real = batch_throughput.data_prompts
+    monkeypatch.setattr(batch_throughput, "data_prompts", lambda *a: used.append(real(*a)) or used[-1])
     args = ["--tiny", "--accept-profile", "1,0", "--no-vanilla-fa", "--batch-sizes", "2"]
     batch_throughput.main([*args, "--data", str(data), "--tokenizer", tokenizer_dir])
+    assert used == [real(documents, 40, 2)]
     result = json.loads((tmp_path / "batch_throughput.json").read_text())
     assert result["prompts"] == f"data: {data}" and result["all_lossless"]
     with pytest.raises(SystemExit, match="--data needs the target's tokenizer"):
