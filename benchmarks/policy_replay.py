@@ -4,9 +4,9 @@ target really wrote, at the round costs the device really measured, in seconds o
 A GPU evaluation (`python -m longspec.eval ... tree=auto`) records each sample's output tokens and the round-cost
 table of its warm-up (`round_costs_s`). Here every sample is decoded again on paper, in the evaluation's order
 (the policy's estimates carry from call to call, as in the run):
-- a lookup chain's outcome is exact: the n-gram draft at each root (`pld.LookupShadow`, the engine's own host
-  lookup) against the tokens the output really continues with; the shadow reports of the rounds that run none
-  are the same numbers;
+- a lookup's outcome is exact: the n-gram drafts at each root (`pld.LookupShadow`, the engine's own host
+  lookup; a forest's branches too) against the tokens the output really continues with; the shadow reports of
+  the rounds that run none are the same numbers;
 - a drafter tree's outcome is a stand-in (the one of batch_throughput.py): depth d accepted with probability p_d of
   a measured profile (`--accept-profile`, e.g. the same run's `eval_t0_full_tree/results.json`), independently
   per round; no text, so the stand-in does not know which passages the drafter predicts well;
@@ -47,11 +47,13 @@ from longspec.target_source import load_tokenizer  # noqa: E402
 
 
 def parse_candidate(name: str):
-    """The inverse of `tree.tree_name`: 'ar' -> (), 'lookup8' -> Lookup(8), '4-16-16' -> (4, 16, 16)."""
+    """The inverse of `tree.tree_name`: 'ar' -> (), 'lookup8' -> Lookup(8), 'lookup16x4' -> Lookup(16, 4),
+    '4-16-16' -> (4, 16, 16)."""
     if name == "ar":
         return ()
     if name.startswith("lookup"):
-        return Lookup(int(name[len("lookup") :]))
+        length, _, branches = name[len("lookup") :].partition("x")
+        return Lookup(int(length), int(branches or 1))
     return tuple(int(w) for w in name.split("-"))
 
 
@@ -67,21 +69,35 @@ def cost_table(results: dict) -> MeasuredCosts:
     return MeasuredCosts(seconds=seconds)
 
 
-def lookup_outcomes(prompt: list[int], output: list[int], length: int, max_ngram: int) -> list[int]:
-    """outcomes[i]: the drafts a lookup chain of `length` accepts at root output[i] (i < len(output) - 1): the
-    common prefix of the lookup's draft and the tokens the output continues with."""
-    shadow = LookupShadow(list(prompt) + output[:1], length, max_ngram)
+def lookup_outcomes(
+    prompt: list[int], output: list[int], length: int, max_ngram: int, branches: int = 1
+) -> list[list[int]]:
+    """outcomes[i]: per branch of a lookup of `branches` x `length` at root output[i] (i < len(output) - 1), the
+    drafts it accepts: the common prefix of the branch's draft and the tokens the output continues with ([] where
+    nothing matches)."""
+    shadow = LookupShadow(list(prompt) + output[:1], length, max_ngram, branches)
     outcomes = []
     for i in range(len(output) - 1):
-        draft, n = shadow.draft(), 0
-        while n < len(draft) and i + 1 + n < len(output) and draft[n] == output[i + 1 + n]:
-            n += 1
-        outcomes.append(n)
+        matched = []
+        for draft in shadow.draft():
+            n = 0
+            while n < len(draft) and i + 1 + n < len(output) and draft[n] == output[i + 1 + n]:
+                n += 1
+            matched.append(n)
+        outcomes.append(matched)
         shadow.extend([output[i + 1]], shadow=False)  # into the index; no draft of its own to track
     return outcomes
 
 
-def replay_call(policy, rng, prompt_len: int, lookups: list[int], profile: list[float], costs) -> dict:
+def lookup_ranks(matched: list[int], lookup: Lookup) -> list[int]:
+    """The accepted ranks of a round of `lookup` whose widest branches matched `matched`: the first branch that
+    matched the most (greedy's deepest path) at depth 1, then 0 down its chain; [] when none matched."""
+    matched = matched[: lookup.branches]
+    accepted = min(max(matched, default=0), lookup.length)
+    return [matched.index(max(matched))] + [0] * (accepted - 1) if accepted else []
+
+
+def replay_call(policy, rng, prompt_len: int, lookups: list[list[int]], profile: list[float], costs) -> dict:
     """One sample's decode on paper (see the module docstring); returns its speedup over plain and rounds.
     `policy`: tree="auto"'s (`AdaptivePolicy`) or a `FixedPolicy` (one candidate every round, a reference)."""
     if isinstance(policy, AdaptivePolicy):
@@ -98,20 +114,21 @@ def replay_call(policy, rng, prompt_len: int, lookups: list[int], profile: list[
         context_len = prompt_len + position
         widths = policy.choose(context_len)
         if isinstance(widths, Lookup):
-            accepted = min(lookups[position], widths.length)
+            ranks = lookup_ranks(lookups[position], widths)
         else:
-            accepted = 0
+            ranks = []
             for depth in range(len(widths)):
                 if depth >= len(profile) or rng.random() >= profile[depth]:
                     break
-                accepted += 1
+                ranks.append(0)
+        accepted = len(ranks)
         emitted = min(accepted + 1, len(lookups) - position)  # the last round stops at the output's end
         seconds = costs.cost(widths, context_len)  # not given to observe_time: it would learn the table back
         # as in the engine: a policy with lookup candidates hears the shadow at every round that ran none
         shadow = (
             None if isinstance(widths, Lookup) or not getattr(policy, "lookups", ()) else lookups[position]
         )
-        pending.append((index, widths, [0] * accepted, context_len, shadow))
+        pending.append((index, widths, ranks, context_len, shadow))
         rounds[tree_name(widths)] += 1
         spent += seconds
         for step in range(emitted):
@@ -168,7 +185,8 @@ def main(argv=None) -> int:
     measured = _measured_speedups(results, args.method)
 
     config = GenerationConfig()
-    longest = max(t.length for t in AUTO_LOOKUPS)
+    lookups = [c for c in _candidates(costs) if isinstance(c, Lookup)] or list(AUTO_LOOKUPS)
+    longest, widest = max(t.length for t in lookups), max(t.branches for t in lookups)
     calls = []  # (dataset, record, lookup outcomes) in the evaluation's order
     for dataset, records in results["methods"][args.method].items():
         for record in records:
@@ -178,7 +196,7 @@ def main(argv=None) -> int:
                     f"{dataset} / {record['id']}: the prompt is not the evaluation's ({record['prompt_len']} "
                     f"tokens there, {None if prompt is None else len(prompt)} here): another tokenizer or data file"
                 )
-            outcomes = lookup_outcomes(prompt, record["output_ids"], longest, config.pld_max_ngram)
+            outcomes = lookup_outcomes(prompt, record["output_ids"], longest, config.pld_max_ngram, widest)
             calls.append((dataset, record, outcomes))
 
     fixed = parse_candidate(args.fixed) if args.fixed else None
@@ -205,7 +223,7 @@ def main(argv=None) -> int:
                 "dataset": dataset,
                 "id": str(record["id"]),
                 "tokens": len(record["output_ids"]),
-                "lookup_hit_rate": sum(1 for n in outcomes if n) / max(len(outcomes), 1),
+                "lookup_hit_rate": sum(1 for n in outcomes if n and n[0]) / max(len(outcomes), 1),
                 "replayed_speedup": statistics.mean(run[i]["speedup"] for run in per_seed),
                 "measured_speedup": measured.get((dataset, str(record["id"]))),
                 "fixed_speedup": statistics.mean(run[i]["speedup"] for run in per_seed_fixed)

@@ -106,7 +106,7 @@ class GenerationConfig:
     @property
     def max_round_nodes(self) -> int:
         """The most tokens one round of any method verifies (sizes the cache's slack)."""
-        lookups = [1 + c.length for c in self.candidates if isinstance(c, Lookup)]
+        lookups = [c.nodes for c in self.candidates if isinstance(c, Lookup)]
         return max(1 + max(sum(t) for t in self.trees), 1 + self.pld_num_draft, *lookups)
 
     @property

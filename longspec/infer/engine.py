@@ -76,7 +76,7 @@ from longspec.infer.tree import (
     DraftTree,
     Lookup,
     TreeLayout,
-    chain_tree,
+    forest_parts,
     is_drafter_tree,
     tree_name,
 )
@@ -238,8 +238,8 @@ class _DecodeLoop:
             self.policy.observe_time(widths, context_len, seconds)
             for row_ranks in ranks:
                 self.policy.observe(widths, row_ranks, context_len)
-            for accepted in shadowed:
-                self.policy.observe_shadow(accepted)
+            for matched in shadowed:
+                self.policy.observe_shadow(matched)
 
 
 class _HostCopies:
@@ -408,7 +408,8 @@ class SpeculativeEngine:
             # call's start, counted with the prefill: it grows with the prompt and was timed by neither clock)
             if getattr(policy, "lookups", ()):
                 length = max(lookup.length for lookup in policy.lookups)
-                shadows = [LookupShadow(p.tolist(), length, config.pld_max_ngram) for p in prompts]
+                branches = max(lookup.branches for lookup in policy.lookups)
+                shadows = [LookupShadow(p.tolist(), length, config.pld_max_ngram, branches) for p in prompts]
         emitted = [[token] for token in roots.tolist()]  # host sync: the first tokens
         for shadow, first in zip(shadows or (), emitted, strict=False):
             shadow.extend(first, shadow=False)  # the first token: context, not a round's root
@@ -500,8 +501,8 @@ class SpeculativeEngine:
             depth, max_children = layout.depth, max(widths)
         elif isinstance(widths, Lookup):
             with clock.phase("draft_s"):
-                tree = self._lookup(roots, widths.length, config.pld_max_ngram, static, capture)
-            depth, max_children = widths.length, 1
+                tree = self._lookup(roots, widths, config.pld_max_ngram, static, capture)
+            depth, max_children = widths.length, widths.branches
         else:  # "ar", or longspec's "no speculation"
             tree = self._plain_tree(roots)
             depth, max_children = 0, 0
@@ -535,41 +536,42 @@ class SpeculativeEngine:
         """A plain round's one-node tree per row around `roots` [B]: everything but the tokens is the same in every
         round, made once per batch size, so the round launches nothing to build it (a plain round's host work is
         what keeps it from costing one AR step)."""
-        parents, depths, ancestor_mask, valid = self._chain_parts(roots.shape[0], 1)
+        parents, depths, ancestor_mask, valid = self._chain_parts(roots.shape[0], 0)
         return DraftTree(roots[:, None], parents, depths, ancestor_mask, valid, chain=True)
 
-    def _chain_parts(self, batch: int, nodes: int) -> tuple[torch.Tensor, ...]:
-        """A chain's constant parts for `batch` rows of `nodes` nodes (parents, depths, ancestor_mask, and valid
-        with every node valid: a plain round's; a lookup makes its own from the depths), made once: a round
-        builds none of them (on the GPU each op would be a launch outside the captured steps)."""
-        key = (batch, nodes)
+    def _chain_parts(self, batch: int, length: int, branches: int = 1) -> tuple[torch.Tensor, ...]:
+        """The constant parts of `branches` chains of `length` drafts from one root, for `batch` rows
+        (`tree.forest_parts`: parents, depths, ancestor_mask; and valid with every node valid, a plain round's; a
+        lookup makes its own from the depths), made once: a round builds none of them (on the GPU each op would
+        be a launch outside the captured steps)."""
+        key = (batch, length, branches)
         if key not in self._chains:
-            roots = torch.zeros(batch, dtype=torch.long, device=self.device)
-            tree = chain_tree(roots, roots.new_zeros(batch, nodes - 1), nodes - 1, nodes)
-            self._chains[key] = (tree.parents, tree.depths, tree.ancestor_mask, tree.valid)
+            parents, depths, ancestor_mask = forest_parts(batch, length, branches, self.device)
+            valid = torch.ones_like(parents, dtype=torch.bool)
+            self._chains[key] = (parents, depths, ancestor_mask, valid)
         return self._chains[key]
 
     def _lookup(
-        self, roots: torch.Tensor, length: int, max_ngram: int, static: bool, capture: bool
+        self, roots: torch.Tensor, lookup: Lookup, max_ngram: int, static: bool, capture: bool
     ) -> DraftTree:
-        """A lookup round's chain [B, 1 + length] from `roots` [B] (`pld.lookup_tree` over the history, at each
-        row's committed length): eager, or one static step (a graph launch with cuda_graphs) reading the device
-        lengths, so it launches with nothing settled."""
-        parts = self._chain_parts(roots.shape[0], 1 + length)[:3]  # its valid mask is the lookup's
+        """A lookup round's forest [B, 1 + length x branches] from `roots` [B] (`pld.lookup_tree` over the
+        history, at each row's committed length; one branch: a chain): eager, or one static step (a graph launch
+        with cuda_graphs) reading the device lengths, so it launches with nothing settled."""
+        parts = self._chain_parts(roots.shape[0], lookup.length, lookup.branches)[:3]  # valid: the lookup's
         if not static:
             lengths = self.target_step.lengths(static=False)
             if not isinstance(lengths, torch.Tensor):
                 lengths = torch.full_like(roots, lengths)
-            return lookup_tree(self.history.tokens, lengths, roots, length, max_ngram, parts)
+            return lookup_tree(self.history.tokens, lengths, roots, lookup, max_ngram, parts)
 
         def fn(root_buf):
-            tree = lookup_tree(self.history.tokens, self.cache.lengths_t, root_buf, length, max_ngram, parts)
+            tree = lookup_tree(self.history.tokens, self.cache.lengths_t, root_buf, lookup, max_ngram, parts)
             return tree.tokens, tree.valid
 
         tokens, valid = self.target_step.static_step(
-            ("lookup", length, max_ngram, capture), fn, (roots,), capture
+            ("lookup", lookup.length, lookup.branches, max_ngram, capture), fn, (roots,), capture
         )
-        return DraftTree(tokens, *parts, valid, chain=True)
+        return DraftTree(tokens, *parts, valid, chain=True, branches=lookup.branches)
 
     def _finish(self, rnd: _Round) -> tuple[list[list[int]], list[list[int]]]:
         """Wait for a launched round's outputs (the round's ONE host sync: emitted tokens, paths and counts
@@ -887,11 +889,12 @@ def _finished(emitted: list[int], config: GenerationConfig, *, new: list[int]) -
 
 def _level_ranks(widths, path_slots: list[int]) -> list[int]:
     """Rank of each accepted node within its level (its slot minus the level's first slot): what the
-    acceptance model learns from (a lookup chain's are all 0). path_slots starts with the root."""
+    acceptance model learns from (a lookup's: its branch at depth 1, then 0 down the chain, as `Lookup.widths`
+    models it). path_slots starts with the root."""
     if not widths:
         return []
     if isinstance(widths, Lookup):
-        return [0] * (len(path_slots) - 1)
+        return [slot - 1 for slot in path_slots[1:2]] + [0] * (len(path_slots) - 2)
     layout = TreeLayout(widths)
     return [slot - layout.level_slice(d).start for d, slot in enumerate(path_slots[1:], start=1)]
 

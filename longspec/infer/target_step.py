@@ -20,8 +20,9 @@ from longspec.modules.masks import aligned_rows
 __all__ = ["TargetStep"]
 
 # The most new tokens a chain's forward sends through the cache attention's causal tail (`TargetStep.forward`):
-# chains of drafts are a few tokens; the split-KV kernel is planned for few queries, not for prefill chunks.
-MAX_CHAIN_TOKENS = 64
+# chains of drafts are a few tokens (a lookup forest of 4 x 16 drafts: 65); the split-KV kernel is planned for
+# few queries, not for prefill chunks.
+MAX_CHAIN_TOKENS = 128
 
 
 class TargetStep:
@@ -85,11 +86,13 @@ class TargetStep:
         *,
         static: bool = False,
         chain: bool = False,
+        branches: int = 1,
     ) -> torch.Tensor:
         """Target forward over T new tokens per row, tokens [B, T] at positions n + offsets [T], n = each row's
         committed length. new_mask [T, T] or [B, T, T] says which new tokens see which (a tree's ancestor mask);
         None means a causal chunk (prefill). `chain`: new_mask is causal (offsets 0..T-1, a chain tree), which
-        the caller knows from the tree's shape. Every new token sees its row's whole committed prefix (within a
+        the caller knows from the tree's shape; with `branches` > 1 it is that of `branches` chains from the first
+        token, level by level (`tree.forest_parts`, a lookup forest). Every new token sees its row's whole committed prefix (within a
         sliding window where the layer has one). K/V land in the cache's pending slots; the caller commits.
         Returns hidden [B, T, Dm].
 
@@ -114,7 +117,8 @@ class TargetStep:
         # A short chain of new tokens (an AR step or a plain round when T = 1, a chain-shaped draft, PLD's drafts):
         # their K/V sit in slots [n, n + T) already, so new token t attends to the cache alone over [0, n + t]
         # (the split-KV kernel's causal tail) -- the same keys as the hybrid split, one kernel pair instead of
-        # three. Prefill chunks keep the hybrid path: the split-KV kernel is for few queries.
+        # three; a lookup forest's tail sees the root and its own chain (the kernel's `branches`, from indices).
+        # Prefill chunks keep the hybrid path: the split-KV kernel is for few queries.
         chained = not first_chunk and (T == 1 or (chain and T <= MAX_CHAIN_TOKENS))
         cache_len = n + T if chained else n
         if not chained or self.windowed:
@@ -128,7 +132,9 @@ class TargetStep:
                 out, _ = attn_ops.attention(q, k, v, causal=True, scale=scale)
                 return out
             if window is None and chained:
-                out, _ = attn_ops.cache_attention(q, keys, values, cache_len, causal=True, scale=scale)
+                out, _ = attn_ops.cache_attention(
+                    q, keys, values, cache_len, causal=True, branches=branches, scale=scale
+                )
                 return out
             if window is None:  # cache part unmasked + new part under new_mask, merged by LSE
                 out, _ = attn_ops.hybrid_attention(q, k, v, keys, values, n, new_mask, scale=scale)
@@ -187,7 +193,9 @@ class TargetStep:
 
         def run(tokens, offsets, new_mask, *extra):
             logits = self.target.logits(
-                self.forward(tokens, offsets, new_mask, static=static, chain=tree.chain)
+                self.forward(
+                    tokens, offsets, new_mask, static=static, chain=tree.chain, branches=tree.branches
+                )
             )
             return logits if head is None else head(logits, tokens, offsets, new_mask, *extra)
 
@@ -195,7 +203,7 @@ class TargetStep:
         if not static:
             return run(*inputs)
         return self.static_step(
-            ("verify", tree.num_nodes, tree.chain, capture, head_key), run, inputs, capture
+            ("verify", tree.num_nodes, tree.chain, tree.branches, capture, head_key), run, inputs, capture
         )
 
 

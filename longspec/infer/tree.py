@@ -31,6 +31,7 @@ __all__ = [
     "candidate_depth",
     "candidate_order",
     "chain_tree",
+    "forest_parts",
     "is_drafter_tree",
     "sample_step",
     "tree_name",
@@ -92,7 +93,10 @@ class DraftTree:
     draft_probs: torch.Tensor | None = None
     # Whether node i's ancestors are exactly the nodes before it (levels of width 1, PLD's drafts, an AR step):
     # known from the shape alone, so a verify can take the chain's causal attention without reading the mask.
+    # With `branches` > 1, `branches` such chains from one root, level by level (a lookup forest, `forest_parts`):
+    # node i's ancestors are the root and the nodes of its own chain before it, again known from the shape.
     chain: bool = False
+    branches: int = 1
 
     @classmethod
     def empty(cls, layout: TreeLayout, root_token: torch.Tensor) -> DraftTree:
@@ -238,20 +242,52 @@ def sample_step(
 @dataclass(frozen=True)
 class Lookup:
     """A round shape that drafts by prompt lookup instead of the drafter (tree="auto"'s lookup candidates,
-    longspec.infer.pld): a chain of `length` drafts (padded with invalid nodes where the match is shorter or
-    missing), verified like any chain. A candidate of the policy next to the drafter's trees (tuples of level
-    widths, () = no speculation), so it is hashable and named apart from them."""
+    longspec.infer.pld): `branches` chains of `length` drafts from the round's root, each continuing another
+    earlier occurrence of the context's last n-gram (the longest n-gram's latest occurrence first, then earlier
+    ones and shorter n-grams: `pld.prompt_lookups`), padded with invalid nodes where a match is shorter or
+    missing, verified together (a forest, `forest_parts`). One branch is PLD's chain. A candidate of the policy
+    next to the drafter's trees (tuples of level widths, () = no speculation), so it is hashable and named apart
+    from them."""
 
     length: int
+    branches: int = 1
 
     def __post_init__(self):
-        if self.length < 1:
-            raise ValueError(f"a lookup chain needs at least one draft, got {self.length}")
+        if self.length < 1 or self.branches < 1:
+            raise ValueError(
+                f"a lookup needs at least one draft and one branch, got {self.length} x {self.branches}"
+            )
+
+    @property
+    def nodes(self) -> int:
+        """The verified tree's nodes: the root and every branch's drafts."""
+        return 1 + self.length * self.branches
 
     @property
     def widths(self) -> tuple[int, ...]:
-        """The chain's level widths: what its verify, acceptance and acceptance model see."""
-        return (1,) * self.length
+        """The level widths the acceptance model sees: the branch is chosen at depth 1 (the accepted path's
+        rank there is its branch), and the chain below it has one node per level (rank 0)."""
+        return (self.branches,) + (1,) * (self.length - 1)
+
+
+def forest_parts(batch: int, length: int, branches: int, device) -> tuple[torch.Tensor, ...]:
+    """The constant parts (parents [B, N], depths [N], ancestor_mask [B, N, N]) of `branches` chains of `length`
+    nodes from one root, N = 1 + length * branches, stored level by level like every tree: level d's node of
+    chain i at slot 1 + (d - 1) * branches + i, its parent the same chain's node a level up (the root at depth 1).
+    branches = 1 is a chain (length 0: the root alone, a plain step's tree)."""
+    idx = torch.arange(1 + length * branches, device=device)
+    depths = torch.where(idx > 0, (idx - 1) // branches + 1, 0)
+    parents = torch.where(idx > branches, idx - branches, torch.where(idx > 0, 0, -1))
+    branch = (idx - 1) % branches
+    # j is an ancestor of i (or i): the root, or i's own chain at a depth <= i's
+    ancestor = (idx[None, :] == 0) | (
+        (idx[None, :] > 0) & (branch[None, :] == branch[:, None]) & (idx[None, :] <= idx[:, None])
+    )
+    return (
+        parents.expand(batch, -1).contiguous(),
+        depths,
+        ancestor.expand(batch, -1, -1).contiguous(),
+    )
 
 
 def is_drafter_tree(candidate) -> bool:
@@ -266,14 +302,16 @@ def candidate_depth(candidate) -> int:
 
 def candidate_order(candidate) -> tuple:
     """A sort key for round shapes (a Lookup does not compare with level widths): trees by widths, then lookups."""
-    return (1, (candidate.length,)) if isinstance(candidate, Lookup) else (0, tuple(candidate))
+    if isinstance(candidate, Lookup):
+        return (1, (candidate.length, candidate.branches))
+    return (0, tuple(candidate))
 
 
 def tree_name(widths) -> str:
-    """'ar' for no speculation, 'lookup8' for a lookup chain of 8, else the widths joined by '-' (e.g.
-    '4-16-16'): the stats' key for a round shape."""
+    """'ar' for no speculation, 'lookup8' for a lookup chain of 8, 'lookup16x4' for four chains of 16, else the
+    widths joined by '-' (e.g. '4-16-16'): the stats' key for a round shape."""
     if isinstance(widths, Lookup):
-        return f"lookup{widths.length}"
+        return f"lookup{widths.length}" + (f"x{widths.branches}" if widths.branches > 1 else "")
     return "-".join(map(str, widths)) if widths else "ar"
 
 

@@ -53,13 +53,16 @@ def attend_range(
     acc, m_i, l_i, q, k_base, v_base, stride_kt, stride_vt, mask_base,
     start, end, qk_scale, d, limit,
     HAS_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HAS_LIMIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_LIMIT: tl.constexpr, period=1, HAS_PERIOD: tl.constexpr = False,
 ):  # fmt: skip
     """Fold keys [start, end) of one kv head into (acc [M, D], m_i [M], l_i [M]) for the rows of q [M, D].
 
     k_base/v_base point at key 0 of the head; mask_base is a [M, 1] pointer tile to each row's mask row
     (used when HAS_MASK: key j visible iff mask_base[j] != 0; see `mask_operand`); limit [M] is each row's end
-    (used when HAS_LIMIT: key j visible iff j < limit, a causal diagonal computed from indices, no loads)."""
+    (used when HAS_LIMIT: key j visible iff j < limit, a causal diagonal computed from indices, no loads).
+    HAS_PERIOD (with HAS_LIMIT) also needs (limit - 1 - j) % period == 0: every period-th key back from the
+    row's last one, i.e. one branch of a forest of chains laid out level by level (`split_kv_attn`'s `branches`).
+    Both default off, so the other kernels' calls compile as before."""
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = d < HEAD_DIM
     end = tl.maximum(end, start)  # an empty range must not turn into a negative tile count
@@ -107,6 +110,8 @@ def attend_range(
             visible = visible & (tl.load(m_ptrs, mask=visible, other=0) != 0)
         if HAS_LIMIT:
             visible = visible & (cols[None, :] < limit[:, None])
+            if HAS_PERIOD:  # negative remainders only where cols >= limit, already hidden
+                visible = visible & ((limit[:, None] - 1 - cols[None, :]) % period == 0)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet

@@ -20,7 +20,8 @@ Backends (`backend=`):
 - "auto": the fastest one that supports the call, by case. `attention`: flash_attn > torch_flash > triton > math.
   `cache_attention` / `hybrid_attention` (few queries vs a long cache, inference): triton > flash_attn >
   torch_flash > math, because our split-KV kernel was measured 1.8-2.7x faster than the FA2-family kernel on
-  this shape (docs/BENCHMARKS.md). `tree_attention`: triton > math. It warns once when it falls back to math
+  this shape (docs/BENCHMARKS.md); a causal tail that is a forest (`cache_attention(branches=...)`) skips
+  flash_attn, which has no such mask. `tree_attention`: triton > math. It warns once when it falls back to math
   on a GPU.
 An explicitly requested backend that cannot run the call raises ValueError saying what to install or change.
 Gradients flow through `out` only (the LSE of the fast backends is not differentiable); "triton" is forward only.
@@ -194,6 +195,7 @@ def cache_attention(
     cache_len: int | torch.Tensor,
     *,
     causal: bool = False,
+    branches: int = 1,
     scale: float | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,18 +203,29 @@ def cache_attention(
     the queries are the last Tq of those slots, in order (a chain of new tokens, their K/V written): query t
     sees slots [0, cache_len - Tq + t] (bottom-right aligned, as flash-attn's causal with a KV cache).
 
+    `branches` (with `causal`; Tq - 1 a multiple of it): the tail is a forest of `branches` chains from one root
+    laid out level by level (root at tail index 0, branch i of level d >= 1 at 1 + (d - 1) * branches + i), and
+    tail query t sees the slots before the tail, the root, and its own branch's tail slots up to itself:
+    t' <= t with (t' - 1) % branches == (t - 1) % branches. Why: a lookup forest (several prompt-lookup chains
+    from one root, verified in one forward) then runs the split-KV kernel's two-launch causal path instead of
+    the hybrid path's three. "flash_attn" cannot run it (no such mask); branches=1 is the plain chain.
+
     `cache_len` is an int or a 0-d / [B] integer tensor; a tensor never leaves the device on the "triton",
     "flash_attn" and "math" paths (CUDA-graph safe). "torch_flash" needs the length on the host."""
     _check_qkv(q, k_cache, v_cache)
     _check_backend(backend)
     _check_cache_len(cache_len, q.shape[0], k_cache.shape[2])
     scale = default_scale(q, scale)
-    causal = causal and q.shape[2] > 1  # one query sees every slot either way
+    Tq = q.shape[2]
+    if branches < 1 or (Tq - 1) % branches != 0:
+        raise ValueError(f"branches={branches} must be >= 1 and divide Tq - 1 = {Tq - 1} (a root + levels)")
+    causal = causal and Tq > 1  # one query sees every slot either way
+    forest = causal and branches > 1
 
     if backend == "auto":
         if backends.triton_auto(q, k_cache, v_cache):
             backend = "triton"
-        elif backends.flash_attn_ok(q) and not needs_grad(q, k_cache, v_cache):
+        elif backends.flash_attn_ok(q) and not needs_grad(q, k_cache, v_cache) and not forest:
             backend = "flash_attn"
         elif backends.torch_flash_ok(q) and not isinstance(cache_len, torch.Tensor) and not causal:
             backend = "torch_flash"
@@ -222,13 +235,17 @@ def cache_attention(
             backend = "math"
 
     if backend == "flash_attn":
+        if forest:
+            raise _cannot(backend, "its causal mask is a chain, not a forest (branches > 1)")
         if not backends.flash_attn_ok(q):
             raise _cannot(backend, "flash-attn is not installed or the tensors are not CUDA fp16/bf16")
         return backends.flash_attn_cache(q, k_cache, v_cache, cache_len, scale=scale, causal=causal)
     if backend == "triton":
         if not backends.triton_ok(q, k_cache, v_cache):
             raise _cannot(backend, "Triton is unavailable for this device or gradients are required")
-        return backends.triton_cache(q, k_cache, v_cache, cache_len, scale=scale, causal=causal)
+        return backends.triton_cache(
+            q, k_cache, v_cache, cache_len, scale=scale, causal=causal, branches=branches
+        )
     if backend == "torch_flash":
         if not backends.torch_flash_ok(q):
             raise _cannot(backend, "unsupported device, dtype or head dim")
@@ -246,9 +263,14 @@ def cache_attention(
         k_cache, v_cache = k_cache[:, :, :lengths], v_cache[:, :, :lengths]
         if not causal:
             return math_attention(q, k_cache, v_cache, None, scale)
-    if causal:  # query t's end: n - Tq + t + 1
-        lengths = lengths - q.shape[2] + 1 + torch.arange(q.shape[2], device=q.device)[:, None]
-    mask = torch.arange(k_cache.shape[2], device=q.device) < lengths  # [B or 1, 1 or Tq, slots] / [Tq, slots]
+    slots = torch.arange(k_cache.shape[2], device=q.device)
+    if causal:
+        ends = lengths - Tq + 1 + torch.arange(Tq, device=q.device)[:, None]  # query t's end: n - Tq + t + 1
+        mask = slots < ends  # [B or 1, Tq, slots] / [Tq, slots]
+        if forest:  # past the root: every branches-th slot back from the query's own (its branch)
+            mask &= (slots < lengths - Tq + 1) | ((ends - 1 - slots) % branches == 0)
+    else:
+        mask = slots < lengths  # [B or 1, 1, slots]
     return math_attention(q, k_cache, v_cache, mask.expand(q.shape[0], -1, -1), scale)
 
 

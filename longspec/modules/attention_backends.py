@@ -128,7 +128,11 @@ def triton_masked(q, k, v, mask, *, scale: float):
     return fused_mask_attn(q, k, v, mask, scale)
 
 
-def triton_cache(q, k_cache, v_cache, cache_len, *, scale: float, causal: bool = False, merge_with=None):
+def triton_cache(
+    q, k_cache, v_cache, cache_len, *, scale: float, causal: bool = False, branches: int = 1, merge_with=None
+):
     from longspec.kernels.split_kv_attn.triton import split_kv_attn
 
-    return split_kv_attn(q, k_cache, v_cache, cache_len, scale, causal=causal, merge_with=merge_with)
+    return split_kv_attn(
+        q, k_cache, v_cache, cache_len, scale, causal=causal, branches=branches, merge_with=merge_with
+    )

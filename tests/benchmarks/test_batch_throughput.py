@@ -165,7 +165,7 @@ def test_tree_auto_cells_record_the_trees_run(batch_throughput, tmp_path, monkey
     (row,) = result["rows"]
     assert sum(row["trees"].values()) > 0 and row["tokens_per_row"] == [8, 8]
     candidates = {"ar", "1", "1-1", "1-1-1-1", "2-2-2", "4-4-4", "4-8-8-8", "4-16-16-16", "4-16-16-16-16",
-                  "lookup2", "lookup4", "lookup8", "lookup16"}  # fmt: skip
+                  "lookup2", "lookup4", "lookup8", "lookup16", "lookup16x2", "lookup16x4"}  # fmt: skip
     assert set(row["trees"]) <= candidates
     table = row["round_costs_ms"]
     assert {key.split(":")[1] for key in table} == candidates

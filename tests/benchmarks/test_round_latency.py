@@ -30,8 +30,8 @@ def test_tiny_mode_writes_a_complete_table(round_latency, tmp_path, monkeypatch,
     # the whole round as generate runs it, every tree="auto" candidate, greedy and sampling
     costs = result["round_costs_ms"]
     assert set(costs) == {"T=0", "T=1"} and all(
-        len(c) == 13 and min(c.values()) > 0 for c in costs.values()
-    )  # 9 trees, 4 lookups
+        len(c) == 15 and min(c.values()) > 0 for c in costs.values()
+    )  # 9 trees, 4 lookup chains, 2 lookup forests
     out = capsys.readouterr().out
     assert "| context |" in out and "whole round, ms (T=1): 1024:ar" in out
 

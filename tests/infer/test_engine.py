@@ -7,7 +7,7 @@ from infer_helpers import WINDOW, OracleDrafter, random_drafter, reference_greed
 
 from longspec.drafter import DrafterConfig
 from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine, cache_slots
-from longspec.infer.tree import TreeLayout, chain_tree
+from longspec.infer.tree import TreeLayout
 from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
 
@@ -106,7 +106,8 @@ def test_plain_rounds_build_no_tree(llama, monkeypatch):
     import longspec.infer.engine as engine_module
 
     built = []
-    monkeypatch.setattr(engine_module, "chain_tree", lambda *a: built.append(a) or chain_tree(*a))
+    parts = engine_module.forest_parts
+    monkeypatch.setattr(engine_module, "forest_parts", lambda *a: built.append(a) or parts(*a))
     engine = SpeculativeEngine(llama)
     prompt = torch.randint(0, 256, (30,))
     tokens = engine.generate(

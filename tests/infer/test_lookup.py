@@ -1,7 +1,7 @@
-"""Prompt lookup on the device (`pld.device_lookup`) against the host reference (`pld.prompt_lookup`), and the
-rounds that draft by lookup: pld on static shapes (one round ahead, as the others), tree="auto"'s lookup chains
-(lossless on every family, in ragged batches, at T > 0 with the rrs rule; the drafter's ring caught up after
-them)."""
+"""Prompt lookup on the device (`pld.device_lookup`) against the host reference (`pld.prompt_lookups`), and the
+rounds that draft by lookup: pld on static shapes (one round ahead, as the others), tree="auto"'s lookup chains and
+forests (lossless on every family, in ragged batches, at T > 0 with the rrs rule; the drafter's ring caught up
+after them)."""
 
 import random
 
@@ -12,25 +12,40 @@ from test_engine import sampling_marginals, sampling_target
 from test_policy import _ring_by_position
 
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
-from longspec.infer.pld import LookupShadow, device_lookup, prompt_lookup
+from longspec.infer.pld import LookupShadow, device_lookup, prompt_lookup, prompt_lookups
 from longspec.infer.policy import AUTO_LOOKUPS, AdaptivePolicy
-from longspec.infer.tree import Lookup
+from longspec.infer.tree import Lookup, tree_name
 from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
-LOOKUP_NAMES = {f"lookup{c.length}" for c in AUTO_LOOKUPS}
+LOOKUP_NAMES = {tree_name(c) for c in AUTO_LOOKUPS}
 
 
-def _reference(history, lengths, roots, num_draft, max_ngram) -> list[list[int]]:
+def _reference(history, lengths, roots, num_draft, max_ngram, branches=1) -> list[list[list[int]]]:
+    """Per row, its drafts (best first)."""
     return [
-        prompt_lookup(torch.cat([history[row, :n], roots[row : row + 1]]), num_draft, max_ngram).tolist()
+        [
+            draft.tolist()
+            for draft in prompt_lookups(
+                torch.cat([history[row, :n], roots[row : row + 1]]), num_draft, max_ngram, branches
+            )
+        ]
         for row, n in enumerate(lengths.tolist())
     ]
 
 
-def _device(history, lengths, roots, num_draft, max_ngram) -> list[list[int]]:
-    drafts, num_valid = device_lookup(history, lengths, roots, num_draft, max_ngram)
-    assert drafts.shape == (history.shape[0], num_draft)  # fixed shapes, whatever the rows' lengths
-    return [drafts[row, :n].tolist() for row, n in enumerate(num_valid.tolist())]
+def _device(history, lengths, roots, num_draft, max_ngram, branches=1) -> list[list[list[int]]]:
+    drafts, num_valid = device_lookup(history, lengths, roots, num_draft, max_ngram, branches=branches)
+    # fixed shapes, whatever the rows' lengths and matches
+    assert drafts.shape == (history.shape[0], branches, num_draft) and num_valid.shape == (
+        history.shape[0],
+        branches,
+    )
+    # the valid branches first: a row with fewer matches pads its last branches
+    assert all(row == sorted(row, key=lambda n: n == 0) for row in num_valid.tolist())
+    return [
+        [drafts[row, i, :n].tolist() for i, n in enumerate(counts) if n]
+        for row, counts in enumerate(num_valid.tolist())
+    ]
 
 
 # small vocabularies: repetitive texts, matches near the end
@@ -44,9 +59,27 @@ def test_device_lookup_equals_the_reference(vocab):
         history = torch.randint(0, vocab, (5, slots), generator=gen)
         lengths = torch.cat([torch.tensor([0, 1, 2]), torch.randint(3, slots - 1, (2,), generator=gen)])
         roots = torch.randint(0, vocab, (5,), generator=gen)
-        for num_draft, max_ngram in ((1, 1), (2, 3), (8, 3), (10, 2)):
-            args = (history, lengths, roots, num_draft, max_ngram)
+        for num_draft, max_ngram, branches in (
+            (1, 1, 1),
+            (2, 3, 1),
+            (8, 3, 1),
+            (10, 2, 1),
+            (8, 3, 2),
+            (4, 3, 4),
+        ):
+            args = (history, lengths, roots, num_draft, max_ngram, branches)
             assert _device(*args) == _reference(*args)
+
+
+def test_prompt_lookups_rank_the_longest_match_then_the_latest():
+    """The reference's order, by hand: the trigram's two occurrences (latest first), then the bigram's and the
+    unigram's other ones; each match end once, and the first draft is PLD's."""
+    #                        0  1  2  3  4  5  6  7  8  9 10 11 12 13
+    context = torch.tensor([1, 2, 3, 9, 1, 2, 3, 8, 5, 2, 3, 7, 1, 2, 3])
+    drafts = [d.tolist() for d in prompt_lookups(context, 2, 3, branches=6)]
+    # "1 2 3" ends at 3 and 7; "2 3" also at 11; "3" at no other end
+    assert drafts == [[8, 5], [9, 1], [7, 1]]
+    assert prompt_lookup(context, 2, 3).tolist() == drafts[0]
 
 
 def test_device_lookup_on_a_repeated_pattern_and_on_no_match():
@@ -54,10 +87,11 @@ def test_device_lookup_on_a_repeated_pattern_and_on_no_match():
     history = torch.stack([pattern.repeat(6), torch.arange(30)])  # a loop; all tokens distinct
     lengths, roots = torch.tensor([13, 20]), torch.tensor([7, 25])  # row 0's root continues the loop
     for num_draft in (2, 4, 8):
-        got = _device(history, lengths, roots, num_draft, 3)
-        assert got == _reference(history, lengths, roots, num_draft, 3)
-        # the latest "9 2 7" ends 5 tokens before the context's end: a draft of 8 is cut to those 5
-        assert got[0] == [4, 5, 9, 2, 7][:num_draft] and got[1] == []
+        got = _device(history, lengths, roots, num_draft, 3, branches=2)
+        assert got == _reference(history, lengths, roots, num_draft, 3, branches=2)
+        # the latest "9 2 7" ends 5 tokens before the context's end: a draft of 8 is cut to those 5; the one
+        # before it, a loop earlier, runs on (10 tokens to the end)
+        assert got[0] == [[4, 5, 9, 2, 7][:num_draft], ([4, 5, 9, 2, 7] * 2)[:num_draft]] and got[1] == []
 
 
 class LookupCosts:
@@ -96,6 +130,63 @@ def test_auto_lookups_are_lossless_and_accepted(family):
         trees = result.stats.trees
         assert set(trees) <= LOOKUP_NAMES | {"ar"} and set(trees) & LOOKUP_NAMES, trees
         assert sum(result.stats.accepted) > 0
+
+
+class ForestCosts:
+    """Stub cost model: the lookup forests cost a plain step, everything else far more: every round a forest."""
+
+    def cost(self, widths, context_len):
+        return 1.0 if isinstance(widths, Lookup) and widths.branches > 1 else 1000.0 + bool(widths)
+
+
+@pytest.mark.parametrize("family", FAMILY_VARIANTS)
+def test_lookup_forests_are_lossless_and_accepted(family):
+    """Every round a lookup forest (several chains from one root, one verify: the cache attention's forest tail
+    on static shapes): == the target's greedy output, eager and on static shapes, alone and in a ragged batch;
+    forests accepted drafts."""
+    target = make_tiny_target(family)
+    prompts = [_repetitive(seed, n) for seed, n in ((4, 45), (3, 37), (2, 33))]  # all past longrope's 32
+    refs = [reference_greedy(target, p, 24) for p in prompts]
+    engine = SpeculativeEngine(target, random_drafter(target), costs=ForestCosts())
+    forests = {tree_name(c) for c in AUTO_LOOKUPS if c.branches > 1}
+    for static in (False, True):
+        config = GenerationConfig(max_new_tokens=24, prefill_chunk=16, static_shapes=static)
+        result = engine.generate(prompts[0], config)
+        assert result.tokens == refs[0], static
+        assert set(result.stats.trees) <= forests | {"ar"} and sum(result.stats.accepted) > 0
+        results = engine.generate_batch(prompts, config)
+        assert [r.tokens for r in results] == refs, static
+        assert set().union(*(r.stats.trees for r in results)) & forests
+
+
+def test_a_forest_accepts_the_branch_the_target_continues_and_reports_its_rank():
+    """Greedy acceptance over a lookup forest takes the deepest accepted path, whichever branch holds it: here the
+    latest match (branch 0) diverges after one draft and the older one (branch 1) runs on; the policy learns rank
+    1 at depth 1, then 0 down the chain (`Lookup.widths`)."""
+    from longspec.infer.accept import greedy_path
+    from longspec.infer.engine import _level_ranks
+    from longspec.infer.pld import lookup_tree
+    from longspec.infer.tree import forest_parts
+
+    #                         "5 6" ends at 2 (-> 7 8 9) and at 7 (-> 7 1 4); the root is 6, after 5
+    history = torch.tensor([[5, 6, 7, 8, 9, 3, 5, 6, 7, 1, 4, 5, 0, 0]])
+    lookup = Lookup(3, 2)
+    parents, depths, ancestor = forest_parts(1, 3, 2, "cpu")
+    tree = lookup_tree(history, torch.tensor([11]), torch.tensor([6]), lookup, 2, (parents, depths, ancestor))
+    assert tree.tokens.tolist() == [[6, 7, 7, 1, 8, 4, 9]] and tree.valid.all()
+    # the target continues 6 -> 7 8 9 2: each node's argmax is its true next token where its path is right
+    true_next = {(6,): 7, (6, 7): 8, (6, 7, 8): 9, (6, 7, 8, 9): 2}
+    argmax = []
+    for node in range(tree.num_nodes):
+        path = tuple(tree.tokens[0, j].item() for j in range(node + 1) if ancestor[0, node, j])
+        argmax.append(true_next.get(path, 0))
+    path, length, bonus = greedy_path(
+        tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, torch.tensor([argmax]), tree.valid, 3
+    )
+    assert length.item() == 4 and bonus.item() == 2
+    slots = path[0, : length.item()].tolist()
+    assert [tree.tokens[0, j].item() for j in slots] == [6, 7, 8, 9]
+    assert _level_ranks(lookup, slots) == [1, 0, 0]
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])
@@ -200,35 +291,44 @@ def test_sampling_with_lookup_chains_reproduces_target_distribution(chi_square):
     assert chi_square(counts_3, marginal_3) > 1e-3
 
 
-def _shadow_outcomes(context: list[int], roots: list[int], length: int, max_ngram: int) -> list[int]:
-    """The reference's answer for the shadow: at each root position p, the longest common prefix of the lookup
-    draft at p and the tokens after p, where the context decides it (a mismatch, or the whole draft matched)."""
+def _shadow_outcomes(
+    context: list[int], roots: list[int], length: int, max_ngram: int, branches: int = 1
+) -> list[list[int]]:
+    """The reference's answer for the shadow: at each root position p, per branch, the longest common prefix of
+    its lookup draft at p and the tokens after p, where the context decides every branch (a mismatch, or the
+    whole draft matched)."""
     out = []
     for p in roots:
-        draft = prompt_lookup(torch.tensor(context[: p + 1]), length, max_ngram).tolist()
-        after = context[p + 1 :]
-        matched = 0
-        while matched < len(draft) and matched < len(after) and draft[matched] == after[matched]:
-            matched += 1
-        if matched == len(draft) or matched < len(after):
+        drafts = prompt_lookups(torch.tensor(context[: p + 1]), length, max_ngram, branches)
+        after, matched, decided = context[p + 1 :], [], True
+        for draft in (d.tolist() for d in drafts):
+            n = 0
+            while n < len(draft) and n < len(after) and draft[n] == after[n]:
+                n += 1
+            matched.append(n)
+            decided &= n == len(draft) or n < len(after)
+        if decided:
             out.append(matched)
     return out
 
 
+@pytest.mark.parametrize("branches", [1, 3])
 @pytest.mark.parametrize("vocab", [2, 5, 50])
-def test_the_shadow_lookup_is_the_reference_lookup_and_its_common_prefix(vocab):
-    """`LookupShadow` (an incremental n-gram index on the host) drafts what `prompt_lookup` drafts at every
-    length, and resolves each shadowed root to what the chain would have accepted (at T = 0)."""
+def test_the_shadow_lookup_is_the_reference_lookup_and_its_common_prefix(vocab, branches):
+    """`LookupShadow` (an incremental n-gram index on the host) drafts what `prompt_lookups` drafts at every
+    length, and resolves each shadowed root to what each branch would have accepted (at T = 0)."""
     rng = random.Random(vocab)
     for _ in range(30):
         prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 25))]
         output = [rng.randrange(vocab) for _ in range(30)]
-        shadow, context = LookupShadow(prompt, 8, 3), list(prompt)
+        shadow, context = LookupShadow(prompt, 8, 3, branches), list(prompt)
         for token in output:
-            assert shadow.draft() == prompt_lookup(torch.tensor(context), 8, 3).tolist()
+            assert shadow.draft() == [
+                d.tolist() for d in prompt_lookups(torch.tensor(context), 8, 3, branches)
+            ]
             shadow._append(token)
             context.append(token)
-        shadow, context, roots, resolved, i = LookupShadow(prompt, 8, 3), list(prompt), [], [], 0
+        shadow, context, roots, resolved, i = LookupShadow(prompt, 8, 3, branches), list(prompt), [], [], 0
         while i < len(output):  # rounds of 1-4 tokens; every other one ran a lookup (not shadowed)
             tokens = output[i : i + rng.randint(1, 4)]
             shadowed = rng.random() < 0.5
@@ -237,7 +337,7 @@ def test_the_shadow_lookup_is_the_reference_lookup_and_its_common_prefix(vocab):
             resolved += shadow.extend(tokens, shadow=shadowed)
             context += tokens
             i += len(tokens)
-        assert sorted(resolved) == sorted(_shadow_outcomes(context, roots, 8, 3))
+        assert sorted(resolved) == sorted(_shadow_outcomes(context, roots, 8, 3, branches))
 
 
 class PlainCosts:
@@ -253,7 +353,7 @@ def test_plain_rounds_tell_the_policy_what_a_lookup_would_have_accepted(monkeypa
     target = make_tiny_target("llama")
     prompts = [_repetitive(seed, n) for seed, n in ((10, 30), (11, 17))]
     heard = []
-    monkeypatch.setattr(AdaptivePolicy, "observe_shadow", lambda self, accepted: heard.append(accepted))
+    monkeypatch.setattr(AdaptivePolicy, "observe_shadow", lambda self, matched: heard.append(list(matched)))
     engine = SpeculativeEngine(target, random_drafter(target), costs=PlainCosts())
     for static in (False, True):
         heard.clear()
@@ -266,8 +366,11 @@ def test_plain_rounds_tell_the_policy_what_a_lookup_would_have_accepted(monkeypa
             roots = range(
                 prompt.numel(), prompt.numel() + len(result.tokens) - 1
             )  # rounds settled in the call
-            expected += _shadow_outcomes(context, list(roots), max(c.length for c in AUTO_LOOKUPS), 3)
-        assert sorted(heard) == sorted(expected) and max(heard) > 0
+            length = max(c.length for c in AUTO_LOOKUPS)
+            expected += _shadow_outcomes(
+                context, list(roots), length, 3, max(c.branches for c in AUTO_LOOKUPS)
+            )
+        assert sorted(heard) == sorted(expected) and max(max(m, default=0) for m in heard) > 0
 
 
 @pytest.mark.parametrize("vocab", [3, 50])
@@ -277,8 +380,8 @@ def test_the_shadow_indexes_a_prompt_as_appending_it_token_by_token(vocab):
     rng = random.Random(vocab)
     for size in [*range(6), 40]:
         prompt = [rng.randrange(vocab) for _ in range(size)]
-        built = LookupShadow([], 8, 3)
+        built = LookupShadow([], 8, 3, 2)
         for token in prompt:
             built._append(token)
-        shadow = LookupShadow(prompt, 8, 3)
+        shadow = LookupShadow(prompt, 8, 3, 2)
         assert shadow.index == built.index and shadow.context == built.context

@@ -37,8 +37,8 @@ class NodeCosts:
         self.per_node, self.draft, self.lookup = per_node, draft, lookup
 
     def cost(self, widths, context_len):
-        if isinstance(widths, Lookup):  # a lookup chain: no drafter forward, an n-gram match
-            return 1.0 + self.lookup + self.per_node * widths.length
+        if isinstance(widths, Lookup):  # a lookup chain or forest: no drafter forward, an n-gram match
+            return 1.0 + self.lookup + self.per_node * (widths.nodes - 1)
         return 1.0 + (self.draft if widths else 0.0) + self.per_node * sum(widths)
 
 
@@ -625,7 +625,7 @@ def _simulate(policy, rng, rounds: int, drafter: float, lookup: float) -> list:
             ranks = _lookup_ranks(rng, widths, lookup)
         else:
             ranks = _ranks(rng, widths, drafter)
-            policy.observe_shadow(len(_lookup_ranks(rng, longest, lookup)))
+            policy.observe_shadow([len(_lookup_ranks(rng, longest, lookup))])
         policy.observe(widths, ranks, 4096)
     return chosen
 
@@ -713,8 +713,28 @@ def test_shadow_lookups_move_a_plain_streak_to_lookups_without_an_exploration():
         assert not policy._exploring
         policy.observe(widths, [0] * 8 if isinstance(widths, Lookup) else [], 4096)
         if not isinstance(widths, Lookup):  # a lookup round's outcome is its own
-            policy.observe_shadow(8)
+            policy.observe_shadow([8])
     assert streak > 0 and isinstance(chosen[-1], Lookup) and chosen[-1].length == 8
+
+
+@pytest.mark.parametrize("branch", [0, 1, 3])
+def test_a_forest_runs_where_older_matches_continue_the_text_a_chain_where_the_latest_does(branch):
+    """The shadow reports what each of the widest lookup's branches matched: where the text continues an older
+    occurrence (branch 1 or 3 matches 8 drafts, the latest none) the policy takes a forest wide enough to hold
+    that branch; where the latest does (branch 0), a chain, the cheaper round for the same tokens."""
+    policy = AdaptivePolicy(NodeCosts(per_node=0.005, lookup=0.05), ((),) + AUTO_LOOKUPS)
+    widest = max(AUTO_LOOKUPS, key=lambda t: (t.branches, t.length))
+    for _ in range(40):
+        widths = policy.choose(4096)
+        if isinstance(widths, Lookup):
+            accepted = 8 if branch < widths.branches else 0
+            policy.observe(widths, [branch] + [0] * 7 if accepted else [], 4096)
+        else:
+            policy.observe(widths, [], 4096)
+            policy.observe_shadow([8 if i == branch else 0 for i in range(widest.branches)])
+    best = policy.best(4096)
+    assert isinstance(best, Lookup) and best.length >= 8
+    assert best.branches == 1 if branch == 0 else best.branches > branch
 
 
 @pytest.mark.parametrize("decide_again", [True, False], ids=["at-once", "control-at-recheck"])
@@ -735,7 +755,7 @@ def test_an_accept_in_a_plain_streak_is_decided_on_at_the_next_round(monkeypatch
             break
     assert widths == () and policy._plain_streak % RECHECK_EVERY == 1
     for _ in range(3):
-        policy.observe_shadow(8)
+        policy.observe_shadow([8])
     assert isinstance(policy.best(4096), Lookup)
     chosen = [policy.choose(4096) for _ in range(RECHECK_EVERY)]
     if decide_again:
@@ -748,6 +768,7 @@ def test_an_accept_in_a_plain_streak_is_decided_on_at_the_next_round(monkeypatch
 T1_COSTS_4K = {(): 1.197, (1,): 1.786, (1, 1): 2.065, (1, 1, 1, 1): 2.527, (2, 2, 2): 2.628, (4, 4, 4): 3.066,
                (4, 8, 8, 8): 3.246, (4, 16, 16, 16): 3.465, BIG: 3.840, Lookup(2): 1.380, Lookup(4): 1.380,
                Lookup(8): 1.391, Lookup(16): 1.414}  # fmt: skip
+T1_CANDIDATES = tuple(T1_COSTS_4K)  # the candidates that table measured (before lookup forests)
 
 
 def test_explorations_relearn_the_drafter_where_a_lookup_round_is_cheaper():
@@ -762,7 +783,7 @@ def test_explorations_relearn_the_drafter_where_a_lookup_round_is_cheaper():
     costs = MeasuredCosts(seconds={(4096, w): ms / 1e3 for w, ms in T1_COSTS_4K.items()})
     late = 0
     for seed in range(8):
-        policy = AdaptivePolicy(costs, AUTO_TREES + AUTO_LOOKUPS)
+        policy = AdaptivePolicy(costs, T1_CANDIDATES)
         for _ in range(10):
             policy.observe((1, 1), [], 4096)
         rng, chosen = random.Random(seed), []
@@ -773,7 +794,7 @@ def test_explorations_relearn_the_drafter_where_a_lookup_round_is_cheaper():
                 ranks = [0] if rng.random() < 0.1 else []
             else:
                 ranks = _ranks(rng, widths, 0.65)
-                policy.observe_shadow(1 if rng.random() < 0.1 else 0)
+                policy.observe_shadow([1 if rng.random() < 0.1 else 0])
             policy.observe(widths, ranks, 4096)
         late += sum(1 for c in chosen[-300:] if isinstance(c, tuple) and c)
     assert late >= 0.5 * 8 * 300, late
@@ -791,7 +812,7 @@ def _rare_one_token_lookups(monkeypatch, lookup_priors: bool) -> tuple[float, fl
     costs = MeasuredCosts(seconds={(4096, w): ms / 1e3 for w, ms in T1_COSTS_4K.items()})
     lookups = tokens = seconds = rounds = 0
     for seed in range(8):
-        policy, rng = AdaptivePolicy(costs, AUTO_TREES + AUTO_LOOKUPS), random.Random(seed)
+        policy, rng = AdaptivePolicy(costs, T1_CANDIDATES), random.Random(seed)
         for _ in range(800):
             widths = policy.choose(4096)
             if isinstance(widths, Lookup):
@@ -799,7 +820,7 @@ def _rare_one_token_lookups(monkeypatch, lookup_priors: bool) -> tuple[float, fl
                 lookups += 1
             else:
                 ranks = _ranks(rng, widths, 0.65)
-                policy.observe_shadow(1 if rng.random() < 0.1 else 0)
+                policy.observe_shadow([1 if rng.random() < 0.1 else 0])
             policy.observe(widths, ranks, 4096)
             tokens, seconds, rounds = tokens + 1 + len(ranks), seconds + costs.cost(widths, 4096), rounds + 1
     monkeypatch.undo()

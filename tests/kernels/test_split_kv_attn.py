@@ -131,6 +131,52 @@ def test_causal_tail_matches_naive_and_the_hybrid_path(B, H, Hkv, Tq, Tmax, D, c
         assert_attn_close(out[rows], lse[rows], *hybrid, torch.float32)
 
 
+def _forest_parents(branches, levels):
+    """Parents of a forest of `branches` chains of `levels` nodes from one root, laid out level by level."""
+    return [-1] + [0 if t <= branches else t - branches for t in range(1, 1 + branches * levels)]
+
+
+@pytest.mark.parametrize(
+    "B, H, Hkv, branches, levels, Tmax, D, cache_len, num_splits",
+    [
+        (1, 4, 2, 2, 1, 200, 16, 137, None),  # a root and two one-node branches
+        (2, 6, 2, 2, 3, 300, 32, torch.tensor([130, 251]), 2),  # row 0's tail straddles the two splits
+        (1, 3, 1, 4, 3, 260, 16, 129, 37),  # more splits than tiles: the tail in a short last split
+        (2, 4, 4, 4, 1, 100, 24, torch.tensor([5, 64]), 3),  # a row whose only keys are the forest's own
+        (2, 8, 1, 4, 3, 200, 16, torch.tensor([13, 190]), 4),  # GQA 8: 104 rows, two row blocks
+        (3, 4, 2, 1, 3, 160, 16, torch.tensor([70, 4, 159]), 2),  # branches=1: the plain chain
+    ],
+)
+def test_causal_forest_matches_naive_and_the_hybrid_path(
+    B, H, Hkv, branches, levels, Tmax, D, cache_len, num_splits
+):
+    """causal=True with `branches`: the tail is a forest laid out level by level; == the float32 reference, which
+    == the hybrid path for the same forest (cache part over [0, n - Tq) merged with fused_mask_attn under the
+    forest's ancestor mask, built from its parents)."""
+    Tq = 1 + branches * levels
+    q, k_cache, v_cache = _inputs(B, H, Hkv, Tq, Tmax, D, cache_len)
+    config = None if num_splits is None else {"num_splits": num_splits}
+    out, lse = split_kv_attn(q, k_cache, v_cache, cache_len, 0.3, causal=True, branches=branches, config=config,
+                             **_poisoned(q))  # fmt: skip
+    ref = split_kv_attn_naive(q, k_cache, v_cache, cache_len, 0.3, causal=True, branches=branches)
+    assert_attn_close(out, lse, *ref, torch.float32)
+    ancestors = tree_mask(_forest_parents(branches, levels), DEVICE)
+    for b, n in enumerate(torch.as_tensor(cache_len).expand(B).tolist()):
+        rows = slice(b, b + 1)
+        k_new, v_new = k_cache[rows, :, n - Tq : n], v_cache[rows, :, n - Tq : n]
+        tree = fused_mask_attn(q[rows], k_new, v_new, ancestors, 0.3)
+        hybrid = split_kv_attn(q[rows], k_cache[rows], v_cache[rows], n - Tq, 0.3, merge_with=tree)
+        assert_attn_close(ref[0][rows], ref[1][rows], *hybrid, torch.float32)
+
+
+def test_forest_needs_whole_levels():
+    q, k_cache, v_cache = _inputs(1, 2, 1, 6, 64, 16, 40)
+    for fn in (split_kv_attn, split_kv_attn_naive):
+        for branches in (2, 0):  # Tq - 1 = 5 is not a multiple of 2; 0 branches
+            with pytest.raises(ValueError, match="branches"):
+                fn(q, k_cache, v_cache, 40, 0.3, causal=True, branches=branches)
+
+
 def test_default_outputs_are_laid_out_for_the_output_projection():
     """Without an `out` buffer both kernels write [B, Tq, H, D] in memory, so merging the heads for o_proj is a
     view (no copy kernel per layer); the values are the reference's, in the hybrid (merged) path too."""
@@ -282,6 +328,23 @@ def test_gpu_causal_chains(dtype, B, H, Hkv, D, chain):
     assert_attn_close(
         out, lse, *split_kv_attn_naive(q, k_cache, v_cache, lengths, D**-0.5, causal=True), dtype
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "B, H, Hkv, D, branches, levels", [(1, 32, 8, 128, 4, 8), (4, 9, 3, 64, 2, 4), (16, 9, 3, 64, 8, 3)]
+)
+def test_gpu_causal_forests(dtype, B, H, Hkv, D, branches, levels):
+    """Lookup-forest verifies (branches chains from one root, level by level) at the 8B and SmolLM2 shapes on
+    a ragged batch, lengths on the device (graph path)."""
+    Tq = 1 + branches * levels
+    lengths = torch.tensor([8192 - 3 * b for b in range(B)], device="cuda")
+    q, k_cache, v_cache = _inputs(B, H, Hkv, Tq, 8192 + 64, D, lengths, dtype, "cuda")
+    out, lse = split_kv_attn(q, k_cache, v_cache, lengths, D**-0.5, causal=True, branches=branches,
+                             **_poisoned(q))  # fmt: skip
+    ref = split_kv_attn_naive(q, k_cache, v_cache, lengths, D**-0.5, causal=True, branches=branches)
+    assert_attn_close(out, lse, *ref, dtype)
 
 
 @pytest.mark.gpu

@@ -56,7 +56,12 @@ def _loop_reference(q, k, v, visible, scale):
 
 def _tree(T, seed=0):
     g = torch.Generator().manual_seed(seed)
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
+    return _ancestor_mask([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)])
+
+
+def _ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """Row i: node i and its ancestors (parents precede children)."""
+    T = len(parents)
     mask = torch.zeros(T, T, dtype=torch.bool)
     for i, p in enumerate(parents):
         if p >= 0:
@@ -130,6 +135,46 @@ def test_cache_attention_causal_tail_is_a_chain_over_the_cache():
                 )
                 torch.testing.assert_close(out[rows], ref_out)
                 torch.testing.assert_close(lse[rows], ref_lse)
+
+
+def _forest(branches, levels):
+    """Ancestor mask of a forest of `branches` chains of `levels` nodes from one root, laid out level by level
+    (root 0; branch i of level d at 1 + (d - 1) * branches + i), built from its parents."""
+    T = 1 + branches * levels
+    return _ancestor_mask([-1] + [0 if t <= branches else t - branches for t in range(1, T)])
+
+
+@pytest.mark.parametrize("branches, levels", [(1, 3), (2, 1), (2, 3), (4, 3)])
+def test_cache_attention_causal_forest_is_a_tree_over_the_cache(branches, levels):
+    """causal=True, branches: the last Tq slots are a forest laid out level by level; == hybrid attention of those
+    Tq tokens under the forest's ancestor mask beside the cache before them (math), host and device lengths."""
+    Tq = 1 + branches * levels
+    q, k, v = _qkv(Tq=Tq, Tk=20)
+    forest = _forest(branches, levels)
+    for cache_len in (17, torch.tensor([17, Tq])):  # row 1: the forest alone
+        out, lse = cache_attention(q, k, v, cache_len, causal=True, branches=branches, backend="math")
+        for b, n in enumerate(torch.as_tensor(cache_len).expand(2).tolist()):
+            rows, new = slice(b, b + 1), slice(n - Tq, n)
+            ref_out, ref_lse = hybrid_attention(
+                q[rows], k[rows, :, new], v[rows, :, new], k[rows], v[rows], n - Tq, forest, backend="math"
+            )
+            torch.testing.assert_close(out[rows], ref_out)
+            torch.testing.assert_close(lse[rows], ref_lse)
+
+
+def test_cache_attention_forest_errors(stand_in_flash_attn):
+    q, k, v = _qkv(Tq=5, Tk=20)
+    for branches in (0, 3):  # Tq - 1 = 4 is not a multiple of 3
+        with pytest.raises(ValueError, match="branches"):
+            cache_attention(q, k, v, 13, causal=True, branches=branches)
+    with pytest.raises(ValueError, match="cannot run this call.*forest"):
+        cache_attention(q, k, v, 13, causal=True, branches=2, backend="flash_attn")
+    # "auto" would pick flash_attn (the stand-in) for a chain here, but not for a forest.
+    out, lse = cache_attention(q, k, v, 13, causal=True, branches=2)
+    ref_out, ref_lse = cache_attention(q, k, v, 13, causal=True, branches=2, backend="math")
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    chain = cache_attention(q, k, v, 13, causal=True)
+    assert not torch.allclose(chain[1], ref_lse)
 
 
 def test_tree_attention_matches_definition():
@@ -327,6 +372,8 @@ def test_triton_backends_match_math():
          cache_attention(q, k_cache, v_cache, cache_len, backend="math")),
         (cache_attention(q, k_cache, v_cache, cache_len, causal=True, backend="triton"),
          cache_attention(q, k_cache, v_cache, cache_len, causal=True, backend="math")),
+        (cache_attention(q, k_cache, v_cache, cache_len, causal=True, branches=4, backend="triton"),
+         cache_attention(q, k_cache, v_cache, cache_len, causal=True, branches=4, backend="math")),
         (hybrid_attention(q, k_new, v_new, k_cache, v_cache, cache_len, mask, backend="triton"),
          hybrid_attention(q, k_new, v_new, k_cache, v_cache, cache_len, mask, backend="math")),
     ]  # fmt: skip

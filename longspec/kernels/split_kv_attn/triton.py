@@ -19,6 +19,9 @@ With `causal`, the queries are each row's last Tq cached keys (a chain of new to
 written: an AR step, a chain-shaped draft): query t sees keys [0, n_b - Tq + t]. Every split runs its share of the
 keys all queries see unmasked, and the one that holds the last Tq - 1 keys masks them from indices (no mask in
 memory), so a chain's verify attention is the same two launches as an AR step's, not the hybrid three.
+With `branches` > 1 the tail is a forest of that many chains from one root, laid out level by level (a lookup
+forest: several prompt-lookup chains verified in one forward); each query's tail keys are then every
+`branches`-th key back from its own, still from indices, so the forest keeps the two-launch causal path too.
 The inner loop is `longspec.kernels.online_softmax.attend_range` (base-2 online softmax, float32 accumulation).
 `cache_len` may live on the device (0-d or [B], int32 or int64): each batch row reads its own length in the
 kernel, so a ragged batch (per-sequence cache lengths) is one launch. The split count is planned for the
@@ -46,16 +49,16 @@ _LOG2E = 1.4426950408889634
 
 # Sizes that change between calls are not specialised on (divisibility by 16), so one compiled kernel serves
 # every cache length / tree size instead of recompiling when, say, num_splits happens to be 16.
-@triton.jit(do_not_specialize=["cache_len", "max_len", "num_queries", "num_rows", "num_splits"])
+@triton.jit(do_not_specialize=["cache_len", "max_len", "num_queries", "num_rows", "num_splits", "branches"])
 def _split_kv_partial_kernel(
     Q, K, V, LENS, O_PART, L_PART, cache_len, max_len,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt,
     stride_lens,
-    num_kv_heads, num_queries, group, num_rows, num_splits,
+    num_kv_heads, num_queries, group, num_rows, num_splits, branches,
     qk_scale,
-    LEN_ON_DEVICE: tl.constexpr, CAUSAL: tl.constexpr,
+    LEN_ON_DEVICE: tl.constexpr, CAUSAL: tl.constexpr, FOREST: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -92,7 +95,8 @@ def _split_kv_partial_kernel(
     k_head = K + b * stride_kb + kvh * stride_kh
     v_head = V + b * stride_vb + kvh * stride_vh
     # CAUSAL: the queries are the row's last num_queries keys; keys [0, shared) are every query's, the few after
-    # them query tq's up to its own (a diagonal from indices: one ragged tile, no mask in memory).
+    # them query tq's up to its own (a diagonal from indices: one ragged tile, no mask in memory). FOREST: of
+    # those, only its own branch's, every `branches`-th key back from its own (the root is in [0, shared)).
     shared = tl.maximum(n - num_queries + 1, 0) if CAUSAL else n
     acc, m_i, l_i = attend_range(
         acc, m_i, l_i, q, k_head, v_head, stride_kt, stride_vt,
@@ -107,7 +111,7 @@ def _split_kv_partial_kernel(
             K,  # no mask
             tl.maximum(start, shared), stop, qk_scale, d, shared + tq,
             HAS_MASK=False, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
-            HAS_LIMIT=True,
+            HAS_LIMIT=True, period=branches, HAS_PERIOD=FOREST,
         )  # fmt: skip
 
     # An empty split leaves m_i = -inf, l_i = 0: it writes o = 0, lse = -inf and gets zero weight in the reduce.
@@ -220,6 +224,7 @@ def split_kv_attn(
     scale: float | None = None,
     *,
     causal: bool = False,
+    branches: int = 1,
     merge_with: tuple[torch.Tensor, torch.Tensor] | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
@@ -232,6 +237,11 @@ def split_kv_attn(
       batch), the split count is planned for Tmax, and nothing is read back to the host.
     causal: the queries are each row's last Tq keys, in order (their K/V already written, a chain of new tokens):
       query t sees keys [0, cache_len - Tq + t] alone. With Tq = 1 it changes nothing (not specialised on).
+    branches: with causal, the Tq = 1 + branches * L tail queries are a forest of `branches` chains of L nodes
+      from one root, laid out level by level: root at tail index 0, branch i of level d (1..L) at
+      1 + (d - 1) * branches + i. Tail query t sees the keys before the tail, the root, and the tail keys
+      t' <= t of its own branch ((t' - 1) % branches == (t - 1) % branches); the root sees the keys up to
+      itself. branches=1 is the plain chain (the same compiled kernel as without it).
     merge_with: optional (out [B,H,Tq,D], lse [B,H,Tq]) of attention over other keys, merged in the reduce.
     out/lse: optional output buffers. config: overrides of `default_config` (BLOCK_M, BLOCK_N, num_warps,
       num_stages, num_splits).
@@ -244,6 +254,8 @@ def split_kv_attn(
         "head dim must be contiguous"
     )
     scale = 1.0 / math.sqrt(D) if scale is None else scale
+    if branches < 1 or (Tq - 1) % branches != 0:
+        raise ValueError(f"branches={branches} must be >= 1 and divide Tq - 1 = {Tq - 1}")
     group = H // Hkv
     num_rows = group * Tq
 
@@ -272,9 +284,10 @@ def split_kv_attn(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         stride_lens,
-        Hkv, Tq, group, num_rows, num_splits,
+        Hkv, Tq, group, num_rows, num_splits, branches,
         scale * _LOG2E,
-        LEN_ON_DEVICE=len_on_device, CAUSAL=causal and Tq > 1, DOT_PRECISION=dot_precision(q.dtype),
+        LEN_ON_DEVICE=len_on_device, CAUSAL=causal and Tq > 1, FOREST=causal and Tq > 1 and branches > 1,
+        DOT_PRECISION=dot_precision(q.dtype),
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, **cfg,
     )  # fmt: skip
 
