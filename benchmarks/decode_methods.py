@@ -49,7 +49,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--methods", nargs="+", default=["vanilla_hf", "vanilla_fa", "hf_compile", "ar", "ar_graphs"]
     )
     parser.add_argument("--no-cudnn-sdp", action="store_true")
-    parser.add_argument("--tree", default="auto", help="longspec's tree: auto, or fixed widths like 4,16,16")
+    parser.add_argument(
+        "--tree",
+        default="auto",
+        help="longspec's tree: auto, fixed widths like 4,16,16, or a round shape by name (lookup16x4: a lookup "
+        "forest every round)",
+    )
     parser.add_argument("--window", type=int, default=512, help="the random drafter's window (longspec)")
     parser.add_argument(
         "--profile",
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         shape["max_position_embeddings"] = max(shape["max_position_embeddings"], longest)
         config = LlamaConfig(vocab_size=args.vocab_size, attn_implementation="sdpa", **shape)
     target = random_target(config, device, dtype)
-    tree = "auto" if args.tree == "auto" else tuple(int(w) for w in args.tree.split(","))
+    tree = tuple(int(w) for w in args.tree.split(",")) if "," in args.tree else args.tree
     drafter = None
     if any(m.startswith("longspec") for m in args.methods):
         from longspec.drafter import Drafter, DrafterConfig

@@ -41,20 +41,9 @@ from longspec.eval.datasets import load_samples  # noqa: E402
 from longspec.infer.config import GenerationConfig  # noqa: E402
 from longspec.infer.pld import LookupShadow  # noqa: E402
 from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, AdaptivePolicy, FixedPolicy, MeasuredCosts  # noqa: E402
-from longspec.infer.tree import Lookup, candidate_order, tree_name  # noqa: E402
+from longspec.infer.tree import Lookup, candidate_order, parse_candidate, tree_name  # noqa: E402
 from longspec.provenance import run_info  # noqa: E402
 from longspec.target_source import load_tokenizer  # noqa: E402
-
-
-def parse_candidate(name: str):
-    """The inverse of `tree.tree_name`: 'ar' -> (), 'lookup8' -> Lookup(8), 'lookup16x4' -> Lookup(16, 4),
-    '4-16-16' -> (4, 16, 16)."""
-    if name == "ar":
-        return ()
-    if name.startswith("lookup"):
-        length, _, branches = name[len("lookup") :].partition("x")
-        return Lookup(int(length), int(branches or 1))
-    return tuple(int(w) for w in name.split("-"))
 
 
 def cost_table(results: dict) -> MeasuredCosts:

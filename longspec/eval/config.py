@@ -105,9 +105,9 @@ class EvalConfig(Schema):
     top_k: int | None = None  # top-k truncation of the target distribution (T > 0)
     max_new_tokens: int = 1024  # the paper's LongBench setting (math: 32K)
     max_samples: int | None = None  # per data source, after the length filter
-    tree: str = (
-        "auto"  # longspec's tree: auto = adaptive per round (measured round costs, learned acceptance)
-    )
+    # longspec's tree: auto = adaptive per round (measured round costs, learned acceptance); or one round shape
+    # every round, by name: level widths "4-16-16", a lookup chain "lookup16" or forest "lookup16x4"
+    tree: str = "auto"
     # fixed dynamic-beam level widths (e.g. longspec.infer.policy.DEFAULT_TREE_WIDTHS); wins over tree
     tree_widths: list[int] | None = None
     # tree=auto also weighs prompt-lookup chains (GenerationConfig.auto_lookup); false: drafter trees only
@@ -144,9 +144,7 @@ class EvalConfig(Schema):
         check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         check(self.timing_repeats >= 1, f"timing_repeats must be >= 1, got {self.timing_repeats}")
         check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
-        check(
-            self.tree == "auto", f"tree must be auto (fix the tree with tree_widths=[...]), got {self.tree!r}"
-        )
+
         check(
             self.sampling_rule in ("rrs", "deterministic"),
             f"sampling_rule must be rrs or deterministic, got {self.sampling_rule!r}",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, DEFAULT_TREE_WIDTHS
-from longspec.infer.tree import Lookup, TreeLayout
+from longspec.infer.tree import Lookup, TreeLayout, parse_candidate
 
 __all__ = ["GenerationConfig", "DEFAULT_TREE_WIDTHS", "SAMPLING_RULES"]
 
@@ -23,11 +23,12 @@ class GenerationConfig:
     top_k: int | None = None  # keep the k most likely target tokens (T > 0)
     top_p: float | None = None  # nucleus truncation of the target distribution (T > 0)
     eos_token_ids: tuple[int, ...] = ()  # stop after emitting any of these
-    # longspec's tree: "auto" (adaptive per round, longspec.infer.policy) or fixed level widths; a fixed
+    # longspec's tree: "auto" (adaptive per round, longspec.infer.policy), fixed level widths, or one round shape
+    # by name (`tree.tree_name`: "4-16-16", a lookup "lookup16" / forest "lookup16x4", every round); a fixed
     # `tree_widths` given by the user wins over `tree`. At T > 0 every tree samples the target's distribution
     # exactly, but with "auto" the trees chosen depend on measured round times (and on what earlier calls
     # learned), so a seed does not pin the sample: fix the tree for reproducible sampling.
-    tree: str | tuple[int, ...] = "auto"
+    tree: str | tuple[int, ...] | Lookup = "auto"
     tree_widths: tuple[int, ...] | None = None
     # tree="auto" also weighs prompt-lookup chains (policy.AUTO_LOOKUPS: n-gram drafts from the sequence's own
     # text, pld_max_ngram long) against the drafter's trees and a plain step each round; False: drafter trees and
@@ -74,8 +75,10 @@ class GenerationConfig:
             TreeLayout(self.tree_widths)  # validates the widths
         if isinstance(self.tree, str):
             if self.tree != "auto":
-                raise ValueError(f"tree must be 'auto' or a list of level widths, got {self.tree!r}")
-        else:
+                self.tree = parse_candidate(self.tree)  # a round shape's name
+                if not self.tree:
+                    raise ValueError("tree='ar' is no speculation: use method='ar'")
+        elif not isinstance(self.tree, Lookup):
             self.tree = tuple(int(w) for w in self.tree)
             TreeLayout(self.tree)
         if not isinstance(self.auto_lookup, bool):
@@ -84,30 +87,35 @@ class GenerationConfig:
             raise ValueError(f"sampling_rule must be one of {SAMPLING_RULES}, got {self.sampling_rule!r}")
 
     @property
-    def fixed_tree(self) -> tuple[int, ...] | None:
-        """The user's fixed widths (tree_widths, else a tuple `tree`), or None for tree="auto"."""
+    def fixed_tree(self) -> tuple[int, ...] | Lookup | None:
+        """The user's fixed round shape (tree_widths, else `tree`'s widths or lookup), or None for tree="auto"."""
         if self.tree_widths is not None:
             return self.tree_widths
         return None if self.tree == "auto" else self.tree
 
     @property
     def trees(self) -> tuple[tuple[int, ...], ...]:
-        """Every drafter tree a longspec round may run (() = no speculation)."""
+        """Every drafter tree a longspec round may run (() = no speculation; none with a fixed lookup)."""
         fixed = self.fixed_tree
+        if isinstance(fixed, Lookup):
+            return ()
         return (fixed,) if fixed is not None else AUTO_TREES
 
     @property
     def candidates(self) -> tuple:
         """Every round shape a longspec round may run: the trees, and with tree="auto" and auto_lookup the lookup
         chains (`tree.Lookup`)."""
-        lookups = AUTO_LOOKUPS if self.fixed_tree is None and self.auto_lookup else ()
+        fixed = self.fixed_tree
+        if isinstance(fixed, Lookup):
+            return (fixed,)
+        lookups = AUTO_LOOKUPS if fixed is None and self.auto_lookup else ()
         return self.trees + lookups
 
     @property
     def max_round_nodes(self) -> int:
         """The most tokens one round of any method verifies (sizes the cache's slack)."""
-        lookups = [c.nodes for c in self.candidates if isinstance(c, Lookup)]
-        return max(1 + max(sum(t) for t in self.trees), 1 + self.pld_num_draft, *lookups)
+        nodes = [c.nodes if isinstance(c, Lookup) else 1 + sum(c) for c in self.candidates]
+        return max(1 + self.pld_num_draft, *nodes)
 
     @property
     def rrs(self) -> bool:

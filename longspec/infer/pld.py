@@ -92,7 +92,16 @@ def device_lookup(
         # itself, and nothing stale; and the suffix needs n tokens (n <= last, as the reference's range).
         match &= (ends <= last) & (n <= last)
         score = torch.where(match, n * (slots + 1) + ends, score)  # n increasing: a longer match wins its end
-    top, _ = torch.topk(score, branches, dim=1)  # [B, branches], best first
+    # The best `branches` scores, best first: repeated max (scores >= 0 are unique, -1 is none). One reduction
+    # for PLD's single chain, as before forests; torch.topk on these int64 scores cost a radix select's ~30
+    # launches per round.
+    picks = []
+    for i in range(branches):
+        top = score.amax(dim=1)  # [B]
+        picks.append(top)
+        if i + 1 < branches:
+            score = torch.where(score == top[:, None], -1, score)
+    top = torch.stack(picks, dim=1)  # [B, branches]
     best = torch.where(top >= 0, top % (slots + 1), -1)
     follow = (best[..., None] + torch.arange(num_draft, device=device)).clamp(0, slots - 1)
     drafts = context.gather(1, follow.flatten(1)).view(batch, branches, num_draft)

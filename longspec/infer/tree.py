@@ -33,6 +33,7 @@ __all__ = [
     "chain_tree",
     "forest_parts",
     "is_drafter_tree",
+    "parse_candidate",
     "sample_step",
     "tree_name",
 ]
@@ -313,6 +314,25 @@ def tree_name(widths) -> str:
     if isinstance(widths, Lookup):
         return f"lookup{widths.length}" + (f"x{widths.branches}" if widths.branches > 1 else "")
     return "-".join(map(str, widths)) if widths else "ar"
+
+
+def parse_candidate(name: str):
+    """The inverse of `tree_name`: 'ar' -> (), 'lookup8' -> Lookup(8), 'lookup16x4' -> Lookup(16, 4),
+    '4-16-16' -> (4, 16, 16). Raises ValueError (naming what it accepts) on anything else."""
+    try:
+        if name == "ar":
+            return ()
+        if name.startswith("lookup"):
+            length, _, branches = name[len("lookup") :].partition("x")
+            return Lookup(int(length), int(branches or 1))
+        widths = tuple(int(w) for w in name.split("-"))
+        TreeLayout(widths)
+        return widths
+    except ValueError:
+        raise ValueError(
+            f"not a round shape: {name!r} (level widths like '4-16-16', a lookup like 'lookup16' or "
+            "'lookup16x4', or 'ar')"
+        ) from None
 
 
 def chain_tree(

@@ -8,7 +8,7 @@ import pytest
 
 from longspec.eval.datasets import load_samples
 from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES
-from longspec.infer.tree import tree_name
+from longspec.infer.tree import Lookup, parse_candidate, tree_name
 from longspec.target_source import load_tokenizer
 from longspec.testing import save_tiny_target
 
@@ -68,10 +68,12 @@ def _replay(load_benchmark, tmp_path, results, tokenizer_dir, profile, *extra) -
     return json.loads(out.read_text())
 
 
-def test_candidate_names_parse_back(load_benchmark):
-    script = load_benchmark("policy_replay")
-    for candidate in AUTO_TREES + AUTO_LOOKUPS:
-        assert script.parse_candidate(tree_name(candidate)) == candidate
+def test_candidate_names_parse_back():
+    for candidate in (*AUTO_TREES, *AUTO_LOOKUPS, Lookup(3, 5)):
+        assert parse_candidate(tree_name(candidate)) == candidate
+    for bad in ("lookup", "lookupx2", "lookup16x0", "4-0", "big", ""):
+        with pytest.raises(ValueError, match="not a round shape"):
+            parse_candidate(bad)
 
 
 def test_a_text_that_quotes_its_prompt_is_replayed_on_lookup_chains(load_benchmark, tmp_path, tokenizer_dir):

@@ -6,6 +6,7 @@ import pytest
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.eval.__main__ import main, run_eval
 from longspec.eval.config import load_eval_config
+from longspec.infer.tree import Lookup
 from longspec.testing import make_tiny_target
 
 
@@ -91,11 +92,20 @@ def test_mismatched_drafter_is_one_clear_error(eval_overrides, tmp_path, caplog)
         (["data.path=/nonexistent.jsonl"], FileNotFoundError),
         (["temperature=-1"], ValueError),
         (["timing_repeats=0"], ValueError),
+        (["tree=lookup16x0"], ValueError),
+        (["tree=big"], ValueError),
     ],
 )
 def test_config_errors(eval_overrides, tmp_path, extra, error):
     with pytest.raises(error):
         load_eval_config(eval_overrides(tmp_path) + extra)
+
+
+def test_tree_may_name_one_round_shape(eval_overrides, tmp_path):
+    """tree=lookup16x4 (a lookup forest every round) or tree=4-16-16: checked at load, run as the fixed round."""
+    for name, fixed in (("lookup16x4", Lookup(16, 4)), ("4-16-16", (4, 16, 16)), ("auto", None)):
+        cfg = load_eval_config(eval_overrides(tmp_path) + [f"tree={name}"])
+        assert cfg.generation_config(eos_token_ids=()).fixed_tree == fixed
 
 
 def test_data_path_may_name_a_dataset(eval_overrides, tmp_path):

@@ -159,6 +159,19 @@ def test_lookup_forests_are_lossless_and_accepted(family):
         assert set().union(*(r.stats.trees for r in results)) & forests
 
 
+def test_a_fixed_lookup_forest_runs_every_round_and_is_lossless():
+    """tree="lookup16x2": that round shape every round (no policy, no drafter round), == greedy, eager and static."""
+    target = make_tiny_target("qwen2")
+    prompt = _repetitive(4, 45)
+    ref = reference_greedy(target, prompt, 24)
+    engine = SpeculativeEngine(target, random_drafter(target))
+    for static in (False, True):
+        result = engine.generate(
+            prompt, GenerationConfig(max_new_tokens=24, tree="lookup16x2", static_shapes=static)
+        )
+        assert result.tokens == ref and set(result.stats.trees) == {"lookup16x2"}, static
+
+
 def test_a_forest_accepts_the_branch_the_target_continues_and_reports_its_rank():
     """Greedy acceptance over a lookup forest takes the deepest accepted path, whichever branch holds it: here the
     latest match (branch 0) diverges after one draft and the older one (branch 1) runs on; the policy learns rank

@@ -129,9 +129,17 @@ def test_generation_config_tree_fields():
     assert GenerationConfig(tree=[2, 2]).fixed_tree == (2, 2)
     assert GenerationConfig(tree="auto", tree_widths=[3]).fixed_tree == (3,)  # tree_widths wins
     assert GenerationConfig().max_round_nodes == 1 + sum(BIG)
-    for bad in ({"tree": "big"}, {"tree": [0]}, {"sampling_rule": "greedy"}, {"auto_lookup": "yes"}):
+    for bad in (
+        {"tree": "big"}, {"tree": [0]}, {"tree": "ar"}, {"tree": "lookup0"}, {"sampling_rule": "greedy"},
+        {"auto_lookup": "yes"},
+    ):  # fmt: skip
         with pytest.raises(ValueError):
             GenerationConfig(**bad)
+    # one round shape by name, every round: level widths, a lookup chain or forest (runs alone, sizes the slack)
+    assert GenerationConfig(tree="2-2").fixed_tree == (2, 2)
+    forest = GenerationConfig(tree="lookup16x4")
+    assert forest.fixed_tree == Lookup(16, 4) and forest.candidates == (Lookup(16, 4),) and forest.trees == ()
+    assert forest.max_round_nodes == 65
     # lookups join tree="auto"'s candidates unless switched off; a fixed tree runs alone
     assert GenerationConfig().candidates == AUTO_TREES + AUTO_LOOKUPS
     assert GenerationConfig(auto_lookup=False).candidates == AUTO_TREES
