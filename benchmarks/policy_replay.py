@@ -127,7 +127,7 @@ def replay_call(policy, rng, prompt_len: int, lookups: list[list[int]], profile:
         policy.observe(widths, ranks, context_len)
         if shadow is not None:
             policy.observe_shadow(shadow)
-    return {"speedup": plain / spent if spent else 1.0, "rounds": dict(rounds)}
+    return {"speedup": plain / spent if spent else 1.0, "rounds": dict(rounds), "tokens": position}
 
 
 def main(argv=None) -> int:
@@ -226,6 +226,9 @@ def main(argv=None) -> int:
         "worst_replayed_speedup": min((r["replayed_speedup"] for r in rows), default=None),
         "fixed": args.fixed,
         "mean_fixed_speedup": statistics.mean(r["fixed_speedup"] for r in rows) if fixed and rows else None,
+        # tokens per round over all samples (the decode's τ), the policy's and the fixed candidate's
+        "tau": _tau(per_seed),
+        "fixed_tau": _tau(per_seed_fixed) if fixed else None,
     }
     ref = f" {args.fixed} / plain |" if fixed else ""
     print(
@@ -239,7 +242,10 @@ def main(argv=None) -> int:
         cells = f"{r['lookup_hit_rate']:.0%} | {r['replayed_speedup']:.2f} |{f} {m}"
         print(f"| {r['dataset']} | {r['tokens']} | {cells} | {shown} |")
     line = f"mean {summary['mean_replayed_speedup']:.3f}, worst {summary['worst_replayed_speedup']:.3f}"
-    print(line + (f"; {args.fixed} every round: mean {summary['mean_fixed_speedup']:.3f}" if fixed else ""))
+    line += f", τ {summary['tau']:.2f}"
+    if fixed:
+        line += f"; {args.fixed} every round: mean {summary['mean_fixed_speedup']:.3f}, τ {summary['fixed_tau']:.2f}"
+    print(line)
     out = args.json or os.path.join(os.environ.get("OUT", "."), "policy_replay.json")
     write_json_atomic(
         out,
@@ -254,6 +260,13 @@ def main(argv=None) -> int:
     )
     print(f"wrote {out}")
     return 0
+
+
+def _tau(runs: list[list[dict]]) -> float:
+    """Tokens per round over every sample and draw (each output's first token is the prefill's, not a round's)."""
+    tokens = sum(call["tokens"] for run in runs for call in run)
+    rounds = sum(sum(call["rounds"].values()) for run in runs for call in run)
+    return tokens / rounds if rounds else float("nan")
 
 
 def _candidates(costs: MeasuredCosts) -> list:

@@ -14,9 +14,10 @@ tell tree="auto"'s policy what a lookup would have accepted at the rounds that r
 Besides PLD's one chain, tree="auto" verifies lookup forests (`tree.Lookup` with branches > 1): the drafts of
 several earlier occurrences side by side, as one tree. Where a text repeats itself with variations (code, a
 summary quoting its document), the latest occurrence is often not the one the target continues: replayed over the
-SmolLM2 GPU evaluation's outputs at T = 0, 2 / 4 / 8 branches of 16 raised the mean accepted length of a
-lookup-every-round decode from 3.45 to 3.91 / 4.20 / 4.34 (docs/BENCHMARKS.md). A forest is verified like a chain
-(`DraftTree.branches`): its visibility is known from the shape, so the cache attention's causal tail serves it.
+SmolLM2 GPU evaluation's outputs at T = 0 (`benchmarks/policy_replay.py --fixed`), a lookup every round emits 3.06
+tokens a round with one chain of 16, 3.44 with two, 3.71 with four (docs/BENCHMARKS.md). A forest is verified like
+a chain (`DraftTree.branches`): its visibility is known from the shape, so the cache attention's causal tail
+serves it. Whether the extra tokens pay for the wider verify is the policy's call, at measured round costs.
 """
 
 from __future__ import annotations

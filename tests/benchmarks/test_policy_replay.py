@@ -86,6 +86,7 @@ def test_a_text_that_quotes_its_prompt_is_replayed_on_lookup_chains(load_benchma
         assert row["lookup_hit_rate"] > 0.8 and row["replayed_speedup"] > 3.0, row
         assert max(row["rounds"], key=row["rounds"].get) == "lookup16", row
         assert row["measured_speedup"] == pytest.approx(1.5)
+    assert replay["summary"]["tau"] > 4.0  # chains of 16 accepted along the quote
 
 
 def test_new_text_and_a_useless_drafter_replay_near_plain(load_benchmark, tmp_path, tokenizer_dir):
@@ -106,6 +107,7 @@ def test_new_text_and_a_useless_drafter_replay_near_plain(load_benchmark, tmp_pa
         # the reference: a lookup chain every round pays its verify and accepts next to nothing here
         assert row["fixed_speedup"] < 0.9 < row["replayed_speedup"], row
     assert replay["summary"]["fixed"] == "lookup16"
+    assert 1.0 <= replay["summary"]["fixed_tau"] < 1.1  # fresh tokens: next to nothing accepted
     with pytest.raises(SystemExit, match="not a candidate the evaluation measured"):
         _replay(load_benchmark, tmp_path, results, tokenizer_dir, "0", "--fixed", "lookup5")
 
