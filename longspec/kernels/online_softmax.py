@@ -110,8 +110,13 @@ def attend_range(
             visible = visible & (tl.load(m_ptrs, mask=visible, other=0) != 0)
         if HAS_LIMIT:
             visible = visible & (cols[None, :] < limit[:, None])
-            if HAS_PERIOD:  # negative remainders only where cols >= limit, already hidden
-                visible = visible & ((limit[:, None] - 1 - cols[None, :]) % period == 0)
+            if HAS_PERIOD:
+                # (limit - 1 - col) % period == 0, as one remainder per row and one per column (both >= 0), in
+                # int32: per element, the int64 remainder (limit is int64) made the forest tail 2-3x the
+                # chain's on an H200 (docs/BENCHMARKS.md)
+                row_phase = ((limit - 1).to(tl.int32) % period)[:, None]
+                col_phase = (cols.to(tl.int32) % period)[None, :]
+                visible = visible & (row_phase == col_phase)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
