@@ -112,8 +112,8 @@ def attend_range(
             visible = visible & (cols[None, :] < limit[:, None])
             if HAS_PERIOD:
                 # (limit - 1 - col) % period == 0, as one remainder per row and one per column (both >= 0), in
-                # int32: per element, the int64 remainder (limit is int64) made the forest tail 2-3x the
-                # chain's on an H200 (docs/BENCHMARKS.md)
+                # int32: GPUs have no integer divide, and one int64 remainder per element (limit is int64) is a
+                # long emulated sequence for every key of the tile (the forest tail measured 2-3x the chain's)
                 row_phase = ((limit - 1).to(tl.int32) % period)[:, None]
                 col_phase = (cols.to(tl.int32) % period)[None, :]
                 visible = visible & (row_phase == col_phase)
