@@ -77,6 +77,7 @@ inject a stub. Two corrections make the choice robust to timing noise and to wha
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -257,6 +258,8 @@ class AcceptanceModel:
         self.trials = [[0.0] * len(RANK_EDGES) for _ in range(max_depth)]
         self._expected: dict[tuple[int, ...], float] = {}  # valid until the next observation
         self._hazards: list[list[float]] | None = None  # same
+        # per depth, P(rank < RANK_EDGES[j]) for every j: what accept_prob reads (every candidate, every round)
+        self._accept: list[list[float]] | None = None  # same
 
     @property
     def max_depth(self) -> int:
@@ -265,8 +268,18 @@ class AcceptanceModel:
     def hazard(self, depth: int, bucket: int) -> float:
         """P(rank in bucket | rank >= bucket start) at tree depth `depth` (1-based)."""
         if self._hazards is None:
-            self._hazards = self._posterior()
+            self._update()
         return self._hazards[depth - 1][bucket]
+
+    def _update(self) -> None:
+        """The posterior hazards and, from them, each depth's acceptance below every rank edge."""
+        self._hazards, self._accept = self._posterior(), []
+        for hazards in self._hazards:
+            miss, below = 1.0, []
+            for h in hazards:
+                miss *= 1.0 - h
+                below.append(1.0 - miss)
+            self._accept.append(below)
 
     def _posterior(self) -> list[list[float]]:
         """Every depth's hazards, depth by depth: each depth's prior is the estimate of the depth above it."""
@@ -279,12 +292,12 @@ class AcceptanceModel:
 
     def accept_prob(self, depth: int, width: int) -> float:
         """P(rank < width) at `depth`, from the buckets entirely below `width` (conservative between edges)."""
-        miss = 1.0
-        for j, edge in enumerate(RANK_EDGES):
-            if edge > width:
-                break
-            miss *= 1.0 - self.hazard(depth, j)
-        return 1.0 - miss
+        edges = bisect.bisect_right(RANK_EDGES, width)  # the buckets entirely below `width`
+        if not edges:
+            return 0.0
+        if self._accept is None:
+            self._update()
+        return self._accept[depth - 1][edges - 1]
 
     def expected_tokens(self, widths: tuple[int, ...]) -> float:
         """Expected tokens a round of `widths` emits (accepted drafts + the bonus)."""
@@ -303,7 +316,7 @@ class AcceptanceModel:
         """One speculating round: ranks[d-1] = rank of the accepted node at depth d (len = accepted drafts);
         if fewer than len(widths) were accepted, the next depth saw rank >= its width."""
         self._expected.clear()
-        self._hazards = None
+        self._hazards = self._accept = None
         for row_hits, row_trials in zip(self.hits, self.trials, strict=True):
             for j in range(len(RANK_EDGES)):
                 row_hits[j] *= self.decay
