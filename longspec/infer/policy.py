@@ -126,8 +126,8 @@ AUTO_TREES: tuple[tuple[int, ...], ...] = (
 # Forests (several chains of 16, each from another earlier occurrence, `tree.Lookup`) verify 33 / 65 tokens where
 # a text repeats itself with variations: replayed over the SmolLM2 GPU evaluation's outputs, a lookup every round
 # emits 3.06 tokens a round with one chain of 16, 3.44 with two, 3.71 with four (pld.py says more); on the H200
-# they cost 1.22x / 1.29x the chain's round at SmolLM2's shape (docs/BENCHMARKS.md), so the policy takes them
-# where the text's older occurrences are the ones it continues.
+# they cost 1.05x / 1.13x the chain's round at SmolLM2's shape, T=1 (docs/BENCHMARKS.md), so the policy takes
+# them where the text's older occurrences are the ones it continues.
 AUTO_LOOKUPS: tuple[Lookup, ...] = (Lookup(2), Lookup(4), Lookup(8), Lookup(16), Lookup(16, 2), Lookup(16, 4))
 
 # A round shape the policy chooses from: a drafter tree's level widths (() = no speculation) or a Lookup chain.
