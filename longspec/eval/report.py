@@ -276,8 +276,8 @@ def report_markdown(results: dict) -> str:
     if tree_rows:
         lines += [
             "",
-            "## Trees run (share of rounds; ar = no speculation, lookupK = a prompt-lookup chain of K drafts) and the "
-            "drafter trees' acceptance per depth d (P(d accepted | d-1 was))",
+            "## Trees run (share of rounds; ar = no speculation, lookupK = a prompt-lookup chain of K drafts, lookupKxB "
+            "= a forest of B such chains) and the drafter trees' acceptance per depth d (P(d accepted | d-1 was))",
             "",
         ]
         for d, method, trees in tree_rows:
