@@ -304,6 +304,37 @@ def test_sampling_with_lookup_chains_reproduces_target_distribution(chi_square):
     assert chi_square(counts_3, marginal_3) > 1e-3
 
 
+@pytest.mark.slow
+def test_sampling_with_lookup_forests_reproduces_target_distribution(chi_square, monkeypatch):
+    """T=1 (top-k 10), tree="lookup2x2" every round: every token of the prompt occurs twice with different
+    successors, so a root's forest holds two chains whose first tokens differ, verified as siblings by the
+    deterministic-candidate rule (the second tried with the residual of the first); the first two tokens (jointly)
+    and the 3rd follow the target's exact distributions over many seeds."""
+    vocab, top_k, draws = 16, 10, 300
+    target = sampling_target(vocab)
+    perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(3))
+    prompt = torch.cat([torch.arange(vocab), perm])  # every token twice, its successors differ
+    joint_12, marginal_3, _ = sampling_marginals(target, prompt, vocab, top_k)
+    import longspec.infer.engine as engine_module
+
+    ranks, level_ranks = [], engine_module._level_ranks
+    monkeypatch.setattr(engine_module, "_level_ranks", lambda *a: ranks.append(level_ranks(*a)) or ranks[-1])
+    engine = SpeculativeEngine(target, random_drafter(target))
+    counts_12, counts_3 = torch.zeros(vocab * vocab), torch.zeros(vocab)
+    accepted = 0
+    for seed in range(draws):
+        config = GenerationConfig(max_new_tokens=3, temperature=1.0, top_k=top_k, seed=seed, tree="lookup2x2")
+        result = engine.generate(prompt, config)
+        assert set(result.stats.trees) == {"lookup2x2"}
+        counts_12[result.tokens[0] * vocab + result.tokens[1]] += 1
+        counts_3[result.tokens[2]] += 1
+        accepted += sum(result.stats.accepted)
+    assert accepted > draws // 10  # drafts were accepted, not only the residual sampled
+    assert any(r[:1] == [1] for r in ranks)  # the second branch too, after the first was rejected
+    assert chi_square(counts_12, joint_12) > 1e-3
+    assert chi_square(counts_3, marginal_3) > 1e-3
+
+
 def _shadow_outcomes(
     context: list[int], roots: list[int], length: int, max_ngram: int, branches: int = 1
 ) -> list[list[int]]:
