@@ -78,14 +78,6 @@ def lookup_outcomes(
     return outcomes
 
 
-def lookup_ranks(matched: list[int], lookup: Lookup) -> list[int]:
-    """The accepted ranks of a round of `lookup` whose widest branches matched `matched`: the first branch that
-    matched the most (greedy's deepest path) at depth 1, then 0 down its chain; [] when none matched."""
-    matched = matched[: lookup.branches]
-    accepted = min(max(matched, default=0), lookup.length)
-    return [matched.index(max(matched))] + [0] * (accepted - 1) if accepted else []
-
-
 def replay_call(policy, rng, prompt_len: int, lookups: list[list[int]], profile: list[float], costs) -> dict:
     """One sample's decode on paper (see the module docstring); returns its speedup over plain and rounds.
     `policy`: tree="auto"'s (`AdaptivePolicy`) or a `FixedPolicy` (one candidate every round, a reference)."""
@@ -103,7 +95,7 @@ def replay_call(policy, rng, prompt_len: int, lookups: list[list[int]], profile:
         context_len = prompt_len + position
         widths = policy.choose(context_len)
         if isinstance(widths, Lookup):
-            ranks = lookup_ranks(lookups[position], widths)
+            ranks = widths.ranks(lookups[position])
         else:
             ranks = []
             for depth in range(len(widths)):

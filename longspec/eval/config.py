@@ -144,7 +144,6 @@ class EvalConfig(Schema):
         check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         check(self.timing_repeats >= 1, f"timing_repeats must be >= 1, got {self.timing_repeats}")
         check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
-
         check(
             self.sampling_rule in ("rrs", "deterministic"),
             f"sampling_rule must be rrs or deterministic, got {self.sampling_rule!r}",

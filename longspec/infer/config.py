@@ -94,22 +94,17 @@ class GenerationConfig:
         return None if self.tree == "auto" else self.tree
 
     @property
-    def trees(self) -> tuple[tuple[int, ...], ...]:
-        """Every drafter tree a longspec round may run (() = no speculation; none with a fixed lookup)."""
-        fixed = self.fixed_tree
-        if isinstance(fixed, Lookup):
-            return ()
-        return (fixed,) if fixed is not None else AUTO_TREES
+    def candidates(self) -> tuple:
+        """Every round shape a longspec round may run: the fixed one, or tree="auto"'s trees (() = no
+        speculation) and, with auto_lookup, its lookups (`tree.Lookup`)."""
+        if (fixed := self.fixed_tree) is not None:
+            return (fixed,)
+        return AUTO_TREES + (AUTO_LOOKUPS if self.auto_lookup else ())
 
     @property
-    def candidates(self) -> tuple:
-        """Every round shape a longspec round may run: the trees, and with tree="auto" and auto_lookup the lookup
-        chains (`tree.Lookup`)."""
-        fixed = self.fixed_tree
-        if isinstance(fixed, Lookup):
-            return (fixed,)
-        lookups = AUTO_LOOKUPS if fixed is None and self.auto_lookup else ()
-        return self.trees + lookups
+    def trees(self) -> tuple[tuple[int, ...], ...]:
+        """The drafter trees among the candidates (() = no speculation)."""
+        return tuple(c for c in self.candidates if not isinstance(c, Lookup))
 
     @property
     def max_round_nodes(self) -> int:

@@ -893,8 +893,9 @@ def _level_ranks(widths, path_slots: list[int]) -> list[int]:
     models it). path_slots starts with the root."""
     if not widths:
         return []
-    if isinstance(widths, Lookup):
-        return [slot - 1 for slot in path_slots[1:2]] + [0] * (len(path_slots) - 2)
+    if isinstance(widths, Lookup):  # level 1's slots are 1..branches: the branch; one node a level below it
+        accepted = len(path_slots) - 1
+        return [path_slots[1] - 1] + [0] * (accepted - 1) if accepted else []
     layout = TreeLayout(widths)
     return [slot - layout.level_slice(d).start for d, slot in enumerate(path_slots[1:], start=1)]
 

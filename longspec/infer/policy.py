@@ -603,11 +603,9 @@ class AdaptivePolicy:
         if not self.lookups:
             return
         widest = max(self.lookups, key=lambda t: (t.branches, t.length))
-        matched = list(matched[: widest.branches])
-        accepted = min(max(matched, default=0), widest.length)
-        ranks = [matched.index(max(matched))] + [0] * (accepted - 1) if accepted else []
+        ranks = widest.ranks(matched)
         self._learn(widest, ranks)
-        if accepted:
+        if ranks:
             self._hit()
 
     def _hit(self) -> None:

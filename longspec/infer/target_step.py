@@ -92,8 +92,8 @@ class TargetStep:
         committed length. new_mask [T, T] or [B, T, T] says which new tokens see which (a tree's ancestor mask);
         None means a causal chunk (prefill). `chain`: new_mask is causal (offsets 0..T-1, a chain tree), which
         the caller knows from the tree's shape; with `branches` > 1 it is that of `branches` chains from the first
-        token, level by level (`tree.forest_parts`, a lookup forest). Every new token sees its row's whole committed prefix (within a
-        sliding window where the layer has one). K/V land in the cache's pending slots; the caller commits.
+        token, level by level (`tree.forest_parts`, a lookup forest). Every new token sees its row's whole
+        committed prefix (within a sliding window where the layer has one). K/V land in the cache's pending slots; the caller commits.
         Returns hidden [B, T, Dm].
 
         n comes from the host (`cache.length`, eager, rows of one length) or from the device (`cache.lengths_t`:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -270,6 +271,15 @@ class Lookup:
         rank there is its branch), and the chain below it has one node per level (rank 0)."""
         return (self.branches,) + (1,) * (self.length - 1)
 
+    def ranks(self, matched: Sequence[int]) -> list[int]:
+        """The accepted ranks (as `widths` models them) of a round of this lookup whose branches, best first,
+        would match `matched` drafts each (more branches than it has are ignored): the first branch that matches
+        the most (greedy's deepest path; the tree's ties go to the lower slot) at depth 1, then 0 down its chain;
+        [] when none matches."""
+        matched = list(matched[: self.branches])
+        accepted = min(max(matched, default=0), self.length)
+        return [matched.index(max(matched))] + [0] * (accepted - 1) if accepted else []
+
 
 def forest_parts(batch: int, length: int, branches: int, device) -> tuple[torch.Tensor, ...]:
     """The constant parts (parents [B, N], depths [N], ancestor_mask [B, N, N]) of `branches` chains of `length`
@@ -346,16 +356,16 @@ def chain_tree(
     tokens = torch.zeros(*lead, num_nodes, dtype=torch.long, device=device)
     tokens[..., 0] = root_token
     tokens[..., 1 : 1 + num_drafts] = draft_tokens
-    idx = torch.arange(num_nodes, device=device)
+    parents, idx, ancestor_mask = forest_parts(1, num_nodes - 1, 1, device)  # a chain: depth = slot
     if isinstance(num_valid, torch.Tensor):
         valid = idx <= num_valid.clamp(max=num_drafts)[..., None]
     else:
         valid = (idx <= min(num_valid, num_drafts)).expand(*lead, num_nodes)
     return DraftTree(
         tokens=tokens,
-        parents=(idx - 1).expand(*lead, num_nodes),
+        parents=parents[0].expand(*lead, num_nodes),
         depths=idx,
-        ancestor_mask=(idx[None, :] <= idx[:, None]).expand(*lead, num_nodes, num_nodes),
+        ancestor_mask=ancestor_mask[0].expand(*lead, num_nodes, num_nodes),
         valid=valid,
         chain=True,
     )

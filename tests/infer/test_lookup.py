@@ -200,6 +200,16 @@ def test_a_forest_accepts_the_branch_the_target_continues_and_reports_its_rank()
     slots = path[0, : length.item()].tolist()
     assert [tree.tokens[0, j].item() for j in slots] == [6, 7, 8, 9]
     assert _level_ranks(lookup, slots) == [1, 0, 0]
+    # what the shadow would report for this root (branch 0 matches 1 draft, branch 1 all 3) ranks the same
+    assert lookup.ranks([1, 3]) == [1, 0, 0]
+
+
+def test_lookup_ranks_take_the_first_longest_branch_within_the_lookup():
+    assert Lookup(3, 2).ranks([1, 3]) == [1, 0, 0]
+    assert Lookup(3, 2).ranks([2, 2]) == [0, 0]  # a tie: the lower slot, as greedy's argmax
+    assert Lookup(3, 2).ranks([0, 0]) == [] and Lookup(3, 2).ranks([]) == []
+    assert Lookup(2, 2).ranks([1, 5]) == [1, 0]  # cut at its length
+    assert Lookup(3, 1).ranks([1, 3]) == [0]  # a chain sees branch 0 alone
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])
