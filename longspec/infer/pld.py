@@ -4,7 +4,7 @@ Draft tokens are a deterministic function of the context, so verifying them as a
 rules as the tree keeps PLD lossless at any temperature (at T > 0 the deterministic-candidate rule: a lookup has
 no draft distribution q).
 
-`prompt_lookups` is the plain reference (one context, host slicing; `prompt_lookup` its first draft, PLD's);
+`prompt_lookups` is the plain reference (one context, host slicing; its first draft is PLD's);
 the engine runs `device_lookup`: the same drafts for a batch of rows of different lengths, read from the device
 token history (`history.TokenHistory`), with fixed shapes and no host value read, so it runs inside a static /
 captured step and a round that drafts by lookup launches without a host sync (the method "pld", and tree="auto"'s
@@ -26,7 +26,7 @@ import torch
 
 from longspec.infer.tree import DraftTree, Lookup
 
-__all__ = ["LookupShadow", "device_lookup", "lookup_tree", "prompt_lookup", "prompt_lookups"]
+__all__ = ["LookupShadow", "device_lookup", "lookup_tree", "prompt_lookups"]
 
 
 def prompt_lookups(
@@ -50,12 +50,6 @@ def prompt_lookups(
             best[s + n] = n  # host sync: the reference picks on the host
     ends = sorted(best, key=lambda e: (best[e], e), reverse=True)[:branches]
     return [context[e : e + num_draft] for e in ends]
-
-
-def prompt_lookup(context: torch.Tensor, num_draft: int, max_ngram: int, min_ngram: int = 1) -> torch.Tensor:
-    """PLD's one draft (`prompt_lookups`' first), empty when nothing matches."""
-    drafts = prompt_lookups(context, num_draft, max_ngram, 1, min_ngram)
-    return drafts[0] if drafts else context.new_empty(0)
 
 
 def device_lookup(

@@ -72,9 +72,11 @@ def test_sampling_baselines_are_seeded():
 
 
 def test_prompt_lookup_drafts():
-    from longspec.infer.pld import prompt_lookup
+    from longspec.infer.pld import prompt_lookups
 
-    context = torch.tensor([5, 6, 7, 8, 9, 1, 2, 5, 6, 7])
-    assert prompt_lookup(context, 3, 3).tolist() == [8, 9, 1]  # trigram 5 6 7 seen before
-    assert prompt_lookup(torch.tensor([1, 2, 3, 1]), 5, 3).tolist() == [2, 3, 1]  # unigram fallback
-    assert prompt_lookup(torch.tensor([1, 2, 3, 4]), 5, 3).numel() == 0  # nothing matches
+    def pld(context, num_draft):  # PLD's one draft
+        return [d.tolist() for d in prompt_lookups(torch.tensor(context), num_draft, 3)]
+
+    assert pld([5, 6, 7, 8, 9, 1, 2, 5, 6, 7], 3) == [[8, 9, 1]]  # trigram 5 6 7 seen before
+    assert pld([1, 2, 3, 1], 5) == [[2, 3, 1]]  # unigram fallback
+    assert pld([1, 2, 3, 4], 5) == []  # nothing matches
