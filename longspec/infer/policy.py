@@ -464,6 +464,8 @@ class AdaptivePolicy:
         drafter_trees = [t for t in self.trees if not isinstance(t, Lookup)]
         lookups = [t for t in self.trees if isinstance(t, Lookup)]
         self.lookups = tuple(lookups)
+        # the candidate the shadow's reports are learned as (`observe_shadow`)
+        self._widest = max(lookups, key=lambda t: (t.branches, t.length), default=None)
         self.acceptance = acceptance or AcceptanceModel(max((len(t) for t in drafter_trees), default=1) or 1)
         self.calibration = YieldCalibration()
         # Lookup chains have a model and a calibration of their own: their acceptance is the text's
@@ -600,11 +602,10 @@ class AdaptivePolicy:
         matched the most, at depth 1), so a text that starts repeating itself is seen in plain and drafter rounds
         too, not only at an exploration. The exploration state is left alone (an exploring round's own outcome
         decides its interval); a hit makes a plain streak decide again at its next round (`_hit`)."""
-        if not self.lookups:
+        if self._widest is None:
             return
-        widest = max(self.lookups, key=lambda t: (t.branches, t.length))
-        ranks = widest.ranks(matched)
-        self._learn(widest, ranks)
+        ranks = self._widest.ranks(matched)
+        self._learn(self._widest, ranks)
         if ranks:
             self._hit()
 
