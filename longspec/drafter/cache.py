@@ -7,6 +7,8 @@ D head dim.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from longspec.drafter.config import DrafterConfig
@@ -60,16 +62,23 @@ class DrafterCache:
         self.positions.fill_(-1)
         self.num_appended.zero_()
 
-    def append(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
+    def append(
+        self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, *, prefix: bool = False
+    ) -> None:
         """k/v [B,Hkv,n,D], positions [B,n] (or [n]); entries with position < 0 are padding and skipped, so rows
         may append different numbers of tokens. Only the last `window` columns can survive in the ring: with
-        n > window, rows must be unpadded or left-padded (as `Drafter.fill_cache` passes them).
+        n > window, rows must be unpadded or left-padded (as `Drafter.fill_cache` passes them). `prefix`: every
+        row's valid entries come first (right-padded, as a round's accepted path): their ranks are their columns.
 
         Fixed shapes, no host sync (so a CUDA graph can replay it): every entry gets a distinct slot -- a row's
         valid entries the next ones in its ring order, its padding the slots after those -- and a padding entry
         writes back what its slot already holds."""
         if positions.dim() == 1:
             positions = positions.expand(k.shape[0], k.shape[2])
+        if prefix and k.shape[2] > self.window:
+            raise ValueError(
+                f"a right-padded append holds at most window={self.window} columns, got {k.shape[2]}"
+            )
         if k.shape[2] > self.window:  # the dropped columns still count as appended (the ring order's clock)
             self.num_appended += (positions[:, : -self.window] >= 0).sum(1).to(self.num_appended.device)
             k, v, positions = k[:, :, -self.window :], v[:, :, -self.window :], positions[:, -self.window :]
@@ -78,7 +87,10 @@ class DrafterCache:
         valid = positions >= 0  # [B,n]
         num_valid = valid.sum(1, keepdim=True)
         # distinct in [0, n): a row's valid entries first, then its padding
-        rank = torch.where(valid, valid.cumsum(1) - 1, num_valid + (~valid).cumsum(1) - 1)
+        if prefix:
+            rank = _arange(n, valid.device)
+        else:
+            rank = torch.where(valid, valid.cumsum(1) - 1, num_valid + (~valid).cumsum(1) - 1)
         slots = (self.num_appended[:, None] + rank) % self.window  # [B,n]
         index = slots[:, None, :, None].expand(B, self.keys.shape[1], n, self.keys.shape[3])
         keep = valid[:, None, :, None]
@@ -95,11 +107,12 @@ class DrafterCache:
                 tensor[to].copy_(tensor[src])
         self.use_rows(rows)
 
-    def visible_mask(self, query_positions: torch.Tensor) -> torch.Tensor:
-        """query_positions [B,Tq] -> bool [B,Tq,W]: slot visible iff filled and within the query's window."""
+    def visible_mask(self, query_positions: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        """query_positions [B,Tq] -> bool [B,Tq,W]: slot visible iff filled and within the query's window (written
+        into `out`, a view, when given: no copy)."""
         pos = self.positions[:, None, :]  # [B,1,W]
         q = query_positions.to(pos.device)[:, :, None]  # [B,Tq,1]
-        return (pos >= 0) & (pos <= q) & within_window(q, pos, self.window)
+        return torch.logical_and((pos >= 0) & (pos <= q), within_window(q, pos, self.window), out=out)
 
 
 class DraftNodes:
@@ -131,10 +144,11 @@ class DraftNodes:
         self._keys[:, :, :W] = cache.keys  # the ring, copied once per draft
         self._values[:, :, :W] = cache.values
         self.keys, self.values = self._keys[:, :, W:], self._values[:, :, W:]  # node slots [B,Hkv,N,D]
-        self.slots = torch.arange(N, device=positions.device).expand(B, N)  # node i -> slot i of `keys`
-        # Rows padded to 16 bytes: the attention kernels read the mask in place (kernels.mask_layout).
-        self._mask = torch.zeros(B, N, -(-(W + N) // 16) * 16, dtype=torch.bool, device=positions.device)
-        self._mask[:, :, :W] = cache.visible_mask(positions)
+        self.slots = _arange(N, positions.device).expand(B, N)  # node i -> slot i of `keys`
+        # Rows padded to 16 bytes: the attention kernels read the mask in place (kernels.mask_layout). Left
+        # unset: a level reads its rows' ring part (set here) and node part up to its own (set by the level).
+        self._mask = torch.empty(B, N, -(-(W + N) // 16) * 16, dtype=torch.bool, device=positions.device)
+        cache.visible_mask(positions, out=self._mask[:, :, :W])
         self._near = within_window(positions[:, :, None], positions[:, None, :], cache.window)  # [B,N,N]
 
     def self_attention(
@@ -144,5 +158,12 @@ class DraftNodes:
         level.stop): the ring within each node's window, and node j iff node_mask[.., i, j] ([P, stop] or
         [B, P, stop]: the tree's ancestor mask, self included) and within the window."""
         W, stop = self.ring_slots, level.stop
-        self._mask[:, level, W : W + stop] = node_mask & self._near[:, level, :stop]
+        torch.logical_and(node_mask, self._near[:, level, :stop], out=self._mask[:, level, W : W + stop])
         return self._keys[:, :, : W + stop], self._values[:, :, : W + stop], self._mask[:, level, : W + stop]
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    """arange(n) on `device`, made once: drafts and commits use it every round, and on the GPU each op is a
+    launch. Shared: read only."""
+    return torch.arange(n, device=device)

@@ -196,15 +196,23 @@ class Drafter(nn.Module):
         cos, sin = self.rotary.cos_sin(position_ids, dtype=h0.dtype)
         return self._self_kv(self.self_attn_norm(h0), cos, sin)
 
-    def fill_cache(self, cache: DrafterCache, input_ids: torch.Tensor, position_ids: torch.Tensor) -> None:
+    def fill_cache(
+        self,
+        cache: DrafterCache,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        prefix: bool = False,
+    ) -> None:
         """Append committed tokens' self-attention K/V to the ring, e.g. the prompt at prefill. Only the last
         `window` columns can survive in the ring, so only they are computed (no O(n^2) work over the prompt).
-        Rows must be unpadded or left-padded (padding has position -1)."""
+        Rows must be unpadded or left-padded (padding has position -1), or right-padded with `prefix` (at most
+        `window` columns: `DrafterCache.append`)."""
         if position_ids.dim() == 1:
             position_ids = position_ids.expand(input_ids.shape[0], -1)
         ids, pos = input_ids[:, -cache.window :], position_ids[:, -cache.window :]
         k, v = self.self_kv(ids, pos.clamp(min=0))  # padding is skipped by append; clamp keeps RoPE finite
-        cache.append(k, v, pos)
+        cache.append(k, v, pos, prefix=prefix)
 
     def draft_nodes(self, cache: DrafterCache, positions: torch.Tensor) -> DraftNodes:
         """The per-draft layout (`DraftNodes`) of uncommitted tokens at `positions` [B,N] (or [N]) beside the

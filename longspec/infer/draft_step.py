@@ -14,7 +14,7 @@ from longspec.drafter import DrafterCache
 from longspec.infer.accept import target_distribution
 from longspec.infer.history import TokenHistory
 from longspec.infer.target_step import TargetStep
-from longspec.infer.tree import DraftTree, TreeLayout, beam_step, sample_step
+from longspec.infer.tree import DraftTree, ForestParts, TreeLayout, beam_step, sample_step
 
 __all__ = ["DraftStep"]
 
@@ -32,12 +32,22 @@ class DraftStep:
     settled first, at any batch size. A draft reads the target's committed cache through a `TargetStep`, whose
     `static_step` holds the static / captured draft steps next to its verify steps."""
 
-    def __init__(self, drafter, *, vocab_size: int, device: torch.device, history: TokenHistory):
+    def __init__(
+        self,
+        drafter,
+        *,
+        vocab_size: int,
+        device: torch.device,
+        history: TokenHistory,
+        forests: ForestParts | None = None,
+    ):
         self.drafter = drafter
         self.vocab_size = vocab_size
         self.device = device
         self.cache: DrafterCache | None = None  # the ring buffer, allocated by `allocate`
         self.history = history  # the committed tokens by position (the engine's)
+        # A chain's constant tree parts (the engine's, shared with its plain and lookup rounds)
+        self.forests = ForestParts(device) if forests is None else forests
 
     def allocate(self, dtype: torch.dtype, batch_size: int = 1) -> bool:
         """Allocate the ring buffer (in the target cache's dtype, one row per sequence) on first use; later calls
@@ -84,17 +94,14 @@ class DraftStep:
         ids = self.history.tokens.gather(1, positions.clamp(min=0))
         self.drafter.fill_cache(self.cache, ids, torch.where(missing, positions, -1))
 
-    def fill_path(
-        self, tokens: torch.Tensor, paths: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor
-    ) -> None:
+    def fill_path(self, path_tokens: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor) -> None:
         """Each row's accepted path (root first) enters the ring buffer, from device values only (fixed shapes, no
-        host value: it runs inside the round's captured commit step): tokens [B, N] of the round's trees, paths
-        [B, k] their accepted node slots (padded), counts [B] how many each row keeps, starts [B] the position of
-        each row's root. Self K/V depend only on token and position, so recomputing them for the k path tokens
-        is cheaper than keeping them for every tree node."""
-        steps = torch.arange(paths.shape[1], device=tokens.device)
+        host value: it runs inside the round's captured commit step): path_tokens [B, k] (padded), counts [B] how
+        many each row keeps, starts [B] the position of each row's root. Self K/V depend only on token and
+        position, so recomputing them for the k path tokens is cheaper than keeping them for every tree node."""
+        steps = torch.arange(path_tokens.shape[1], device=path_tokens.device)
         positions = torch.where(steps < counts[:, None], starts[:, None] + steps, -1)
-        self.drafter.fill_cache(self.cache, tokens.gather(1, paths.clamp(min=0)), positions)
+        self.drafter.fill_cache(self.cache, path_tokens, positions, prefix=True)
 
     def draft(
         self,
@@ -143,32 +150,49 @@ class DraftStep:
         `shaping` = (temperature, top_k, top_p) and Exp(1) `noise` [B, nodes with children, V], each level is
         `sample_step` from q = the drafter's distribution shaped like the target's, instead of the beam."""
         drafter, dcache = self.drafter, self.cache
-        batch = roots.shape[0]
-        tree = DraftTree.empty(layout, roots)  # [B, N]
+        batch, chain = roots.shape[0], layout.is_chain
+        if chain:  # parents, depths and ancestors are constants; the tokens are gathered level by level
+            tree = DraftTree(roots[:, None], *self.forests(batch, layout.depth), chain=True)
+            level_tokens, level_valid = [roots[:, None]], []
+        else:
+            tree = DraftTree.empty(layout, roots)  # [B, N]
         if shaping is not None:
             tree.draft_probs = torch.zeros(batch, layout.num_nodes, self.vocab_size, device=self.device)
         # Self-attention K/V of every tree node, filled level by level; a node sits at position n + its depth.
         positions = n[:, None] + tree.depths if isinstance(n, torch.Tensor) else n + tree.depths
         nodes = drafter.draft_nodes(dcache, positions)
         target_k, target_v = target.cache.keys[-1], target.cache.values[-1]  # last layer [B, Hkv, Tmax, D]
-        scores = torch.zeros(batch, 1, device=self.device)  # cumulative draft log-prob of each level's paths
+        scores = None  # cumulative draft log-prob of each level's paths (None: the root's, 0)
         for level in range(layout.depth):
             sl = layout.level_slice(level)
             ancestors = tree.ancestor_mask[:, sl, : sl.stop]  # [B, P, nodes so far], self included
-            hidden = drafter.tree_level(
-                tree.tokens[:, sl], nodes, sl, ancestors, target_k, target_v, n
-            )  # [B, P, Dm]
-            logits = drafter.logits(hidden).float()  # [B, P, V]
+            inputs = level_tokens[level] if chain else tree.tokens[:, sl]
+            hidden = drafter.tree_level(inputs, nodes, sl, ancestors, target_k, target_v, n)  # [B, P, Dm]
+            logits = drafter.logits(hidden)  # [B, P, V]
             child_slice = layout.level_slice(level + 1)
             if shaping is None:
-                parent_local, tokens, scores = beam_step(scores, logits, layout.widths[level])
+                parent_local, tokens, scores = beam_step(
+                    scores, logits, layout.widths[level], scores=layout.needs_scores(level)
+                )
+                valid = None
             else:
+                if scores is None:
+                    scores = torch.zeros(batch, 1, device=self.device)
                 temperature, top_k, top_p = shaping
-                q = target_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+                q = target_distribution(logits.float(), temperature=temperature, top_k=top_k, top_p=top_p)
                 tree.draft_probs[:, sl] = q
                 parent_local, tokens, scores, valid = sample_step(
                     scores, q, noise[:, sl], layout.widths[level]
                 )
+            if chain:
+                level_tokens.append(tokens)
+                level_valid += [] if valid is None else [valid]
+                continue
+            if valid is not None:
                 tree.valid[:, child_slice] = valid
             tree.set_level(child_slice, parent_local + sl.start, tokens)
+        if chain:
+            tree.tokens = torch.cat(level_tokens, dim=1)
+            if level_valid:
+                tree.valid = torch.cat([tree.valid[:, :1], *level_valid], dim=1)
         return tree

@@ -74,9 +74,9 @@ from longspec.infer.target_step import TargetStep, prefill_slots
 from longspec.infer.timing import PhaseClock, now, timer
 from longspec.infer.tree import (
     DraftTree,
+    ForestParts,
     Lookup,
     TreeLayout,
-    forest_parts,
     is_drafter_tree,
     tree_name,
 )
@@ -297,8 +297,8 @@ class SpeculativeEngine:
         target.pack_weights()
         self.target_step = TargetStep(target)
         self._host_copies = _HostCopies()
-        # (batch size, nodes) -> a chain's constant tree parts (`_chain_parts`: plain and lookup rounds).
-        self._chains: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        # A chain's / forest's constant tree parts per batch size (plain, lookup and drafter-chain rounds).
+        self.forests = ForestParts(self.device)
         # The committed tokens by position, per row: what the drafter's ring catches up from and what prompt
         # lookup (pld, tree="auto"'s lookup chains) matches in. The engine's, not the drafter's: pld has none.
         self.history = TokenHistory(self.device)
@@ -312,8 +312,9 @@ class SpeculativeEngine:
                     stacklevel=2,
                 )
             self.draft_step = DraftStep(
-                drafter, vocab_size=target.vocab_size, device=self.device, history=self.history
-            )
+                drafter, vocab_size=target.vocab_size, device=self.device, history=self.history,
+                forests=self.forests,
+            )  # fmt: skip
         if (
             drafter is not None
             and hasattr(drafter, "shared_storage_ok")
@@ -525,7 +526,8 @@ class SpeculativeEngine:
             history = self.history if spec.drafts is not None and widths else None
             ring = self.draft_step if spec.needs_drafter and is_drafter_tree(widths) else None
             paths = packed[:, depth + 1 : 2 * (depth + 1)]
-            self._commit(tree.tokens, paths, counts, history, ring, static, capture)
+            in_place = tree.chain and tree.branches == 1
+            self._commit(tree.tokens, paths, counts, history, ring, static, capture, in_place=in_place)
             if mask is not None:
                 bonus = torch.where(mask, bonus, kept)
             host, copied = self._host_copies.start(packed)
@@ -536,20 +538,8 @@ class SpeculativeEngine:
         """A plain round's one-node tree per row around `roots` [B]: everything but the tokens is the same in every
         round, made once per batch size, so the round launches nothing to build it (a plain round's host work is
         what keeps it from costing one AR step)."""
-        parents, depths, ancestor_mask, valid = self._chain_parts(roots.shape[0], 0)
+        parents, depths, ancestor_mask, valid = self.forests(roots.shape[0], 0)
         return DraftTree(roots[:, None], parents, depths, ancestor_mask, valid, chain=True)
-
-    def _chain_parts(self, batch: int, length: int, branches: int = 1) -> tuple[torch.Tensor, ...]:
-        """The constant parts of `branches` chains of `length` drafts from one root, for `batch` rows
-        (`tree.forest_parts`: parents, depths, ancestor_mask; and valid with every node valid, a plain round's; a
-        lookup makes its own from the depths), made once: a round builds none of them (on the GPU each op would
-        be a launch outside the captured steps)."""
-        key = (batch, length, branches)
-        if key not in self._chains:
-            parents, depths, ancestor_mask = forest_parts(batch, length, branches, self.device)
-            valid = torch.ones_like(parents, dtype=torch.bool)
-            self._chains[key] = (parents, depths, ancestor_mask, valid)
-        return self._chains[key]
 
     def _lookup(
         self, roots: torch.Tensor, lookup: Lookup, max_ngram: int, static: bool, capture: bool
@@ -557,7 +547,7 @@ class SpeculativeEngine:
         """A lookup round's forest [B, 1 + length x branches] from `roots` [B] (`pld.lookup_tree` over the
         history, at each row's committed length; one branch: a chain): eager, or one static step (a graph launch
         with cuda_graphs) reading the device lengths, so it launches with nothing settled."""
-        parts = self._chain_parts(roots.shape[0], lookup.length, lookup.branches)[:3]  # valid: the lookup's
+        parts = self.forests(roots.shape[0], lookup.length, lookup.branches)[:3]  # valid: the lookup's
         if not static:
             lengths = self.target_step.lengths(static=False)
             if not isinstance(lengths, torch.Tensor):
@@ -595,33 +585,41 @@ class SpeculativeEngine:
             self.drafter.select_rows(index)
         return roots.index_select(0, torch.tensor(index, device=self.device))
 
-    def _commit(self, tokens, paths, counts, history, ring, static: bool, capture: bool) -> None:
+    def _commit(
+        self, tokens, paths, counts, history, ring, static: bool, capture: bool, *, in_place: bool = False
+    ) -> None:
         """The round's commit from device values only (paths [B, depth + 1], counts [B]: 0 for frozen rows): each
-        row's accepted path moved in the target cache (`StaticKVCache.move_path`, the whole path width; a plain
-        round's one node is already in place); with `history` (a speculating round of longspec or pld) the path's
-        tokens recorded in the token history (`TokenHistory.record`); with `ring` (a drafter tree's round) entered
-        into the drafter's ring buffer (`DraftStep.fill_path`); the committed lengths advanced on the device. On
+        row's accepted path moved in the target cache (`StaticKVCache.move_path`, the whole path width), unless
+        it is `in_place` (a chain's: its accepted nodes are its first ones, already at the committed slots; a
+        plain round's one node too); with `history` (a speculating round of longspec or pld) the path's tokens
+        recorded in the token history (`TokenHistory.record`); with `ring` (a drafter tree's round) entered into
+        the drafter's ring buffer (`DraftStep.fill_path`); the committed lengths advanced on the device. On
         static shapes it is one static step (one graph launch with cuda_graphs); a plain round only adds its
         counts (longspec's has recorded its token inside its verify step). The host lengths follow when the round
         settles (`_finish`)."""
         cache = self.cache
-        plain = paths.shape[1] == 1  # no drafts: the one node's K/V already sit at each row's length
+        in_place |= paths.shape[1] == 1  # no drafts: the one node's K/V already sit at each row's length
 
         def fn(tokens, paths, counts):
             starts = cache.lengths_t  # the committed lengths before this round
-            if not plain:
+            if not in_place:
                 cache.move_path(paths, starts)
-            if history is not None:
-                history.record(tokens, paths, starts)
-            if ring is not None:
-                ring.fill_path(tokens, paths, counts, starts)
+            if history is not None or ring is not None:
+                # the path's tokens, root first (a chain's are its first nodes)
+                path_tokens = (
+                    tokens[:, : paths.shape[1]] if in_place else tokens.gather(1, paths.clamp(min=0))
+                )
+                if history is not None:
+                    history.record(path_tokens, starts)
+                if ring is not None:
+                    ring.fill_path(path_tokens, counts, starts)
             cache.advance(counts)
 
-        if plain and history is None and ring is None:  # nothing to move, record or fill: the lengths only
+        if in_place and history is None and ring is None:  # nothing to move, record or fill: the lengths only
             cache.advance(counts)
         elif static:
-            key = ("commit", tokens.shape[1], paths.shape[1], history is not None, ring is not None, capture)
-            self.target_step.static_step(key, fn, (tokens, paths, counts), capture, effects=True)
+            key = ("commit", tokens.shape[1], paths.shape[1], in_place, history is not None, ring is not None)
+            self.target_step.static_step((*key, capture), fn, (tokens, paths, counts), capture, effects=True)
         else:
             fn(tokens, paths, counts)
         cache.device_advanced()
@@ -674,7 +672,7 @@ class SpeculativeEngine:
             )  # fmt: skip
             emitted = emitted_tokens(tokens, paths, lengths, bonus)
             if record is not None:
-                record.record(tokens, paths, self.cache.lengths_t)
+                record.record(tokens, self.cache.lengths_t)  # a plain tree: its one node is its path
             return torch.cat([emitted, paths, lengths[:, None]], dim=1), bonus
 
         return self.target_step.verify(

@@ -53,11 +53,11 @@ class TokenHistory:
         for row, prompt in enumerate(prompts):
             self.tokens[row, : prompt.numel()] = prompt
 
-    def record(self, tokens: torch.Tensor, paths: torch.Tensor, starts: torch.Tensor) -> None:
-        """A round's accepted path tokens enter the history at their positions: tokens [B, N] of the round's
-        trees, paths [B, k] their node slots (padded), starts [B] each root's position (the root is node 0: it
-        enters at the row's committed length). The padding past a row's count writes ahead of its committed
-        length, where the next rounds overwrite it before anything reads it. Device values only (a static step)."""
-        steps = torch.arange(paths.shape[1], device=tokens.device)
+    def record(self, path_tokens: torch.Tensor, starts: torch.Tensor) -> None:
+        """A round's accepted path tokens [B, k] (root first, padded past each row's count) enter the history at
+        their positions: the root at its row's committed length starts [B]. The padding writes ahead of the
+        committed length, where the next rounds overwrite it before anything reads it. Device values only (a
+        static step)."""
+        steps = torch.arange(path_tokens.shape[1], device=path_tokens.device)
         positions = (starts[:, None] + steps).clamp(max=self.tokens.shape[1] - 1)
-        self.tokens.scatter_(1, positions, tokens.gather(1, paths.clamp(min=0)))
+        self.tokens.scatter_(1, positions, path_tokens)

@@ -32,6 +32,7 @@ __all__ = [
     "candidate_depth",
     "candidate_order",
     "chain_tree",
+    "ForestParts",
     "forest_parts",
     "is_drafter_tree",
     "parse_candidate",
@@ -62,6 +63,11 @@ class TreeLayout:
     def is_chain(self) -> bool:
         """Every level one node wide: each node's ancestors are the nodes before it."""
         return all(w == 1 for w in self.widths)
+
+    def needs_scores(self, level: int) -> bool:
+        """Whether the path scores of level `level`'s children are read: by a later level's beam selection among
+        more than one parent (`beam_step`; a chain's levels never are)."""
+        return any(w > 1 for w in self.widths[level:-1])
 
     def level_slice(self, level: int) -> slice:
         """Node slots of level `level` (0 = root)."""
@@ -109,7 +115,7 @@ class DraftTree:
         tree = cls(
             tokens=torch.zeros(*lead, n, dtype=torch.long, device=device),
             parents=torch.full((*lead, n), -1, dtype=torch.long, device=device),
-            depths=layout.depths(device).clone(),
+            depths=layout.depths(device),
             ancestor_mask=torch.zeros(*lead, n, n, dtype=torch.bool, device=device),
             valid=torch.ones(*lead, n, dtype=torch.bool, device=device),
             chain=layout.is_chain,
@@ -163,7 +169,7 @@ class DraftTree:
         return cls(
             tokens=tokens,
             parents=parents,
-            depths=layout.depths(tokens.device).clone(),
+            depths=layout.depths(tokens.device),  # the layout's, shared: read only
             ancestor_mask=ancestor_mask,
             valid=torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid,
             draft_probs=draft_probs,
@@ -172,11 +178,11 @@ class DraftTree:
 
 
 def beam_step(
-    parent_scores: torch.Tensor, draft_logits: torch.Tensor, width: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    parent_scores: torch.Tensor | None, draft_logits: torch.Tensor, width: int, *, scores: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One level of dynamic beam search.
 
-    parent_scores [..., P] cumulative log-probs of the current level's paths; draft_logits [..., P, V] the
+    parent_scores [..., P] cumulative log-probs of the current level's paths (None: the root's, 0); draft_logits [..., P, V] the
     drafter's next-token logits at those nodes (leading dims: one tree per sequence of a batch). Returns
     (parent_local [..., W] index into the P nodes, tokens [..., W], scores [..., W]), the global top-W of
     parent_scores[..., None] + log_softmax(draft_logits) per tree, best first. (parent, token) pairs are
@@ -184,14 +190,27 @@ def beam_step(
 
     Each of the global top-W is among its own parent's top-W, so the selection runs over P x W candidates
     instead of P x V (a top-k over 16 x 128K scores per level at Llama-3's vocabulary), and log_softmax is
-    applied to those candidates alone."""
+    applied to those candidates alone.
+
+    With one parent the selection is its own top-W and the normalisation does not
+    change it: `scores=False` (a level whose scores no later selection reads, `TreeLayout.needs_scores`) returns
+    None for them and skips the log-sum-exp; a width of one is then one argmax. (Each saved op is a kernel launch
+    in a drafting round, which decides whether a chain of one pays: docs/BENCHMARKS.md.)"""
     num_parents, vocab = draft_logits.shape[-2:]
     if width > num_parents * vocab:
         raise ValueError(f"tree level width {width} exceeds {num_parents} nodes x vocab {vocab}")
+    if num_parents == 1 and not scores:  # the parent's own top-W; a [..., 1, V] row
+        if width == 1:
+            index = draft_logits.argmax(-1)  # [..., 1]
+        else:
+            index = draft_logits.topk(width, dim=-1).indices[..., 0, :]  # [..., W]
+        return torch.zeros_like(index), index, None
     logits = draft_logits.float()
     per_parent = min(width, vocab)
     top, index = logits.topk(per_parent, dim=-1)  # [..., P, k]
-    candidates = parent_scores[..., None] + (top - logits.logsumexp(-1, keepdim=True))
+    candidates = top - logits.logsumexp(-1, keepdim=True)
+    if parent_scores is not None:  # None: the root's paths, score 0
+        candidates = parent_scores[..., None] + candidates
     top_scores, flat = candidates.flatten(-2).topk(width, dim=-1)
     return flat // per_parent, index.flatten(-2).gather(-1, flat), top_scores
 
@@ -299,6 +318,25 @@ def forest_parts(batch: int, length: int, branches: int, device) -> tuple[torch.
         depths,
         ancestor.expand(batch, -1, -1).contiguous(),
     )
+
+
+class ForestParts:
+    """`forest_parts` made once per (batch, length, branches) on one device, with `valid` (every node valid: a
+    plain round's and a drafter chain's): the rounds of a chain shape build no tree (on the GPU each op would be
+    a launch, inside or outside the captured steps, in rounds that should cost about one AR step). The tensors
+    are shared by every round: nothing may write to them."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self._made: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
+
+    def __call__(self, batch: int, length: int, branches: int = 1) -> tuple[torch.Tensor, ...]:
+        """(parents [B, N], depths [N], ancestor_mask [B, N, N], valid [B, N]) of `branches` chains of `length`."""
+        key = (batch, length, branches)
+        if key not in self._made:
+            parents, depths, ancestor_mask = forest_parts(batch, length, branches, self.device)
+            self._made[key] = (parents, depths, ancestor_mask, torch.ones_like(parents, dtype=torch.bool))
+        return self._made[key]
 
 
 def is_drafter_tree(candidate) -> bool:

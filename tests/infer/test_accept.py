@@ -167,6 +167,21 @@ def test_beam_step_equals_brute_force_over_every_pair(width):
     torch.testing.assert_close(scores, best)
 
 
+@pytest.mark.parametrize("width", [1, 5])
+def test_beam_step_without_scores_is_the_parents_top_w(width):
+    """One parent and no scores to hand on (`TreeLayout.needs_scores`, e.g. a chain's levels): the same selection
+    as the full step (its top-W, best first), without the normalisation; a width of one is an argmax."""
+    gen = torch.Generator().manual_seed(width)
+    logits = torch.randn(3, 1, 30, generator=gen) * 3  # B=3 trees, P=1
+    parent, tokens, scores = beam_step(None, logits, width, scores=False)
+    full_parent, full_tokens, _ = beam_step(torch.zeros(3, 1), logits, width)
+    assert scores is None and torch.equal(parent, full_parent) and torch.equal(tokens, full_tokens)
+    _, _, root_scores = beam_step(None, logits, width)  # None: the root's score, 0
+    torch.testing.assert_close(root_scores, torch.log_softmax(logits, -1)[:, 0].topk(width).values)
+    assert TreeLayout((1, 1, 1)).needs_scores(0) is False
+    assert [TreeLayout((1, 4, 16, 1)).needs_scores(level) for level in range(4)] == [True, True, True, False]
+
+
 def test_tree_layout_and_ancestor_mask():
     layout = TreeLayout((2, 3))
     assert layout.num_nodes == 6 and layout.depths().tolist() == [0, 1, 1, 2, 2, 2]

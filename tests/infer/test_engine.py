@@ -100,19 +100,22 @@ def test_caches_are_allocated_once(llama):
         assert (engine.cache.keys.data_ptr(), engine.drafter_cache.keys.data_ptr()) == pointers
 
 
-def test_plain_rounds_build_no_tree(llama, monkeypatch):
-    """A plain round's tree is its roots around constant parts made once per batch size: no op per round builds
-    it (on the GPU each would be a launch outside the captured steps, in a round that should cost one AR step)."""
-    import longspec.infer.engine as engine_module
+@pytest.mark.parametrize("method, tree", [("ar", "auto"), ("longspec", (1, 1))])
+def test_chain_rounds_build_no_tree(llama, monkeypatch, method, tree):
+    """A plain round's tree, and a drafter chain's parents, depths and ancestors, are constant parts made once per
+    batch size: no op per round builds them (on the GPU each would be a launch, in a round that should cost
+    about one AR step)."""
+    import longspec.infer.tree as tree_module
 
     built = []
-    parts = engine_module.forest_parts
-    monkeypatch.setattr(engine_module, "forest_parts", lambda *a: built.append(a) or parts(*a))
-    engine = SpeculativeEngine(llama)
+    parts = tree_module.forest_parts
+    monkeypatch.setattr(tree_module, "forest_parts", lambda *a: built.append(a) or parts(*a))
+    monkeypatch.setattr(tree_module.DraftTree, "set_level", None)  # a chain writes no level
+    drafter = random_drafter(llama) if method == "longspec" else None
+    engine = SpeculativeEngine(llama, drafter)
     prompt = torch.randint(0, 256, (30,))
-    tokens = engine.generate(
-        prompt, GenerationConfig(max_new_tokens=12, static_shapes=True), method="ar"
-    ).tokens
+    config = GenerationConfig(max_new_tokens=12, static_shapes=True, tree=tree)
+    tokens = engine.generate(prompt, config, method=method).tokens
     assert tokens == reference_greedy(llama, prompt, 12)
     assert len(built) == 1  # the first round's, kept
 
