@@ -7,12 +7,11 @@ D head dim.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from longspec.drafter.config import DrafterConfig
 from longspec.modules.attention import within_window
+from longspec.modules.constants import arange_once
 
 __all__ = ["DrafterCache", "DraftNodes"]
 
@@ -88,7 +87,7 @@ class DrafterCache:
         num_valid = valid.sum(1, keepdim=True)
         # distinct in [0, n): a row's valid entries first, then its padding
         if prefix:
-            rank = _arange(n, valid.device)
+            rank = arange_once(n, valid.device)
         else:
             rank = torch.where(valid, valid.cumsum(1) - 1, num_valid + (~valid).cumsum(1) - 1)
         slots = (self.num_appended[:, None] + rank) % self.window  # [B,n]
@@ -144,7 +143,7 @@ class DraftNodes:
         self._keys[:, :, :W] = cache.keys  # the ring, copied once per draft
         self._values[:, :, :W] = cache.values
         self.keys, self.values = self._keys[:, :, W:], self._values[:, :, W:]  # node slots [B,Hkv,N,D]
-        self.slots = _arange(N, positions.device).expand(B, N)  # node i -> slot i of `keys`
+        self.slots = arange_once(N, positions.device).expand(B, N)  # node i -> slot i of `keys`
         # Rows padded to 16 bytes: the attention kernels read the mask in place (kernels.mask_layout). Left
         # unset: a level reads its rows' ring part (set here) and node part up to its own (set by the level).
         self._mask = torch.empty(B, N, -(-(W + N) // 16) * 16, dtype=torch.bool, device=positions.device)
@@ -160,10 +159,3 @@ class DraftNodes:
         W, stop = self.ring_slots, level.stop
         torch.logical_and(node_mask, self._near[:, level, :stop], out=self._mask[:, level, W : W + stop])
         return self._keys[:, :, : W + stop], self._values[:, :, : W + stop], self._mask[:, level, : W + stop]
-
-
-@functools.lru_cache(maxsize=64)
-def _arange(n: int, device: torch.device) -> torch.Tensor:
-    """arange(n) on `device`, made once: drafts and commits use it every round, and on the GPU each op is a
-    launch. Shared: read only."""
-    return torch.arange(n, device=device)

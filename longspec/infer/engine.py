@@ -53,6 +53,7 @@ import torch
 
 from longspec.infer.accept import (
     emitted_tokens,
+    greedy_chain_path,
     greedy_path,
     sample_path,
     sample_token,
@@ -665,10 +666,12 @@ class SpeculativeEngine:
         if sampling:
             key += (config.temperature, config.top_k, config.top_p)
 
+        chain = tree.chain and tree.branches == 1  # (the verify's step key holds both)
+
         def head(logits, tokens, depths, ancestor_mask, parents, valid, draws=None, draft_probs=None):
             paths, lengths, bonus = accept_path(
                 logits, tokens, parents, depths, ancestor_mask, valid, config, depth, max_children, draws,
-                draft_probs,
+                draft_probs, chain=chain,
             )  # fmt: skip
             emitted = emitted_tokens(tokens, paths, lengths, bonus)
             if record is not None:
@@ -836,12 +839,17 @@ def accept_path(
     max_children: int,
     draws: torch.Tensor | None = None,
     draft_probs: torch.Tensor | None = None,
+    *,
+    chain: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The round's acceptance rule on the device, per sequence (tokens / parents / valid [B, N], logits
     [B, N, V]; greedy at T = 0, else `sample_path` with the given uniform `draws` [B, ...]): (paths [B, depth + 1]
-    padded, lengths [B], bonus [B]); nothing read on the host, fixed shapes."""
+    padded, lengths [B], bonus [B]); nothing read on the host, fixed shapes. `chain`: the trees are chains (one
+    branch), whose greedy walk is `greedy_chain_path`."""
     if config.temperature == 0:
         target_argmax = torch.argmax(logits, dim=-1)
+        if chain:
+            return greedy_chain_path(tokens, target_argmax, valid, depth)
         return greedy_path(tokens, parents, depths, ancestor_mask, target_argmax, valid, depth)
     target_probs = target_distribution(
         logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p

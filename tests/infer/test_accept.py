@@ -4,6 +4,7 @@ import torch
 from longspec.infer.accept import (
     emitted_tokens,
     greedy_accept,
+    greedy_chain_path,
     greedy_path,
     sample_accept,
     sample_path,
@@ -241,6 +242,29 @@ def test_greedy_path_matches_reference_on_random_trees():
         assert path[: int(length)].tolist() == ref_path.tolist() and int(bonus) == int(ref_bonus)
         emitted = emitted_tokens(tree.tokens, path, length, bonus)[: int(length)]
         assert emitted.tolist() == tree.tokens[ref_path[1:]].tolist() + [int(ref_bonus)]
+
+
+@pytest.mark.parametrize("depth", [0, 1, 5])
+def test_greedy_chain_path_is_greedy_path_on_chains(depth):
+    """The chain walk (a leading run of matches) against the tree walk, on chains of random drafts and validity
+    (a lookup's invalid tail) where the target mostly agrees, one chain per row of a batch."""
+    gen = torch.Generator().manual_seed(depth)
+    for _ in range(50):
+        drafts = torch.randint(0, 4, (depth + 1,), generator=gen)
+        chain = chain_tree(drafts[0], drafts[1:], depth, depth + 1)
+        tokens, valid = chain.tokens.expand(3, -1).clone(), torch.rand(3, depth + 1, generator=gen) > 0.15
+        valid[:, 0] = True
+        argmax = torch.where(
+            torch.rand(3, depth + 1, generator=gen) < 0.8,
+            torch.roll(tokens, -1, dims=-1),
+            torch.randint(0, 4, (3, depth + 1), generator=gen),
+        )
+        parents, mask = chain.parents.expand(3, -1), chain.ancestor_mask.expand(3, -1, -1)
+        ref = greedy_path(tokens, parents, chain.depths, mask, argmax, valid, depth)
+        path, length, bonus = greedy_chain_path(tokens, argmax, valid, depth)
+        assert torch.equal(length, ref[1]) and torch.equal(bonus, ref[2])
+        for row in range(3):
+            assert path[row, : int(length[row])].tolist() == ref[0][row, : int(length[row])].tolist()
 
 
 def test_sample_path_matches_reference_when_the_target_is_certain():
