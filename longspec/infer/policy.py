@@ -493,6 +493,9 @@ class AdaptivePolicy:
         self._interval = explore_every  # grows while explorations fail (see the module docstring)
         self._exploring = False
         self._decision: tuple | None = None  # (context bucket, best, floor) of the last check
+        # Whether this call's text has repeated itself yet (a lookup hit, from a lookup round or the shadow):
+        # until then the lookup forests (branches > 1) are no candidates (`rates`, `start`).
+        self._repeating = False
 
     def start(self) -> None:
         """A new generation: a new prompt is a new text. The acceptance estimates stay (a short output need not
@@ -505,6 +508,7 @@ class AdaptivePolicy:
         policy on plain decoding through whole samples where the full tree had paid 1.6x before."""
         self.calibration.discount(CARRY_OVER)
         self.lookup_calibration.discount(CARRY_OVER)
+        self._repeating = False
         self._plain_streak, self._interval, self._exploring, self._decision = (
             0,
             self.explore_every,
@@ -532,16 +536,27 @@ class AdaptivePolicy:
         model, calibration, widths = self._family(candidate)
         calibration.observe(model.expected_tokens(widths) - 1.0, len(ranks))
         model.observe(widths, ranks)
+        self._repeating |= isinstance(candidate, Lookup) and bool(ranks)
 
     def rates(self, context_len: int) -> dict[Candidate, float]:
-        """Expected tokens per second of every candidate at this context length."""
+        """Expected tokens per second of every candidate at this context length; a lookup forest (branches > 1)
+        only once this call's text has repeated itself (a lookup hit, `_learn`). Why: a call's first rounds are
+        chosen from estimates carried over from earlier texts, and a forest's extra branches pay only on a text
+        that repeats; where nothing matches it costs more than the chain for the same one token (1.18x at
+        SmolLM2, 4K). On a 7-token answer those first rounds are the whole call: replayed over a GPU run's T=0
+        outputs (`benchmarks/policy_replay.py`), 0.73x -> 0.84x of plain decoding there (the chain's every
+        round: 0.84x), mean 3.054 -> 3.107x (docs/BENCHMARKS.md)."""
         costs = self.costs.costs(context_len)
-        return {t: self.expected_tokens(t) / costs[t] for t in self.trees}
+        return {
+            t: self.expected_tokens(t) / costs[t]
+            for t in self.trees
+            if self._repeating or not (isinstance(t, Lookup) and t.branches > 1)
+        }
 
     def best(self, context_len: int) -> Candidate:
         """The candidate with the most expected tokens per second (first of equals: the cheaper end)."""
         rates = self.rates(context_len)
-        return max(self.trees, key=lambda t: rates[t])
+        return max(rates, key=lambda t: rates[t])
 
     def choose(self, context_len: int) -> Candidate:
         """`best`, except where it is no speculation: every `_interval`-th consecutive such round (at least the

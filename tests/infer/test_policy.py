@@ -745,6 +745,31 @@ def test_a_forest_runs_where_older_matches_continue_the_text_a_chain_where_the_l
     assert best.branches == 1 if branch == 0 else best.branches > branch
 
 
+def test_a_new_text_runs_no_forest_before_it_repeats_itself():
+    """Estimates carried over from a text that repeated itself through older occurrences favour a forest; a new
+    call weighs no forest (one costs more than the chain for the same token where nothing matches) until its own
+    text shows a lookup hit, then the forest is back."""
+    policy = AdaptivePolicy(NodeCosts(per_node=0.005, lookup=0.05), ((),) + AUTO_LOOKUPS)
+    widest = max(AUTO_LOOKUPS, key=lambda t: (t.branches, t.length))
+    for _ in range(40):  # the earlier text: the third branch continues it
+        widths = policy.choose(4096)
+        if isinstance(widths, Lookup) and widths.branches > 2:
+            policy.observe(widths, [2] + [0] * 7, 4096)
+        else:
+            policy.observe(widths, [], 4096)
+            policy.observe_shadow([8 if i == 2 else 0 for i in range(widest.branches)])
+    assert policy.best(4096).branches > 2
+    policy.start()  # a new call
+    forest = [t for t in policy.rates(4096) if isinstance(t, Lookup) and t.branches > 1]
+    first = policy.choose(4096)
+    assert forest == [] and not (isinstance(first, Lookup) and first.branches > 1)
+    policy.observe(first, [], 4096)
+    policy.observe_shadow([0, 0, 0, 0])  # a miss shows no repetition
+    assert not (isinstance(policy.best(4096), Lookup) and policy.best(4096).branches > 1)
+    policy.observe_shadow([0, 0, 8, 0])  # a hit of this text
+    assert policy.best(4096).branches > 2
+
+
 @pytest.mark.parametrize("decide_again", [True, False], ids=["at-once", "control-at-recheck"])
 def test_an_accept_in_a_plain_streak_is_decided_on_at_the_next_round(monkeypatch, decide_again):
     """In a plain streak the decision is re-checked every RECHECK_EVERY rounds (host work saved while nothing
