@@ -15,6 +15,7 @@ from longspec.infer.accept import target_distribution
 from longspec.infer.history import TokenHistory
 from longspec.infer.target_step import TargetStep
 from longspec.infer.tree import DraftTree, ForestParts, TreeLayout, beam_step, sample_step
+from longspec.modules.constants import arange_once
 
 __all__ = ["DraftStep"]
 
@@ -99,7 +100,7 @@ class DraftStep:
         host value: it runs inside the round's captured commit step): path_tokens [B, k] (padded), counts [B] how
         many each row keeps, starts [B] the position of each row's root. Self K/V depend only on token and
         position, so recomputing them for the k path tokens is cheaper than keeping them for every tree node."""
-        steps = torch.arange(path_tokens.shape[1], device=path_tokens.device)
+        steps = arange_once(path_tokens.shape[1], path_tokens.device)
         positions = torch.where(steps < counts[:, None], starts[:, None] + steps, -1)
         self.drafter.fill_cache(self.cache, path_tokens, positions, prefix=True)
 
@@ -184,13 +185,13 @@ class DraftStep:
                 parent_local, tokens, scores, valid = sample_step(
                     scores, q, noise[:, sl], layout.widths[level]
                 )
-            if chain:
+            if chain:  # only its tokens (and, sampled, their validity) grow
                 level_tokens.append(tokens)
                 level_valid += [] if valid is None else [valid]
-                continue
-            if valid is not None:
-                tree.valid[:, child_slice] = valid
-            tree.set_level(child_slice, parent_local + sl.start, tokens)
+            else:
+                if valid is not None:
+                    tree.valid[:, child_slice] = valid
+                tree.set_level(child_slice, parent_local + sl.start, tokens)
         if chain:
             tree.tokens = torch.cat(level_tokens, dim=1)
             if level_valid:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from longspec.modules.constants import arange_once
+
 __all__ = ["TokenHistory"]
 
 
@@ -58,6 +60,6 @@ class TokenHistory:
         their positions: the root at its row's committed length starts [B]. The padding writes ahead of the
         committed length, where the next rounds overwrite it before anything reads it. Device values only (a
         static step)."""
-        steps = torch.arange(path_tokens.shape[1], device=path_tokens.device)
+        steps = arange_once(path_tokens.shape[1], path_tokens.device)
         positions = (starts[:, None] + steps).clamp(max=self.tokens.shape[1] - 1)
         self.tokens.scatter_(1, positions, path_tokens)
