@@ -3,7 +3,7 @@ size and context, on a real model's shape.
 
     PYTHONPATH=. python benchmarks/batch_throughput.py --accept-profile 0.8,0.7,0.6,0.5,0.4        # CUDA, bf16, 8B
     PYTHONPATH=. python benchmarks/batch_throughput.py --accept-profile EVAL_DIR/results.json     # a measured profile
-    PYTHONPATH=. python benchmarks/batch_throughput.py --accept-profile 0.5,0.5 --tree auto       # tree=auto per batch
+    PYTHONPATH=. python benchmarks/batch_throughput.py --accept-profile 0.5,0.5 --tree 4,16,16,16,16  # a fixed tree
     PYTHONPATH=. python benchmarks/batch_throughput.py --shape smollm2 --contexts 4096 8192       # SmolLM2-135M shape
     PYTHONPATH=. python benchmarks/batch_throughput.py --target DIR [--gguf-file F] [--dtype float32]  # real weights
     PYTHONPATH=. python benchmarks/batch_throughput.py --target DIR --data SUITE/qmsum_8k.jsonl --contexts 4096  # real text
@@ -14,8 +14,8 @@ For each context (default 8192 32768) and batch size (default 1 2 4 8 16): B pro
 prompts (a real --target then writes what it writes on real text: on random tokens its greedy output tends to
 repeat itself, which lookup chains exploit), then, each after an untimed short warm-up (graph capture):
 - ar: `generate_batch(method="ar")`, CUDA graphs on GPU: batched graph AR, the baseline;
-- longspec: `generate_batch(method="longspec")` with the fixed tree --tree (default the engine's default tree),
-  or --tree auto (the adaptive policy at that batch size; the rounds per tree are recorded);
+- longspec: `generate_batch(method="longspec")` with --tree auto (the default, as the engine's: the adaptive policy
+  at that batch size; the rounds per tree are recorded) or a fixed tree (--tree 4,16,16,16,16);
 - vanilla_fa (off with --no-vanilla-fa): HF decoding with SDPA / flash-attn of the same B prompts together
   (left-padded, `baselines.hf_generate_batch`), after an untimed short run on the prompts' last 1024 tokens;
   each row's output is checked against ar's first tokens (a difference is counted, not raised: in bf16 a padded
@@ -357,8 +357,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--tree",
         default=None,
-        help="longspec's tree: fixed widths, e.g. 4,16,16 (default: the default tree), or auto (tree=auto: "
-        "round costs measured at each cell's batch size, the tree chosen per round)",
+        help="longspec's tree: auto (the default, as GenerationConfig's: round costs measured at each cell's batch "
+        "size, the tree chosen per round) or fixed widths, e.g. 4,16,16,16,16 (--tiny: 2,2,2)",
     )
     parser.add_argument(
         "--accept-profile",
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> dict:
         device, dtype = torch.device("cuda"), getattr(torch, args.dtype)
         batch_sizes, contexts = args.batch_sizes or [1, 2, 4, 8, 16], args.contexts or [8192, 32768]
         args.tokens, window = args.tokens or 256, 512
-        widths = parse_tree(args.tree) if args.tree else DEFAULT_TREE_WIDTHS
+        widths = parse_tree(args.tree or "auto")
     capture = device.type == "cuda"
     profile = None
     if args.accept_profile and os.path.isfile(args.accept_profile):
