@@ -264,8 +264,7 @@ def sample_path(
     distribution conditioned on the emitted prefix; so every emitted token is an exact target sample PROVIDED the
     children of a node are a without-replacement sample from its q whose SIZE was fixed before they were drawn,
     independently of the verifier's uniforms (longspec.infer.tree.sample_step fixes each node's child budget
-    from its level's path scores and q, before any of the level's draws). A global top-W over the children's own
-    draw values would break that:
+    from its parent level's path scores). A global top-W over the children's own draw values would break that:
     the number of children a node keeps would depend on the values drawn, so its candidates would no longer be
     a fixed-size without-replacement sample from q.
     """

@@ -11,13 +11,14 @@ top-widths[d] over (current level nodes x vocab) scored by the path's cumulative
 children stay in the tree and are verified too.
 
 Sampling with recursive rejection (T > 0, `sample_step`): a node's children are drawn from the drafter's q without
-replacement (Gumbel-top-k), after each node's child budget was fixed from its level's path scores and q only;
+replacement (Gumbel-top-k), after each node's child budget was fixed from its parent level's path scores only;
 see longspec.infer.accept.sample_path for why the budget must not depend on the drawn values.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -214,9 +215,9 @@ def beam_step(
     return flat // per_parent, index.flatten(-2).gather(-1, flat), top_scores
 
 
-# Budgets (`sample_step`): ties between a parent's own slots go to its earlier draw, so that a parent's slots are
-# a prefix of its draws; far below any real difference of log-probabilities (the worths are float64).
-_TIE_BREAK = 1e-9
+# A later child of the same parent is worth this factor less than the previous one when budgets are shared out
+# (a rough prior on how acceptance falls with a candidate's draw rank; any fixed rule keeps sampling lossless).
+_BUDGET_DECAY = math.log(2.0)
 
 
 def sample_step(
@@ -229,13 +230,9 @@ def sample_step(
     trees) are independent. Returns (parent_local, tokens, scores, valid), each [..., W]; a parent's children
     appear in draw order.
 
-    1. Budgets first, from parent_scores and the parents' q alone: slot (i, j) = "the j-th child of node i" is
-       worth parent_scores[i] + log of q_i's j-th largest probability (the beam's score of node i's j-th most
-       likely child: what its j-th draw most likely is when q_i is peaked, and nearly nothing once q_i's mass is
-       spent); the level takes the W best slots (a parent's slots form a prefix 0..b_i - 1), never more than
-       q_i's support. Nothing drawn at this level enters the budget. (The earlier rule, parent_scores[i] -
-       j * log 2 whatever q_i, gave a parent with one likely token as many children as one with many: on the
-       real SmolLM2 at T=1 the q rule accepts 12% more per round, docs/BENCHMARKS.md.)
+    1. Budgets first, from parent_scores alone: slot (i, j) = "the j-th child of node i" is worth
+       parent_scores[i] - j * log 2; the level takes the W best slots (a parent's slots form a prefix 0..b_i - 1),
+       never more than q_i's support. Nothing drawn at this level enters the budget.
     2. Then each node's children: the top-b_i of log q_i - log E (Gumbel-top-k, E ~ Exp(1)) are b_i draws from
        q_i without replacement, in draw order (the "exponential race").
     Slots past every parent's support are filled with invalid nodes (fixed shapes), never accepted.
@@ -246,14 +243,15 @@ def sample_step(
     draft_probs = draft_probs.reshape(-1, num_parents, vocab)
     noise = noise.reshape(-1, num_parents, vocab)
     k = min(width, vocab)
+    support = (draft_probs > 0).sum(-1)  # [B, P]
+    rank = torch.arange(k, device=draft_probs.device)
+    worth = parent_scores[..., None].float() - rank * _BUDGET_DECAY  # [B, P, k]
+    worth = worth.masked_fill(rank >= support[..., None], float("-inf"))
     if width > num_parents * k:
         raise ValueError(f"tree level width {width} exceeds {num_parents} nodes x {k} candidates")
-    log_q = torch.log(draft_probs.float())
-    rank = torch.arange(k, device=draft_probs.device)
-    # -inf past q_i's support (log 0) and for an invalid parent
-    worth = parent_scores[..., None].double() + log_q.topk(k, dim=-1).values.double() - rank * _TIE_BREAK
     slot_worth, flat = torch.topk(worth.flatten(1), width)  # [B, W]: slot = parent_local * k + child rank
     parent_local = flat // k
+    log_q = torch.log(draft_probs.float())
     draws = torch.topk(log_q - torch.log(noise), k, dim=-1).indices  # [B, P, k] draw order
     tokens = draws.flatten(1).gather(1, flat)  # draws[b, parent_local, child rank]
     valid = torch.isfinite(slot_worth)
