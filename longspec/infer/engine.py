@@ -527,8 +527,9 @@ class SpeculativeEngine:
             history = self.history if spec.drafts is not None and widths else None
             ring = self.draft_step if spec.needs_drafter and is_drafter_tree(widths) else None
             paths = packed[:, depth + 1 : 2 * (depth + 1)]
-            in_place = tree.chain and tree.branches == 1
-            self._commit(tree.tokens, paths, counts, history, ring, static, capture, in_place=in_place)
+            self._commit(
+                tree.tokens, paths, counts, history, ring, static, capture, in_place=tree.is_one_chain
+            )
             if mask is not None:
                 bonus = torch.where(mask, bonus, kept)
             host, copied = self._host_copies.start(packed)
@@ -666,7 +667,7 @@ class SpeculativeEngine:
         if sampling:
             key += (config.temperature, config.top_k, config.top_p)
 
-        chain = tree.chain and tree.branches == 1  # (the verify's step key holds both)
+        chain = tree.is_one_chain  # (the verify's step key holds chain and branches)
 
         def head(logits, tokens, depths, ancestor_mask, parents, valid, draws=None, draft_probs=None):
             paths, lengths, bonus = accept_path(

@@ -140,6 +140,11 @@ class DraftTree:
     def num_nodes(self) -> int:
         return self.tokens.shape[-1]
 
+    @property
+    def is_one_chain(self) -> bool:
+        """One chain (node i's parent is node i - 1): its accepted path is its first nodes, in place."""
+        return self.chain and self.branches == 1
+
     def per_sequence(self, fn) -> DraftTree:
         """The tree with `fn` applied to every per-sequence field (all but the layout's `depths` and `chain`)."""
         probs = None if self.draft_probs is None else fn(self.draft_probs)
