@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--window", type=int, default=512, help="the random drafter's window (longspec)")
     parser.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature of every method (0: greedy)"
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="after the timed repeats, one more run of each method under torch.profiler: wall vs device-busy time "
@@ -107,7 +110,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             graphs = method.endswith("_graphs")
             if graphs and not cuda:
                 continue
-            config_ = GenerationConfig(max_new_tokens=args.tokens, cuda_graphs=graphs, tree=tree)
+            config_ = GenerationConfig(
+                max_new_tokens=args.tokens, cuda_graphs=graphs, tree=tree, temperature=args.temperature
+            )
             base = method.removesuffix("_graphs")
             if base == "longspec" and config_.fixed_tree is None:  # untimed, like the eval's warm-up
                 engine.measure_round_costs(config_, [min(args.contexts), max(args.contexts) + args.tokens])

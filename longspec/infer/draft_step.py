@@ -154,11 +154,13 @@ class DraftStep:
         batch, chain = roots.shape[0], layout.is_chain
         if chain:  # parents, depths and ancestors are constants; the tokens are gathered level by level
             tree = DraftTree(roots[:, None], *self.forests(batch, layout.depth), chain=True)
-            level_tokens, level_valid = [roots[:, None]], []
+            level_tokens = [roots[:, None]]
         else:
             tree = DraftTree.empty(layout, roots)  # [B, N]
-        if shaping is not None:
-            tree.draft_probs = torch.zeros(batch, layout.num_nodes, self.vocab_size, device=self.device)
+        if shaping is not None and not chain:  # q of every node with children (written level by level)
+            rows = layout.num_nodes - layout.widths[-1]
+            tree.draft_probs = torch.empty(batch, rows, self.vocab_size, device=self.device)
+        level_q = []  # a chain's: one [B, 1, V] per level, joined at the end
         # Self-attention K/V of every tree node, filled level by level; a node sits at position n + its depth.
         positions = n[:, None] + tree.depths if isinstance(n, torch.Tensor) else n + tree.depths
         nodes = drafter.draft_nodes(dcache, positions)
@@ -177,23 +179,23 @@ class DraftStep:
                 )
                 valid = None
             else:
-                if scores is None:
-                    scores = torch.zeros(batch, 1, device=self.device)
                 temperature, top_k, top_p = shaping
-                q = target_distribution(logits.float(), temperature=temperature, top_k=top_k, top_p=top_p)
-                tree.draft_probs[:, sl] = q
+                q = target_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+                if chain:
+                    level_q.append(q)
+                else:
+                    tree.draft_probs[:, sl] = q
                 parent_local, tokens, scores, valid = sample_step(
-                    scores, q, noise[:, sl], layout.widths[level]
+                    scores, q, noise[:, sl], layout.widths[level], scores=layout.needs_scores(level)
                 )
-            if chain:  # only its tokens (and, sampled, their validity) grow
+            if chain:  # only its tokens grow (a sampled chain's one draw per level is always valid)
                 level_tokens.append(tokens)
-                level_valid += [] if valid is None else [valid]
             else:
-                if valid is not None:
+                if valid is not None:  # (None: all valid)
                     tree.valid[:, child_slice] = valid
                 tree.set_level(child_slice, parent_local + sl.start, tokens)
         if chain:
             tree.tokens = torch.cat(level_tokens, dim=1)
-            if level_valid:
-                tree.valid = torch.cat([tree.valid[:, :1], *level_valid], dim=1)
+            if level_q:
+                tree.draft_probs = level_q[0] if len(level_q) == 1 else torch.cat(level_q, dim=1)
         return tree

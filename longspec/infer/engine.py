@@ -55,6 +55,7 @@ from longspec.infer.accept import (
     emitted_tokens,
     greedy_chain_path,
     greedy_path,
+    sample_chain_path,
     sample_path,
     sample_token,
     target_distribution,
@@ -846,7 +847,7 @@ def accept_path(
     """The round's acceptance rule on the device, per sequence (tokens / parents / valid [B, N], logits
     [B, N, V]; greedy at T = 0, else `sample_path` with the given uniform `draws` [B, ...]): (paths [B, depth + 1]
     padded, lengths [B], bonus [B]); nothing read on the host, fixed shapes. `chain`: the trees are chains (one
-    branch), whose greedy walk is `greedy_chain_path`."""
+    branch), whose walks are `greedy_chain_path` / `sample_chain_path`."""
     if config.temperature == 0:
         target_argmax = torch.argmax(logits, dim=-1)
         if chain:
@@ -855,6 +856,8 @@ def accept_path(
     target_probs = target_distribution(
         logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
     )
+    if chain:
+        return sample_chain_path(tokens, valid, target_probs, draws, depth, draft_probs)
     return sample_path(
         tokens,
         parents,

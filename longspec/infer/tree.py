@@ -97,7 +97,8 @@ class DraftTree:
     depths: torch.Tensor  # [N] long
     ancestor_mask: torch.Tensor  # [..., N, N] bool, row i: i and its ancestors
     valid: torch.Tensor  # [..., N] bool
-    # [..., N, V] the q each node's children were sampled from (sampled trees)
+    # [..., R, V] the q each node's children were sampled from (sampled trees), for the first R nodes: those
+    # with children (every level but the last) come first in level order, so R = N - the last level's width
     draft_probs: torch.Tensor | None = None
     # Whether node i's ancestors are exactly the nodes before it (levels of width 1, PLD's drafts, an AR step):
     # known from the shape alone, so a verify can take the chain's causal attention without reading the mask.
@@ -226,11 +227,17 @@ _BUDGET_DECAY = math.log(2.0)
 
 
 def sample_step(
-    parent_scores: torch.Tensor, draft_probs: torch.Tensor, noise: torch.Tensor, width: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    parent_scores: torch.Tensor | None,
+    draft_probs: torch.Tensor,
+    noise: torch.Tensor,
+    width: int,
+    *,
+    scores: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One level of a SAMPLED tree (T > 0, recursive rejection acceptance), for one tree or a batch of trees.
 
-    parent_scores [..., P] path log-q of the current level's nodes (-inf: invalid node), draft_probs [..., P, V]
+    parent_scores [..., P] path log-q of the current level's nodes (-inf: invalid node; None: the root's, 0),
+    draft_probs [..., P, V]
     the q each node's children are drawn from, noise [..., P, V] i.i.d. Exp(1); the leading dims (none, or B
     trees) are independent. Returns (parent_local, tokens, scores, valid), each [..., W]; a parent's children
     appear in draw order.
@@ -238,12 +245,21 @@ def sample_step(
     1. Budgets first, from parent_scores alone: slot (i, j) = "the j-th child of node i" is worth
        parent_scores[i] - j * log 2; the level takes the W best slots (a parent's slots form a prefix 0..b_i - 1),
        never more than q_i's support. Nothing drawn at this level enters the budget.
-    2. Then each node's children: the top-b_i of log q_i - log E (Gumbel-top-k, E ~ Exp(1)) are b_i draws from
-       q_i without replacement, in draw order (the "exponential race").
+    2. Then each node's children: the top-b_i of q_i / E (E ~ Exp(1): the "exponential race", whose arrival
+       times E / q_i order the tokens as successive draws from q_i without replacement; = Gumbel-top-k on
+       log q_i - log E) are b_i draws from q_i without replacement, in draw order.
     Slots past every parent's support are filled with invalid nodes (fixed shapes), never accepted.
+
+    `scores=False` (no later level reads this level's path scores, `TreeLayout.needs_scores`) with one parent
+    and W = 1 (a chain's level) is one draw, the race's winner: its budget is the one slot, always valid (q has
+    at least one token), so (zeros, tokens, None, None) (valid None: every node valid) in two launches.
     """
-    lead = parent_scores.shape[:-1]
-    num_parents, vocab = draft_probs.shape[-2:]
+    lead, (num_parents, vocab) = draft_probs.shape[:-2], draft_probs.shape[-2:]
+    if num_parents == 1 and width == 1 and not scores:
+        tokens = (draft_probs / noise).argmax(-1)  # [..., 1]
+        return torch.zeros_like(tokens), tokens, None, None
+    if parent_scores is None:
+        parent_scores = torch.zeros(*lead, num_parents, device=draft_probs.device)
     parent_scores = parent_scores.reshape(-1, num_parents)  # [B, P] (B = 1 for one tree)
     draft_probs = draft_probs.reshape(-1, num_parents, vocab)
     noise = noise.reshape(-1, num_parents, vocab)
@@ -256,12 +272,12 @@ def sample_step(
         raise ValueError(f"tree level width {width} exceeds {num_parents} nodes x {k} candidates")
     slot_worth, flat = torch.topk(worth.flatten(1), width)  # [B, W]: slot = parent_local * k + child rank
     parent_local = flat // k
-    log_q = torch.log(draft_probs.float())
-    draws = torch.topk(log_q - torch.log(noise), k, dim=-1).indices  # [B, P, k] draw order
+    draws = torch.topk(draft_probs.float() / noise, k, dim=-1).indices  # [B, P, k] draw order
     tokens = draws.flatten(1).gather(1, flat)  # draws[b, parent_local, child rank]
     valid = torch.isfinite(slot_worth)
-    chosen_log_q = log_q.flatten(1).gather(1, parent_local * vocab + tokens)  # log_q[b, parent_local, tokens]
-    scores = torch.where(valid, parent_scores.gather(1, parent_local) + chosen_log_q, float("-inf"))
+    # log q of the chosen tokens (log_q[b, parent_local, tokens]), taken after the gather: W values, not P x V
+    chosen_q = draft_probs.flatten(1).gather(1, parent_local * vocab + tokens).float()
+    scores = torch.where(valid, parent_scores.gather(1, parent_local) + torch.log(chosen_q), float("-inf"))
     return tuple(x.reshape(*lead, width) for x in (parent_local, tokens, scores, valid))
 
 

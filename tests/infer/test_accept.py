@@ -7,6 +7,7 @@ from longspec.infer.accept import (
     greedy_chain_path,
     greedy_path,
     sample_accept,
+    sample_chain_path,
     sample_path,
     sample_token,
     target_distribution,
@@ -297,13 +298,14 @@ def _probs(logits: torch.Tensor, **shaping) -> torch.Tensor:
     return target_distribution(logits, temperature=1.0, **shaping)
 
 
-def _two_level_trials(rule: str, trials: int, vocab: int, shaping: dict, seed: int, verify=sample_path):
-    """`trials` independent rounds on a two-level tree (root -> 3 children -> 2 children each), vectorised.
+def _two_level_trials(
+    rule: str, trials: int, vocab: int, shaping: dict, seed: int, verify=sample_path, k1: int = 3, k2: int = 2
+):
+    """`trials` independent rounds on a two-level tree (root -> k1 children -> k2 children each), vectorised.
     rrs: children drawn from the drafter's q without replacement (Gumbel-top-k); deterministic: q's top tokens.
     p (the target) and q (the drafter) differ; both depend on the node's token. Returns the first two emitted
     tokens [trials, 2] (-1: only one emitted), p at the root [V] and p after each first token [V, V]."""
     gen = torch.Generator().manual_seed(seed)
-    k1, k2 = 3, 2
     logits_root, logits_next = (
         torch.randn(vocab, generator=gen) * 1.5,
         torch.randn(vocab, vocab, generator=gen) * 1.5,
@@ -362,6 +364,79 @@ def test_sample_path_is_lossless(chi_square, rule, vocab, shaping):
     t = int(first.argmax())
     second = out[out[:, 0] == t, 1]
     assert chi_square(torch.bincount(second, minlength=vocab).float(), p_next[t]) > 1e-3
+
+
+def _chain_verify(tokens, parents, valid, target, draws, *, depth, max_children, draft_probs=None):
+    assert max_children == 1 and torch.equal(
+        parents[:, 1:], parents.new_tensor(range(depth)).expand(len(parents), -1)
+    )
+    return sample_chain_path(tokens, valid, target, draws, depth, draft_probs)
+
+
+@pytest.mark.parametrize("rule", ["rrs", "deterministic"])
+@pytest.mark.parametrize("vocab, shaping", [(4, {}), (6, {"top_k": 4})])
+def test_sample_chain_path_is_lossless(chi_square, rule, vocab, shaping):
+    """The chain walk under the same chi-square as the tree walk: a chain of two drafts (one child per node)."""
+    out, p_root, p_next, accept_rate = _two_level_trials(
+        rule, 20000, vocab, shaping, seed=vocab, verify=_chain_verify, k1=1, k2=1
+    )
+    assert accept_rate > 0.2
+    first = torch.bincount(out[:, 0], minlength=vocab).float()
+    assert chi_square(first, p_root) > 1e-3
+    # A round that rejected its first draft emits one token; given an accepted first draft t, the next token is
+    # the walk's own exact sample from p(. | t).
+    two = out[out[:, 1] >= 0]
+    t = int(torch.bincount(two[:, 0], minlength=vocab).argmax())
+    second = two[two[:, 0] == t, 1]
+    assert len(second) > 1000
+    assert chi_square(torch.bincount(second, minlength=vocab).float(), p_next[t]) > 1e-3
+
+
+@pytest.mark.parametrize("rule", ["rrs", "deterministic"])
+@pytest.mark.parametrize("depth", [0, 1, 4])
+def test_sample_chain_path_is_sample_path_on_chains(rule, depth):
+    """The chain walk against the tree walk (the naive reference), same draws: same path, length and bonus, on
+    chains with an invalid tail (a lookup's padding), q close to p so every stop depth occurs, a batch of rows."""
+    gen = torch.Generator().manual_seed(depth)
+    batch, vocab, lengths = 4, 5, []
+    for _ in range(60):
+        valid = torch.rand(batch, depth + 1, generator=gen) > 0.1
+        valid = valid.long().cumprod(-1).bool()  # padding only at the tail
+        valid[:, 0] = True
+        logits = torch.randn(batch, depth + 1, vocab, generator=gen) * 2
+        p = _probs(logits, top_k=4)
+        # drafts mostly p's likeliest token at their parent, so that long accepted runs occur
+        tokens = torch.where(
+            torch.rand(batch, depth + 1, generator=gen) < 0.8,
+            torch.roll(p.argmax(-1), 1, dims=-1),
+            torch.randint(0, vocab, (batch, depth + 1), generator=gen),
+        )
+        q = _probs(logits + 0.5 * torch.randn(batch, depth + 1, vocab, generator=gen))
+        q = (
+            q[:, :depth] if rule == "rrs" else None
+        )  # q of the nodes with children only (as the draft keeps it)
+        draws = torch.rand(batch, depth + 1, generator=gen, dtype=torch.float64)
+        parents = torch.arange(-1, depth).expand(batch, -1)
+        ref = sample_path(tokens, parents, valid, p, draws, depth=depth, max_children=1, draft_probs=q)
+        path, length, bonus = sample_chain_path(tokens, valid, p, draws, depth, q)
+        assert torch.equal(length, ref[1]) and torch.equal(bonus, ref[2])
+        for row in range(batch):
+            assert path[row, : int(length[row])].tolist() == ref[0][row, : int(length[row])].tolist()
+        lengths += length.tolist()
+    assert set(lengths) == set(range(1, depth + 2))  # every stop depth, a full accept included
+
+
+def test_sample_step_one_draw_is_the_general_rule():
+    """A chain's level (one parent, one child, no scores read): the fast path draws what the general rule does
+    for the same noise, and reports every node valid."""
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(50):
+        q = _probs(torch.randn(3, 1, 9, generator=gen) * 2, top_p=0.7)
+        noise = torch.empty(3, 1, 9).exponential_(generator=gen)
+        parent, tokens, scores, valid = sample_step(None, q, noise, 1, scores=False)
+        ref = sample_step(torch.zeros(3, 1), q, noise, 1)
+        assert torch.equal(tokens, ref[1]) and bool(ref[3].all())
+        assert scores is None and valid is None and torch.equal(parent, ref[0])
 
 
 def test_the_chi_square_harness_catches_a_wrong_q(chi_square):
