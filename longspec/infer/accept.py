@@ -326,8 +326,10 @@ def sample_chain_path(
         # mass 0 means p == q on its support: acceptance was certain, the branch is never taken.
         after = torch.where(mass > 0, rest / mass.clamp(min=1e-300), p_stop)
     residual = torch.where(rejected[:, None], after, p_stop)
-    # Children holding ~all the mass are all rejected only through rounding: fall back to p itself.
-    residual = torch.where(residual.sum(-1, keepdim=True) <= 0, p_stop, residual)
+    if draft_probs is None:
+        # A draft holding ~all the mass is rejected only through rounding: fall back to p itself. (rrs needs no
+        # such check: max(p - q, 0) / its positive mass sums to ~1, and p to 1.)
+        residual = torch.where(residual.sum(-1, keepdim=True) <= 0, p_stop, residual)
     return path, accepted + 1, _inverse_cdf(residual, draws[:, -1])
 
 
