@@ -113,8 +113,6 @@ class EvalConfig(Schema):
     # tree=auto also weighs prompt-lookup chains (GenerationConfig.auto_lookup); false: drafter trees only
     auto_lookup: bool = True
     sampling_rule: str = "rrs"  # T > 0: rrs (children sampled from the drafter's q) | deterministic (top-k)
-    # rrs: q at temperature x draft_temperature (exact for any value; GenerationConfig.draft_temperature)
-    draft_temperature: float = 1.0
     prefill_chunk: int = 4096  # target prefill tokens per forward
     cuda_graphs: bool = False  # capture each round's target forward in a CUDA graph (CUDA only)
     # samples decoded together: by the engine methods (longspec, ar, pld: `SpeculativeEngine.generate_batch`) and
@@ -173,7 +171,6 @@ class EvalConfig(Schema):
             tree_widths=None if self.tree_widths is None else tuple(self.tree_widths),
             auto_lookup=self.auto_lookup,
             sampling_rule=self.sampling_rule,
-            draft_temperature=self.draft_temperature,
             prefill_chunk=self.prefill_chunk,
             seed=self.seed,
             cuda_graphs=self.cuda_graphs,

@@ -37,11 +37,6 @@ class GenerationConfig:
     # T > 0: "rrs" = children sampled from the drafter's q, recursive rejection sampling; "deterministic" = the
     # drafter's top candidates, accepted by p alone (both lossless; longspec.infer.accept.sample_path).
     sampling_rule: str = "rrs"
-    # rrs: the drafter's q is its distribution at temperature x draft_temperature, then the target's top-k /
-    # top-p. Any value is exact (the children are drawn from q and verified against that same q); it moves how
-    # often drafts are accepted, which is highest where q is closest to p: below 1 sharpens q (a drafter less
-    # sure than the target), above 1 flattens it.
-    draft_temperature: float = 1.0
     pld_num_draft: int = 10  # PLD: tokens proposed per round
     pld_max_ngram: int = 3  # PLD and tree="auto"'s lookup chains: longest n-gram matched against the context
     prefill_chunk: int = 4096  # target prefill tokens per forward
@@ -66,8 +61,6 @@ class GenerationConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.draft_temperature <= 0:
-            raise ValueError(f"draft_temperature must be > 0, got {self.draft_temperature}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:

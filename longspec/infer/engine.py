@@ -888,11 +888,8 @@ def cache_slots(lengths: list[int], config: GenerationConfig) -> int:
 
 
 def _shaping(config: GenerationConfig) -> tuple | None:
-    """(temperature, top_k, top_p) of the drafter's q when longspec's trees are sampled from it (the "rrs" rule):
-    the target's, the temperature times `draft_temperature`."""
-    if not config.rrs:
-        return None
-    return (config.temperature * config.draft_temperature, config.top_k, config.top_p)
+    """(temperature, top_k, top_p) when longspec's trees are sampled from the drafter's q (the "rrs" rule)."""
+    return (config.temperature, config.top_k, config.top_p) if config.rrs else None
 
 
 def _finished(emitted: list[int], config: GenerationConfig, *, new: list[int]) -> bool:
