@@ -290,6 +290,9 @@ class SpeculativeEngine:
         # (`round_costs.cost_mode`), kept for later calls.
         self.costs = costs
         self.cost_tables: dict[tuple, MeasuredCosts] = {}
+        # mode -> the target step's epoch in which `measure_round_costs` last ran every candidate in that mode,
+        # building (capturing) their steps; a later epoch dropped them, and the next measure builds them again.
+        self.steps_built: dict[tuple, int] = {}
         # tree="auto" policies by (candidates, decoding mode): what they learned (acceptance per depth, round
         # times) carries over to the next call, since drafter, target and device stay the same. A new call
         # then starts from the last one's estimates instead of the prior (short outputs never leave it).
@@ -781,7 +784,8 @@ class SpeculativeEngine:
         short call (`tokens` new tokens) at the batch's bucket and at every smaller power-of-two bucket, the ones
         a static batch shrinks into as its rows finish (`slots.BatchSlots`). Each builds (with cuda_graphs:
         captures) its static steps; under tree="auto" it also measures that bucket's round costs, which runs
-        every candidate tree. Without it, a timed call's first shrink built (captured) that bucket's steps inside
+        every candidate tree (a bucket measured before the batch's cache dropped its steps, e.g. the batch of
+        one's, runs every candidate once again, untimed: `round_costs.measure_round_costs`). Without it, a timed call's first shrink built (captured) that bucket's steps inside
         its timing: the eval's batch-4 cells whose rows finished early ran at 0.45-0.53x of batched graph AR,
         which was itself slower there than at batch 1 (docs/BENCHMARKS.md).
 
@@ -813,7 +817,7 @@ class SpeculativeEngine:
         draft = self.draft_step
         grown |= draft is not None and draft.allocate(self.cache.keys.dtype, batch_size)
         if grown:
-            self.target_step.steps = {}  # the draft, lookup and commit steps read the old ring's / history's addresses
+            self.target_step.drop_steps()  # the draft, lookup and commit steps read the old ring's / history's addresses
 
     def _prefill(self, prompts: list[torch.Tensor], config: GenerationConfig, generator) -> torch.Tensor:
         """`TargetStep.prefill` of every prompt -> the first generated token of each [B] (on device)."""

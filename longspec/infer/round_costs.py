@@ -69,7 +69,9 @@ def measure_round_costs(
     context bucket between min(context_lens) and max(context_lens). The cache's content is whatever it holds (a
     round's cost does not depend on it); its length is set to the bucket (within the reserved size). Only
     missing buckets are measured; the cache and ring buffer are reset after. First use of a shape captures its
-    graphs here, outside any timed decode (the ring's catch-up step too). `batch_size` rows run each round
+    graphs here, outside any timed decode (the ring's catch-up step too); on static shapes, a table with nothing
+    missing whose steps were dropped since (`TargetStep.epoch`: the cache grew) runs every candidate once,
+    untimed, to build them again. `batch_size` rows run each round
     (every row at the bucket's length); a plain round records its token in the drafter's history, as
     `generate_batch` runs it. Another batch size is another mode (`cost_mode`), with a table of its own.
     Returns the mode's table, kept in `engine.cost_tables` for later calls: a batch that alternates with the
@@ -85,7 +87,8 @@ def measure_round_costs(
     buckets = [1 << e for e in range(low.bit_length() - 1, high.bit_length())]
     candidates = config.candidates
     missing = costs.missing(candidates, buckets)
-    if not missing:
+    built = not static or engine.steps_built.get(mode) == engine.target_step.epoch
+    if not missing and built:
         return costs
     # Room for a block: each round commits at most depth + 1 tokens, the last one's tree is pending on top.
     room = _BLOCK * (1 + max(candidate_depth(c) for c in candidates)) + config.max_round_nodes
@@ -94,7 +97,10 @@ def measure_round_costs(
     root = torch.zeros(batch_size, dtype=torch.long, device=engine.device)
     clock = PhaseClock(engine.device)
     engine.drafter_cache.reset()
-    for bucket in missing:
+    # Nothing to measure, but the steps were dropped since they were built (the cache grew: a batch's cache
+    # after the batch of one's, in the eval's warm-up): one untimed rep of every candidate builds (captures)
+    # them again, so no timed call captures its first round of a shape (each capture costs tens of rounds).
+    for bucket in missing or buckets[:1]:
         length = max(1, min(bucket, engine.cache.max_len - room))
         times: dict = {w: [] for w in candidates}
         # Candidates interleaved rep by rep, the fastest rep kept (the first is untimed: lazy init, autotuning,
@@ -103,18 +109,20 @@ def measure_round_costs(
         # as 33.6 (6.4 ms quiet), and lookup8 at 2.4 plain steps, so the policy decoded plain where pld ran
         # 1.9x of plain decoding (docs/BENCHMARKS.md). The rounds' observed times correct the table while
         # decoding (policy.RoundTimes), but only for the candidates that run.
-        for rep in range(reps + 1):
+        for rep in range(reps + 1 if missing else 1):
             for widths in candidates:
                 engine.cache.length = length
                 seconds = _time_rounds(engine, widths, root, config, generator, static, clock)
                 if rep:
                     times[widths].append(seconds)
         for widths, seconds in times.items():
-            costs.seconds[(bucket, widths)] = min(seconds)
+            if seconds:
+                costs.seconds[(bucket, widths)] = min(seconds)
     # The ring's catch-up after plain rounds is a step of its own: built (captured) here too, not in a timed call.
     engine._catch_up(static=static, capture=config.cuda_graphs)
     engine.cache.reset()
     engine.drafter_cache.reset()
+    engine.steps_built[mode] = engine.target_step.epoch
     return costs
 
 

@@ -38,6 +38,12 @@ class TargetStep:
         self.windowed = any(w is not None for w in target.layer_windows)
         self.cache: StaticKVCache | None = None
         self.steps: dict[tuple, StaticStep] = {}  # static / captured steps by (kind, shape, capture, ...)
+        self.epoch = 0  # how many times `steps` was dropped: who built steps ahead of time checks it
+
+    def drop_steps(self) -> None:
+        """Forget every static / captured step (they hold addresses of buffers about to be replaced)."""
+        self.steps = {}
+        self.epoch += 1
 
     def reserve(self, needed: int, batch_size: int = 1) -> None:
         """Allocate the cache once and reuse it across calls (reset to length 0), for any batch up to its rows
@@ -50,7 +56,7 @@ class TargetStep:
         # Free the old cache (and the steps that hold its addresses) before allocating: at 32K x batch 16 on the
         # 8B shape the two do not fit together. No local name may hold it here (one did, and kept it alive).
         self.cache = None
-        self.steps = {}
+        self.drop_steps()
         self.cache = StaticKVCache.for_target(self.target, max_len=needed, batch_size=batch_size)
 
     def static_step(self, key, fn, inputs: tuple[torch.Tensor, ...], capture: bool, *, effects: bool = False):

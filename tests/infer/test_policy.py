@@ -1,6 +1,7 @@
 """tree="auto": the adaptive policy with a stubbed cost model, its acceptance model, and the engine running it
 (lossless with the tree changing between rounds, eager and static shapes; the round's one host copy)."""
 
+import dataclasses
 import math
 import random
 
@@ -194,6 +195,28 @@ def test_round_costs_are_measured_per_bucket_and_reused():
     before = dict(costs.seconds)
     engine.generate(torch.randint(0, 256, (12,)), config)  # bucket 1024 is known: nothing re-measured
     assert costs.seconds == before and list(engine.cost_tables.values()) == [costs]
+
+
+def test_steps_dropped_by_a_bigger_cache_are_built_again_before_a_call_decodes():
+    """The eval's batch warm-up: round costs measured at batch 1, then a batch's bigger cache drops every static
+    step. The next call at batch 1 re-times nothing, but every candidate's steps are built again before it
+    decodes, so the call itself builds none (under cuda_graphs a build is a capture: tens of rounds' time, once
+    timed inside a batch-4 eval cell)."""
+    target = make_tiny_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target))
+    config = GenerationConfig(max_new_tokens=6, static_shapes=True)
+    costs = engine.measure_round_costs(config, [12, 40], reps=1)
+    built = set(engine.target_step.steps)
+    assert {k[0] for k in built} >= {"draft", "commit"}
+    engine.reserve(4096, batch_size=2)  # a batch's cache
+    assert not engine.target_step.steps
+    before = dict(costs.seconds)
+    engine.generate(
+        torch.randint(0, 256, (12,)), dataclasses.replace(config, max_new_tokens=1)
+    )  # builds them
+    assert costs.seconds == before and set(engine.target_step.steps) == built
+    engine.generate(torch.randint(0, 256, (12,)), config)
+    assert set(engine.target_step.steps) == built  # the call built nothing
 
 
 @pytest.mark.parametrize("shape", [(2, 3), Lookup(4)], ids=["tree", "lookup"])
