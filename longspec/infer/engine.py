@@ -785,9 +785,11 @@ class SpeculativeEngine:
         a static batch shrinks into as its rows finish (`slots.BatchSlots`). Each builds (with cuda_graphs:
         captures) its static steps; under tree="auto" it also measures that bucket's round costs, which runs
         every candidate tree (a bucket measured before the batch's cache dropped its steps, e.g. the batch of
-        one's, runs every candidate once again, untimed: `round_costs.measure_round_costs`). Without it, a timed call's first shrink built (captured) that bucket's steps inside
-        its timing: the eval's batch-4 cells whose rows finished early ran at 0.45-0.53x of batched graph AR,
-        which was itself slower there than at batch 1 (docs/BENCHMARKS.md).
+        one's, runs every candidate once again, untimed: `round_costs.measure_round_costs`). Without it, a timed
+        call's first shrink built (captured) that bucket's steps inside its timing: the eval's batch-4 cells
+        whose rows finished early ran at 0.45-0.53x of batched graph AR, which was itself slower there than at
+        batch 1 (docs/BENCHMARKS.md); and without the re-run, at 0.21x where the batch of one's steps had been
+        dropped.
 
         The tree policies learn nothing from it (their state is put back afterwards): its short calls decode one
         prompt again and again, at buckets the timed calls may never reach, and what a drafter accepts there is
@@ -817,7 +819,8 @@ class SpeculativeEngine:
         draft = self.draft_step
         grown |= draft is not None and draft.allocate(self.cache.keys.dtype, batch_size)
         if grown:
-            self.target_step.drop_steps()  # the draft, lookup and commit steps read the old ring's / history's addresses
+            # the draft, lookup and commit steps read the old ring's / history's addresses
+            self.target_step.drop_steps()
 
     def _prefill(self, prompts: list[torch.Tensor], config: GenerationConfig, generator) -> torch.Tensor:
         """`TargetStep.prefill` of every prompt -> the first generated token of each [B] (on device)."""

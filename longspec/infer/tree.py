@@ -237,9 +237,8 @@ def sample_step(
     """One level of a SAMPLED tree (T > 0, recursive rejection acceptance), for one tree or a batch of trees.
 
     parent_scores [..., P] path log-q of the current level's nodes (-inf: invalid node; None: the root's, 0),
-    draft_probs [..., P, V]
-    the q each node's children are drawn from, noise [..., P, V] i.i.d. Exp(1); the leading dims (none, or B
-    trees) are independent. Returns (parent_local, tokens, scores, valid), each [..., W]; a parent's children
+    draft_probs [..., P, V] the q each node's children are drawn from, noise [..., P, V] i.i.d. Exp(1); the
+    leading dims (none, or B trees) are independent. Returns (parent_local, tokens, scores, valid), each [..., W]; a parent's children
     appear in draw order.
 
     1. Budgets first, from parent_scores alone: slot (i, j) = "the j-th child of node i" is worth
