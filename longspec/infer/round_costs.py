@@ -97,9 +97,10 @@ def measure_round_costs(
     root = torch.zeros(batch_size, dtype=torch.long, device=engine.device)
     clock = PhaseClock(engine.device)
     engine.drafter_cache.reset()
-    # Nothing to measure, but the steps were dropped since they were built (the cache grew: a batch's cache
-    # after the batch of one's, in the eval's warm-up): one untimed rep of every candidate builds (captures)
-    # them again, so no timed call captures its first round of a shape (each capture costs tens of rounds).
+    # Nothing to measure, but the steps were dropped since they were built (the cache, history or ring was
+    # reallocated: a batch's cache after the batch of one's, in the eval's warm-up): one untimed rep of every
+    # candidate builds (captures) them again, so no timed call captures its first round of a shape (a GPU eval
+    # cell at batch 4 ran at 0.21x of batched AR that way: each capture costs tens of rounds).
     for bucket in missing or buckets[:1]:
         length = max(1, min(bucket, engine.cache.max_len - room))
         times: dict = {w: [] for w in candidates}

@@ -32,8 +32,9 @@ def test_tiny_mode_writes_a_complete_table(round_latency, tmp_path, monkeypatch,
     assert set(costs) == {"T=0", "T=1"} and all(
         len(c) == 15 and min(c.values()) > 0 for c in costs.values()
     )  # 9 trees, 4 lookup chains, 2 lookup forests
+    assert result["catch_up_ms"] > 0  # the drafter ring's catch-up, timed on its own
     out = capsys.readouterr().out
-    assert "| context |" in out and "whole round, ms (T=1): 1024:ar" in out
+    assert "| context |" in out and "whole round, ms (T=1): 1024:ar" in out and "catch-up" in out
 
 
 def test_layer_routes_swap_the_fused_steps_and_restore_them(round_latency):
