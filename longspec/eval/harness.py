@@ -343,6 +343,7 @@ def _record(sample, stats, tokens: list[int]) -> dict:
         "trees": stats.trees,
         "depth_reached": stats.depth_reached,
         "depth_accepted": stats.depth_accepted,
+        "policy": stats.policy,
     }
 
 

@@ -55,6 +55,8 @@ def _aggregate(records: list[dict]) -> dict:
             trees[name] = trees.get(name, 0) + count
     out = {
         "trees": trees,
+        # tree=auto's view at the end of the last sample (GenerationStats.policy): why it ran what it ran
+        "policy": records[-1].get("policy") or {} if records else {},
         # P(depth d accepted | depths < d were), pooled over rounds: the drafter's measured acceptance profile
         # (e.g. benchmarks/batch_throughput.py --accept-profile).
         "acceptance_profile": pooled_acceptance_profile(records),

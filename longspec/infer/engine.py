@@ -428,8 +428,10 @@ class SpeculativeEngine:
         loop = _DecodeLoop(self, method, config, policy, slots, emitted, stats, generator, clock, shadows)
         loop.run(roots)
         decode_s = now(self.device) - decode_start
+        snapshot = policy.snapshot(loop.context_after[-1]) if isinstance(policy, AdaptivePolicy) else {}
         results = []
         for row in range(real):
+            stats[row].policy = snapshot
             stats[row].prefill_s, stats[row].decode_s = stats[0].prefill_s, decode_s
             clock.add_to(stats[row])
             tokens = _truncate(emitted[row], config)

@@ -553,6 +553,20 @@ class AdaptivePolicy:
             if self._repeating or not (isinstance(t, Lookup) and t.branches > 1)
         }
 
+    def snapshot(self, context_len: int) -> dict[str, dict[str, float]]:
+        """What the policy believes at `context_len`, per candidate by name (`tree_name`): expected tokens per
+        round (calibrated), cost per round in ms (the measured table refined by observed round times) and their
+        ratio in tokens per ms: why it ran what it ran (a call's stats carry it: GenerationStats.policy)."""
+        costs, rates = self.costs.costs(context_len), self.rates(context_len)
+        return {
+            tree_name(t): {
+                "expected_tokens": self.expected_tokens(t),
+                "cost_ms": costs[t] * 1e3,
+                "tokens_per_ms": rate / 1e3,
+            }
+            for t, rate in rates.items()
+        }
+
     def best(self, context_len: int) -> Candidate:
         """The candidate with the most expected tokens per second (first of equals: the cheaper end)."""
         rates = self.rates(context_len)

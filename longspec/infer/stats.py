@@ -26,6 +26,9 @@ class GenerationStats:
     # too. Their ratio is P(depth d accepted | depth d-1 was): the drafter's acceptance profile on this text.
     depth_reached: list[int] = field(default_factory=list)
     depth_accepted: list[int] = field(default_factory=list)
+    # tree="auto": the policy's view at the call's end, per candidate (expected tokens, cost ms, tokens per ms:
+    # `AdaptivePolicy.snapshot`); empty for a fixed tree and the target-only methods
+    policy: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def record_round(self, num_accepted: int, tree: str | None = None) -> None:
         self.accepted.append(int(num_accepted))

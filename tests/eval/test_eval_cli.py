@@ -45,6 +45,9 @@ def test_eval_cli_end_to_end(eval_overrides, tmp_path):
         and sum(summary["longspec"]["trees"].values()) == summary["longspec"]["rounds"]
     )
     assert "## Trees run" in report and "- rows / longspec: `" in report
+    # and what the policy believed at the end, per candidate (the samples' and the summary's last)
+    assert samples[-1]["policy"]["ar"]["expected_tokens"] == 1.0
+    assert summary["longspec"]["policy"] == samples[-1]["policy"]
     # where the run's time went, phase by phase
     assert list(results["phases_s"]) == ["data", "load", "warm_up", "samples"]
     phases = results["phases_s"]

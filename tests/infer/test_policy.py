@@ -24,7 +24,7 @@ from longspec.infer.policy import (
     RoundTimes,
     context_bucket,
 )
-from longspec.infer.tree import Lookup
+from longspec.infer.tree import Lookup, tree_name
 from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
 BIG = DEFAULT_TREE_WIDTHS
@@ -182,6 +182,29 @@ def test_auto_follows_the_drafter(tmp_path):
         assert not any(name.startswith("lookup") for name in result.stats.trees)
         plain = result.stats.trees.get("ar", 0) / result.stats.rounds
         assert (plain > 0.5) if expect_plain else (plain == 0 and result.stats.mean_accept_length > 3)
+
+
+def test_a_call_reports_what_the_policy_believed_at_its_end():
+    """tree=auto: the stats name every candidate the policy weighed, with expected tokens, cost and their ratio,
+    and the one it would pick there has the best ratio; a fixed tree and the target-only methods report none."""
+    target = make_tiny_target("llama")
+    prompt = torch.randint(0, 256, (20,))
+    sequence = prompt.tolist() + reference_greedy(target, prompt, 30) + [0] * 16
+    config = DrafterConfig.from_target_config(target.config, window=8)
+    engine = SpeculativeEngine(target, OracleDrafter(config, [sequence], lambda p: True), costs=NodeCosts())
+    stats = engine.generate(prompt, GenerationConfig(max_new_tokens=30)).stats
+    names = {tree_name(t) for t in AUTO_TREES + AUTO_LOOKUPS}
+    forests = {tree_name(t) for t in AUTO_LOOKUPS if t.branches > 1}  # weighed once the text repeats itself
+    assert names - forests <= set(stats.policy) <= names
+    for view in stats.policy.values():
+        assert view["tokens_per_ms"] == pytest.approx(view["expected_tokens"] / view["cost_ms"], rel=1e-3)
+    best = max(stats.policy, key=lambda name: stats.policy[name]["tokens_per_ms"])
+    assert best != "ar" and stats.policy["ar"]["expected_tokens"] == 1.0  # the oracle drafter pays
+    fixed = engine.generate(prompt, GenerationConfig(max_new_tokens=8, tree_widths=(2, 2))).stats
+    assert (
+        fixed.policy == {}
+        and engine.generate(prompt, GenerationConfig(max_new_tokens=8), method="ar").stats.policy == {}
+    )
 
 
 def test_round_costs_are_measured_per_bucket_and_reused():

@@ -23,7 +23,13 @@ def test_results_table_and_report(tmp_path):
             "longspec": {"mean_accept_length": None, "tokens_per_s": None, "speedup": {}, "num_samples": 0,
                          "num_degenerate": 2, "identical_to_greedy": 1.0,
                          "all_samples": {"mean_accept_length": 1.1, "tokens_per_s": 18.0, "mean_prompt_len": 900,
-                                         "trees": {"ar": 45, "1": 5}}},
+                                         "trees": {"ar": 45, "1": 5},
+                                         "policy": {"ar": {"expected_tokens": 1.0, "cost_ms": 1.1,
+                                                           "tokens_per_ms": 0.909},
+                                                    "1": {"expected_tokens": 1.4, "cost_ms": 1.6,
+                                                          "tokens_per_ms": 0.875},
+                                                    "lookup16": {"expected_tokens": 1.1, "cost_ms": 1.3,
+                                                                 "tokens_per_ms": 0.846}}}},
             "vanilla_hf": {"mean_accept_length": None, "tokens_per_s": None, "speedup": {}, "num_samples": 0,
                            "num_degenerate": 2, "identical_to_greedy": 1.0,
                            "all_samples": {"mean_accept_length": 1.0, "tokens_per_s": 20.0, "mean_prompt_len": 900}},
@@ -48,6 +54,11 @@ def test_results_table_and_report(tmp_path):
     assert "| longspec | 0 (+2 degenerate) | 1.10* | 18.0* | 0.90x* | yes |" in table
     assert (
         "eval / looping: longspec at 0.90x of vanilla_hf" in table and "without it in 90% of rounds" in table
+    )
+    # ... and what the policy believed there, from its own figures
+    assert (
+        "it rated plain decoding at 0.909 tokens/ms (1.10 ms a step) and its best speculating round, 1, at 0.875 "
+        "(1.40 tokens expected in 1.60 ms)" in table
     )
     assert "| batched | 3560 | longspec | 1 | 1.50 | 675.8 | 16.89x |" in table
     assert "eval / short: longspec at 0.75x of vanilla_hf: speculation ran in 100% of rounds" in table
