@@ -43,6 +43,18 @@ def pooled_acceptance_profile(records: list[dict]) -> list[float | None]:
     return acceptance_profile(reached, accepted)
 
 
+def _policy_text(policy: dict, top: int = 3) -> str:
+    """tree=auto's view at the end of the last sample: its `top` best rounds by expected tokens per ms, each with
+    its expected tokens and cost, and plain decoding's for comparison."""
+    if not policy:
+        return ""
+    ranked = sorted(policy.items(), key=lambda kv: -kv[1]["tokens_per_ms"])
+    shown = ranked[:top] + [(n, v) for n, v in ranked[top:] if n == "ar"]
+    return "; the policy's view at the end (tokens per ms: expected tokens / ms a round) " + ", ".join(
+        f"`{n}` {v['tokens_per_ms']:.3f} ({v['expected_tokens']:.2f} / {v['cost_ms']:.2f})" for n, v in shown
+    )
+
+
 def _aggregate(records: list[dict]) -> dict:
     rounds = sum(r["rounds"] for r in records)
     accepted = sum(sum(r["accepted"]) for r in records)
@@ -291,6 +303,7 @@ def report_markdown(results: dict) -> str:
                 f"- {d} / {method}: "
                 + ", ".join(f"`{t}` {100 * c / total:.0f}%" for t, c in shares)
                 + (f"; acceptance per depth `{profile_txt}`" if profile else "")
+                + _policy_text(summary[d][method].get("policy") or {})
             )
     lines += batch_markdown(summary, cfg.get("batch_size", 1))
     lines += timing_markdown(results)
