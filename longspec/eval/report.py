@@ -43,16 +43,23 @@ def pooled_acceptance_profile(records: list[dict]) -> list[float | None]:
     return acceptance_profile(reached, accepted)
 
 
-def _policy_text(policy: dict, top: int = 3) -> str:
-    """tree=auto's view at the end of the last sample: its `top` best rounds by expected tokens per ms, each with
-    its expected tokens and cost, and plain decoding's for comparison."""
-    if not policy:
+def policy_view(policy: dict) -> str:
+    """tree=auto's view at the end of a call (GenerationStats.policy), in one clause: plain decoding against its
+    best speculating round, each in tokens per ms with what that rate is made of; empty without a view."""
+    speculating = {name: v for name, v in policy.items() if name != "ar"}
+    if "ar" not in policy or not speculating:
         return ""
-    ranked = sorted(policy.items(), key=lambda kv: -kv[1]["tokens_per_ms"])
-    shown = ranked[:top] + [(n, v) for n, v in ranked[top:] if n == "ar"]
-    return "; the policy's view at the end (tokens per ms: expected tokens / ms a round) " + ", ".join(
-        f"`{n}` {v['tokens_per_ms']:.3f} ({v['expected_tokens']:.2f} / {v['cost_ms']:.2f})" for n, v in shown
+    name, best = max(speculating.items(), key=lambda item: item[1]["tokens_per_ms"])
+    plain = policy["ar"]
+    return (
+        f"plain decoding {plain['tokens_per_ms']:.3f} tokens/ms ({plain['cost_ms']:.2f} ms a step), its best "
+        f"speculating round `{name}` {best['tokens_per_ms']:.3f} ({best['expected_tokens']:.2f} tokens expected "
+        f"in {best['cost_ms']:.2f} ms)"
     )
+
+
+def _clause(prefix: str, text: str) -> str:
+    return prefix + text if text else ""
 
 
 def _aggregate(records: list[dict]) -> dict:
@@ -303,7 +310,9 @@ def report_markdown(results: dict) -> str:
                 f"- {d} / {method}: "
                 + ", ".join(f"`{t}` {100 * c / total:.0f}%" for t, c in shares)
                 + (f"; acceptance per depth `{profile_txt}`" if profile else "")
-                + _policy_text(summary[d][method].get("policy") or {})
+                + _clause(
+                    "; the policy's view at the end: ", policy_view(summary[d][method].get("policy") or {})
+                )
             )
     lines += batch_markdown(summary, cfg.get("batch_size", 1))
     lines += timing_markdown(results)

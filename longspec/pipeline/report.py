@@ -11,7 +11,7 @@ import sys
 import time
 
 from longspec.eval.divergence import TIE_ULPS
-from longspec.eval.report import BASELINES, identical_text
+from longspec.eval.report import BASELINES, identical_text, policy_view
 from longspec.pipeline.plan import Step
 from longspec.pipeline.presets import PipelineConfig
 from longspec.pipeline.runner import RunRecord
@@ -135,29 +135,17 @@ def _why_slower(r: dict, best: dict) -> str:
     plain = trees.get("ar", 0) / max(sum(trees.values()), 1)
     head = f"longspec at {r['tokens_per_s'] / best['tokens_per_s']:.2f}x of {best['method']}: "
     if plain >= 0.5:
+        view = policy_view(r.get("policy") or {})
         return head + (
             f"tree=auto judged speculation not worth its round cost here and decoded without it in {plain:.0%} "
             "of rounds; the rest: rounds it speculated to learn (exploration, a call's first rounds) and "
-            "run-to-run timing variation." + _policy_view(r.get("policy") or {})
+            "run-to-run timing variation."
+            + (f" At the last sample's end the policy rated {view}." if view else "")
         )
     return head + (
         f"speculation ran in {1 - plain:.0%} of rounds ({', '.join(sorted(trees))}) and τ {r['tau']:.2f} did not "
         "pay for its rounds' cost (with tree=auto: acceptance learned on earlier samples carried over to samples "
         "the drafter predicts worse, and a short sample ends before the estimate catches up)."
-    )
-
-
-def _policy_view(policy: dict) -> str:
-    """ " At the last sample's end it rated ...": plain decoding against the best speculating candidate, from
-    the tree policy's own figures (GenerationStats.policy); empty without them."""
-    speculating = {name: v for name, v in policy.items() if name != "ar"}
-    if "ar" not in policy or not speculating:
-        return ""
-    name, best = max(speculating.items(), key=lambda item: item[1]["tokens_per_ms"])
-    return (
-        f" At the last sample's end it rated plain decoding at {policy['ar']['tokens_per_ms']:.3f} tokens/ms "
-        f"({policy['ar']['cost_ms']:.2f} ms a step) and its best speculating round, {name}, at "
-        f"{best['tokens_per_ms']:.3f} ({best['expected_tokens']:.2f} tokens expected in {best['cost_ms']:.2f} ms)."
     )
 
 

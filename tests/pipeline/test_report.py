@@ -57,8 +57,8 @@ def test_results_table_and_report(tmp_path):
     )
     # ... and what the policy believed there, from its own figures
     assert (
-        "it rated plain decoding at 0.909 tokens/ms (1.10 ms a step) and its best speculating round, 1, at 0.875 "
-        "(1.40 tokens expected in 1.60 ms)" in table
+        "At the last sample's end the policy rated plain decoding 0.909 tokens/ms (1.10 ms a step), its best "
+        "speculating round `1` 0.875 (1.40 tokens expected in 1.60 ms)." in table
     )
     assert "| batched | 3560 | longspec | 1 | 1.50 | 675.8 | 16.89x |" in table
     assert "eval / short: longspec at 0.75x of vanilla_hf: speculation ran in 100% of rounds" in table
