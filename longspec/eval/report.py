@@ -58,10 +58,6 @@ def policy_view(policy: dict) -> str:
     )
 
 
-def _clause(prefix: str, text: str) -> str:
-    return prefix + text if text else ""
-
-
 def _aggregate(records: list[dict]) -> dict:
     rounds = sum(r["rounds"] for r in records)
     accepted = sum(sum(r["accepted"]) for r in records)
@@ -75,7 +71,7 @@ def _aggregate(records: list[dict]) -> dict:
     out = {
         "trees": trees,
         # tree=auto's view at the end of the last sample (GenerationStats.policy): why it ran what it ran
-        "policy": records[-1].get("policy") or {} if records else {},
+        "policy": (records[-1].get("policy") or {}) if records else {},
         # P(depth d accepted | depths < d were), pooled over rounds: the drafter's measured acceptance profile
         # (e.g. benchmarks/batch_throughput.py --accept-profile).
         "acceptance_profile": pooled_acceptance_profile(records),
@@ -306,13 +302,12 @@ def report_markdown(results: dict) -> str:
             shares = sorted(trees.items(), key=lambda kv: -kv[1])
             profile = summary[d][method].get("acceptance_profile") or []
             profile_txt = ",".join("–" if p is None else f"{p:.2f}" for p in profile)
+            view = policy_view(summary[d][method].get("policy") or {})
             lines.append(
                 f"- {d} / {method}: "
                 + ", ".join(f"`{t}` {100 * c / total:.0f}%" for t, c in shares)
                 + (f"; acceptance per depth `{profile_txt}`" if profile else "")
-                + _clause(
-                    "; the policy's view at the end: ", policy_view(summary[d][method].get("policy") or {})
-                )
+                + (f"; the policy's view at the end: {view}" if view else "")
             )
     lines += batch_markdown(summary, cfg.get("batch_size", 1))
     lines += timing_markdown(results)

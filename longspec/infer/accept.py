@@ -305,7 +305,7 @@ def sample_chain_path(
     drafts = tokens[:, 1:, None]  # [B, depth, 1]
     p_draft = target_probs[:, :depth].gather(-1, drafts)[..., 0].double()  # p_i(x_(i+1))
     if draft_probs is None:
-        threshold = target_probs[:, :depth].double().sum(-1)
+        threshold = target_probs[:, :depth].sum(-1, dtype=torch.float64)  # no float64 copy of the rows
     else:
         threshold = draft_probs[:, :depth].gather(-1, drafts)[..., 0].double()
     accept = (draws[:, :depth] * threshold < p_draft) & valid[:, 1:]

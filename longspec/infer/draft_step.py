@@ -122,8 +122,7 @@ class DraftStep:
         the tree carries q as `draft_probs`."""
         inputs = (roots,)
         if shaping is not None:
-            rows = layout.num_nodes - layout.widths[-1]  # nodes that get children
-            noise = torch.empty(roots.shape[0], rows, self.vocab_size, device=self.device)
+            noise = torch.empty(roots.shape[0], layout.num_parents, self.vocab_size, device=self.device)
             inputs += (noise.exponential_(generator=generator),)
         if not static:
             return self._tree(roots, layout, target, target.lengths(static=False), shaping, *inputs[1:])
@@ -158,8 +157,7 @@ class DraftStep:
         else:
             tree = DraftTree.empty(layout, roots)  # [B, N]
         if shaping is not None and not chain:  # q of every node with children (written level by level)
-            rows = layout.num_nodes - layout.widths[-1]
-            tree.draft_probs = torch.empty(batch, rows, self.vocab_size, device=self.device)
+            tree.draft_probs = torch.empty(batch, layout.num_parents, self.vocab_size, device=self.device)
         level_q = []  # a chain's: one [B, 1, V] per level, joined at the end
         # Self-attention K/V of every tree node, filled level by level; a node sits at position n + its depth.
         positions = n[:, None] + tree.depths if isinstance(n, torch.Tensor) else n + tree.depths

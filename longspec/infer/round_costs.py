@@ -116,8 +116,8 @@ def measure_round_costs(
                 seconds = _time_rounds(engine, widths, root, config, generator, static, clock)
                 if rep:
                     times[widths].append(seconds)
-        for widths, seconds in times.items():
-            if seconds:
+        if missing:
+            for widths, seconds in times.items():
                 costs.seconds[(bucket, widths)] = min(seconds)
     # The ring's catch-up after plain rounds is a step of its own: built (captured) here too, not in a timed call.
     engine._catch_up(static=static, capture=config.cuda_graphs)

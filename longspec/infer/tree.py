@@ -60,6 +60,12 @@ class TreeLayout:
         return len(self.widths)
 
     @property
+    def num_parents(self) -> int:
+        """Nodes that get children: every level but the last, the first nodes in level order (a sampled tree keeps
+        q and draws noise for these only)."""
+        return self.num_nodes - self.widths[-1]
+
+    @property
     def is_chain(self) -> bool:
         """Every level one node wide: each node's ancestors are the nodes before it."""
         return all(w == 1 for w in self.widths)
@@ -97,8 +103,8 @@ class DraftTree:
     depths: torch.Tensor  # [N] long
     ancestor_mask: torch.Tensor  # [..., N, N] bool, row i: i and its ancestors
     valid: torch.Tensor  # [..., N] bool
-    # [..., R, V] the q each node's children were sampled from (sampled trees), for the first R nodes: those
-    # with children (every level but the last) come first in level order, so R = N - the last level's width
+    # [..., R, V] the q each node's children were sampled from (sampled trees), for the first R nodes, those with
+    # children (`TreeLayout.num_parents`)
     draft_probs: torch.Tensor | None = None
     # Whether node i's ancestors are exactly the nodes before it (levels of width 1, PLD's drafts, an AR step):
     # known from the shape alone, so a verify can take the chain's causal attention without reading the mask.
