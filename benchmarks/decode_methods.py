@@ -3,6 +3,8 @@
     PYTHONPATH=. python benchmarks/decode_methods.py [--preset gpu100m] [--contexts 4096 8192 16384] [--tokens 64]
     PYTHONPATH=. python benchmarks/decode_methods.py --shape smollm2 --contexts 4096 8192  # SmolLM2-135M shape
     PYTHONPATH=. python benchmarks/decode_methods.py --preset smoke --contexts 64 --tokens 8     # CPU smoke
+    PYTHONPATH=. python benchmarks/decode_methods.py --target DIR --drafter DIR --data SUITE/qmsum_8k.jsonl \
+        --contexts 4096 --methods ar_graphs pld_graphs longspec_graphs --temperature 1  # a real pair, real text
 
 For each context length and method (vanilla_hf = HF eager, vanilla_fa = HF SDPA / flash-attn, hf_compile = HF
 StaticCache + torch.compile, ar = our engine, ar_graphs = our engine replaying CUDA graphs) it generates --tokens tokens from a random prompt --repeats times
@@ -14,6 +16,10 @@ policy, its round costs measured first for the contexts given; or fixed widths l
 records which trees ran.
 --profile adds one run per method under torch.profiler (device kernels, wall vs device-busy time), --host-profile
 one under cProfile (the host's Python time per token, by function).
+--target DIR (a converted checkpoint or, with --gguf-file, a GGUF) decodes with the real target's weights, and
+--drafter DIR with a trained drafter exported for it; --data SOURCE takes each context's prompt from an evaluation
+data source (the end of its first prompt at least that long, as batch_throughput.py does) instead of random tokens:
+the round-by-round costs of a real pair on real text, where a random prompt and drafter only show plain rounds.
 Writes JSON to $OUT/decode_methods.json when OUT is set.
 """
 
@@ -23,6 +29,7 @@ import argparse
 import functools
 import gzip
 import os
+import sys
 import time
 
 import torch
@@ -32,7 +39,12 @@ from longspec.infer.baselines import run_method
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.pipeline.code_target.presets import MODEL_PRESETS
 from longspec.provenance import run_info
+from longspec.target import TargetModel
 from longspec.testing import llama31_8b_config, random_target, smollm2_135m_config
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from batch_throughput import data_prompts, load_data_prompts  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -42,6 +54,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--shape", choices=["8b", "smollm2"], default=None, help="a real model's shape instead of --preset"
     )
     parser.add_argument("--vocab-size", type=int, default=8192, help="with --preset")
+    parser.add_argument(
+        "--target", default=None, help="a real target's directory instead of --shape / --preset"
+    )
+    parser.add_argument("--gguf-file", default=None, help="with --target: the GGUF file in it")
+    parser.add_argument(
+        "--drafter", default=None, help="a trained drafter's export directory (longspec methods)"
+    )
+    parser.add_argument(
+        "--data", default=None, help="prompts from this evaluation data source (needs --target)"
+    )
     parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
@@ -81,31 +103,48 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.no_cudnn_sdp and cuda:
         torch.backends.cuda.enable_cudnn_sdp(False)
     longest = max(args.contexts) + args.tokens
-    if args.shape:
-        config = {"8b": llama31_8b_config, "smollm2": smollm2_135m_config}[args.shape](
-            attn_implementation="sdpa"
-        )
-        config.max_position_embeddings = max(config.max_position_embeddings, longest)
+    if args.data and not args.target:
+        parser.error("--data needs --target (its tokenizer)")
+    if args.target:
+        kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
+        target = TargetModel.from_pretrained(args.target, dtype=dtype, device=device, **kwargs)
+        config = target.config
     else:
-        shape = dict(MODEL_PRESETS[args.preset])
-        shape["max_position_embeddings"] = max(shape["max_position_embeddings"], longest)
-        config = LlamaConfig(vocab_size=args.vocab_size, attn_implementation="sdpa", **shape)
-    target = random_target(config, device, dtype)
+        if args.shape:
+            config = {"8b": llama31_8b_config, "smollm2": smollm2_135m_config}[args.shape](
+                attn_implementation="sdpa"
+            )
+            config.max_position_embeddings = max(config.max_position_embeddings, longest)
+        else:
+            shape = dict(MODEL_PRESETS[args.preset])
+            shape["max_position_embeddings"] = max(shape["max_position_embeddings"], longest)
+            config = LlamaConfig(vocab_size=args.vocab_size, attn_implementation="sdpa", **shape)
+        target = random_target(config, device, dtype)
     tree = tuple(int(w) for w in args.tree.split(",")) if "," in args.tree else args.tree
     drafter = None
     if any(m.startswith("longspec") for m in args.methods):
         from longspec.drafter import Drafter, DrafterConfig
 
-        drafter_config = DrafterConfig.from_target_config(target.config, window=args.window)
-        drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head)
-        drafter = drafter.to(device=device, dtype=dtype).requires_grad_(False)
+        if args.drafter:
+            from longspec.target_source import load_tokenizer
+
+            tokenizer = load_tokenizer(args.target, args.gguf_file) if args.target else None
+            drafter = Drafter.from_pretrained(args.drafter, target, tokenizer, dtype=dtype, device=device)
+        else:
+            drafter_config = DrafterConfig.from_target_config(target.config, window=args.window)
+            drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head)
+            drafter = drafter.to(device=device, dtype=dtype).requires_grad_(False)
     engine = SpeculativeEngine(target, drafter)
     engine.reserve_for([max(args.contexts)], GenerationConfig(max_new_tokens=args.tokens))
     generator = torch.Generator().manual_seed(0)
+    documents = load_data_prompts(args.data, args.target, args.gguf_file) if args.data else None
 
     rows = []
     for context in args.contexts:
-        prompt = torch.randint(0, config.vocab_size, (context,), generator=generator).tolist()
+        if documents is not None:
+            prompt = data_prompts(documents, context, 1)[0]
+        else:
+            prompt = torch.randint(0, config.vocab_size, (context,), generator=generator).tolist()
         for method in args.methods:
             graphs = method.endswith("_graphs")
             if graphs and not cuda:

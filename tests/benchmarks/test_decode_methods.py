@@ -77,3 +77,37 @@ def test_device_kernels_keeps_kernels_only_per_token(decode_methods):
     assert [r["kernel"] for r in rows] == ["_split_kv_reduce_kernel", "_split_kv_partial_kernel"]
     assert rows[0] == {"kernel": "_split_kv_reduce_kernel", "calls_per_token": 30.0, "us_per_call": 20.0,
                        "ms_per_token": 0.6}  # fmt: skip
+
+
+def test_a_saved_target_and_drafter_decode_a_data_sources_prompt(decode_methods, tmp_path, monkeypatch):
+    """--target / --drafter / --data: the real pair's weights (the drafter loaded fingerprint-checked against the
+    target) on the end of an evaluation data source's prompt; --data without --target is refused."""
+    from longspec.drafter import Drafter, DrafterConfig
+    from longspec.target import TargetModel
+    from longspec.testing import build_byte_tokenizer, save_tiny_target
+
+    target_dir = save_tiny_target("llama", tmp_path / "target")
+    target = TargetModel.from_pretrained(target_dir)
+    drafter_config = DrafterConfig.from_target_config(
+        target.config, window=16, tokenizer=build_byte_tokenizer()
+    )
+    Drafter(drafter_config, target.embed_tokens, target.lm_head).save_pretrained(tmp_path / "drafter")
+    data = tmp_path / "rows.jsonl"
+    row = {"_id": "r0", "context": "Meeting: we ship on Monday. " * 6, "input": "When?", "answers": ["Monday"],
+           "dataset": "qmsum"}  # fmt: skip
+    data.write_text(json.dumps(row) + "\n")
+    used = []
+    real = decode_methods.data_prompts
+    monkeypatch.setattr(decode_methods, "data_prompts", lambda *a: used.append(real(*a)) or used[-1])
+    loaded = []
+    real_load = Drafter.from_pretrained
+    monkeypatch.setattr(Drafter, "from_pretrained", lambda *a, **k: loaded.append(a[0]) or real_load(*a, **k))
+    rows = decode_methods.main(["--target", target_dir, "--drafter", str(tmp_path / "drafter"), "--data",
+                                str(data), "--contexts", "48", "--tokens", "6", "--repeats", "1", "--methods",
+                                "ar", "pld", "longspec", "--tree", "1"])  # fmt: skip
+    assert loaded == [str(tmp_path / "drafter")]
+    assert len(used) == 1 and len(used[0][0]) == 48  # one context: the data's prompt end, 48 tokens
+    assert [r["method"] for r in rows] == ["ar", "pld", "longspec"]
+    assert all(r["tokens_per_s"][0] > 0 for r in rows) and rows[2]["trees"]
+    with pytest.raises(SystemExit):
+        decode_methods.main(["--preset", "smoke", "--data", str(data), "--contexts", "48"])
