@@ -155,13 +155,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
             base = method.removesuffix("_graphs")
             if base == "longspec" and config_.fixed_tree is None:  # untimed, like the eval's warm-up
                 engine.measure_round_costs(config_, [min(args.contexts), max(args.contexts) + args.tokens])
-            speeds, trees = [], {}
+            speeds, trees, rounds = [], {}, []
             for _ in range(args.repeats):
                 result = run_method(base, prompt, config_, target=target, engine=engine)
                 speeds.append(result.stats.tokens_per_s)
                 for name, count in result.stats.trees.items():
                     trees[name] = trees.get(name, 0) + count
-            rows.append({"context": context, "method": method, "tokens_per_s": speeds})
+                # per repeat, round by round: tree, accepted drafts, wall ms (GenerationStats.round_ms)
+                stats = result.stats
+                names = stats.round_trees or [None] * stats.rounds
+                rounds.append([list(r) for r in zip(names, stats.accepted, stats.round_ms, strict=False)])
+            rows.append({"context": context, "method": method, "tokens_per_s": speeds, "rounds": rounds})
             if trees:
                 rows[-1]["trees"] = trees
             if args.profile:

@@ -344,6 +344,8 @@ def _record(sample, stats, tokens: list[int]) -> dict:
         "depth_reached": stats.depth_reached,
         "depth_accepted": stats.depth_accepted,
         "policy": stats.policy,
+        "round_trees": stats.round_trees,
+        "round_ms": stats.round_ms,
     }
 
 

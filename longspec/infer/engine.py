@@ -221,7 +221,7 @@ class _DecodeLoop:
         self.context_after.append(max(engine.cache.lengths))
         tree = tree_name(rnd.widths) if self.spec.needs_drafter else None
         for slot, row in slots.running():  # rows that finished in an earlier round ignore this one
-            self.stats[row].record_round(len(new_tokens[slot]) - 1, tree)
+            self.stats[row].record_round(len(new_tokens[slot]) - 1, tree, seconds)
             self.emitted[row].extend(new_tokens[slot])
             slots.active[slot] = not _finished(self.emitted[row], self.config, new=new_tokens[slot])
 

@@ -29,11 +29,19 @@ class GenerationStats:
     # tree="auto": the policy's view at the call's end, per candidate (expected tokens, cost ms, tokens per ms:
     # `AdaptivePolicy.snapshot`); empty for a fixed tree and the target-only methods
     policy: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Per round, in order: the tree it ran (drafting methods; `trees` counts them) and its wall time in ms as the
+    # policy observes it (from the previous round's settle to its own; a round after plain ones includes the
+    # ring's catch-up). What a round really cost where it ran, next to the warm-up's table of the same tree.
+    round_trees: list[str] = field(default_factory=list)
+    round_ms: list[float] = field(default_factory=list)
 
-    def record_round(self, num_accepted: int, tree: str | None = None) -> None:
+    def record_round(self, num_accepted: int, tree: str | None = None, seconds: float | None = None) -> None:
         self.accepted.append(int(num_accepted))
+        if seconds is not None:
+            self.round_ms.append(round(seconds * 1e3, 4))
         if tree is not None:
             self.trees[tree] = self.trees.get(tree, 0) + 1
+            self.round_trees.append(tree)
         depth = tree_depth(tree)
         if depth > len(self.depth_reached):
             grow = depth - len(self.depth_reached)

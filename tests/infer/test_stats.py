@@ -35,3 +35,27 @@ def test_profile_of_a_depth_no_round_reached_is_none_and_records_pool():
         for s in (a, b)
     ]
     assert _aggregate(records)["acceptance_profile"] == pytest.approx([2 / 3, 1 / 2])
+
+
+def test_rounds_are_logged_in_order_with_their_wall_time():
+    stats = GenerationStats()
+    stats.record_round(0, "ar", 0.0011)
+    stats.record_round(3, "lookup16", 0.00135)
+    stats.record_round(0)  # an HF baseline's step: no tree, no time
+    assert stats.round_trees == ["ar", "lookup16"] and stats.round_ms == [1.1, 1.35]
+    assert stats.to_dict()["round_ms"] == [1.1, 1.35]
+
+
+def test_an_engine_call_logs_every_round():
+    from infer_helpers import random_drafter
+
+    from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+    from longspec.testing import make_tiny_target
+
+    target = make_tiny_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target))
+    result = engine.generate(list(range(1, 30)), GenerationConfig(max_new_tokens=12, tree="auto"))
+    stats = result.stats
+    assert len(stats.round_trees) == len(stats.round_ms) == stats.rounds > 0
+    assert all(ms > 0 for ms in stats.round_ms)
+    assert sum(stats.trees.values()) == stats.rounds and set(stats.round_trees) == set(stats.trees)
