@@ -153,8 +153,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 max_new_tokens=args.tokens, cuda_graphs=graphs, tree=tree, temperature=args.temperature
             )
             base = method.removesuffix("_graphs")
+            table = None
             if base == "longspec" and config_.fixed_tree is None:  # untimed, like the eval's warm-up
-                engine.measure_round_costs(config_, [min(args.contexts), max(args.contexts) + args.tokens])
+                table = engine.measure_round_costs(
+                    config_, [min(args.contexts), max(args.contexts) + args.tokens]
+                )
             speeds, trees, rounds = [], {}, []
             for _ in range(args.repeats):
                 result = run_method(base, prompt, config_, target=target, engine=engine)
@@ -168,6 +171,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rows.append({"context": context, "method": method, "tokens_per_s": speeds, "rounds": rounds})
             if trees:
                 rows[-1]["trees"] = trees
+            if table is not None:  # the warm-up's round costs the policy started from, next to `rounds`
+                rows[-1]["round_costs_s"] = table.to_dict()
             if args.profile:
                 out = os.environ.get("OUT")
                 trace = os.path.join(out, f"trace_{method}_{context}.json") if out else None
