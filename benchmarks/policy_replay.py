@@ -78,12 +78,24 @@ def lookup_outcomes(
     return outcomes
 
 
-def replay_call(policy, rng, prompt_len: int, lookups: list[list[int]], profile: list[float], costs) -> dict:
+def replay_call(
+    policy,
+    rng,
+    prompt_len: int,
+    lookups: list[list[int]],
+    profile: list[float],
+    costs,
+    catch_up_s: float = 0.0,
+) -> dict:
     """One sample's decode on paper (see the module docstring); returns its speedup over plain and rounds.
-    `policy`: tree="auto"'s (`AdaptivePolicy`) or a `FixedPolicy` (one candidate every round, a reference)."""
+    `policy`: tree="auto"'s (`AdaptivePolicy`) or a `FixedPolicy` (one candidate every round, a reference).
+    `catch_up_s`: what a drafter round after plain or lookup rounds pays on top of its table cost (the ring's
+    catch-up; a table round runs after rounds of its own kind)."""
     if isinstance(policy, AdaptivePolicy):
         policy.start()
     pending, rounds, spent, position = [], Counter(), 0.0, 0
+    ring_behind = False
+    covered = 0  # shadow reports resume at this position (pld.LookupShadow.extend)
     plain = 0.0
     while position < len(lookups):
         index = sum(rounds.values())
@@ -104,11 +116,19 @@ def replay_call(policy, rng, prompt_len: int, lookups: list[list[int]], profile:
                 ranks.append(0)
         accepted = len(ranks)
         emitted = min(accepted + 1, len(lookups) - position)  # the last round stops at the output's end
-        seconds = costs.cost(widths, context_len)  # not given to observe_time: it would learn the table back
+        drafting = bool(widths) and not isinstance(widths, Lookup)
+        seconds = costs.cost(widths, context_len) + (catch_up_s if drafting and ring_behind else 0.0)
+        ring_behind = not drafting
+        # (not given to observe_time: it would learn the table back)
         # as in the engine: a policy with lookup candidates hears the shadow at every round that ran none
         shadow = (
             None if isinstance(widths, Lookup) or not getattr(policy, "lookups", ()) else lookups[position]
         )
+        if shadow is not None:  # none inside the run an earlier report's lookup would have accepted
+            if position < covered:
+                shadow = None
+            else:
+                covered = position + max(shadow, default=0) + 1
         pending.append((index, widths, ranks, context_len, shadow))
         rounds[tree_name(widths)] += 1
         spent += seconds
@@ -141,6 +161,13 @@ def main(argv=None) -> int:
         "--fixed",
         default=None,
         help="also replay one candidate every round as a reference, by its report name (e.g. lookup16, 1-1-1-1)",
+    )
+    parser.add_argument(
+        "--catch-up-ms",
+        type=float,
+        default=0.0,
+        help="added to a drafter round after plain or lookup rounds: the ring's catch-up "
+        "(`round_latency.py --round-costs` measures it)",
     )
     parser.add_argument("--json", default=None, help="output path when $OUT is not set")
     args = parser.parse_args(argv)
@@ -186,13 +213,16 @@ def main(argv=None) -> int:
             f"--fixed {args.fixed}: not a candidate the evaluation measured ({sorted(costs.to_dict())})"
         )
     per_seed, per_seed_fixed = [], []
+    catch_up = args.catch_up_ms / 1e3
     for seed in range(args.seeds):
         rng, policy = random.Random(seed), AdaptivePolicy(costs, _candidates(costs))
-        per_seed.append([replay_call(policy, rng, r["prompt_len"], o, profile, costs) for _, r, o in calls])
+        per_seed.append(
+            [replay_call(policy, rng, r["prompt_len"], o, profile, costs, catch_up) for _, r, o in calls]
+        )
         if fixed is not None:
             rng, policy = random.Random(seed), FixedPolicy(fixed)
             per_seed_fixed.append(
-                [replay_call(policy, rng, r["prompt_len"], o, profile, costs) for _, r, o in calls]
+                [replay_call(policy, rng, r["prompt_len"], o, profile, costs, catch_up) for _, r, o in calls]
             )
     rows = []
     for i, (dataset, record, outcomes) in enumerate(calls):

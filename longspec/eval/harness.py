@@ -27,6 +27,7 @@ from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.eval.session import EvalSession
 from longspec.infer.baselines import reserve_hf_compiled, run_method, run_method_batch
 from longspec.infer.methods import BATCH_RUNNERS, get_method
+from longspec.infer.timing import gc_paused
 from longspec.modules.rope import exact_positions, longrope_long, longrope_original
 from longspec.provenance import git_commit
 
@@ -273,9 +274,12 @@ def _timed_runs(methods: list[str], samples: list, config, cfg, *, target, engin
         for method in methods[shift:] + methods[:shift]:
             if rep > 0 and get_method(method).needs_drafter:  # only longspec's rounds teach the policies
                 engine.restore_policies(start_state)
-            runs[method].append(
-                _generate(method, samples, config, cfg.batch_size, target=target, engine=engine)
-            )
+            with (
+                gc_paused()
+            ):  # every method's decode, the HF baselines' too: no collection's stall in a timing
+                runs[method].append(
+                    _generate(method, samples, config, cfg.batch_size, target=target, engine=engine)
+                )
         if rep == 0 and repeats > 1:
             after_first = engine.policy_state()
     if repeats == 1:

@@ -73,7 +73,7 @@ from longspec.infer.round_costs import measure_round_costs as _measure_round_cos
 from longspec.infer.slots import BatchSlots, bucket, compaction
 from longspec.infer.stats import GenerationStats
 from longspec.infer.target_step import TargetStep, prefill_slots
-from longspec.infer.timing import PhaseClock, now, timer
+from longspec.infer.timing import PhaseClock, gc_paused, now, timer
 from longspec.infer.tree import (
     DraftTree,
     ForestParts,
@@ -426,7 +426,8 @@ class SpeculativeEngine:
             [row < real and not _finished(e, config, new=e) for row, e in enumerate(emitted)], self.device
         )
         loop = _DecodeLoop(self, method, config, policy, slots, emitted, stats, generator, clock, shadows)
-        loop.run(roots)
+        with gc_paused():  # a collection's stall would be charged to a round (and to the policy's costs)
+            loop.run(roots)
         decode_s = now(self.device) - decode_start
         snapshot = policy.snapshot(loop.context_after[-1]) if isinstance(policy, AdaptivePolicy) else {}
         results = []

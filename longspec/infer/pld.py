@@ -171,10 +171,15 @@ class LookupShadow:
 
     def extend(self, tokens: list[int], *, shadow: bool) -> list[list[int]]:
         """A settled round's emitted tokens (its root is the context's last token); `shadow`: the round ran no
-        lookup, so the lookup at its root is tracked. Returns, for each shadow lookup this round's tokens resolved
+        lookup, so the lookup at its root is tracked, unless an earlier root's is still matching (the root is inside
+        the run that lookup would have accepted: one report per lookup round that could have run). Returns, for each shadow lookup this round's tokens resolved
         (every branch mismatched or matched whole), the drafts each of its branches matched ([] for no match)."""
         resolved = []
-        if shadow:
+        # A shadow lookup still matching covers this root: a lookup round there would still be emitting its drafts,
+        # and the next one starts after them. Reporting every root of a matched run instead counted a run of k
+        # drafts k times (k, k - 1, ..., 1): at T = 1 on the GPU, one quoted run decoded plain made the lookups'
+        # estimate several times what their rounds then accepted (0.2 drafts a round for 0.8 predicted).
+        if shadow and not self.pending:
             drafts = self.draft()
             if drafts:
                 self.pending.append([drafts, [0] * len(drafts), set(range(len(drafts)))])

@@ -133,3 +133,40 @@ def test_a_prompt_the_tokenizer_does_not_reproduce_or_a_batched_run_is_refused(
         load_benchmark("policy_replay").main(
             [results, "--tokenizer", tokenizer_dir, "--json", str(tmp_path / "y")]
         )
+
+
+def test_replayed_shadow_reports_skip_the_roots_inside_a_matched_run(load_benchmark):
+    """As the engine's `LookupShadow`: a plain round's root inside the run an earlier report's lookup would have
+    accepted reports nothing; a drafter round after plain ones pays the catch-up."""
+    replay = load_benchmark("policy_replay")
+    heard = []
+
+    class Plain:
+        lookups = (Lookup(16),)
+
+        def choose(self, context_len):
+            return ()
+
+        def observe(self, widths, ranks, context_len=None):
+            pass
+
+        def observe_shadow(self, matched):
+            heard.append(list(matched))
+
+    class Costs:
+        def cost(self, widths, context_len):
+            return 1.0 if not widths else 2.0
+
+    # per position, the drafts a lookup there matches: a run of 3 from position 1, then nothing
+    outcomes = [[0], [3], [2], [1], [0], [0]]
+    replay.replay_call(Plain(), random.Random(0), 10, outcomes, [], Costs())
+    # positions 0, 1, then 5: a lookup round at 1 would have emitted its 3 drafts and a bonus (positions 2-5)
+    assert heard == [[0], [3], [0]]
+
+    class Chain(Plain):
+        def choose(self, context_len):
+            self.calls = getattr(self, "calls", 0) + 1
+            return () if self.calls % 2 else (1,)
+
+    result = replay.replay_call(Chain(), random.Random(0), 10, [[0]] * 4, [0.0], Costs(), catch_up_s=0.5)
+    assert result["speedup"] == pytest.approx(4 / (1 + 2.5 + 1 + 2.5))

@@ -59,3 +59,35 @@ def test_an_engine_call_logs_every_round():
     assert len(stats.round_trees) == len(stats.round_ms) == stats.rounds > 0
     assert all(ms > 0 for ms in stats.round_ms)
     assert sum(stats.trees.values()) == stats.rounds and set(stats.round_trees) == set(stats.trees)
+
+
+def test_a_decode_loop_runs_without_automatic_collection(monkeypatch):
+    """gc_paused around the decode loop: no collection inside it, the collector's state restored after it (a
+    caller that had disabled it keeps it disabled)."""
+    import gc
+
+    from infer_helpers import random_drafter
+
+    from longspec.infer import engine as engine_module
+    from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+    from longspec.testing import make_tiny_target
+
+    seen = []
+    real_run = engine_module._DecodeLoop.run
+    monkeypatch.setattr(
+        engine_module._DecodeLoop,
+        "run",
+        lambda self, roots: seen.append(gc.isenabled()) or real_run(self, roots),
+    )
+    target = make_tiny_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target))
+    config = GenerationConfig(max_new_tokens=6, tree="1")
+    assert gc.isenabled()
+    engine.generate(list(range(1, 20)), config)
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        engine.generate(list(range(1, 20)), config)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
