@@ -15,7 +15,8 @@ Lookup chains are a family of their own: an `AcceptanceModel` and a `YieldCalibr
 since whether a lookup hits follows the text
 (quoting, or writing anew) and not the drafter's skill; their costs are measured next to the trees' and are
 monotone within their family (`contains`). Besides the lookup rounds' own outcomes, the model hears what the
-longest chain would have accepted at the root of every other round (`observe_shadow`, from `pld.LookupShadow`):
+longest chain would have accepted at the root of every other round (`observe_shadow`, from `pld.LookupShadow`; one
+report per lookup round that could have run, none from the roots inside a run an earlier report covers):
 without it a plain streak learns of an output that starts to repeat itself only at its next exploration, 16-64
 plain rounds later. So only the drafter needs exploring: out of a plain streak the exploring round is the
 drafter's cheapest (the shortest lookup chain where the candidates hold no drafter tree), and whoever runs a
