@@ -7,13 +7,14 @@
         --contexts 4096 --methods ar_graphs pld_graphs longspec_graphs --temperature 1  # a real pair, real text
 
 For each context length and method (vanilla_hf = HF eager, vanilla_fa = HF SDPA / flash-attn, hf_compile = HF
-StaticCache + torch.compile, ar = our engine, ar_graphs = our engine replaying CUDA graphs) it generates --tokens tokens from a random prompt --repeats times
-and prints tokens/s of each repeat: the first repeat at a new context length shows what shape-dependent set-up
-(kernel selection, autotuning, graph capture) costs, the later ones the steady state the harness should report.
+StaticCache + torch.compile, ar = our engine, ar_graphs = our engine replaying CUDA graphs, pld = prompt lookup)
+it generates --tokens tokens from a random prompt (or --data's) --repeats times and prints tokens/s of each
+repeat: the first repeat at a new context length shows what shape-dependent set-up (kernel selection, autotuning,
+graph capture) costs, the later ones the steady state the harness should report.
 With --no-cudnn-sdp the SDPA baseline runs with PyTorch's cuDNN attention backend disabled.
-longspec / longspec_graphs (opt in with --methods) decode with a random drafter and --tree (auto: the adaptive
-policy, its round costs measured first for the contexts given; or fixed widths like 4,16,16): each row then also
-records which trees ran.
+longspec / longspec_graphs (opt in with --methods) decode with a random drafter (or --drafter) and --tree (auto:
+the adaptive policy, its round costs measured first for the contexts given; or fixed widths like 4,16,16): each
+row then also records which trees ran.
 --profile adds one run per method under torch.profiler (device kernels, wall vs device-busy time), --host-profile
 one under cProfile (the host's Python time per token, by function).
 --target DIR (a converted checkpoint or, with --gguf-file, a GGUF) decodes with the real target's weights, and

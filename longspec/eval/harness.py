@@ -274,9 +274,8 @@ def _timed_runs(methods: list[str], samples: list, config, cfg, *, target, engin
         for method in methods[shift:] + methods[:shift]:
             if rep > 0 and get_method(method).needs_drafter:  # only longspec's rounds teach the policies
                 engine.restore_policies(start_state)
-            with (
-                gc_paused()
-            ):  # every method's decode, the HF baselines' too: no collection's stall in a timing
+            # every method's decode, the HF baselines' too: no garbage collection's stall inside a timing
+            with gc_paused():
                 runs[method].append(
                     _generate(method, samples, config, cfg.batch_size, target=target, engine=engine)
                 )

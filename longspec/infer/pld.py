@@ -171,9 +171,10 @@ class LookupShadow:
 
     def extend(self, tokens: list[int], *, shadow: bool) -> list[list[int]]:
         """A settled round's emitted tokens (its root is the context's last token); `shadow`: the round ran no
-        lookup, so the lookup at its root is tracked, unless an earlier root's is still matching (the root is inside
-        the run that lookup would have accepted: one report per lookup round that could have run). Returns, for each shadow lookup this round's tokens resolved
-        (every branch mismatched or matched whole), the drafts each of its branches matched ([] for no match)."""
+        lookup, so the lookup at its root is tracked, unless an earlier root's is still matching (the root lies
+        inside the run that lookup would have accepted: one report per lookup round that could have run). Returns,
+        for each shadow lookup this round's tokens resolved (every branch mismatched or matched whole), the drafts
+        each of its branches matched ([] for no match)."""
         resolved = []
         # A shadow lookup still matching covers this root: a lookup round there would still be emitting its drafts,
         # and the next one starts after them. Reporting every root of a matched run instead counted a run of k
