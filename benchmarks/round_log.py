@@ -45,6 +45,8 @@ def calls(results: dict) -> list[dict]:
         for dataset, records in (results["methods"].get("longspec") or {}).items():
             plain = [ms for r in ar.get(dataset, []) for ms in r.get("round_ms", [])[FIRST:]]
             for r in records:
+                if not r.get("round_trees"):  # recorded before round logs existed (or a call of no round)
+                    continue
                 out.append(
                     _call(
                         dataset, r["prompt_len"], r["round_trees"], r["round_ms"], r["accepted"], plain, table

@@ -63,3 +63,13 @@ def test_decode_methods_rows_and_a_missing_plain_reference(round_log, tmp_path):
     path.write_text(json.dumps({"rows": rows[1:]}))
     with pytest.raises(SystemExit, match="no plain rounds"):
         round_log.main([str(path)])
+
+
+def test_results_recorded_before_round_logs_are_refused_clearly(round_log, tmp_path):
+    results = _eval_results()
+    for record in results["methods"]["longspec"]["qmsum"]:
+        del record["round_trees"], record["round_ms"]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    with pytest.raises(SystemExit, match="no longspec call with a round log"):
+        round_log.main([str(path)])
