@@ -6,7 +6,8 @@ table of its warm-up (`round_costs_s`). Here every sample is decoded again on pa
 (the policy's estimates carry from call to call, as in the run):
 - a lookup's outcome is exact: the n-gram drafts at each root (`pld.LookupShadow`, the engine's own host
   lookup; a forest's branches too) against the tokens the output really continues with; the shadow reports of
-  the rounds that run none are the same numbers;
+  the rounds that run none are the same numbers, heard when the engine hears them: once the text has decided
+  them (the token after the last matched draft), so a quote decoded plain is heard when its run ends;
 - a drafter tree's outcome is a stand-in (the one of batch_throughput.py): depth d accepted with probability p_d of
   a measured profile (`--accept-profile`, e.g. the same run's `eval_t0_full_tree/results.json`), independently
   per round; no text, so the stand-in does not know which passages the drafter predicts well;
@@ -86,23 +87,26 @@ def replay_call(
     profile: list[float],
     costs,
     catch_up_s: float = 0.0,
+    shadow_length: int = max(c.length for c in AUTO_LOOKUPS),
 ) -> dict:
     """One sample's decode on paper (see the module docstring); returns its speedup over plain and rounds.
     `policy`: tree="auto"'s (`AdaptivePolicy`) or a `FixedPolicy` (one candidate every round, a reference).
     `catch_up_s`: what a drafter round after plain or lookup rounds pays on top of its table cost (the ring's
-    catch-up; a table round runs after rounds of its own kind)."""
+    catch-up; a table round runs after rounds of its own kind). `shadow_length`: the drafts of the shadow lookup
+    (`lookups`' outcomes were taken with as many)."""
     if isinstance(policy, AdaptivePolicy):
         policy.start()
     pending, rounds, spent, position = [], Counter(), 0.0, 0
     ring_behind = False
     covered = 0  # shadow reports resume at this position (pld.LookupShadow.extend)
+    waiting = []  # (position whose token resolves it, outcome): shadow lookups still matching
     plain = 0.0
     while position < len(lookups):
         index = sum(rounds.values())
         while pending and pending[0][0] <= index - 2:  # the engine's policy hears round j - 2 at round j
-            _, widths, ranks, context_len, shadow = pending.pop(0)
+            _, widths, ranks, context_len, shadows = pending.pop(0)
             policy.observe(widths, ranks, context_len)
-            if shadow is not None:
+            for shadow in shadows:
                 policy.observe_shadow(shadow)
         context_len = prompt_len + position
         widths = policy.choose(context_len)
@@ -120,24 +124,24 @@ def replay_call(
         seconds = costs.cost(widths, context_len) + (catch_up_s if drafting and ring_behind else 0.0)
         ring_behind = not drafting
         # (not given to observe_time: it would learn the table back)
-        # as in the engine: a policy with lookup candidates hears the shadow at every round that ran none
-        shadow = (
-            None if isinstance(widths, Lookup) or not getattr(policy, "lookups", ()) else lookups[position]
-        )
-        if shadow is not None:  # none inside the run an earlier report's lookup would have accepted
-            if position < covered:
-                shadow = None
-            else:
-                covered = position + max(shadow, default=0) + 1
-        pending.append((index, widths, ranks, context_len, shadow))
+        # As in the engine: a policy with lookup candidates tracks the shadow lookup at every round that ran none,
+        # but not inside the run an earlier one would have accepted, and hears it once the text has decided it:
+        # at the token after its last matched draft (or its last draft), i.e. when the run is over.
+        if not isinstance(widths, Lookup) and getattr(policy, "lookups", ()) and position >= covered:
+            matched = max(lookups[position], default=0)
+            covered = position + matched + 1
+            waiting.append((position + min(matched + 1, shadow_length), lookups[position]))
         rounds[tree_name(widths)] += 1
         spent += seconds
         for step in range(emitted):
             plain += costs.cost((), context_len + step)
         position += emitted
-    for _, widths, ranks, context_len, shadow in pending:  # the call's last lessons, for the next call
+        resolved = [outcome for until, outcome in waiting if until <= position]
+        waiting = [(until, outcome) for until, outcome in waiting if until > position]
+        pending.append((index, widths, ranks, context_len, resolved))
+    for _, widths, ranks, context_len, shadows in pending:  # the call's last lessons, for the next call
         policy.observe(widths, ranks, context_len)
-        if shadow is not None:
+        for shadow in shadows:
             policy.observe_shadow(shadow)
     return {"speedup": plain / spent if spent else 1.0, "rounds": dict(rounds), "tokens": position}
 
@@ -217,12 +221,18 @@ def main(argv=None) -> int:
     for seed in range(args.seeds):
         rng, policy = random.Random(seed), AdaptivePolicy(costs, _candidates(costs))
         per_seed.append(
-            [replay_call(policy, rng, r["prompt_len"], o, profile, costs, catch_up) for _, r, o in calls]
+            [
+                replay_call(policy, rng, r["prompt_len"], o, profile, costs, catch_up, longest)
+                for _, r, o in calls
+            ]
         )
         if fixed is not None:
             rng, policy = random.Random(seed), FixedPolicy(fixed)
             per_seed_fixed.append(
-                [replay_call(policy, rng, r["prompt_len"], o, profile, costs, catch_up) for _, r, o in calls]
+                [
+                    replay_call(policy, rng, r["prompt_len"], o, profile, costs, catch_up, longest)
+                    for _, r, o in calls
+                ]
             )
     rows = []
     for i, (dataset, record, outcomes) in enumerate(calls):
