@@ -26,8 +26,8 @@ from longspec.eval.progress import EvalProgress, run_key
 from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.eval.session import EvalSession
 from longspec.infer.baselines import reserve_hf_compiled, run_method, run_method_batch
+from longspec.infer.graphs import no_gc
 from longspec.infer.methods import BATCH_RUNNERS, get_method
-from longspec.infer.timing import gc_paused
 from longspec.modules.rope import exact_positions, longrope_long, longrope_original
 from longspec.provenance import git_commit
 
@@ -275,7 +275,7 @@ def _timed_runs(methods: list[str], samples: list, config, cfg, *, target, engin
             if rep > 0 and get_method(method).needs_drafter:  # only longspec's rounds teach the policies
                 engine.restore_policies(start_state)
             # every method's decode, the HF baselines' too: no garbage collection's stall inside a timing
-            with gc_paused():
+            with no_gc():
                 runs[method].append(
                     _generate(method, samples, config, cfg.batch_size, target=target, engine=engine)
                 )

@@ -64,6 +64,7 @@ from longspec.infer.accept import (
 from longspec.infer.cache import StaticKVCache
 from longspec.infer.config import DEFAULT_TREE_WIDTHS, GenerationConfig
 from longspec.infer.draft_step import DraftStep
+from longspec.infer.graphs import no_gc
 from longspec.infer.history import TokenHistory
 from longspec.infer.methods import get_method
 from longspec.infer.pld import LookupShadow, lookup_tree
@@ -73,7 +74,7 @@ from longspec.infer.round_costs import measure_round_costs as _measure_round_cos
 from longspec.infer.slots import BatchSlots, bucket, compaction
 from longspec.infer.stats import GenerationStats
 from longspec.infer.target_step import TargetStep, prefill_slots
-from longspec.infer.timing import PhaseClock, gc_paused, now, timer
+from longspec.infer.timing import PhaseClock, now, timer
 from longspec.infer.tree import (
     DraftTree,
     ForestParts,
@@ -426,7 +427,7 @@ class SpeculativeEngine:
             [row < real and not _finished(e, config, new=e) for row, e in enumerate(emitted)], self.device
         )
         loop = _DecodeLoop(self, method, config, policy, slots, emitted, stats, generator, clock, shadows)
-        with gc_paused():  # a collection's stall would be charged to a round (and to the policy's costs)
+        with no_gc():  # a collection's stall would be charged to a round (and to the policy's costs)
             loop.run(roots)
         decode_s = now(self.device) - decode_start
         snapshot = policy.snapshot(loop.context_after[-1]) if isinstance(policy, AdaptivePolicy) else {}

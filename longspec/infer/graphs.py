@@ -23,7 +23,13 @@ def no_gc() -> Iterator[None]:
     free a dead engine's captured graphs, and destroying a graph while a stream captures invalidates the
     capture ("operation not permitted when stream is capturing"): seen on the GPU when one test's engines,
     freed only by the cyclic collector, were collected during the next test's capture. Recent torch (2.11 in
-    those runs) no longer collects before a capture itself (torch.compiler.config.force_cudagraph_gc)."""
+    those runs) no longer collects before a capture itself (torch.compiler.config.force_cudagraph_gc).
+
+    Decoding runs under it too (the engine's decode loop, the eval's timed runs): a full collection walks every
+    object the process holds, and with a model, its tokenizer and an evaluation's data loaded one stalled a GPU
+    decode for 300-340 ms, once in a T=1 evaluation's first AR sample (297 tok/s where the others ran 915) and once
+    inside a speculating round (338 ms where its neighbours took 1.4; docs/BENCHMARKS.md). A decode loop frees its
+    objects by reference counting; the few cycles it leaves are collected at the next collection after it."""
     enabled = gc.isenabled()
     gc.disable()
     try:

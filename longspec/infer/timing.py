@@ -4,7 +4,6 @@ without adding host syncs to the rounds (CUDA events on the GPU, read once per c
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +12,7 @@ import torch
 
 from longspec.infer.stats import GenerationStats
 
-__all__ = ["PhaseClock", "gc_paused", "now", "timer"]
+__all__ = ["PhaseClock", "now", "timer"]
 
 
 def now(device: torch.device) -> float:
@@ -61,20 +60,3 @@ def timer(stats: GenerationStats, name: str, device: torch.device) -> Iterator[N
     start = now(device)
     yield
     setattr(stats, name, getattr(stats, name) + now(device) - start)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """No automatic garbage collection inside the block (the state before it is restored after it). A full
-    collection walks every object the process holds: with a model, its tokenizer and an evaluation's data
-    loaded, one stalled a decode on the GPU for 300-340 ms, once in a T=1 evaluation's first AR sample (297 tok/s
-    where the others ran 915) and once inside a speculating round (338 ms where its neighbours took 1.4;
-    docs/BENCHMARKS.md). A decode loop frees its objects by reference counting; the few cycles it leaves are
-    collected at the next automatic collection after the block."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

@@ -62,7 +62,7 @@ def test_an_engine_call_logs_every_round():
 
 
 def test_a_decode_loop_runs_without_automatic_collection(monkeypatch):
-    """gc_paused around the decode loop: no collection inside it, the collector's state restored after it (a
+    """no_gc around the decode loop: no collection inside it, the collector's state restored after it (a
     caller that had disabled it keeps it disabled)."""
     import gc
 
