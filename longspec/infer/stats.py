@@ -19,8 +19,6 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     overhead_s: float = 0.0  # acceptance, commits, bookkeeping
-    # rounds per tree ("ar" = no speculation; with tree="auto" the tree may change every round)
-    trees: dict[str, int] = field(default_factory=dict)
     # Acceptance per depth over the rounds that ran a draft tree: depth_reached[d - 1] = rounds whose tree was at
     # least d deep and whose depths 1..d-1 were all accepted; depth_accepted[d - 1] = those that accepted depth d
     # too. Their ratio is P(depth d accepted | depth d-1 was): the drafter's acceptance profile on this text.
@@ -29,9 +27,10 @@ class GenerationStats:
     # tree="auto": the policy's view at the call's end, per candidate (expected tokens, cost ms, tokens per ms:
     # `AdaptivePolicy.snapshot`); empty for a fixed tree and the target-only methods
     policy: dict[str, dict[str, float]] = field(default_factory=dict)
-    # Per round, in order: the tree it ran (drafting methods; `trees` counts them) and its wall time in ms as the
-    # policy observes it (from the previous round's settle to its own; a round after plain ones includes the
-    # ring's catch-up). What a round really cost where it ran, next to the warm-up's table of the same tree.
+    # Per round, in order: the tree it ran (drafting methods; "ar" = no speculation, with tree="auto" it may change
+    # every round; `trees` counts them) and its wall time in ms as the policy observes it (from the previous
+    # round's settle to its own; a round after plain ones includes the ring's catch-up). What a round really cost
+    # where it ran, next to the warm-up's table of the same tree.
     round_trees: list[str] = field(default_factory=list)
     round_ms: list[float] = field(default_factory=list)
 
@@ -40,7 +39,6 @@ class GenerationStats:
         if seconds is not None:
             self.round_ms.append(round(seconds * 1e3, 4))
         if tree is not None:
-            self.trees[tree] = self.trees.get(tree, 0) + 1
             self.round_trees.append(tree)
         depth = tree_depth(tree)
         if depth > len(self.depth_reached):
@@ -55,6 +53,14 @@ class GenerationStats:
     def acceptance_profile(self) -> list[float | None]:
         """Per depth d = 1, 2, ...: P(depth d accepted | depths < d were), None where no round reached d."""
         return acceptance_profile(self.depth_reached, self.depth_accepted)
+
+    @property
+    def trees(self) -> dict[str, int]:
+        """Rounds per tree, in the order each first ran (from `round_trees`)."""
+        counts: dict[str, int] = {}
+        for tree in self.round_trees:
+            counts[tree] = counts.get(tree, 0) + 1
+        return counts
 
     @property
     def rounds(self) -> int:
@@ -86,6 +92,7 @@ class GenerationStats:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.update(
+            trees=self.trees,
             rounds=self.rounds,
             accept_histogram=self.accept_histogram,
             mean_accept_length=self.mean_accept_length,
