@@ -179,8 +179,7 @@ class LookupShadow:
         # A shadow lookup still matching covers this root: a lookup round there would still be emitting its drafts,
         # and the next one starts after them. Reporting every root of a matched run instead counted a run of k
         # drafts k times (k, k - 1, ..., 1): in a GPU sample at T = 1 one run of 9 quoted tokens, decoded plain,
-        # made the roots' mean 0.78 drafts of a lookup16x2, whose 38 rounds then accepted 0.21 a round
-        # (docs/BENCHMARKS.md).
+        # reported 45 drafts, and the sample's lookup16x2 rounds then accepted 0.21 a round (docs/BENCHMARKS.md).
         if shadow and not self.pending:
             drafts = self.draft()
             if drafts:
