@@ -98,8 +98,7 @@ def replay_call(
         policy.start()
     pending, rounds, spent, position = [], Counter(), 0.0, 0
     ring_behind = False
-    covered = 0  # shadow reports resume at this position (pld.LookupShadow.extend)
-    waiting = []  # (position whose token resolves it, outcome): shadow lookups still matching
+    waiting = []  # (position whose token resolves it, outcome): the shadow lookup still matching, if any
     plain = 0.0
     while position < len(lookups):
         index = sum(rounds.values())
@@ -124,12 +123,12 @@ def replay_call(
         seconds = costs.cost(widths, context_len) + (catch_up_s if drafting and ring_behind else 0.0)
         ring_behind = not drafting
         # (not given to observe_time: it would learn the table back)
-        # As in the engine: a policy with lookup candidates tracks the shadow lookup at every round that ran none,
-        # but not inside the run an earlier one would have accepted, and hears it once the text has decided it:
-        # at the token after its last matched draft (or its last draft), i.e. when the run is over.
-        if not isinstance(widths, Lookup) and getattr(policy, "lookups", ()) and position >= covered:
+        # As in the engine (`pld.LookupShadow.extend`): a policy with lookup candidates tracks the shadow lookup at
+        # every round that ran none while no earlier one is still matching (the root lies inside the run that one
+        # would have accepted), and hears it once the text has decided it: at the token after its last matched
+        # draft (or its last draft), i.e. when the run is over.
+        if not isinstance(widths, Lookup) and getattr(policy, "lookups", ()) and not waiting:
             matched = max(lookups[position], default=0)
-            covered = position + matched + 1
             waiting.append((position + min(matched + 1, shadow_length), lookups[position]))
         rounds[tree_name(widths)] += 1
         spent += seconds

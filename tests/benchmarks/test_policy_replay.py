@@ -172,6 +172,9 @@ def test_replayed_shadow_reports_skip_the_roots_inside_a_matched_run(load_benchm
     # root 0's miss is decided by round 0's token, heard at round 2; root 1's run of 3 by round 4's token (the
     # mismatch at position 5), heard at round 6 (after the last round: the call's last lessons)
     assert heard_at == [0, 0, 1, 1, 1, 1]
+    heard.clear()  # a run of all 16 drafts is decided by its last one: the root right after it reports again
+    replay.replay_call(Plain(), random.Random(0), 10, [[16]] + [[0]] * 17, [], Costs(), shadow_length=16)
+    assert heard == [[16], [0], [0]]
 
     class Chain(Plain):
         def choose(self, context_len):
