@@ -11,8 +11,9 @@ table of its warm-up (`round_costs_s`). Here every sample is decoded again on pa
 - a drafter tree's outcome is a stand-in (the one of batch_throughput.py): depth d accepted with probability p_d of
   a measured profile (`--accept-profile`, e.g. the same run's `eval_t0_full_tree/results.json`), independently
   per round; no text, so the stand-in does not know which passages the drafter predicts well;
-- each round costs its measured table entry at the sample's context length; the policy learns outcomes one round
-  late, as the engine's one-round-ahead loop gives them.
+- each round costs its measured table entry at the sample's context length, a drafter round after plain or lookup
+  rounds `--catch-up-ms` more (the ring's catch-up); the policy learns outcomes and times one round late, as the
+  engine's one-round-ahead loop gives them (with the engine's `switched` flag for the rounds that caught up).
 Per sample: tokens per second relative to plain decoding (every round an AR step) and the rounds by candidate;
 next to it, where the results hold the `ar` method, the speedup the GPU run measured for that sample, and with
 `--fixed NAME` the same texts replayed with one candidate every round (e.g. lookup16: close to pld, which runs a
@@ -103,10 +104,7 @@ def replay_call(
     while position < len(lookups):
         index = sum(rounds.values())
         while pending and pending[0][0] <= index - 2:  # the engine's policy hears round j - 2 at round j
-            _, widths, ranks, context_len, shadows = pending.pop(0)
-            policy.observe(widths, ranks, context_len)
-            for shadow in shadows:
-                policy.observe_shadow(shadow)
+            _hear(policy, *pending.pop(0)[1:])
         context_len = prompt_len + position
         widths = policy.choose(context_len)
         if isinstance(widths, Lookup):
@@ -120,9 +118,9 @@ def replay_call(
         accepted = len(ranks)
         emitted = min(accepted + 1, len(lookups) - position)  # the last round stops at the output's end
         drafting = bool(widths) and not isinstance(widths, Lookup)
-        seconds = costs.cost(widths, context_len) + (catch_up_s if drafting and ring_behind else 0.0)
+        switched = drafting and ring_behind
+        seconds = costs.cost(widths, context_len) + (catch_up_s if switched else 0.0)
         ring_behind = not drafting
-        # (not given to observe_time: it would learn the table back)
         # As in the engine (`pld.LookupShadow.extend`): a policy with lookup candidates tracks the shadow lookup at
         # every round that ran none while no earlier one is still matching (the root lies inside the run that one
         # would have accepted), and hears it once the text has decided it: at the token after its last matched
@@ -137,12 +135,18 @@ def replay_call(
         position += emitted
         resolved = [outcome for until, outcome in waiting if until <= position]
         waiting = [(until, outcome) for until, outcome in waiting if until > position]
-        pending.append((index, widths, ranks, context_len, resolved))
-    for _, widths, ranks, context_len, shadows in pending:  # the call's last lessons, for the next call
-        policy.observe(widths, ranks, context_len)
-        for shadow in shadows:
-            policy.observe_shadow(shadow)
+        pending.append((index, widths, ranks, context_len, seconds, switched, resolved))
+    for lesson in pending:  # the call's last lessons, for the next call
+        _hear(policy, *lesson[1:])
     return {"speedup": plain / spent if spent else 1.0, "rounds": dict(rounds), "tokens": position}
+
+
+def _hear(policy, widths, ranks, context_len, seconds, switched, shadows) -> None:
+    """A settled round's lessons, in the engine's order (`engine._DecodeLoop._observe`)."""
+    policy.observe_time(widths, context_len, seconds, switched=switched)
+    policy.observe(widths, ranks, context_len)
+    for shadow in shadows:
+        policy.observe_shadow(shadow)
 
 
 def main(argv=None) -> int:

@@ -108,6 +108,9 @@ class _Round:
     context_len: int  # the context length the policy chose it for (its bucket)
     index: int = 0  # the call's round number
     extra_s: float = 0.0  # host seconds spent for it before its launch (the ring's catch-up): charged to it
+    switched: bool = (
+        False  # the ring caught up before it: its time includes the switch (policy.SWITCH_HORIZON)
+    )
 
 
 class _DecodeLoop:
@@ -141,8 +144,8 @@ class _DecodeLoop:
         self.ring_behind = False
         self.settled_at = time.perf_counter()
         # What settled rounds showed, not yet given to the policy: (round, widths, ranks per running row,
-        # context_len, seconds, shadow lookups' accepted counts); and the host's context length after each settled
-        # round (index 0: the prompt).
+        # context_len, seconds, whether the ring caught up before it, shadow lookups' reports); and the host's
+        # context length after each settled round (index 0: the prompt).
         self.lags: list[tuple] = []
         self.context_after = [max(engine.cache.lengths)]
 
@@ -180,13 +183,15 @@ class _DecodeLoop:
         and whether a round was launched."""
         engine, spec = self.engine, self.spec
         widths, context_len = self._choose(self.launched) if self.policy is not None else ((), 0)
-        spent = 0.0
+        spent, switched = 0.0, False
         if spec.needs_drafter and is_drafter_tree(widths) and self.ring_behind:
+            switched = True
             start = time.perf_counter()
             engine._catch_up(static=self.static, capture=self.config.cuda_graphs)
             self.ring_behind = False
             # The round that needed the catch-up is charged for it, not the round in flight while it was launched:
-            # the policy then sees what speculating after plain rounds costs. (On a GPU the catch-up's device time
+            # the policy then sees what a switch to the drafter costs (`switched`: it learns that apart from the
+            # tree's steady cost, policy.SWITCH_HORIZON). (On a GPU the catch-up's device time
             # falls between the two rounds' settles by itself; what is charged here is its host time.)
             # A round in flight is timed from the later of the last settle and its own launch: both move past it.
             spent = time.perf_counter() - start
@@ -197,7 +202,7 @@ class _DecodeLoop:
             self.method, widths, roots, self.config, self.generator, static=self.static, clock=self.clock,
             slots=self.slots, context_len=context_len,
         )  # fmt: skip
-        rnd.extra_s = spent
+        rnd.extra_s, rnd.switched = spent, switched
         rnd.index, self.launched = self.launched, self.launched + 1
         self.inflight.append(rnd)
         self.ring_behind |= spec.needs_drafter and not is_drafter_tree(widths)
@@ -218,7 +223,7 @@ class _DecodeLoop:
             for slot, row in slots.running():
                 lookup = isinstance(rnd.widths, Lookup)  # its own outcome is in `ranks`
                 shadowed += self.shadows[row].extend(new_tokens[slot], shadow=not lookup)
-        self.lags.append((rnd.index, rnd.widths, ranks, rnd.context_len, seconds, shadowed))
+        self.lags.append((rnd.index, rnd.widths, ranks, rnd.context_len, seconds, rnd.switched, shadowed))
         self.context_after.append(max(engine.cache.lengths))
         tree = tree_name(rnd.widths) if self.spec.needs_drafter else None
         for slot, row in slots.running():  # rows that finished in an earlier round ignore this one
@@ -237,8 +242,8 @@ class _DecodeLoop:
         if self.policy is None:
             return
         while self.lags and self.lags[0][0] <= index - 2:
-            _, widths, ranks, context_len, seconds, shadowed = self.lags.pop(0)
-            self.policy.observe_time(widths, context_len, seconds)
+            _, widths, ranks, context_len, seconds, switched, shadowed = self.lags.pop(0)
+            self.policy.observe_time(widths, context_len, seconds, switched=switched)
             for row_ranks in ranks:
                 self.policy.observe(widths, row_ranks, context_len)
             for matched in shadowed:

@@ -65,8 +65,10 @@ inject a stub. Two corrections make the choice robust to timing noise and to wha
 - monotone: a tree never costs less than a tree it contains (fewer levels, each no wider), "no speculation"
   included. A millisecond-scale measurement can invert two close candidates; the round's real work cannot.
 - online (`RoundTimes`): while decoding, each round's wall time (the round ends with its one host copy, so the
-  time is the round's whole cost; a speculating round after plain ones includes the drafter ring's catch-up)
-  updates a decayed mean per (bucket, tree); a tree not run yet is priced at
+  time is the round's whole cost) updates a decayed mean per (bucket, tree); a drafter round after plain or
+  lookup rounds first catches the drafter's ring up, a cost of the switch and not of the tree: it is learned
+  apart (`switch_s`) and charged in part to drafter trees while the ring is behind (SWITCH_HORIZON); a tree not
+  run yet is priced at
   its table cost times the median ratio observed / table of the trees that ran. A tree's mean goes stale while
   the tree does not run, and a stale mean can be far off: plain rounds slowed by another process sharing the
   CPU once priced "no speculation" above a chain, monotone then raised the chain to that price, and a drafter
@@ -84,7 +86,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from longspec.infer.tree import Lookup, candidate_order, tree_name
+from longspec.infer.tree import Lookup, candidate_order, is_drafter_tree, tree_name
 
 __all__ = [
     "AUTO_LOOKUPS",
@@ -154,6 +156,13 @@ CARRY_OVER = 0.1
 # cannot help stays unused. (The bursty text of tests/infer/test_policy.py, at the SmolLM2 round costs: 1.06x ->
 # 1.15x of plain decoding; a useless drafter unchanged at 0.99x.)
 PLAIN_AGING = 0.8
+# A drafter round after plain or lookup rounds first catches the drafter's ring up (`DraftStep.catch_up`): a cost
+# paid once per switch, not per round. The policy learns it apart from the rounds' own costs (`observe_time`) and
+# charges a drafter tree, while the ring is behind, 1 / SWITCH_HORIZON of it: a switch pays when the tree's gain
+# over its next few rounds covers it. (Learned into the round's own cost, as before, the catch-up priced the
+# drafter's chain of one at T=1 on the GPU 11% above its steady rounds, 1.60-1.67 ms against 1.45-1.50, since out
+# of plain streaks the exploring rounds are the only ones run: docs/BENCHMARKS.md.)
+SWITCH_HORIZON = 8
 # The lookup family's depth-1 prior and calibration prior (AdaptivePolicy.__init__ says why they are not the
 # drafter's). With the re-decision on accepts (`AdaptivePolicy._hit`), replayed over the GPU's SmolLM2 outputs
 # (benchmarks/policy_replay.py): T=0 2.75x -> 2.79x, T=1 1.18x -> 1.21x of plain decoding (docs/BENCHMARKS.md);
@@ -438,7 +447,9 @@ class FixedPolicy:
     def observe(self, widths: Candidate, ranks: Sequence[int], context_len: int | None = None) -> None:
         pass
 
-    def observe_time(self, widths: Candidate, context_len: int, seconds: float) -> None:
+    def observe_time(
+        self, widths: Candidate, context_len: int, seconds: float, *, switched: bool = False
+    ) -> None:
         pass
 
 
@@ -494,6 +505,11 @@ class AdaptivePolicy:
         self._interval = explore_every  # grows while explorations fail (see the module docstring)
         self._exploring = False
         self._decision: tuple | None = None  # (context bucket, best, floor) of the last check
+        # The ring's catch-up before a drafter round that follows plain or lookup rounds: its learned seconds (a
+        # decayed mean, `observe_time`) and whether the last round chosen left the ring behind.
+        self.switch_s = 0.0
+        self._switches = 0
+        self._ring_behind = False
         # Whether this call's text has repeated itself yet (a lookup hit, from a lookup round or the shadow):
         # until then the lookup forests (branches > 1) are no candidates (`rates`, `start`).
         self._repeating = False
@@ -510,6 +526,7 @@ class AdaptivePolicy:
         self.calibration.discount(CARRY_OVER)
         self.lookup_calibration.discount(CARRY_OVER)
         self._repeating = False
+        self._ring_behind = False  # a call's ring starts complete (its prefill)
         self._plain_streak, self._interval, self._exploring, self._decision = (
             0,
             self.explore_every,
@@ -547,18 +564,28 @@ class AdaptivePolicy:
         SmolLM2, 4K). On a 7-token answer those first rounds are the whole call: replayed over a GPU run's T=0
         outputs (`benchmarks/policy_replay.py`), 0.73x -> 0.84x of plain decoding there (the chain's every
         round: 0.84x), mean 3.054 -> 3.107x (docs/BENCHMARKS.md)."""
-        costs = self.costs.costs(context_len)
+        costs = self._costs(context_len)
         return {
             t: self.expected_tokens(t) / costs[t]
             for t in self.trees
             if self._repeating or not (isinstance(t, Lookup) and t.branches > 1)
         }
 
+    def _costs(self, context_len: int) -> dict[Candidate, float]:
+        """Each candidate's cost for the next round: its steady round cost (`RoundTimes`), plus for a drafter tree
+        SWITCH_HORIZON's share of the ring's catch-up while the ring is behind (see SWITCH_HORIZON)."""
+        costs = self.costs.costs(context_len)
+        if not (self._ring_behind and self.switch_s > 0):
+            return costs
+        extra = self.switch_s / SWITCH_HORIZON
+        return {t: cost + extra if is_drafter_tree(t) else cost for t, cost in costs.items()}
+
     def snapshot(self, context_len: int) -> dict[str, dict[str, float]]:
         """What the policy believes at `context_len`, per candidate by name (`tree_name`): expected tokens per
-        round (calibrated), cost per round in ms (the measured table refined by observed round times) and their
+        round (calibrated), cost per round in ms (the measured table refined by observed round times, plus the
+        switch's share while the ring is behind) and their
         ratio in tokens per ms: why it ran what it ran (a call's stats carry it: GenerationStats.policy)."""
-        costs, rates = self.costs.costs(context_len), self.rates(context_len)
+        costs, rates = self._costs(context_len), self.rates(context_len)
         return {
             tree_name(t): {
                 "expected_tokens": self.expected_tokens(t),
@@ -584,15 +611,16 @@ class AdaptivePolicy:
         _, best, floor = self._decision
         if best:
             self._plain_streak = 0
-            return best
-        self._plain_streak += 1
-        if (
-            self.explore_every
-            and self._explore is not None
-            and self._plain_streak % max(self._interval, floor) == 0
-        ):
-            self._exploring = True
-            return self._explore
+        else:
+            self._plain_streak += 1
+            if (
+                self.explore_every
+                and self._explore is not None
+                and self._plain_streak % max(self._interval, floor) == 0
+            ):
+                self._exploring = True
+                best = self._explore
+        self._ring_behind = not is_drafter_tree(best)
         return best
 
     def _floor(self, context_len: int) -> int:
@@ -602,6 +630,8 @@ class AdaptivePolicy:
         costs = self.costs.costs(context_len)
         plain = costs[()] if () in costs else min(costs.values())
         explore = plain if self._explore is None else costs[self._explore]
+        if is_drafter_tree(self._explore):
+            explore += self.switch_s  # out of a plain streak it catches the ring up
         if plain <= 0:
             return 1
         return max(1, math.ceil((explore - plain) / (EXPLORE_BUDGET * plain)))
@@ -652,10 +682,22 @@ class AdaptivePolicy:
         if self._decision is not None and not self._decision[1]:
             self._decision = None
 
-    def observe_time(self, widths: Candidate, context_len: int, seconds: float) -> None:
-        """The wall time of a round just run (its whole cost: it ended with its host copy)."""
-        if self.learn_times:
-            self.costs.observe(widths, context_len, seconds)
+    def observe_time(
+        self, widths: Candidate, context_len: int, seconds: float, *, switched: bool = False
+    ) -> None:
+        """The wall time of a round just run (its whole cost: it ended with its host copy). `switched`: the ring
+        caught up before it (a drafter round after plain or lookup rounds): what it took beyond the round's steady
+        cost is the switch's (`switch_s`, see SWITCH_HORIZON), and the round's own estimate is left alone."""
+        if not self.learn_times:
+            return
+        if switched:
+            extra = max(0.0, seconds - self.costs.costs(context_len)[_candidate(widths)])
+            self._switches += 1
+            # a decayed mean (decay 0.9, as the rounds' times), the first observation taken whole
+            weight = max(0.1, 1.0 / self._switches)
+            self.switch_s += weight * (extra - self.switch_s)
+            return
+        self.costs.observe(widths, context_len, seconds)
 
 
 def _candidate(widths) -> Candidate:

@@ -18,6 +18,7 @@ from longspec.infer.policy import (
     EXPLORE_BUDGET,
     MAX_EXPLORE_EVERY,
     RECHECK_EVERY,
+    SWITCH_HORIZON,
     AcceptanceModel,
     AdaptivePolicy,
     MeasuredCosts,
@@ -399,13 +400,64 @@ def test_the_round_after_plain_rounds_is_charged_for_the_ring_catch_up(monkeypat
     engine.generate(prompt, config)  # builds the policy
     (policy,) = engine.policies.values()
     record = policy.observe_time
-    monkeypatch.setattr(
-        policy, "observe_time", lambda w, n, sec: (observed.append((w, sec)), record(w, n, sec))
-    )
+
+    def observe_time(widths, context_len, seconds, *, switched=False):
+        observed.append((widths, seconds, switched))
+        record(widths, context_len, seconds, switched=switched)
+
+    monkeypatch.setattr(policy, "observe_time", observe_time)
     slow.clear()
     engine.generate(prompt, config)
-    charged = [w for w, seconds in observed if seconds >= 0.2]
-    assert slow and len(charged) == len(slow) and all(charged)  # speculating rounds, one per catch-up
+    charged = [(w, switched) for w, seconds, switched in observed if seconds >= 0.2]
+    assert (
+        slow and len(charged) == len(slow) and all(w for w, _ in charged)
+    )  # speculating rounds, one per catch-up
+    # ... and exactly those are reported as switches: the policy learns the catch-up apart (next test)
+    assert [w for w, _, switched in observed if switched] == [w for w, _ in charged]
+
+
+def test_a_switch_to_the_drafter_is_charged_once_not_to_the_tree():
+    """The ring's catch-up before a drafter round that follows plain rounds is a cost of switching, paid once:
+    learned into the tree's own round cost, out of a plain streak (where the exploring rounds are the only
+    drafter rounds) it priced the chain above its steady rounds. Here the drafter's chain of one accepts 60% of
+    its drafts (1.6 tokens for 1.3 plain steps: 1.23x), a switch costs 0.5 of a step more, and a text the
+    drafter cannot predict comes first: the policy explores out of plain rounds, then keeps the chain."""
+    costs = MeasuredCosts(seconds={(1024, ()): 1.0, (1024, (1,)): 1.3})
+    rng = random.Random(0)
+    accepts = [i >= 30 and rng.random() < 0.6 for i in range(600)]
+    policy = AdaptivePolicy(costs, [(), (1,)])
+    ring_behind, spent, tokens, switches = False, 0.0, 0, 0
+    for i in range(600):
+        widths = policy.choose(1000)
+        switched = bool(widths) and ring_behind
+        ring_behind, switches = not widths, switches + switched
+        ranks = [0] if widths and accepts[i] else []
+        seconds = costs.cost(widths, 1000) + (0.5 if switched else 0.0)
+        policy.observe(widths, ranks, 1000)
+        policy.observe_time(widths, 1000, seconds, switched=switched)
+        spent, tokens = spent + seconds, tokens + 1 + len(ranks)
+    assert switches >= 2
+    assert policy.costs.costs(1000)[(1,)] == pytest.approx(1.3)  # the tree's steady cost, not the switch
+    assert policy.switch_s == pytest.approx(0.5)
+    assert tokens / spent > 1.15  # of plain decoding (the chain every round: 1.23)
+
+
+def test_while_the_ring_is_behind_a_drafter_tree_pays_a_share_of_the_switch():
+    """After a plain round a drafter tree is priced with 1 / SWITCH_HORIZON of the learned catch-up (a switch
+    pays when its next rounds' gain covers it: no flapping between two near-equal rates), after a drafter round
+    at its steady cost; lookups never catch the ring up."""
+    costs = MeasuredCosts(seconds={(1024, ()): 1.0, (1024, (1,)): 1.3, (1024, Lookup(2)): 1.2})
+    policy = AdaptivePolicy(costs, [(), (1,), Lookup(2)], explore_every=0)
+    policy.observe_time((1,), 1000, 1.3 + 0.8, switched=True)
+    assert policy.switch_s == pytest.approx(0.8)
+    for _ in range(30):
+        policy.observe((1,), [], 1000)  # the drafter's chain accepts nothing: plain rounds
+    assert policy.choose(1000) == ()  # the ring is behind now
+    behind = policy.snapshot(1000)
+    assert behind["1"]["cost_ms"] == pytest.approx((1.3 + 0.8 / SWITCH_HORIZON) * 1e3)
+    assert behind["lookup2"]["cost_ms"] == pytest.approx(1.2e3)
+    policy.start()  # a call's ring starts complete
+    assert policy.snapshot(1000)["1"]["cost_ms"] == pytest.approx(1.3e3)
 
 
 def test_measured_costs_are_monotone_and_learned_times_calibrate_the_rest():
