@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from longspec.kernels.bonus_sampling import inverse_cdf, sample_bonus_naive
 from longspec.kernels.tree_sampling import child_table, sample_walk_naive
 from longspec.modules.constants import arange_once
 
@@ -162,17 +163,10 @@ def uniforms(shape, generator: torch.Generator | None, device: torch.device) -> 
     return torch.rand(shape, generator=generator, dtype=torch.float64, device=source).to(device)
 
 
-def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Indices [...] drawn from unnormalised `weights` [..., V] with uniforms u [...] (device only)."""
-    cdf = torch.cumsum(weights.double(), dim=-1)
-    index = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True)
-    return index.squeeze(-1).clamp(max=weights.shape[-1] - 1)
-
-
 def _sample_index(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One draw per row from unnormalised `weights` [..., V] by inverse CDF (torch.multinomial would need a
     generator on the weights' device)."""
-    return _inverse_cdf(weights, uniforms(weights.shape[:-1], generator, weights.device))
+    return inverse_cdf(weights, uniforms(weights.shape[:-1], generator, weights.device))
 
 
 def sample_token(target_probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -274,7 +268,7 @@ def sample_path(
     children = child_table(parents, valid, max_children)  # [B, N, K]
     walk = _walk_for(tokens.device)
     path, length, residual = walk(tokens, children, target_probs, draws, depth, draft_probs)
-    return path, length, _inverse_cdf(residual, draws[:, -1])
+    return path, length, inverse_cdf(residual, draws[:, -1])
 
 
 def sample_chain_path(
@@ -295,13 +289,15 @@ def sample_chain_path(
     the unmodified rows at node i, and the walk stops at the first draft not accepted. The bonus is drawn from
     the stop node's residual: a rejected draft's max(p - q, 0), renormalised (deterministic: p without it),
     else (a leaf, or an invalid child: a lookup's padding) p itself. Only the stop node's row is read, so a
-    round's V-wide work is a handful of [B, V] ops however long the chain, all across the device (the walk is
-    one program per tree, which at a chain of one cost ~3x an AR step's sampling on an H200: BENCHMARKS)."""
-    batch = tokens.shape[0]
-    vocab = target_probs.shape[-1]
-    path = arange_once(depth + 1, tokens.device).expand(batch, depth + 1)
+    round's V-wide work is one draw from one row however long the chain (`kernels.bonus_sampling`: on CUDA two
+    launches across the device, where its fifteen V-wide torch ops were most of a T=1 round's acceptance; the
+    walk is one program per tree, which at a chain of one cost ~3x an AR step's sampling on an H200:
+    BENCHMARKS). A plain step (depth 0) draws from p at the root the same way."""
+    path = arange_once(depth + 1, tokens.device).expand(tokens.shape[0], depth + 1)
     if depth == 0:  # a plain step: the bonus comes from p at the root
-        return path, torch.ones_like(tokens[:, 0]), _inverse_cdf(target_probs[:, 0], draws[:, -1])
+        zero = torch.zeros_like(tokens[:, 0])
+        bonus = _bonus_for(tokens.device)(target_probs, None, zero, zero.bool(), zero, draws[:, -1])
+        return path, torch.ones_like(zero), bonus
     drafts = tokens[:, 1:, None]  # [B, depth, 1]
     p_draft = target_probs[:, :depth].gather(-1, drafts)[..., 0].double()  # p_i(x_(i+1))
     if draft_probs is None:
@@ -309,28 +305,22 @@ def sample_chain_path(
     else:
         threshold = draft_probs[:, :depth].gather(-1, drafts)[..., 0].double()
     accept = (draws[:, :depth] * threshold < p_draft) & valid[:, 1:]
-    accepted = accept.long().cumprod(-1).sum(-1)  # [B]: the leading run of accepted drafts
-    stop = accepted[:, None, None]  # the node the walk stops at
-    p_stop = target_probs.gather(1, stop.expand(batch, 1, vocab))[:, 0].double()  # [B, V]
+    stop = accept.long().cumprod(-1).sum(-1)  # [B]: the leading run of accepted drafts, the node it stops at
     # Its child, if any, was rejected (a leaf has none; an invalid child was never tried).
-    has_child = stop[:, 0, 0] < depth
-    rejected = has_child & valid.gather(1, (stop[:, 0] + 1).clamp(max=depth))[:, 0]
-    child = stop.clamp(max=depth - 1)  # [B, 1, 1]
-    if draft_probs is None:
-        x = tokens.gather(1, child[:, 0] + 1)  # [B, 1]
-        after = p_stop.scatter(-1, x, 0.0)
-    else:
-        q_stop = draft_probs.gather(1, child.expand(batch, 1, vocab))[:, 0].double()
-        rest = (p_stop - q_stop).clamp(min=0)
-        mass = rest.sum(-1, keepdim=True)
-        # mass 0 means p == q on its support: acceptance was certain, the branch is never taken.
-        after = torch.where(mass > 0, rest / mass.clamp(min=1e-300), p_stop)
-    residual = torch.where(rejected[:, None], after, p_stop)
-    if draft_probs is None:
-        # A draft holding ~all the mass is rejected only through rounding: fall back to p itself. (rrs needs no
-        # such check: max(p - q, 0) / its positive mass sums to ~1, and p to 1.)
-        residual = torch.where(residual.sum(-1, keepdim=True) <= 0, p_stop, residual)
-    return path, accepted + 1, _inverse_cdf(residual, draws[:, -1])
+    rejected = (stop < depth) & valid.gather(1, (stop + 1).clamp(max=depth)[:, None])[:, 0]
+    token = tokens.gather(1, stop.clamp(max=depth - 1)[:, None] + 1)[:, 0]
+    bonus = _bonus_for(tokens.device)(target_probs, draft_probs, stop, rejected, token, draws[:, -1])
+    return path, stop + 1, bonus
+
+
+def _bonus_for(device: torch.device):
+    """The bonus draw from the stop node's residual on `device`: the Triton kernels on CUDA (two launches over
+    the device; imports Triton), else the plain-PyTorch reference (about fifteen V-wide ops)."""
+    if device.type == "cuda":
+        from longspec.kernels.bonus_sampling import sample_bonus
+
+        return sample_bonus
+    return sample_bonus_naive
 
 
 def _walk_for(device: torch.device):
