@@ -6,8 +6,10 @@ table of its warm-up (`round_costs_s`). Here every sample is decoded again on pa
 (the policy's estimates carry from call to call, as in the run):
 - a lookup's outcome is exact: the n-gram drafts at each root (`pld.LookupShadow`, the engine's own host
   lookup; a forest's branches too) against the tokens the output really continues with; the shadow reports of
-  the rounds that run none are the same numbers, heard when the engine hears them: once the text has decided
-  them (the token after the last matched draft), so a quote decoded plain is heard when its run ends;
+  the rounds that run none come from a `LookupShadow` run next to the replay as the engine runs its own (the
+  prompt and the first token, then each round's tokens), so they are heard when the engine hears them: a quote
+  decoded plain as it goes on (the drafts matched so far, right-censored), and once more when the text resolves
+  it;
 - a drafter tree's outcome is a stand-in (the one of batch_throughput.py): depth d accepted with probability p_d of
   a measured profile (`--accept-profile`, e.g. the same run's `eval_t0_full_tree/results.json`), independently
   per round; no text, so the stand-in does not know which passages the drafter predicts well;
@@ -83,32 +85,33 @@ def lookup_outcomes(
 def replay_call(
     policy,
     rng,
-    prompt_len: int,
-    lookups: list[list[int]],
+    prompt: list[int],
+    output: list[int],
+    outcomes: list[list[int]],
     profile: list[float],
     costs,
     catch_up_s: float = 0.0,
-    shadow_length: int = max(c.length for c in AUTO_LOOKUPS),
+    max_ngram: int = GenerationConfig().pld_max_ngram,
 ) -> dict:
     """One sample's decode on paper (see the module docstring); returns its speedup over plain and rounds.
     `policy`: tree="auto"'s (`AdaptivePolicy`) or a `FixedPolicy` (one candidate every round, a reference).
+    `outcomes`: `lookup_outcomes` of the call's text, taken with the policy's longest and widest lookups.
     `catch_up_s`: what a drafter round after plain or lookup rounds pays on top of its table cost (the ring's
-    catch-up; a table round runs after rounds of its own kind). `shadow_length`: the drafts of the shadow lookup
-    (`lookups`' outcomes were taken with as many)."""
+    catch-up; a table round runs after rounds of its own kind)."""
     if isinstance(policy, AdaptivePolicy):
         policy.start()
+    shadow = _shadow(policy, prompt, output[:1], max_ngram)
     pending, rounds, spent, position = [], Counter(), 0.0, 0
     ring_behind = False
-    waiting = []  # (position whose token resolves it, outcome): the shadow lookup still matching, if any
     plain = 0.0
-    while position < len(lookups):
+    while position < len(outcomes):
         index = sum(rounds.values())
         while pending and pending[0][0] <= index - 2:  # the engine's policy hears round j - 2 at round j
             _hear(policy, *pending.pop(0)[1:])
-        context_len = prompt_len + position
+        context_len = len(prompt) + position
         widths = policy.choose(context_len)
         if isinstance(widths, Lookup):
-            ranks = widths.ranks(lookups[position])
+            ranks = widths.ranks(outcomes[position])
         else:
             ranks = []
             for depth in range(len(widths)):
@@ -116,37 +119,51 @@ def replay_call(
                     break
                 ranks.append(0)
         accepted = len(ranks)
-        emitted = min(accepted + 1, len(lookups) - position)  # the last round stops at the output's end
+        emitted = min(accepted + 1, len(outcomes) - position)  # the last round stops at the output's end
         drafting = bool(widths) and not isinstance(widths, Lookup)
         switched = drafting and ring_behind
         seconds = costs.cost(widths, context_len) + (catch_up_s if switched else 0.0)
         ring_behind = not drafting
-        # As in the engine (`pld.LookupShadow.extend`): a policy with lookup candidates tracks the shadow lookup at
-        # every round that ran none while no earlier one is still matching (the root lies inside the run that one
-        # would have accepted), and hears it once the text has decided it: at the token after its last matched
-        # draft (or its last draft), i.e. when the run is over.
-        if not isinstance(widths, Lookup) and getattr(policy, "lookups", ()) and not waiting:
-            matched = max(lookups[position], default=0)
-            waiting.append((position + min(matched + 1, shadow_length), lookups[position]))
         rounds[tree_name(widths)] += 1
         spent += seconds
         for step in range(emitted):
             plain += costs.cost((), context_len + step)
+        tokens = output[position + 1 : position + 1 + emitted]
+        reports = [] if shadow is None else shadow.extend(tokens, shadow=not isinstance(widths, Lookup))
         position += emitted
-        resolved = [outcome for until, outcome in waiting if until <= position]
-        waiting = [(until, outcome) for until, outcome in waiting if until > position]
-        pending.append((index, widths, ranks, context_len, seconds, switched, resolved))
+        pending.append((index, widths, ranks, context_len, seconds, switched, reports))
     for lesson in pending:  # the call's last lessons, for the next call
         _hear(policy, *lesson[1:])
     return {"speedup": plain / spent if spent else 1.0, "rounds": dict(rounds), "tokens": position}
 
 
-def _hear(policy, widths, ranks, context_len, seconds, switched, shadows) -> None:
+def _shadow(policy, prompt: list[int], first: list[int], max_ngram: int) -> LookupShadow | None:
+    """The shadow lookup the engine runs for a call of `policy` (`SpeculativeEngine.generate_batch`): where the
+    policy has lookup candidates, as long as the longest and as wide as the widest, its context the prompt and
+    the call's first token."""
+    lookups = getattr(policy, "lookups", ())
+    if not lookups:
+        return None
+    length, branches = max(t.length for t in lookups), max(t.branches for t in lookups)
+    shadow = LookupShadow(list(prompt), length, max_ngram, branches)
+    shadow.extend(first, shadow=False)
+    return shadow
+
+
+def _replay_calls(policy, rng, calls, profile, costs, catch_up_s, max_ngram) -> list[dict]:
+    """Every call in order, one policy (its estimates carry from call to call, as in the evaluation)."""
+    return [
+        replay_call(policy, rng, prompt, r["output_ids"], o, profile, costs, catch_up_s, max_ngram)
+        for _, r, prompt, o in calls
+    ]
+
+
+def _hear(policy, widths, ranks, context_len, seconds, switched, reports) -> None:
     """A settled round's lessons, in the engine's order (`engine._DecodeLoop._observe`)."""
     policy.observe_time(widths, context_len, seconds, switched=switched)
     policy.observe(widths, ranks, context_len)
-    for shadow in shadows:
-        policy.observe_shadow(shadow)
+    for report in reports:
+        policy.observe_shadow(report)
 
 
 def main(argv=None) -> int:
@@ -202,7 +219,7 @@ def main(argv=None) -> int:
     config = GenerationConfig()
     lookups = [c for c in _candidates(costs) if isinstance(c, Lookup)] or list(AUTO_LOOKUPS)
     longest, widest = max(t.length for t in lookups), max(t.branches for t in lookups)
-    calls = []  # (dataset, record, lookup outcomes) in the evaluation's order
+    calls = []  # (dataset, record, prompt, lookup outcomes) in the evaluation's order
     for dataset, records in results["methods"][args.method].items():
         for record in records:
             prompt = prompts.get((dataset, str(record["id"])))
@@ -212,7 +229,7 @@ def main(argv=None) -> int:
                     f"tokens there, {None if prompt is None else len(prompt)} here): another tokenizer or data file"
                 )
             outcomes = lookup_outcomes(prompt, record["output_ids"], longest, config.pld_max_ngram, widest)
-            calls.append((dataset, record, outcomes))
+            calls.append((dataset, record, prompt, outcomes))
 
     fixed = parse_candidate(args.fixed) if args.fixed else None
     if fixed is not None and fixed not in _candidates(costs):
@@ -223,22 +240,14 @@ def main(argv=None) -> int:
     catch_up = args.catch_up_ms / 1e3
     for seed in range(args.seeds):
         rng, policy = random.Random(seed), AdaptivePolicy(costs, _candidates(costs))
-        per_seed.append(
-            [
-                replay_call(policy, rng, r["prompt_len"], o, profile, costs, catch_up, longest)
-                for _, r, o in calls
-            ]
-        )
+        per_seed.append(_replay_calls(policy, rng, calls, profile, costs, catch_up, config.pld_max_ngram))
         if fixed is not None:
             rng, policy = random.Random(seed), FixedPolicy(fixed)
             per_seed_fixed.append(
-                [
-                    replay_call(policy, rng, r["prompt_len"], o, profile, costs, catch_up, longest)
-                    for _, r, o in calls
-                ]
+                _replay_calls(policy, rng, calls, profile, costs, catch_up, config.pld_max_ngram)
             )
     rows = []
-    for i, (dataset, record, outcomes) in enumerate(calls):
+    for i, (dataset, record, _, outcomes) in enumerate(calls):
         rounds = Counter()
         for run in per_seed:
             rounds.update(run[i]["rounds"])

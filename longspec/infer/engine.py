@@ -221,7 +221,8 @@ class _DecodeLoop:
         shadowed = []
         if self.shadows is not None:
             for slot, row in slots.running():
-                lookup = isinstance(rnd.widths, Lookup)  # its own outcome is in `ranks`
+                # a lookup round's own outcome is in `ranks`; it ends the row's shadow (`LookupShadow.extend`)
+                lookup = isinstance(rnd.widths, Lookup)
                 shadowed += self.shadows[row].extend(new_tokens[slot], shadow=not lookup)
         self.lags.append((rnd.index, rnd.widths, ranks, rnd.context_len, seconds, rnd.switched, shadowed))
         self.context_after.append(max(engine.cache.lengths))
@@ -246,8 +247,8 @@ class _DecodeLoop:
             self.policy.observe_time(widths, context_len, seconds, switched=switched)
             for row_ranks in ranks:
                 self.policy.observe(widths, row_ranks, context_len)
-            for matched in shadowed:
-                self.policy.observe_shadow(matched)
+            for report in shadowed:
+                self.policy.observe_shadow(report)
 
 
 class _HostCopies:

@@ -9,7 +9,9 @@ the engine runs `device_lookup`: the same drafts for a batch of rows of differen
 token history (`history.TokenHistory`), with fixed shapes and no host value read, so it runs inside a static /
 captured step and a round that drafts by lookup launches without a host sync (the method "pld", and tree="auto"'s
 lookups). `LookupShadow` makes the same lookup on the host, from the tokens the rounds bring there anyway, to
-tell tree="auto"'s policy what a lookup would have accepted at the rounds that ran none.
+tell tree="auto"'s policy what a lookup would have accepted at the rounds that ran none: as the run happens (each
+round that matched more of its drafts reports them, the depths past them still unknown: right-censored) and once
+more when the text has resolved it (`ShadowReport`); a round that runs a lookup itself ends the shadow.
 
 Besides PLD's one chain, tree="auto" verifies lookup forests (`tree.Lookup` with branches > 1): the drafts of
 several earlier occurrences side by side, as one tree. Where a text repeats itself with variations (code, a
@@ -22,11 +24,13 @@ serves it. Whether the extra tokens pay for the wider verify is the policy's cal
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from longspec.infer.tree import DraftTree, Lookup
 
-__all__ = ["LookupShadow", "device_lookup", "lookup_tree", "prompt_lookups"]
+__all__ = ["LookupShadow", "ShadowReport", "device_lookup", "lookup_tree", "prompt_lookups"]
 
 
 def prompt_lookups(
@@ -127,6 +131,19 @@ def lookup_tree(
     return DraftTree(tokens, parents, depths, ancestor_mask, valid, chain=True, branches=lookup.branches)
 
 
+class ShadowReport(NamedTuple):
+    """What `LookupShadow` tells of one shadow lookup: `matched`, per branch (best first), the drafts it has matched
+    so far (() where nothing was there to draft); `reported`, the most any branch had matched at this lookup's
+    earlier reports (0: its first report), so a report's new drafts are max(matched) - reported and an outcome
+    heard in pieces counts once; `done`, whether the text has resolved it (every branch mismatched or matched
+    whole). An open report is right-censored: the drafts past max(matched) are not decided yet. The defaults make
+    a lookup's whole outcome in one report."""
+
+    matched: tuple[int, ...]
+    reported: int = 0
+    done: bool = True
+
+
 class LookupShadow:
     """What a lookup would have accepted at the roots of the rounds that ran none, for tree="auto"'s policy: one
     row's context mirrored on the host from the tokens each round brings there anyway (no device work).
@@ -138,7 +155,12 @@ class LookupShadow:
     few dict and list operations, not a scan of the context) and compares the drafts with the tokens that follow
     them once they are known: each branch's longest common prefix is exactly what its chain would have accepted at
     T = 0 (the forest accepts the longest of them), and has its distribution at T > 0 (the deterministic-candidate
-    rule accepts a draft with the target's probability of it: that of the sample matching it)."""
+    rule accepts a draft with the target's probability of it: that of the sample matching it).
+
+    It reports while the run happens (`extend`): heard only once the text had resolved it, a quote decoded plain
+    reached the policy when the quote was over, the lookups' estimate rose just as the run they would have paid on
+    ended, and lookup rounds then missed in streaks of 5-8 (GPU round logs at T = 1); a replay that heard each
+    outcome at its root was 1-3% faster (docs/BENCHMARKS.md, "The shadow is heard only when its run ends")."""
 
     def __init__(self, prompt: list[int], length: int, max_ngram: int, branches: int = 1):
         self.length, self.max_ngram, self.branches = length, max_ngram, branches
@@ -153,8 +175,7 @@ class LookupShadow:
             grams = zip(*(self.context[i : size - n + i] for i in range(n)), strict=True)
             for gram, end in zip(grams, range(n, size), strict=True):
                 self.index.setdefault(gram, []).append(end)
-        # [drafts, tokens matched so far, live branches]: resolved by the tokens that follow its root
-        self.pending: list[list] = []
+        self.pending: _ShadowRun | None = None  # the shadow lookup the tokens that follow its root resolve
 
     def draft(self) -> list[list[int]]:
         """`prompt_lookups(context, length, max_ngram, branches)` from the index (lists of tokens)."""
@@ -169,43 +190,72 @@ class LookupShadow:
                     ends.append(end)
         return [context[end : end + self.length] for end in ends]
 
-    def extend(self, tokens: list[int], *, shadow: bool) -> list[list[int]]:
+    def extend(self, tokens: list[int], *, shadow: bool) -> list[ShadowReport]:
         """A settled round's emitted tokens (its root is the context's last token); `shadow`: the round ran no
         lookup, so the lookup at its root is tracked, unless an earlier root's is still matching (the root lies
-        inside the run that lookup would have accepted: one report per lookup round that could have run). Returns,
-        for each shadow lookup this round's tokens resolved (every branch mismatched or matched whole), the drafts
-        each of its branches matched ([] for no match)."""
-        resolved = []
-        # A shadow lookup still matching covers this root: a lookup round there would still be emitting its drafts,
-        # and the next one starts after them. Reporting every root of a matched run instead counted a run of k
-        # drafts k times (k, k - 1, ..., 1): in a GPU sample at T = 1 one run of 9 quoted tokens, decoded plain,
-        # reported 45 drafts, and the sample's lookup16x2 rounds then accepted 0.21 a round (docs/BENCHMARKS.md).
-        if shadow and not self.pending:
+        inside the run that lookup would have accepted: one report stream per lookup round that could have run).
+        Returns the shadow lookup's reports: an open one where these tokens matched more of its drafts, a closed
+        one where they resolved it (every branch mismatched or matched whole; a lookup with nothing to draft at
+        once), at most one of either per call."""
+        reports = []
+        if not shadow:
+            # The round's own outcome covers its tokens from here on: a shadow continued over them counted them
+            # twice, once as the lookup round's accepts and again as the shadow's. Its open reports stand, censored
+            # where it was dropped.
+            self.pending = None
+        elif self.pending is None:
+            # A shadow lookup still matching covers this root: a lookup round there would still be emitting its
+            # drafts, and the next one starts after them. Reporting every root of a matched run instead counted a
+            # run of k drafts k times (k, k - 1, ..., 1): in a GPU sample at T = 1 one run of 9 quoted tokens,
+            # decoded plain, reported 45 drafts, and the sample's lookup16x2 rounds then accepted 0.21 a round
+            # (docs/BENCHMARKS.md).
             drafts = self.draft()
             if drafts:
-                self.pending.append([drafts, [0] * len(drafts), set(range(len(drafts)))])
+                self.pending = _ShadowRun(drafts)
             else:
-                resolved.append([])  # no match: the lookup accepts nothing
+                reports.append(ShadowReport(()))  # no match: the lookup accepts nothing
         for token in tokens:
             self._append(token)
-            still = []
-            for entry in self.pending:  # each live branch compares its next draft token with this one
-                drafts, matched, live = entry
-                for i in list(live):
-                    if token == drafts[i][matched[i]]:
-                        matched[i] += 1
-                        if matched[i] < len(drafts[i]):
-                            continue
-                    live.discard(i)
-                if live:
-                    still.append(entry)
-                else:
-                    resolved.append(matched)
-            self.pending = still
-        return resolved
+            if self.pending is not None and self.pending.step(token):
+                reports.append(self.pending.report(done=True))
+                self.pending = None
+        if self.pending is not None and self.pending.best > self.pending.reported:
+            reports.append(self.pending.report(done=False))
+        return reports
 
     def _append(self, token: int) -> None:
         context, size = self.context, len(self.context)
         for n in range(1, min(self.max_ngram, size) + 1):  # n-grams ending at the old last token: earlier now
             self.index.setdefault(tuple(context[size - n :]), []).append(size)
         context.append(token)
+
+
+class _ShadowRun:
+    """A shadow lookup the text has not resolved yet: its drafts, what each branch matched so far, the branches
+    still matching, and how many drafts its reports have given."""
+
+    def __init__(self, drafts: list[list[int]]):
+        self.drafts = drafts
+        self.matched = [0] * len(drafts)
+        self.live = set(range(len(drafts)))
+        self.reported = 0
+
+    @property
+    def best(self) -> int:
+        return max(self.matched)
+
+    def step(self, token: int) -> bool:
+        """The token after the drafts matched so far: each live branch compares its next draft with it. Returns
+        whether that resolved the lookup."""
+        for i in list(self.live):
+            if token == self.drafts[i][self.matched[i]]:
+                self.matched[i] += 1
+                if self.matched[i] < len(self.drafts[i]):
+                    continue
+            self.live.discard(i)
+        return not self.live
+
+    def report(self, *, done: bool) -> ShadowReport:
+        report = ShadowReport(tuple(self.matched), self.reported, done)
+        self.reported = self.best
+        return report

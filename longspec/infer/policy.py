@@ -15,10 +15,14 @@ Lookup chains are a family of their own: an `AcceptanceModel` and a `YieldCalibr
 since whether a lookup hits follows the text
 (quoting, or writing anew) and not the drafter's skill; their costs are measured next to the trees' and are
 monotone within their family (`contains`). Besides the lookup rounds' own outcomes, the model hears what the
-longest chain would have accepted at the root of every other round (`observe_shadow`, from `pld.LookupShadow`; one
-report per lookup round that could have run, none from the roots inside a run an earlier report covers):
+widest lookup would have accepted at the root of every other round (`observe_shadow`, from `pld.LookupShadow`; one
+report stream per lookup round that could have run, none from the roots inside a run an earlier one covers):
 without it a plain streak learns of an output that starts to repeat itself only at its next exploration, 16-64
-plain rounds later. So only the drafter needs exploring: out of a plain streak the exploring round is the
+plain rounds later. A stream is heard as the run happens: each round that matched more drafts reports them, the
+depths past them unknown (right-censored: no miss recorded), and the text's resolution closes it (the miss past
+the last match), so a quote decoded plain raises the lookups' estimate while it goes on, not once it is over;
+its pieces count what one whole report would. A lookup round ends the stream where it stands (its own outcome
+covers the text from there). So only the drafter needs exploring: out of a plain streak the exploring round is the
 drafter's cheapest (the shortest lookup chain where the candidates hold no drafter tree), and whoever runs a
 policy with lookups reports the shadow (the engine does, every round). (Exploring the family with the better
 estimate instead starved the drafter wherever a lookup round is the cheaper one: at T=1 on the GPU, SmolLM2,
@@ -33,7 +37,7 @@ rank's distribution per depth is kept as discrete hazards over rank buckets [0,1
 prior. A rejection at depth d with width w says only "rank >= w" (censored): it counts as a miss for the
 buckets below w and says nothing about the others, so one model serves every candidate, including trees that
 are not running (Kaplan-Meier style). Counts decay at every round the model observes (the family's own rounds;
-for lookups also every shadow report), so the estimate follows the text and depths those rounds do not reach
+for lookups also each shadow lookup's first report), so the estimate follows the text and depths they do not reach
 drift back to their prior; while the family does not run, its estimate stands. Depth 1 has a fixed prior;
 depth d > 1 takes depth d-1's estimate as its prior (hierarchical): deep levels are reached in few rounds, and
 a fixed optimistic prior there overstated a big tree's yield (the first policy kept the full tree at 0.73x of
@@ -86,6 +90,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from longspec.infer.pld import ShadowReport
 from longspec.infer.tree import Lookup, candidate_order, is_drafter_tree, tree_name
 
 __all__ = [
@@ -322,19 +327,30 @@ class AcceptanceModel:
             total += reach
         return total
 
-    def observe(self, widths: tuple[int, ...], ranks: Sequence[int]) -> None:
+    def observe(
+        self, widths: tuple[int, ...], ranks: Sequence[int], *, start: int = 0, open: bool = False
+    ) -> None:
         """One speculating round: ranks[d-1] = rank of the accepted node at depth d (len = accepted drafts);
-        if fewer than len(widths) were accepted, the next depth saw rank >= its width."""
+        if fewer than len(widths) were accepted, the next depth saw rank >= its width.
+
+        A round heard in pieces (the shadow lookup's reports, `AdaptivePolicy.observe_shadow`): `ranks` are those
+        of depths start + 1 .. start + len(ranks), after the `start` an earlier call of the same round gave (only a
+        new round, start 0, decays the counts); `open`: the round is not over, the depths past these are unknown
+        (right-censored), so no miss is recorded yet. Its pieces count what the whole round would."""
         self._expected.clear()
         self._hazards = self._accept = None
-        for row_hits, row_trials in zip(self.hits, self.trials, strict=True):
-            for j in range(len(RANK_EDGES)):
-                row_hits[j] *= self.decay
-                row_trials[j] *= self.decay
-        for depth, rank in enumerate(ranks[: self.max_depth], start=1):
+        if start == 0:
+            for row_hits, row_trials in zip(self.hits, self.trials, strict=True):
+                for j in range(len(RANK_EDGES)):
+                    row_hits[j] *= self.decay
+                    row_trials[j] *= self.decay
+        for depth, rank in enumerate(ranks, start=start + 1):
+            if depth > self.max_depth:
+                break
             self._record(depth, rank, censored=False)
-        if len(ranks) < min(len(widths), self.max_depth):
-            self._record(len(ranks) + 1, widths[len(ranks)], censored=True)
+        accepted = start + len(ranks)
+        if not open and accepted < min(len(widths), self.max_depth):
+            self._record(accepted + 1, widths[accepted], censored=True)
 
     def _record(self, depth: int, rank: int, *, censored: bool) -> None:
         hits, trials = self.hits[depth - 1], self.trials[depth - 1]
@@ -424,6 +440,11 @@ class YieldCalibration:
     def observe(self, predicted: float, realised: float) -> None:
         self.realised = self.decay * self.realised + realised
         self.predicted = self.decay * self.predicted + predicted
+
+    def add(self, realised: float) -> None:
+        """More drafts realised by the round `observe` last began (a shadow lookup heard in pieces): no decay, its
+        prediction is already counted."""
+        self.realised += realised
 
     def discount(self, factor: float) -> None:
         """Scale both sums by `factor`: earlier rounds then weigh less against the next ones."""
@@ -549,11 +570,18 @@ class AdaptivePolicy:
             return self.lookup_acceptance, self.lookup_calibration, candidate.widths
         return self.acceptance, self.calibration, candidate
 
-    def _learn(self, candidate: Candidate, ranks: Sequence[int]) -> None:
-        """A speculating round's outcome into its family's calibration (realised vs predicted drafts) and model."""
+    def _learn(
+        self, candidate: Candidate, ranks: Sequence[int], *, start: int = 0, open: bool = False
+    ) -> None:
+        """A speculating round's outcome into its family's calibration (realised vs predicted drafts) and model;
+        `start`, `open`: a piece of a round heard in pieces (`AcceptanceModel.observe`), whose first piece
+        (start 0) brought the round's prediction."""
         model, calibration, widths = self._family(candidate)
-        calibration.observe(model.expected_tokens(widths) - 1.0, len(ranks))
-        model.observe(widths, ranks)
+        if start == 0:
+            calibration.observe(model.expected_tokens(widths) - 1.0, len(ranks))
+        else:
+            calibration.add(len(ranks))
+        model.observe(widths, ranks, start=start, open=open)
         self._repeating |= isinstance(candidate, Lookup) and bool(ranks)
 
     def rates(self, context_len: int) -> dict[Candidate, float]:
@@ -655,18 +683,23 @@ class AdaptivePolicy:
             pays = bool(ranks) if context_len is None else bool(self.best(context_len))
             self._interval = self.explore_every if pays else min(2 * self._interval, MAX_EXPLORE_EVERY)
 
-    def observe_shadow(self, matched: Sequence[int]) -> None:
+    def observe_shadow(self, report: ShadowReport) -> None:
         """What the widest lookup candidate would have accepted at the root of a round that ran no lookup
-        (`pld.LookupShadow`: the drafts each of its branches matched, best match first; [] when nothing matched):
-        the lookup family's model and calibration learn it as from a lookup round (its branch, the first that
-        matched the most, at depth 1), so a text that starts repeating itself is seen in plain and drafter rounds
-        too, not only at an exploration. The exploration state is left alone (an exploring round's own outcome
-        decides its interval); a hit makes a plain streak decide again at its next round (`_hit`)."""
+        (`pld.LookupShadow`: the drafts each of its branches matched so far, best match first; () when nothing
+        matched): the lookup family's model and calibration learn it as from a lookup round (its branch, the first
+        that matched the most, at depth 1), so a text that starts repeating itself is seen in plain and drafter
+        rounds too, not only at an exploration. A lookup is heard in pieces, as its run happens: the first report
+        is a new round (decay, the model's prediction), each later one adds the depths matched since (their
+        ranks 0: depth 1's was the first report's), and the closed one the miss past them; an open report's
+        depths beyond are unknown, not missed. The exploration state is left alone (an exploring round's own
+        outcome decides its interval); a hit makes a plain streak decide again at its next round (`_hit`)."""
         if self._widest is None:
             return
-        ranks = self._widest.ranks(matched)
-        self._learn(self._widest, ranks)
-        if ranks:
+        ranks = self._widest.ranks(report.matched)
+        # the shadow drafts as many as the longest lookup: the widest may take fewer
+        start = min(report.reported, len(ranks))
+        self._learn(self._widest, ranks[start:], start=start, open=not report.done)
+        if len(ranks) > start:
             self._hit()
 
     def _hit(self) -> None:

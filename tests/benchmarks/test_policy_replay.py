@@ -7,6 +7,7 @@ import random
 import pytest
 
 from longspec.eval.datasets import load_samples
+from longspec.infer.pld import ShadowReport
 from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES
 from longspec.infer.tree import Lookup, parse_candidate, tree_name
 from longspec.target_source import load_tokenizer
@@ -79,17 +80,17 @@ def test_candidate_names_parse_back():
 def test_a_text_that_quotes_its_prompt_is_replayed_on_lookup_chains(load_benchmark, tmp_path, tokenizer_dir):
     """Outputs that copy 120 tokens of their prompt: the lookups' outcomes come from the text (the shadow's
     draft against the output), so the policy runs long lookup chains and the replay is well above plain, once the
-    shadow has been heard (as in the engine: when the text has decided it); the measured speedup is read from the
-    two methods' records."""
+    shadow has been heard (as in the engine: as the quote goes on, a round late); the measured speedup is read
+    from the two methods' records."""
     results, prompts = _results(tmp_path, tokenizer_dir, lambda prompt: prompt[10:130])
     replay = _replay(load_benchmark, tmp_path, results, tokenizer_dir, "0")
     for row in replay["samples"]:
         assert row["lookup_hit_rate"] > 0.8 and row["replayed_speedup"] > 3.0, row
-        assert row["rounds"].get("lookup16", 0) >= 10, row
+        assert row["rounds"].get("lookup16", 0) >= 5, row
         assert row["measured_speedup"] == pytest.approx(1.5)
-    # the first call's first 16 tokens decode plain: its shadow is heard once its 16 drafts have all matched (the
-    # second call starts from what the first taught the policy)
-    assert replay["samples"][0]["rounds"].get("ar", 0) >= 16
+    # the first call's quote reaches the policy as it goes on: a plain round or two, not the 16 that hearing its
+    # shadow once all 16 drafts had matched cost (the second call starts from what the first taught the policy)
+    assert replay["samples"][0]["rounds"].get("ar", 0) <= 2
     assert replay["summary"]["tau"] > 4.0  # chains of 16 accepted along the quote
 
 
@@ -139,47 +140,62 @@ def test_a_prompt_the_tokenizer_does_not_reproduce_or_a_batched_run_is_refused(
         )
 
 
-def test_replayed_shadow_reports_skip_the_roots_inside_a_matched_run(load_benchmark):
-    """As the engine's `LookupShadow`: a plain round's root inside the run an earlier report's lookup would have
-    accepted reports nothing, and a report is heard once the text has decided it (the token after its last
-    matched draft), a round late; a drafter round after plain ones pays the catch-up."""
+def test_the_replay_hears_the_engines_shadow_reports_a_round_late(load_benchmark):
+    """As the engine: the replay runs the engine's `LookupShadow` next to the call (the prompt and the first
+    token, then each round's tokens, a lookup round's ending the pending shadow) and hears its reports a round
+    late: a quote decoded plain as it goes on (open), and closed at its mismatch; a drafter round after plain ones
+    pays the catch-up."""
     replay = load_benchmark("policy_replay")
-    heard = []
+    heard, heard_at = [], []
 
-    class Plain:
+    class Scripted:
         lookups = (Lookup(16),)
 
+        def __init__(self, script):
+            self.script = list(script)
+
         def choose(self, context_len):
-            return ()
+            heard_at.append(len(heard))
+            return self.script.pop(0) if self.script else ()
 
         def observe(self, widths, ranks, context_len=None):
             pass
 
-        def observe_shadow(self, matched):
-            heard.append(list(matched))
+        def observe_time(self, widths, context_len, seconds, *, switched=False):
+            pass
+
+        def observe_shadow(self, report):
+            heard.append(report)
 
     class Costs:
         def cost(self, widths, context_len):
             return 1.0 if not widths else 2.0
 
-    # per position, the drafts a lookup there matches: a run of 3 from position 1, then nothing
-    outcomes = [[0], [3], [2], [1], [0], [0]]
-    heard_at = []
-    Plain.choose = lambda self, context_len: heard_at.append(len(heard)) or ()
-    replay.replay_call(Plain(), random.Random(0), 10, outcomes, [], Costs())
-    # positions 0, 1, then 5: a lookup round at 1 would have emitted its 3 drafts and a bonus (positions 2-5)
-    assert heard == [[0], [3], [0]]
-    # root 0's miss is decided by round 0's token, heard at round 2; root 1's run of 3 by round 4's token (the
-    # mismatch at position 5), heard at round 6 (after the last round: the call's last lessons)
-    assert heard_at == [0, 0, 1, 1, 1, 1]
-    heard.clear()  # a run of all 16 drafts is decided by its last one: the root right after it reports again
-    replay.replay_call(Plain(), random.Random(0), 10, [[16]] + [[0]] * 17, [], Costs(), shadow_length=16)
-    assert heard == [[16], [0], [0]]
+    # the output's first token 1 roots a lookup that drafts 2, 3, 4, 6, ...: the output quotes 2, 3, 4, then 0
+    prompt, output = [5, 1, 2, 3, 4, 6, 7, 8, 9], [1, 2, 3, 4, 0, 10, 11]
+    outcomes = replay.lookup_outcomes(prompt, output, 16, 3)
+    replay.replay_call(Scripted([]), random.Random(0), prompt, output, outcomes, [], Costs())
+    assert heard == [
+        ShadowReport((1,), 0, False),  # rounds 0-2 (one token each): the quote as it goes on
+        ShadowReport((2,), 1, False),
+        ShadowReport((3,), 2, False),
+        ShadowReport((3,), 3, True),  # round 3: its mismatch
+        ShadowReport(()),  # roots 0 and 10: never seen before, nothing to draft
+        ShadowReport(()),
+    ]
+    assert heard_at == [0, 0, 1, 2, 3, 4]  # round j hears round j - 2; the last two after the call
+    heard.clear()
+    # a lookup round at root 2 (accepting 3, 4: the bonus 0) ends the shadow of root 1 without a close
+    replay.replay_call(Scripted([(), Lookup(16)]), random.Random(0), prompt, output, outcomes, [], Costs())
+    assert heard == [ShadowReport((1,), 0, False), ShadowReport(()), ShadowReport(())]
 
-    class Chain(Plain):
+    class Chain(Scripted):
         def choose(self, context_len):
             self.calls = getattr(self, "calls", 0) + 1
             return () if self.calls % 2 else (1,)
 
-    result = replay.replay_call(Chain(), random.Random(0), 10, [[0]] * 4, [0.0], Costs(), catch_up_s=0.5)
+    outcomes = replay.lookup_outcomes(prompt, output[:5], 16, 3)
+    result = replay.replay_call(
+        Chain([]), random.Random(0), prompt, output[:5], outcomes, [0.0], Costs(), catch_up_s=0.5
+    )
     assert result["speedup"] == pytest.approx(4 / (1 + 2.5 + 1 + 2.5))

@@ -9,10 +9,10 @@ import pytest
 import torch
 from infer_helpers import random_drafter, reference_greedy
 from test_engine import sampling_marginals, sampling_target
-from test_policy import _ring_by_position
+from test_policy import _common_prefix, _ring_by_position
 
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
-from longspec.infer.pld import LookupShadow, device_lookup, prompt_lookups
+from longspec.infer.pld import LookupShadow, ShadowReport, device_lookup, prompt_lookups
 from longspec.infer.policy import AUTO_LOOKUPS, AdaptivePolicy
 from longspec.infer.tree import Lookup, tree_name
 from longspec.testing import FAMILY_VARIANTS, make_tiny_target
@@ -338,66 +338,101 @@ def test_sampling_with_lookup_forests_reproduces_target_distribution(chi_square,
     assert chi_square(counts_3, marginal_3) > 1e-3
 
 
-def _shadow_outcomes(
-    context: list[int], roots: list[int], length: int, max_ngram: int, branches: int = 1
-) -> list[list[int]]:
-    """The reference's answer for the shadow: at each root position p, per branch, the longest common prefix of
-    its lookup draft at p and the tokens after p, where the context decides every branch (a mismatch, or the
-    whole draft matched)."""
-    out = []
-    for p in roots:
-        drafts = prompt_lookups(torch.tensor(context[: p + 1]), length, max_ngram, branches)
-        after, matched, decided = context[p + 1 :], [], True
-        for draft in (d.tolist() for d in drafts):
-            n = 0
-            while n < len(draft) and n < len(after) and draft[n] == after[n]:
-                n += 1
-            matched.append(n)
-            decided &= n == len(draft) or n < len(after)
-        if decided:
-            out.append(matched)
+def _reference_reports(
+    context: list[int], rounds: list[tuple[int, int, bool]], length: int, max_ngram: int, branches: int = 1
+) -> list[list[ShadowReport]]:
+    """The reports the shadow should give after each round, from the reference lookup (`prompt_lookups` on the
+    context up to the tracked root) and the text that follows: `rounds` = (root position, tokens the round emits,
+    whether it ran no lookup). A round that ran no lookup tracks its root's lookup unless one is still tracked; a
+    lookup round drops the tracked one. After each round the tracked lookup is closed where every branch is
+    decided (a mismatch seen, or its whole draft matched), else reported open where its best match grew."""
+    out, tracked = [], None  # [root, drafts, the best match already reported]
+    for root, count, shadowed in rounds:
+        reports = []
+        if not shadowed:
+            tracked = None
+        elif tracked is None:
+            drafts = prompt_lookups(torch.tensor(context[: root + 1]), length, max_ngram, branches)
+            if drafts:
+                tracked = [root, [d.tolist() for d in drafts], 0]
+            else:
+                reports.append(ShadowReport(()))
+        if tracked is not None:
+            start, drafts, reported = tracked
+            after = context[start + 1 : root + count + 1]
+            matched = tuple(_common_prefix(d, after) for d in drafts)
+            if all(n == len(d) or n < len(after) for n, d in zip(matched, drafts, strict=True)):
+                reports.append(ShadowReport(matched, reported, True))
+                tracked = None
+            elif max(matched) > reported:
+                reports.append(ShadowReport(matched, reported, False))
+                tracked[2] = max(matched)
+        out.append(reports)
     return out
 
 
-def _reported_roots(
-    context: list[int], roots: list[int], length: int, max_ngram: int, branches: int = 1
-) -> list[int]:
-    """The shadowed roots the shadow reports: not one inside the run an earlier reported root's lookup would
-    still be accepting (some branch matched every token up to it and has drafts left)."""
-    reported = []
-    for p in roots:
-        covered = False
-        for q in reported:
-            for draft in (
-                d.tolist()
-                for d in prompt_lookups(torch.tensor(context[: q + 1]), length, max_ngram, branches)
-            ):
-                steps = p - q
-                covered |= steps < len(draft) and context[q + 1 : p + 1] == draft[:steps]
-        if not covered:
-            reported.append(p)
-    return reported
-
-
-def test_a_root_inside_a_matched_run_is_not_reported_again():
-    """A run of k matched drafts is one lookup round's outcome: the roots inside it report nothing (reporting
-    each of them counted the run k, k - 1, ..., 1 times), the first root after it reports again."""
-    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1]  # the lookup at the last 1 drafts 2, 3, 4, ...
+def test_a_quote_decoded_plain_is_reported_as_it_goes_on_and_closed_at_its_end():
+    """A quote decoded plain, one token a round: the shadow lookup at its root reports open after its first
+    matched draft and at every draft more (right-censored: the depths past it unknown), and once more, closed, at
+    the mismatch, with no new draft; each report's `reported` is the drafts the earlier ones gave, so the new
+    drafts add up to the run once. The roots inside the run start no lookup of their own; the first after it
+    does: 0 never occurred before (nothing to draft: one closed empty report), root 7 drafts 8, 9, 1, ... and
+    misses at once (closed with nothing matched)."""
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1]  # the lookup at the last 1 drafts 2, 3, ..., 9
     shadow = LookupShadow(prompt, 8, 1)
-    reports = [shadow.extend([token], shadow=True) for token in [2, 3, 4, 0, 7]]
-    # root 1 drafts 2..9: matched 2, 3, 4, then 0 ends it (3 drafts); roots 2, 3, 4 are inside the run
-    # root 0, the first after the run, reports again: 0 never occurred before, nothing to draft (no match)
-    assert reports == [[], [], [], [[3]], [[]]]
-    # root 7 drafts 8, 9, 1, ...: 5 mismatches at once
-    assert shadow.extend([5], shadow=True) == [[0]]
+    reports = [shadow.extend([token], shadow=True) for token in [2, 3, 4, 0, 7, 5]]
+    assert reports == [
+        [ShadowReport((1,), 0, False)],
+        [ShadowReport((2,), 1, False)],
+        [ShadowReport((3,), 2, False)],
+        [ShadowReport((3,), 3, True)],
+        [ShadowReport(())],
+        [ShadowReport((0,))],
+    ]
+    stream = [r for rs in reports[:4] for r in rs]
+    assert sum(max(r.matched) - r.reported for r in stream) == 3
+    context = prompt + [2, 3, 4, 0, 7, 5]
+    rounds = [(len(prompt) - 1 + i, 1, True) for i in range(6)]
+    assert reports == _reference_reports(context, rounds, 8, 1)
+
+
+def test_a_full_match_closes_at_its_last_draft_and_a_round_covering_it_reports_once():
+    """All drafts matched: closed by the last one, the next root tracks a lookup again. A round that emits a
+    whole run at once (a drafter round) reports it once, closed."""
+    prompt = [1, 2, 3, 4, 1]  # the lookup at the last 1 drafts 2, 3, 4, 1 (4 drafts of 8: the context ends)
+    shadow = LookupShadow(prompt, 8, 1)
+    assert shadow.extend([2, 3], shadow=True) == [ShadowReport((2,), 0, False)]
+    assert shadow.extend([4, 1], shadow=True) == [ShadowReport((4,), 2, True)]
+    assert shadow.extend([2], shadow=True) == [
+        ShadowReport((1,), 0, False)
+    ]  # root 1 again: drafts 2, 3, 4, 1, 2
+    shadow = LookupShadow(prompt, 8, 1)
+    assert shadow.extend([2, 3, 4, 9], shadow=False) == []  # a lookup round: its own outcome, no shadow
+    shadow = LookupShadow(prompt, 8, 1)
+    assert shadow.extend([2, 3, 4, 9], shadow=True) == [ShadowReport((3,))]  # one closed report, whole
+
+
+def test_a_lookup_round_drops_the_shadow_without_closing_it():
+    """A round that runs a lookup ends the pending shadow where it stands: its open reports stand (censored), no
+    closed one follows (the lookup round's own outcome covers the text from there), and the next round that runs
+    none tracks the lookup at its own root."""
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1]
+    shadow = LookupShadow(prompt, 8, 1)
+    assert shadow.extend([2, 3], shadow=True) == [ShadowReport((2,), 0, False)]
+    assert shadow.extend([4, 5, 0], shadow=False) == []  # the lookup round: 4, 5 would have matched, 0 missed
+    assert shadow.pending is None
+    assert shadow.extend([7], shadow=True) == [
+        ShadowReport(())
+    ]  # root 0: never seen before, nothing to draft
 
 
 @pytest.mark.parametrize("branches", [1, 3])
 @pytest.mark.parametrize("vocab", [2, 5, 50])
 def test_the_shadow_lookup_is_the_reference_lookup_and_its_common_prefix(vocab, branches):
     """`LookupShadow` (an incremental n-gram index on the host) drafts what `prompt_lookups` drafts at every
-    length, and resolves each shadowed root to what each branch would have accepted (at T = 0), a root inside
-    an earlier root's matched run reporting nothing."""
+    length, and reports each tracked root's lookup as the reference does: open as its best match grows, closed
+    once every branch is decided, dropped by a lookup round, a root inside a tracked run tracking none. Over a
+    lookup's reports the new drafts add up to its best match."""
     rng = random.Random(vocab)
     for _ in range(30):
         prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 25))]
@@ -409,17 +444,22 @@ def test_the_shadow_lookup_is_the_reference_lookup_and_its_common_prefix(vocab, 
             ]
             shadow._append(token)
             context.append(token)
-        shadow, context, roots, resolved, i = LookupShadow(prompt, 8, 3, branches), list(prompt), [], [], 0
-        while i < len(output):  # rounds of 1-4 tokens; every other one ran a lookup (not shadowed)
+        shadow, context, rounds, reports, i = LookupShadow(prompt, 8, 3, branches), list(prompt), [], [], 0
+        while i < len(output):  # rounds of 1-4 tokens; about one in three ran a lookup (not shadowed)
             tokens = output[i : i + rng.randint(1, 4)]
-            shadowed = rng.random() < 0.5
-            if shadowed:
-                roots.append(len(context) - 1)
-            resolved += shadow.extend(tokens, shadow=shadowed)
+            shadowed = rng.random() < 0.7
+            rounds.append((len(context) - 1, len(tokens), shadowed))
+            reports.append(shadow.extend(tokens, shadow=shadowed))
             context += tokens
             i += len(tokens)
-        reported = _reported_roots(context, roots, 8, 3, branches)
-        assert sorted(resolved) == sorted(_shadow_outcomes(context, reported, 8, 3, branches))
+        assert reports == _reference_reports(context, rounds, 8, 3, branches)
+        best = 0  # what the reports of the lookup being reported gave so far
+        for report in (r for rs in reports for r in rs):
+            # a lookup's first report, or the next of the one before: each draft is given once
+            assert report.reported in (0, best) and (
+                max(report.matched, default=0) > report.reported or report.done
+            )
+            best = max(report.matched, default=0)
 
 
 class PlainCosts:
@@ -430,13 +470,13 @@ class PlainCosts:
 
 
 def test_plain_rounds_tell_the_policy_what_a_lookup_would_have_accepted(monkeypatch):
-    """Every round plain, a ragged batch: the policy still hears, per row and root (but the roots inside a run an
-    earlier report's lookup would have accepted), the shadow lookup's outcome, equal to the reference's on the
-    decoded text (greedy: exact)."""
+    """Every round plain, a ragged batch: the policy hears, per row, the shadow lookup's reports as the
+    reference gives them on the decoded text (greedy: exact): each tracked root's lookup as its run happens and
+    closed once resolved, the roots inside a tracked run tracking none."""
     target = make_tiny_target("llama")
     prompts = [_repetitive(seed, n) for seed, n in ((10, 30), (11, 17))]
     heard = []
-    monkeypatch.setattr(AdaptivePolicy, "observe_shadow", lambda self, matched: heard.append(list(matched)))
+    monkeypatch.setattr(AdaptivePolicy, "observe_shadow", lambda self, report: heard.append(report))
     engine = SpeculativeEngine(target, random_drafter(target), costs=PlainCosts())
     for static in (False, True):
         heard.clear()
@@ -446,13 +486,12 @@ def test_plain_rounds_tell_the_policy_what_a_lookup_would_have_accepted(monkeypa
         expected = []
         for prompt, result in zip(prompts, results, strict=True):
             context = prompt.tolist() + result.tokens  # each round's root: the prompt's last token onward
-            roots = range(
-                prompt.numel(), prompt.numel() + len(result.tokens) - 1
-            )  # rounds settled in the call
+            # the rounds settled in the call, one token each
+            rounds = [(p, 1, True) for p in range(prompt.numel(), prompt.numel() + len(result.tokens) - 1)]
             length, branches = max(c.length for c in AUTO_LOOKUPS), max(c.branches for c in AUTO_LOOKUPS)
-            reported = _reported_roots(context, list(roots), length, 3, branches)
-            expected += _shadow_outcomes(context, reported, length, 3, branches)
-        assert sorted(heard) == sorted(expected) and max(max(m, default=0) for m in heard) > 0
+            expected += [r for rs in _reference_reports(context, rounds, length, 3, branches) for r in rs]
+        assert sorted(heard) == sorted(expected)
+        assert any(not r.done for r in heard) and max(max(r.matched, default=0) for r in heard) > 0
 
 
 @pytest.mark.parametrize("vocab", [3, 50])

@@ -11,6 +11,7 @@ from infer_helpers import RING_BEHIND, CyclingCosts, OracleDrafter, random_draft
 
 from longspec.drafter import DrafterConfig
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+from longspec.infer.pld import LookupShadow, ShadowReport
 from longspec.infer.policy import (
     AUTO_LOOKUPS,
     AUTO_TREES,
@@ -117,6 +118,34 @@ def test_acceptance_model_censoring_and_rank_buckets():
     assert model.accept_prob(1, 3) == model.accept_prob(1, 2)  # between edges: conservative
     assert model.expected_tokens((1, 8)) == pytest.approx(1 + 0.75 + 0.75)
     assert model.expected_tokens(()) == 1.0
+
+
+def test_a_round_observed_in_pieces_counts_what_it_would_whole():
+    """A round heard as it happens (the shadow lookup's reports): an open first piece (at least one accept: the
+    shadow reports an open lookup once it matched), an open continuation, a closing piece. The pieces leave the
+    counts exactly where the whole round would (one decay, at the first; the censored miss at the close), and an
+    open piece records no miss: the depths past it are not known yet."""
+    rng = random.Random(0)
+    whole, pieces = AcceptanceModel(6), AcceptanceModel(6)
+    for _ in range(200):
+        widths = rng.choice([(4, 1, 1, 1, 1, 1), (1, 1, 1), (2, 2, 2, 2, 2, 2, 2, 2)])
+        ranks = [rng.randrange(w) for w in widths[: rng.randint(1, len(widths))]]
+        whole.observe(widths, ranks)
+        cuts = sorted(rng.randint(1, len(ranks)) for _ in range(2))
+        pieces.observe(widths, ranks[: cuts[0]], open=True)
+        pieces.observe(widths, ranks[cuts[0] : cuts[1]], start=cuts[0], open=True)
+        pieces.observe(widths, ranks[cuts[1] :], start=cuts[1])
+        assert pieces.hits == whole.hits and pieces.trials == whole.trials
+        assert pieces.expected_tokens(widths) == whole.expected_tokens(widths)
+        whole.observe(widths, [])  # a round that accepts nothing is one closed observation either way
+        pieces.observe(widths, [])
+    model = AcceptanceModel(4, decay=1.0)
+    model.observe((1, 1, 1, 1), [0, 0], open=True)
+    assert model.trials[2] == [0.0] * len(model.trials[2])  # depth 3: nothing recorded
+    before = model.expected_tokens((1, 1, 1, 1))
+    model.observe((1, 1, 1, 1), [], start=2)  # the close: the miss at depth 3, nothing decayed
+    assert model.trials[2][0] == 1.0 and model.hits[2][0] == 0.0 and model.hits[0][0] == 1.0
+    assert model.expected_tokens((1, 1, 1, 1)) < before  # the cached estimate follows the close
 
 
 def test_measured_costs_lookup():
@@ -731,7 +760,7 @@ def _simulate(policy, rng, rounds: int, drafter: float, lookup: float) -> list:
             ranks = _lookup_ranks(rng, widths, lookup)
         else:
             ranks = _ranks(rng, widths, drafter)
-            policy.observe_shadow([len(_lookup_ranks(rng, longest, lookup))])
+            policy.observe_shadow(ShadowReport((len(_lookup_ranks(rng, longest, lookup)),)))
         policy.observe(widths, ranks, 4096)
     return chosen
 
@@ -819,8 +848,122 @@ def test_shadow_lookups_move_a_plain_streak_to_lookups_without_an_exploration():
         assert not policy._exploring
         policy.observe(widths, [0] * 8 if isinstance(widths, Lookup) else [], 4096)
         if not isinstance(widths, Lookup):  # a lookup round's outcome is its own
-            policy.observe_shadow([8])
+            policy.observe_shadow(ShadowReport((8,)))
     assert streak > 0 and isinstance(chosen[-1], Lookup) and chosen[-1].length == 8
+
+
+# A shadow lookup's report streams, piece by piece (what `LookupShadow.extend` gives as the run happens), and the
+# whole report each amounts to: a chain's run closed by a miss; a forest's third branch matching, the close adding
+# no draft (only the miss past the last match); a full match of 16, closed at its last draft; no match at all.
+SHADOW_STREAMS = [
+    ([ShadowReport((1,), 0, False), ShadowReport((3,), 1, False), ShadowReport((5,), 3)], (5,)),
+    (
+        [
+            ShadowReport((0, 0, 2, 1), 0, False),
+            ShadowReport((0, 0, 6, 1), 2, False),
+            ShadowReport((0, 0, 6, 1), 6),
+        ],
+        (0, 0, 6, 1),
+    ),
+    ([ShadowReport((4, 1, 0, 0), 0, False), ShadowReport((16, 1, 0, 0), 4)], (16, 1, 0, 0)),
+    ([ShadowReport(())], ()),
+]
+
+
+def test_a_shadow_heard_in_pieces_teaches_what_one_whole_report_would():
+    """The shadow reports a lookup as its run happens: the first report is the round's (the lookup family's counts
+    decay, the calibration gets the prediction), the later ones only the drafts matched since and, closed, the
+    miss past them. Heard in pieces or whole, a stream leaves the lookup model's counts exactly where one report
+    would and the calibration where it would up to rounding; a hit marks the text as repeating."""
+    whole = AdaptivePolicy(NodeCosts(), ((),) + AUTO_LOOKUPS)
+    pieces = AdaptivePolicy(NodeCosts(), ((),) + AUTO_LOOKUPS)
+    for _ in range(3):
+        for stream, matched in SHADOW_STREAMS:
+            whole.observe_shadow(ShadowReport(matched))
+            for report in stream:
+                pieces.observe_shadow(report)
+            assert pieces.lookup_acceptance.hits == whole.lookup_acceptance.hits
+            assert pieces.lookup_acceptance.trials == whole.lookup_acceptance.trials
+            for policy in (whole, pieces):
+                policy.observe((), [], 4096)  # a plain round between two streams ages the calibration
+    for field in ("realised", "predicted"):
+        assert getattr(pieces.lookup_calibration, field) == pytest.approx(
+            getattr(whole.lookup_calibration, field)
+        )
+    assert pieces._repeating and whole._repeating
+
+
+def _common_prefix(draft: list[int], after: list[int]) -> int:
+    """The drafts a lookup's branch `draft` matches of the text `after` its root."""
+    n = 0
+    while n < min(len(draft), len(after)) and draft[n] == after[n]:
+        n += 1
+    return n
+
+
+def _quoting_summary(early: bool, seed: int) -> tuple[list[tuple], float]:
+    """A summary on the policy (no drafter; lookups cost half a plain step more than the chain's nodes): a
+    document, and an output that alternates 16 tokens of its own with 16 quoted from the document. Each round runs
+    the policy's choice (a lookup accepts what its drafts at the root match, `LookupShadow.draft`), and the shadow's
+    reports are heard a round late, as the engine gives them; `early` False: only the closed ones, as one whole
+    report each (the earlier rule: a lookup heard once the text had resolved it). Returns, per round, the quote
+    its root lies in and its offset there ((None, None) outside quotes) and its candidate; and tokens per plain
+    step's cost."""
+    rng, costs = random.Random(seed), NodeCosts(per_node=0.02, lookup=0.5)
+    document = [rng.randrange(1000) for _ in range(600)]
+    output, quote_at = [rng.randrange(1000, 2000)], {}
+    for quote in range(8):
+        output += [rng.randrange(1000, 2000) for _ in range(16)]
+        start = rng.randrange(len(document) - 16)
+        quote_at.update({len(output) + i: (quote, i) for i in range(16)})
+        output += document[start : start + 16]
+    policy = AdaptivePolicy(costs, ((),) + AUTO_LOOKUPS, explore_every=0)
+    shadow = LookupShadow(document, 16, 3, 4)
+    shadow.extend(output[:1], shadow=False)
+    rounds, lessons, position, spent = [], [], 0, 0.0
+    while position < len(output) - 1:
+        for widths, ranks, reports in lessons[: max(0, len(lessons) - 1)]:  # round j hears round j - 2
+            policy.observe(widths, ranks, 4096)
+            for report in reports:
+                if early or report.done:
+                    policy.observe_shadow(report if early else ShadowReport(report.matched))
+        lessons = lessons[-1:]
+        widths = policy.choose(4096)
+        after = output[position + 1 :]
+        ranks = (
+            widths.ranks([_common_prefix(d, after) for d in shadow.draft()])
+            if isinstance(widths, Lookup)
+            else []
+        )
+        emitted = output[position + 1 : position + 2 + len(ranks)]
+        lessons.append((widths, ranks, shadow.extend(emitted, shadow=not isinstance(widths, Lookup))))
+        rounds.append((*quote_at.get(position, (None, None)), widths))
+        spent += costs.cost(widths, 4096)
+        position += len(emitted)
+    return rounds, position / spent
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_quote_decoded_plain_moves_the_policy_to_lookups_while_it_goes_on(seed):
+    """A plain streak meets a quote of 16 tokens: the shadow's open reports raise the lookups' estimate as the
+    quote goes on, so from the third quote on a lookup round starts inside each quote, a few tokens in, and the
+    decode beats plain decoding. Heard only once resolved (the control), a quote reaches the policy as it ends:
+    no lookup round starts inside one (the first after a quote runs on the text that follows it, and misses), and
+    the decode loses to plain decoding."""
+    for early in (True, False):
+        rounds, speed = _quoting_summary(early, seed)
+        assert all(
+            widths == () for _, offset, widths in rounds if offset == 0
+        )  # each quote meets a plain streak
+        firsts = {}  # quote -> the offset of the first lookup round's root inside it
+        for quote, offset, widths in rounds:
+            if quote is not None and isinstance(widths, Lookup):
+                firsts.setdefault(quote, offset)
+        if early:
+            assert all(firsts.get(quote, 16) <= 10 for quote in range(2, 8)), firsts
+            assert speed > 1.0
+        else:
+            assert not firsts and speed < 0.97, firsts
 
 
 @pytest.mark.parametrize("branch", [0, 1, 3])
@@ -837,7 +980,9 @@ def test_a_forest_runs_where_older_matches_continue_the_text_a_chain_where_the_l
             policy.observe(widths, [branch] + [0] * 7 if accepted else [], 4096)
         else:
             policy.observe(widths, [], 4096)
-            policy.observe_shadow([8 if i == branch else 0 for i in range(widest.branches)])
+            policy.observe_shadow(
+                ShadowReport(tuple(8 if i == branch else 0 for i in range(widest.branches)))
+            )
     best = policy.best(4096)
     assert isinstance(best, Lookup) and best.length >= 8
     assert best.branches == 1 if branch == 0 else best.branches > branch
@@ -855,16 +1000,16 @@ def test_a_new_text_runs_no_forest_before_it_repeats_itself():
             policy.observe(widths, [2] + [0] * 7, 4096)
         else:
             policy.observe(widths, [], 4096)
-            policy.observe_shadow([8 if i == 2 else 0 for i in range(widest.branches)])
+            policy.observe_shadow(ShadowReport(tuple(8 if i == 2 else 0 for i in range(widest.branches))))
     assert policy.best(4096).branches > 2
     policy.start()  # a new call
     forest = [t for t in policy.rates(4096) if isinstance(t, Lookup) and t.branches > 1]
     first = policy.choose(4096)
     assert forest == [] and not (isinstance(first, Lookup) and first.branches > 1)
     policy.observe(first, [], 4096)
-    policy.observe_shadow([0, 0, 0, 0])  # a miss shows no repetition
+    policy.observe_shadow(ShadowReport((0, 0, 0, 0)))  # a miss shows no repetition
     assert not (isinstance(policy.best(4096), Lookup) and policy.best(4096).branches > 1)
-    policy.observe_shadow([0, 0, 8, 0])  # a hit of this text
+    policy.observe_shadow(ShadowReport((0, 0, 8, 0)))  # a hit of this text
     assert policy.best(4096).branches > 2
 
 
@@ -886,7 +1031,7 @@ def test_an_accept_in_a_plain_streak_is_decided_on_at_the_next_round(monkeypatch
             break
     assert widths == () and policy._plain_streak % RECHECK_EVERY == 1
     for _ in range(3):
-        policy.observe_shadow([8])
+        policy.observe_shadow(ShadowReport((8,)))
     assert isinstance(policy.best(4096), Lookup)
     chosen = [policy.choose(4096) for _ in range(RECHECK_EVERY)]
     if decide_again:
@@ -925,7 +1070,7 @@ def test_explorations_relearn_the_drafter_where_a_lookup_round_is_cheaper():
                 ranks = [0] if rng.random() < 0.1 else []
             else:
                 ranks = _ranks(rng, widths, 0.65)
-                policy.observe_shadow([1 if rng.random() < 0.1 else 0])
+                policy.observe_shadow(ShadowReport((1 if rng.random() < 0.1 else 0,)))
             policy.observe(widths, ranks, 4096)
         late += sum(1 for c in chosen[-300:] if isinstance(c, tuple) and c)
     assert late >= 0.5 * 8 * 300, late
@@ -951,7 +1096,7 @@ def _rare_one_token_lookups(monkeypatch, lookup_priors: bool) -> tuple[float, fl
                 lookups += 1
             else:
                 ranks = _ranks(rng, widths, 0.65)
-                policy.observe_shadow([1 if rng.random() < 0.1 else 0])
+                policy.observe_shadow(ShadowReport((1 if rng.random() < 0.1 else 0,)))
             policy.observe(widths, ranks, 4096)
             tokens, seconds, rounds = tokens + 1 + len(ranks), seconds + costs.cost(widths, 4096), rounds + 1
     monkeypatch.undo()
