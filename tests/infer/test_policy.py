@@ -395,6 +395,21 @@ def test_the_ring_a_call_leaves_is_the_one_every_round_filling_it_would_leave():
                     torch.testing.assert_close(got[row][position], key)
 
 
+def test_a_calls_first_round_is_not_learned_as_its_trees_cost(monkeypatch):
+    """A call's first round pays the call's start (nothing in flight to overlap its launch with): every round's
+    time is observed except that one's."""
+    target = make_tiny_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target), costs=NodeCosts())
+    prompt = torch.randint(0, 256, (30,))
+    config = GenerationConfig(max_new_tokens=24, static_shapes=True)
+    engine.generate(prompt, config)  # builds the policy
+    (policy,) = engine.policies.values()
+    observed = []
+    monkeypatch.setattr(policy, "observe_time", lambda *args, **kwargs: observed.append(args))
+    result = engine.generate(prompt, config)
+    assert result.stats.rounds > 1 and len(observed) == result.stats.rounds - 1
+
+
 def test_the_round_after_plain_rounds_is_charged_for_the_ring_catch_up(monkeypatch):
     """Speculating after plain rounds first adds the skipped tokens to the ring (`DraftStep.catch_up`): the time
     that takes is part of the speculating round's cost the policy observes, or switching would look cheaper than
