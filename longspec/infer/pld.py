@@ -24,8 +24,10 @@ serves it. Whether the extra tokens pay for the wider verify is the policy's cal
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from longspec.infer.tree import DraftTree, Lookup
@@ -165,25 +167,26 @@ class LookupShadow:
     def __init__(self, prompt: list[int], length: int, max_ngram: int, branches: int = 1):
         self.length, self.max_ngram, self.branches = length, max_ngram, branches
         self.context = list(prompt)
-        # n-gram -> the positions after its occurrences, ascending, for n-grams that end before the last token
-        # (the reference's windows: earlier occurrences only). Built for the prompt in one pass per n rather than
-        # by `_append` a token at a time: the prompt can be 128K tokens per row, and this runs before the first
-        # round.
+        # The prompt's n-grams that end before its last token (the reference's windows: earlier occurrences only),
+        # per n sorted by value (`_PromptGrams`): built with a few array operations, since the prompt can be 128K
+        # tokens per row and this runs before the first round (a dict of every n-gram took 35 ms for 7K tokens on
+        # a CI core, in the prefill's time). Those ending later, the generated text's, go into `index` as they
+        # come (`_append`): n-gram -> the positions after its occurrences, ascending.
+        self.prompt_grams = _PromptGrams(self.context, max_ngram)
         self.index: dict[tuple[int, ...], list[int]] = {}
-        size = len(self.context)
-        for n in range(1, min(max_ngram, size - 1) + 1):  # windows [s, s + n), s + n <= size - 1
-            grams = zip(*(self.context[i : size - n + i] for i in range(n)), strict=True)
-            for gram, end in zip(grams, range(n, size), strict=True):
-                self.index.setdefault(gram, []).append(end)
         self.pending: _ShadowRun | None = None  # the shadow lookup the tokens that follow its root resolve
 
     def draft(self) -> list[list[int]]:
-        """`prompt_lookups(context, length, max_ngram, branches)` from the index (lists of tokens)."""
+        """`prompt_lookups(context, length, max_ngram, branches)` from the indexes (lists of tokens)."""
         context, size = self.context, len(self.context)
         ends: list[int] = []
         for n in range(min(self.max_ngram, size - 1), 0, -1):
-            # latest first; an end already taken matched a longer n-gram too (and ranks there)
-            for end in reversed(self.index.get(tuple(context[size - n :]), ())):
+            gram = tuple(context[size - n :])
+            # latest first (the generated text's occurrences, then the prompt's); an end already taken matched a
+            # longer n-gram too (and ranks there)
+            later = reversed(self.index.get(gram, ()))
+            # at most `branches` ends taken already, so 2 x branches of the prompt's suffice
+            for end in itertools.chain(later, self.prompt_grams.ends(gram, 2 * self.branches)):
                 if len(ends) == self.branches:
                     break
                 if end not in ends:
@@ -224,10 +227,55 @@ class LookupShadow:
         return reports
 
     def _append(self, token: int) -> None:
+        """The n-grams ending at the current last token become earlier occurrences (`index`), then `token` joins
+        the context."""
         context, size = self.context, len(self.context)
         for n in range(1, min(self.max_ngram, size) + 1):  # n-grams ending at the old last token: earlier now
             self.index.setdefault(tuple(context[size - n :]), []).append(size)
         context.append(token)
+
+
+class _PromptGrams:
+    """A prompt's n-grams (n = 1 .. max_ngram) that end before its last token, each n's as one array of keys sorted
+    next to the positions after the occurrences: an n-gram's occurrences are one binary search away, in position
+    order. A key is a polynomial hash of the n-gram (uint64, wrapping), so equal keys are checked against the
+    tokens (`ends`): any vocabulary, any n."""
+
+    # odd (a bijection mod 2**64 per step); a collision is told apart in `ends`
+    MULTIPLIER = 0x9E3779B97F4A7C15
+
+    def __init__(self, prompt: list[int], max_ngram: int):
+        self.tokens = np.asarray(prompt, dtype=np.uint64)
+        size = self.tokens.size
+        self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        with np.errstate(over="ignore"):
+            for n in range(1, min(max_ngram, size - 1) + 1):  # windows [s, s + n), s + n <= size - 1
+                keys = np.zeros(size - n, dtype=np.uint64)
+                for i in range(n):
+                    keys = keys * np.uint64(self.MULTIPLIER) + self.tokens[i : size - n + i]
+                order = np.argsort(keys, kind="stable")  # equal keys stay in position order
+                self.tables[n] = (keys[order], order + n)  # the position after each occurrence
+
+    def ends(self, gram: tuple[int, ...], limit: int) -> list[int]:
+        """Up to `limit` positions after `gram`'s occurrences in the prompt, latest first."""
+        table = self.tables.get(len(gram))
+        if table is None:
+            return []
+        keys, ends = table
+        key = 0
+        for token in gram:
+            key = (key * self.MULTIPLIER + token) % (1 << 64)
+        low, high = (
+            np.searchsorted(keys, np.uint64(key), "left"),
+            np.searchsorted(keys, np.uint64(key), "right"),
+        )
+        found, n = [], len(gram)
+        for end in ends[low:high][::-1].tolist():  # a key shared by another n-gram is told apart here
+            if len(found) == limit:
+                break
+            if self.tokens[end - n : end].tolist() == list(gram):
+                found.append(end)
+        return found
 
 
 class _ShadowRun:

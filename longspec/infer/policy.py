@@ -165,7 +165,7 @@ PLAIN_AGING = 0.8
 # paid once per switch, not per round. The policy learns it apart from the rounds' own costs (`observe_time`) and
 # charges a drafter tree, while the ring is behind, 1 / SWITCH_HORIZON of it: a switch pays when the tree's gain
 # over its next few rounds covers it. (Learned into the round's own cost, as before, the catch-up priced the
-# drafter's chain of one at T=1 on the GPU 11% above its steady rounds, 1.60-1.67 ms against 1.45-1.50, since out
+# drafter's chain of one at T=1 on the GPU ~11% above its steady rounds, 1.56-1.67 ms against 1.45-1.50, since out
 # of plain streaks the exploring rounds are the only ones run: docs/BENCHMARKS.md.)
 SWITCH_HORIZON = 8
 # The lookup family's depth-1 prior and calibration prior (AdaptivePolicy.__init__ says why they are not the

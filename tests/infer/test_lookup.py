@@ -11,6 +11,7 @@ from infer_helpers import random_drafter, reference_greedy
 from test_engine import sampling_marginals, sampling_target
 from test_policy import _common_prefix, _ring_by_position
 
+from longspec.infer import pld
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.pld import LookupShadow, ShadowReport, device_lookup, prompt_lookups
 from longspec.infer.policy import AUTO_LOOKUPS, AdaptivePolicy
@@ -494,15 +495,33 @@ def test_plain_rounds_tell_the_policy_what_a_lookup_would_have_accepted(monkeypa
         assert any(not r.done for r in heard) and max(max(r.matched, default=0) for r in heard) > 0
 
 
-@pytest.mark.parametrize("vocab", [3, 50])
+@pytest.mark.parametrize("vocab", [3, 50, 200_000])
 def test_the_shadow_indexes_a_prompt_as_appending_it_token_by_token(vocab):
-    """The prompt's n-gram index, built in one pass per n, is the one `_append` builds a token at a time (every
-    prompt length from 0, short ones included)."""
+    """The prompt's n-gram tables, built with array operations, draft what the index `_append` builds a token at a
+    time drafts (every prompt length from 0, short ones included, then as the text goes on), for small and large
+    vocabularies."""
     rng = random.Random(vocab)
-    for size in [*range(6), 40]:
+    for size in [*range(6), 40, 300]:
         prompt = [rng.randrange(vocab) for _ in range(size)]
         built = LookupShadow([], 8, 3, 2)
         for token in prompt:
             built._append(token)
         shadow = LookupShadow(prompt, 8, 3, 2)
-        assert shadow.index == built.index and shadow.context == built.context
+        assert shadow.context == built.context
+        for token in [rng.randrange(vocab) for _ in range(12)]:
+            assert shadow.draft() == built.draft()
+            shadow._append(token)
+            built._append(token)
+
+
+def test_the_shadow_tells_apart_prompt_n_grams_whose_keys_collide(monkeypatch):
+    """A key is a hash: n-grams sharing one are told apart by their tokens."""
+    monkeypatch.setattr(pld, "_PromptGrams", type("Colliding", (pld._PromptGrams,), {"MULTIPLIER": 0}))
+    prompt = [5, 1, 7, 5, 1, 9, 3, 1, 4, 5, 1]
+    shadow = LookupShadow(prompt, 8, 2, 4)  # a key is now the n-gram's last token: "3 1" shares "5 1"'s
+    expected = [
+        [9, 3, 1, 4, 5, 1],
+        [7, 5, 1, 9, 3, 1, 4, 5],
+        [4, 5, 1],
+    ]  # after "5 1" (latest first), then "1"
+    assert shadow.draft() == expected == [d.tolist() for d in prompt_lookups(torch.tensor(prompt), 8, 2, 4)]
