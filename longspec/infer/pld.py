@@ -169,8 +169,9 @@ class LookupShadow:
         self.context = list(prompt)
         # The prompt's n-grams that end before its last token (the reference's windows: earlier occurrences only),
         # per n sorted by value (`_PromptGrams`): built with a few array operations, since the prompt can be 128K
-        # tokens per row and this runs before the first round (a dict of every n-gram took 35 ms for 7K tokens on
-        # a CI core, in the prefill's time). Those ending later, the generated text's, go into `index` as they
+        # tokens per row and this runs before the first round, in the call's prefill time (a dict of every n-gram,
+        # as before: 6.5 ms for 8K tokens, 395 ms for 128K on a CI core; these tables 1.6 / 37 ms; a round's draft
+        # costs ~10 us more: benchmarks/shadow_index.py, docs/BENCHMARKS.md). Those ending later, the generated text's, go into `index` as they
         # come (`_append`): n-gram -> the positions after its occurrences, ascending.
         self.prompt_grams = _PromptGrams(self.context, max_ngram)
         self.index: dict[tuple[int, ...], list[int]] = {}
@@ -265,16 +266,16 @@ class _PromptGrams:
         key = 0
         for token in gram:
             key = (key * self.MULTIPLIER + token) % (1 << 64)
-        low, high = (
-            np.searchsorted(keys, np.uint64(key), "left"),
-            np.searchsorted(keys, np.uint64(key), "right"),
-        )
-        found, n = [], len(gram)
-        for end in ends[low:high][::-1].tolist():  # a key shared by another n-gram is told apart here
-            if len(found) == limit:
-                break
-            if self.tokens[end - n : end].tolist() == list(gram):
+        # the last entry with this key, then back through the equal ones: latest first
+        found, n, gram = [], len(gram), list(gram)
+        index = int(np.searchsorted(keys, np.uint64(key), "right")) - 1
+        while index >= 0 and len(found) < limit and int(keys[index]) == key:
+            end = int(ends[index])
+            if (
+                self.tokens[end - n : end].tolist() == gram
+            ):  # a key shared by another n-gram is told apart here
                 found.append(end)
+            index -= 1
         return found
 
 
