@@ -107,7 +107,7 @@ def replay_call(
     while position < len(outcomes):
         index = sum(rounds.values())
         while pending and pending[0][0] <= index - 2:  # the engine's policy hears round j - 2 at round j
-            _hear(policy, *pending.pop(0)[1:])
+            _hear(policy, *pending.pop(0))
         context_len = len(prompt) + position
         widths = policy.choose(context_len)
         if isinstance(widths, Lookup):
@@ -133,7 +133,7 @@ def replay_call(
         position += emitted
         pending.append((index, widths, ranks, context_len, seconds, switched, reports))
     for lesson in pending:  # the call's last lessons, for the next call
-        _hear(policy, *lesson[1:])
+        _hear(policy, *lesson)
     return {"speedup": plain / spent if spent else 1.0, "rounds": dict(rounds), "tokens": position}
 
 
@@ -158,9 +158,11 @@ def _replay_calls(policy, rng, calls, profile, costs, catch_up_s, max_ngram) -> 
     ]
 
 
-def _hear(policy, widths, ranks, context_len, seconds, switched, reports) -> None:
-    """A settled round's lessons, in the engine's order (`engine._DecodeLoop._observe`)."""
-    policy.observe_time(widths, context_len, seconds, switched=switched)
+def _hear(policy, index, widths, ranks, context_len, seconds, switched, reports) -> None:
+    """A settled round's lessons, in the engine's order (`engine._DecodeLoop._observe`; a call's first round
+    teaches no round cost there)."""
+    if index:
+        policy.observe_time(widths, context_len, seconds, switched=switched)
     policy.observe(widths, ranks, context_len)
     for report in reports:
         policy.observe_shadow(report)

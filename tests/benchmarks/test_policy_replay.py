@@ -194,8 +194,14 @@ def test_the_replay_hears_the_engines_shadow_reports_a_round_late(load_benchmark
             self.calls = getattr(self, "calls", 0) + 1
             return () if self.calls % 2 else (1,)
 
+        def observe_time(self, widths, context_len, seconds, *, switched=False):
+            timed.append((widths, seconds, switched))
+
+    timed = []
     outcomes = replay.lookup_outcomes(prompt, output[:5], 16, 3)
     result = replay.replay_call(
         Chain([]), random.Random(0), prompt, output[:5], outcomes, [0.0], Costs(), catch_up_s=0.5
     )
     assert result["speedup"] == pytest.approx(4 / (1 + 2.5 + 1 + 2.5))
+    # as the engine: every round's time but the call's first, the chain's with the catch-up flagged as a switch
+    assert timed == [((1,), 2.5, True), ((), 1.0, False), ((1,), 2.5, True)]
