@@ -245,7 +245,7 @@ class _DecodeLoop:
         while self.lags and self.lags[0][0] <= index - 2:
             round_index, widths, ranks, context_len, seconds, switched, shadowed = self.lags.pop(0)
             # A call's first round pays the call's start (nothing in flight its launch could overlap): in a GPU
-            # evaluation's round logs 0.25-0.35 ms over its tree's steady round, in every call (docs/BENCHMARKS.md).
+            # evaluation's round logs 0.2-0.4 ms over its tree's steady round, in every call (docs/BENCHMARKS.md).
             # Learned as the tree's cost, it would price whatever tree opens the calls above its steady rounds.
             if round_index:
                 self.policy.observe_time(widths, context_len, seconds, switched=switched)
