@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -422,7 +423,9 @@ class RoundTimes:
 
     def _calibrated(self, table: dict, seen: dict) -> dict[tuple[int, ...], float]:
         ratios = sorted(seen[t] / table[t] for t in seen if table[t] > 0)
-        scale = ratios[len(ratios) // 2] if ratios else 1.0
+        # the median (of an even count, the mean of the middle two: the upper one alone priced every unobserved
+        # tree at the dearer of two observed ratios)
+        scale = statistics.median(ratios) if ratios else 1.0
         return monotone({t: seen.get(t, table[t] * scale) for t in self.trees}, self._below)
 
     def cost(self, widths: tuple[int, ...], context_len: int) -> float:

@@ -515,6 +515,9 @@ def test_measured_costs_are_monotone_and_learned_times_calibrate_the_rest():
     learned = policy.costs.costs(1000)
     assert learned[()] == pytest.approx(1.0)
     assert learned[BIG] == pytest.approx(4.0 / 3.0)  # unseen trees scaled by the observed / table ratio
+    policy.observe_time((1, 1), 1000, 3.0 * 2.0)  # a second observed tree at twice its table's figure
+    # an unobserved tree: its table figure times the median of the two ratios, their mean (the upper one: 6.0)
+    assert policy.costs.costs(1000)[(1,)] == pytest.approx(3.0 * (1 / 3 + 2.0) / 2)
     frozen = AdaptivePolicy(costs, trees, learn_times=False)
     frozen.observe_time((), 1000, 1.0)
     assert frozen.costs.costs(1000)[()] == 3.0
