@@ -242,6 +242,24 @@ def test_ragged_default_plan_is_for_the_capacity():
     assert_attn_close(out, lse, *split_kv_attn_naive(q, k_cache, v_cache, lengths, 0.25), torch.float32)
 
 
+def test_split_count_one_wave_for_few_rows_four_for_a_tree(monkeypatch):
+    # The plan on a 132-SM device: few rows (an AR step, a chain, a batch of them) stream K/V in one wave of
+    # programs; a tree's rows (>= 2 row blocks) in four; never under 2 tiles of keys per split.
+    from longspec.kernels.split_kv_attn import triton as kernel
+
+    monkeypatch.setattr(kernel, "_num_sms", lambda device: 132)
+
+    def plan(rows, kv_programs, slots):
+        return kernel.default_config(rows, kv_programs, slots, 128, torch.device(DEVICE))["num_splits"]
+
+    assert plan(4, 8, 8192 + 128) == 16  # 8B AR step: 8 kv heads x 16 splits ~ 132 programs
+    assert plan(68, 8, 32768) == 8  # a chain of 17: two row blocks per kv head
+    assert plan(4, 64, 32768) == 2  # batch 8
+    assert plan(296, 8, 32768) == 13  # a 74-node tree: 5 row blocks, ~4 waves
+    assert plan(3, 3, 4096) == 32  # SmolLM2's AR step at 4K: capped at 4096 / 128 splits
+    assert plan(4, 8, 100) == 1
+
+
 def test_int_length_equals_device_lengths_bitwise():
     # One plan (same num_splits), one kernel: an int length and the same length per row on the device give the
     # same bits, so moving the engine to device lengths changes nothing for a batch of one.

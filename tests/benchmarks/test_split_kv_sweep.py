@@ -1,0 +1,26 @@
+"""benchmarks/split_kv_sweep.py at tiny shapes on the CPU (Triton's interpreter): every split count it times gives
+the default's output, and the JSON holds what it printed."""
+
+import json
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the script imports the kernel
+
+pytest.importorskip("triton")
+
+
+def test_sweep_times_each_split_count_and_checks_it(load_benchmark, tmp_path, monkeypatch):
+    sweep = load_benchmark("split_kv_sweep")
+    monkeypatch.setenv("OUT", str(tmp_path))
+    rows = sweep.main(["--tiny", "--splits", "1", "2", "4", "--iters", "1"])
+    assert [r["case"] for r in rows] == list(sweep.TINY)
+    for row in rows:
+        assert sorted(row["ms_by_splits"]) == [1, 2]  # 4 splits of a 384-slot cache: under 2 tiles each
+        assert row["max_abs_diff"] < 1e-5 and row["default_ms"] > 0 and row["floor_ms"] > 0
+        assert row["best_splits"] in row["ms_by_splits"]
+    written = json.loads((tmp_path / "split_kv_sweep.json").read_text())
+    assert [r["case"] for r in written["rows"]] == list(sweep.TINY)
