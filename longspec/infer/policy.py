@@ -422,6 +422,10 @@ class AcceptanceModel:
         # the others undecided. In stored units, a count of one is 1 / scale.
         one, hits, trials = 1.0 / self._scale, self._hits, self._trials
         for d, rank in enumerate(ranks[: max(0, self.max_depth - start)], start=start):
+            if not rank:  # bucket 0: a lookup chain's every depth past its branch, up to 16 a round
+                trials[0][d] += one
+                hits[0][d] += one
+                continue
             bucket = bisect.bisect_right(RANK_EDGES, rank)  # the bucket `rank` falls in
             for column in trials[: bucket + 1]:
                 column[d] += one
