@@ -85,6 +85,7 @@ inject a stub. Two corrections make the choice robust to timing noise and to wha
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -175,11 +176,16 @@ SWITCH_HORIZON = 8
 # the synthetic texts of tests/infer/test_policy.py keep their assertions.
 LOOKUP_PRIOR_FIRST = 0.1
 LOOKUP_CALIBRATION_PRIOR = 4.0
+# AcceptanceModel stores its counts divided by a running scale that each decay multiplies (`_decay`): far from
+# float's smallest normal (~1e-308), so a count of one in stored units (1 / scale) stays finite; at decay 0.97 the
+# scale is folded back into the counts every ~5800 observed rounds.
+_RESCALE_BELOW = 2.0**-256
 
 
 def context_bucket(context_len: int) -> int:
     """The cost table's key for a context length: the next power of two, at least MIN_BUCKET."""
-    return max(MIN_BUCKET, 1 << max(int(context_len) - 1, 0).bit_length())
+    context_len = int(context_len)
+    return 1 << (context_len - 1).bit_length() if context_len > MIN_BUCKET else MIN_BUCKET
 
 
 class CostModel(Protocol):
@@ -203,17 +209,27 @@ def contains(small: Candidate, big: Candidate) -> bool:
     return len(small) <= len(big) and all(a <= b for a, b in zip(small, big, strict=False))
 
 
-def monotone(
-    costs: dict[tuple[int, ...], float], below: dict[tuple[int, ...], list[tuple[int, ...]]] | None = None
-) -> dict[tuple[int, ...], float]:
-    """Each tree's cost raised to the most expensive tree it contains (see the module docstring). `below`:
-    the trees each one contains, precomputed (`contained_trees`) when called every round."""
-    below = below or contained_trees(costs)
-    return {t: max(costs[s] for s in below[t]) for t in costs}
+class _Containment:
+    """`contains` over a fixed list of distinct candidates, by index, for what the policy recomputes every round:
+    `pairs`, each (big, small) with big containing small (big by big, each's smalls in list order), and what
+    `monotone` walks: only the (small, big) pairs where big contains small immediately (`contains` is transitive,
+    so raising each candidate to those, in an order where each comes after all it contains, raises it to all)."""
 
+    def __init__(self, trees: Sequence[Candidate]):
+        n = len(trees)
+        below = [[j for j in range(n) if j != i and contains(trees[j], trees[i])] for i in range(n)]
+        self.pairs = [(big, small) for big in range(n) for small in below[big]]
+        # A candidate contains strictly more than any it contains: by that count, each comes after what it contains.
+        order = sorted(range(n), key=lambda i: len(below[i]))
+        self._steps = [(j, i) for i in order for j in below[i] if not any(j in below[k] for k in below[i])]
 
-def contained_trees(trees) -> dict[tuple[int, ...], list[tuple[int, ...]]]:
-    return {t: [s for s in trees if contains(s, t)] for t in trees}
+    def monotone(self, costs: Sequence[float]) -> list[float]:
+        """Each candidate's cost raised to the most expensive candidate it contains (see the module docstring)."""
+        out = list(costs)
+        for small, big in self._steps:
+            if out[small] > out[big]:
+                out[big] = out[small]
+        return out
 
 
 @dataclass
@@ -236,7 +252,10 @@ class MeasuredCosts:
         if self._size != len(self.seconds):
             self._tables, self._size = {}, len(self.seconds)
         if bucket not in self._tables:
-            self._tables[bucket] = monotone({w: s for (b, w), s in self.seconds.items() if b == bucket})
+            table = {w: s for (b, w), s in self.seconds.items() if b == bucket}
+            self._tables[bucket] = dict(
+                zip(table, _Containment(list(table)).monotone(list(table.values())), strict=True)
+            )
         return self._tables[bucket][widths]
 
     def missing(self, trees: Sequence[tuple[int, ...]], buckets: Sequence[int]) -> list[int]:
@@ -254,7 +273,12 @@ def named_by_bucket(seconds: dict) -> dict[str, float]:
 
 
 class AcceptanceModel:
-    """Per-depth rank hazards with a Beta prior and exponential decay (see the module docstring)."""
+    """Per-depth rank hazards with a Beta prior and exponential decay (see the module docstring).
+
+    It is observed and read every decode round (host time between two device rounds), so it does what an
+    observation changed and what is read, once: the counts are stored divided by a running scale, which a decay
+    multiplies instead of every count; and after an observation one pass (`_fill`) computes each rank bucket's
+    hazards down to the deepest depth read of it (a lookup chain reads bucket 0 alone)."""
 
     def __init__(
         self,
@@ -270,63 +294,114 @@ class AcceptanceModel:
         self.decay = decay
         self.prior_weight = prior_weight
         self.first_prior = [prior_first] + [prior_rest] * (len(RANK_EDGES) - 1)  # depth 1's hazards
-        self.hits = [[0.0] * len(RANK_EDGES) for _ in range(max_depth)]
-        self.trials = [[0.0] * len(RANK_EDGES) for _ in range(max_depth)]
-        self._expected: dict[tuple[int, ...], float] = {}  # valid until the next observation
-        self._hazards: list[list[float]] | None = None  # same
-        # per depth, P(rank < RANK_EDGES[j]) for every j: what accept_prob reads (every candidate, every round)
-        self._accept: list[list[float]] | None = None  # same
+        # The decayed counts per rank bucket, per depth (bucket by bucket, as `_fill` reads them) are these times
+        # _scale (`hits`, `trials`).
+        self._hits = [[0.0] * max_depth for _ in RANK_EDGES]
+        self._trials = [[0.0] * max_depth for _ in RANK_EDGES]
+        self._scale = 1.0
+        # What is read, kept across observations: per widths, each level's last rank bucket entirely below its
+        # width (`_plan`); per bucket j, the deepest depth P(rank < RANK_EDGES[j]) was read at, and how deep its
+        # hazards are needed (P(rank < RANK_EDGES[j]) needs buckets 0..j: the deepest of buckets j, j + 1, ...).
+        self._levels: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._asked = [0] * len(RANK_EDGES)
+        self._needed = [0] * len(RANK_EDGES)
+        # Valid until the next observation (`_stale`): expected tokens per widths, and per bucket j, at depths
+        # 1, 2, ... as far as read (`_fill`): the hazards, and P(rank < RANK_EDGES[j]) (what accept_prob reads).
+        self._expected: dict[tuple[int, ...], float] = {}
+        self._hazards: list[list[float]] = [[] for _ in RANK_EDGES]
+        self._accept: list[list[float]] = [[] for _ in RANK_EDGES]
+        self._stale = True
 
     @property
     def max_depth(self) -> int:
-        return len(self.hits)
+        return len(self._hits[0])
+
+    @property
+    def hits(self) -> list[list[float]]:
+        """Per depth, per rank bucket: the decayed count of rounds whose rank fell in the bucket."""
+        return [[h * self._scale for h in depth] for depth in zip(*self._hits, strict=True)]
+
+    @property
+    def trials(self) -> list[list[float]]:
+        """Per depth, per rank bucket: the decayed count of rounds whose rank was known to reach the bucket."""
+        return [[t * self._scale for t in depth] for depth in zip(*self._trials, strict=True)]
 
     def hazard(self, depth: int, bucket: int) -> float:
         """P(rank in bucket | rank >= bucket start) at tree depth `depth` (1-based)."""
-        if self._hazards is None:
-            self._update()
-        return self._hazards[depth - 1][bucket]
-
-    def _update(self) -> None:
-        """The posterior hazards and, from them, each depth's acceptance below every rank edge."""
-        self._hazards, self._accept = self._posterior(), []
-        for hazards in self._hazards:
-            miss, below = 1.0, []
-            for h in hazards:
-                miss *= 1.0 - h
-                below.append(1.0 - miss)
-            self._accept.append(below)
-
-    def _posterior(self) -> list[list[float]]:
-        """Every depth's hazards, depth by depth: each depth's prior is the estimate of the depth above it."""
-        prior, out = self.first_prior, []
-        for hits, trials in zip(self.hits, self.trials, strict=True):
-            w = self.prior_weight
-            prior = [(h + w * p) / (t + w) for h, t, p in zip(hits, trials, prior, strict=True)]
-            out.append(prior)
-        return out
+        self._ask(bucket, depth)
+        if self._stale:
+            self._fill()
+        return self._hazards[bucket][depth - 1]
 
     def accept_prob(self, depth: int, width: int) -> float:
         """P(rank < width) at `depth`, from the buckets entirely below `width` (conservative between edges)."""
-        edges = bisect.bisect_right(RANK_EDGES, width)  # the buckets entirely below `width`
-        if not edges:
+        below = bisect.bisect_right(RANK_EDGES, width)  # the buckets entirely below `width`
+        if not below:
             return 0.0
-        if self._accept is None:
-            self._update()
-        return self._accept[depth - 1][edges - 1]
+        self._ask(below - 1, depth)
+        if self._stale:
+            self._fill()
+        return self._accept[below - 1][depth - 1]
 
     def expected_tokens(self, widths: tuple[int, ...]) -> float:
         """Expected tokens a round of `widths` emits (accepted drafts + the bonus)."""
-        if widths not in self._expected:
-            self._expected[widths] = self._expected_tokens(widths)
-        return self._expected[widths]
-
-    def _expected_tokens(self, widths: tuple[int, ...]) -> float:
+        expected = self._expected.get(widths)
+        if expected is not None:
+            return expected
+        levels = self._levels.get(widths)
+        if levels is None:
+            levels = self._levels[widths] = self._plan(widths)
+        if self._stale:
+            self._fill()
+        accept = self._accept
         total, reach = 1.0, 1.0
-        for depth, width in enumerate(widths[: self.max_depth], start=1):
-            reach *= self.accept_prob(depth, width)
+        for depth, j in enumerate(levels):
+            reach *= accept[j][depth]  # accept_prob(depth + 1, widths[depth])
             total += reach
+        self._expected[widths] = total
         return total
+
+    def _plan(self, widths: tuple[int, ...]) -> tuple[int, ...]:
+        """Per level of `widths` (down to max_depth), the last rank bucket entirely below its width (accept_prob's),
+        read from now on; up to the first level that can accept nothing, where the expected tokens stop growing."""
+        levels = []
+        for depth, width in enumerate(widths[: self.max_depth], start=1):
+            below = bisect.bisect_right(RANK_EDGES, width)
+            if not below:
+                break
+            self._ask(below - 1, depth)
+            levels.append(below - 1)
+        return tuple(levels)
+
+    def _ask(self, bucket: int, depth: int) -> None:
+        """P(rank < RANK_EDGES[bucket]) is read at `depth`: every `_fill` from now on computes it."""
+        if not 1 <= depth <= self.max_depth:
+            raise IndexError(f"depth {depth} is outside the model's 1..{self.max_depth}")
+        if self._asked[bucket] < depth:
+            self._asked[bucket] = depth
+            self._needed = list(itertools.accumulate(reversed(self._asked), max))[::-1]
+            self._stale = True
+
+    def _fill(self) -> None:
+        """Every bucket's posterior hazards and acceptance below its edge, as deep as needed (`_needed`), in one
+        pass: the candidates read the same every round. Depth by depth, each depth's prior is the estimate of the
+        depth above it."""
+        # (hits + w * prior) / (trials + w) in stored units: the prior's weight divided by the scale
+        weight = self.prior_weight / self._scale
+        miss = [1.0] * self._needed[0]  # per depth, P(rank >= the edge of the bucket at hand)
+        for j, depth in enumerate(self._needed):
+            if not depth:
+                break  # nor any bucket past it
+            hazards, accept = self._hazards[j], self._accept[j]
+            hazards.clear()
+            accept.clear()
+            prior = self.first_prior[j]
+            for d, hits, trials in zip(range(depth), self._hits[j], self._trials[j], strict=False):
+                prior = (hits + weight * prior) / (trials + weight)
+                hazards.append(prior)
+                miss[d] *= 1.0 - prior
+                accept.append(1.0 - miss[d])
+        self._stale = False
 
     def observe(
         self, widths: tuple[int, ...], ranks: Sequence[int], *, start: int = 0, open: bool = False
@@ -339,33 +414,49 @@ class AcceptanceModel:
         new round, start 0, decays the counts); `open`: the round is not over, the depths past these are unknown
         (right-censored), so no miss is recorded yet. Its pieces count what the whole round would."""
         self._expected.clear()
-        self._hazards = self._accept = None
+        self._stale = True
         if start == 0:
-            for row_hits, row_trials in zip(self.hits, self.trials, strict=True):
-                for j in range(len(RANK_EDGES)):
-                    row_hits[j] *= self.decay
-                    row_trials[j] *= self.decay
-        for depth, rank in enumerate(ranks, start=start + 1):
-            if depth > self.max_depth:
-                break
-            self._record(depth, rank, censored=False)
-        accepted = start + len(ranks)
-        if not open and accepted < min(len(widths), self.max_depth):
-            self._record(accepted + 1, widths[accepted], censored=True)
+            self._decay()
+        # A rank counts a trial for each bucket it reached (start <= rank) and a hit for the one it fell in (none
+        # past the last edge); a miss ("rank >= width", censored) a trial for each bucket entirely below the width,
+        # the others undecided. In stored units, a count of one is 1 / scale.
+        one, hits, trials = 1.0 / self._scale, self._hits, self._trials
+        for d, rank in enumerate(ranks[: max(0, self.max_depth - start)], start=start):
+            if not rank:  # bucket 0: a lookup chain's every depth past its branch, up to 16 a round
+                trials[0][d] += one
+                hits[0][d] += one
+                continue
+            bucket = bisect.bisect_right(RANK_EDGES, rank)  # the bucket `rank` falls in
+            for column in trials[: bucket + 1]:
+                column[d] += one
+            if bucket < len(RANK_EDGES):
+                hits[bucket][d] += one
+        d = start + len(ranks)
+        if not open and d < min(len(widths), self.max_depth):
+            for column in trials[: bisect.bisect_right(RANK_EDGES, widths[d])]:
+                column[d] += one
 
-    def _record(self, depth: int, rank: int, *, censored: bool) -> None:
-        hits, trials = self.hits[depth - 1], self.trials[depth - 1]
-        low = 0
-        for j, edge in enumerate(RANK_EDGES):
-            if censored and edge > rank:  # only "rank >= `rank`" is known: bucket j is undecided
-                return
-            if not censored and rank < low:
-                return
-            trials[j] += 1.0
-            if not censored and rank < edge:
-                hits[j] += 1.0
-                return
-            low = edge
+    def _decay(self) -> None:
+        """Every count times `decay`, as a change of the scale. The scale only shrinks; before a count of one in
+        stored units (1 / scale) could overflow, the scale is folded back into the counts."""
+        self._scale *= self.decay
+        if self._scale < _RESCALE_BELOW:
+            for rows in (self._hits, self._trials):
+                for row in rows:
+                    row[:] = [count * self._scale for count in row]
+            self._scale = 1.0
+
+
+@dataclass
+class _BucketTimes:
+    """What one context bucket's rounds showed, by tree index (RoundTimes.trees): each tree's decayed mean (None:
+    not run here yet) and its update's observation count; the trees that ran, in index order; the pairs
+    (`_Containment.pairs`) whose trees both ran."""
+
+    means: list[float | None]
+    when: list[int]
+    ran: list[int] = field(default_factory=list)
+    pairs: list[tuple[int, int]] = field(default_factory=list)
 
 
 class RoundTimes:
@@ -374,59 +465,99 @@ class RoundTimes:
     the trees that ran in that bucket; the result is made monotone (see the module docstring)."""
 
     def __init__(self, base: CostModel, trees: Sequence[tuple[int, ...]], *, decay: float = 0.9):
-        self.base, self.trees, self.decay = base, tuple(trees), decay
+        self.base, self.trees, self.decay = base, tuple(dict.fromkeys(trees)), decay
         self.mean: dict[tuple[int, tuple[int, ...]], float] = {}
         self.observed_at: dict[
             tuple[int, tuple[int, ...]], int
         ] = {}  # the observation count at its last update
         self._observations = 0
-        self._below = contained_trees(self.trees)
-        self._cache: dict[int, dict[tuple[int, ...], float]] = {}  # per bucket; this runs every round
+        self._index = {t: i for i, t in enumerate(self.trees)}
+        self._containment = _Containment(self.trees)
+        # Every round's time changes a bucket's costs, and the policy reads them every round: they are recomputed
+        # from lists by tree index, `mean` and `observed_at` as they stand per bucket (`_note`) and a MeasuredCosts
+        # base's figures per bucket (`_table`), and kept until the bucket's next observation.
+        self._buckets: dict[int, _BucketTimes] = {}
+        self._tables: dict[int, tuple[int, list[float]]] = {}
+        self._cache: dict[int, list[float]] = {}
 
     def observe(self, widths: tuple[int, ...], context_len: int, seconds: float) -> None:
         bucket = context_bucket(context_len)
-        key = (bucket, _candidate(widths))
+        tree = _candidate(widths)
+        key = (bucket, tree)
         old = self.mean.get(key)
-        self.mean[key] = seconds if old is None else self.decay * old + (1.0 - self.decay) * seconds
+        self.mean[key] = mean = seconds if old is None else self.decay * old + (1.0 - self.decay) * seconds
         self._observations += 1
         self.observed_at[key] = self._observations
         self._cache.pop(bucket, None)
+        i = self._index.get(tree)
+        if i is not None:
+            self._note(bucket, i, mean)
+
+    def _note(self, bucket: int, i: int, mean: float) -> None:
+        """Tree `i`'s new mean into its bucket's lists; a tree's first run there adds it to those that ran."""
+        times = self._buckets.get(bucket)
+        if times is None:
+            times = self._buckets[bucket] = _BucketTimes([None] * len(self.trees), [0] * len(self.trees))
+        if times.means[i] is None:
+            times.ran = sorted(times.ran + [i])
+            times.pairs = [(b, s) for b, s in self._containment.pairs if b in times.ran and s in times.ran]
+        times.means[i], times.when[i] = mean, self._observations
 
     def costs(self, context_len: int) -> dict[tuple[int, ...], float]:
-        bucket = context_bucket(context_len)
-        if bucket in self._cache:
-            return self._cache[bucket]
-        table = {t: self.base.cost(t, context_len) for t in self.trees}
-        seen = {t: self.mean[(bucket, t)] for t in self.trees if (bucket, t) in self.mean}
-        if not seen:
-            return table  # the table as given (MeasuredCosts is monotone itself; a test stub need not be)
-        when = {t: self.observed_at[(bucket, t)] for t in seen}
-        self._cache[bucket] = self._calibrated(table, self._bounded(table, seen, when))
-        return self._cache[bucket]
+        return dict(zip(self.trees, self._listed(context_len), strict=True))
 
-    def _bounded(self, table: dict, seen: dict, when: dict) -> dict[tuple[int, ...], float]:
+    def _listed(self, context_len: int) -> list[float]:
+        """`costs` as a list in `trees` order (what the policy reads every round). Not to be modified: it is
+        cached."""
+        bucket = context_bucket(context_len)
+        costs = self._cache.get(bucket)
+        if costs is not None:
+            return costs
+        table = self._table(context_len, bucket)
+        times = self._buckets.get(bucket)
+        if times is None:
+            return table  # the table as given (MeasuredCosts is monotone itself; a test stub need not be)
+        costs = self._cache[bucket] = self._calibrated(table, times.ran, self._bounded(table, times))
+        return costs
+
+    def _table(self, context_len: int, bucket: int) -> list[float]:
+        """The base's cost of every tree at `context_len`. A MeasuredCosts prices a whole bucket alike, until it
+        measures more (it only adds entries): its figures are read once per bucket and size. Any other cost model
+        may price each context length apart (the tests' stubs do): it is asked every time."""
+        if not isinstance(self.base, MeasuredCosts):
+            return [self.base.cost(t, context_len) for t in self.trees]
+        size = len(self.base.seconds)
+        known = self._tables.get(bucket)
+        if known is None or known[0] != size:
+            known = self._tables[bucket] = (size, [self.base.cost(t, context_len) for t in self.trees])
+        return known[1]
+
+    def _bounded(self, table: list[float], times: _BucketTimes) -> list[float | None]:
         """The observed means, each pair of trees one containing the other held to the table's ratio where the
         newer figure says so (it tells what the machine does now): a smaller tree's older mean is capped at the
         bigger one's newer mean x table(small) / table(big), a bigger tree's older mean raised to the smaller
         one's newer mean x table(big) / table(small)."""
-        bounded = dict(seen)
-        for big in seen:
-            for small in self._below[big]:
-                if small == big or small not in seen or table[small] <= 0 or table[big] <= 0:
-                    continue
-                ratio = table[big] / table[small]
-                if when[big] > when[small]:
-                    bounded[small] = min(bounded[small], seen[big] / ratio)
-                else:
-                    bounded[big] = max(bounded[big], seen[small] * ratio)
+        means, when = times.means, times.when
+        bounded = list(means)
+        for big, small in times.pairs:
+            if table[small] <= 0 or table[big] <= 0:
+                continue
+            ratio = table[big] / table[small]
+            if when[big] > when[small]:
+                bounded[small] = min(bounded[small], means[big] / ratio)
+            else:
+                bounded[big] = max(bounded[big], means[small] * ratio)
         return bounded
 
-    def _calibrated(self, table: dict, seen: dict) -> dict[tuple[int, ...], float]:
-        ratios = sorted(seen[t] / table[t] for t in seen if table[t] > 0)
+    def _calibrated(self, table: list[float], ran: list[int], seen: list[float | None]) -> list[float]:
+        ratios = sorted(seen[i] / table[i] for i in ran if table[i] > 0)
         # the median (of an even count, the mean of the middle two: the upper one alone priced every unobserved
         # tree at the dearer of two observed ratios)
         scale = statistics.median(ratios) if ratios else 1.0
-        return monotone({t: seen.get(t, table[t] * scale) for t in self.trees}, self._below)
+        costs = [cost * scale for cost in table]
+        for i in ran:
+            costs[i] = seen[i]
+        return self._containment.monotone(costs)
 
     def cost(self, widths: tuple[int, ...], context_len: int) -> float:
         return self.costs(context_len)[_candidate(widths)]
@@ -490,7 +621,7 @@ class AdaptivePolicy:
         acceptance: AcceptanceModel | None = None,
         learn_times: bool = True,
     ):
-        self.trees = tuple(_candidate(t) for t in trees)
+        self.trees = tuple(dict.fromkeys(_candidate(t) for t in trees))
         if not self.trees:
             raise ValueError("the adaptive policy needs at least one candidate tree")
         # learn_times=False: `costs` is authoritative (an injected model), observed round times are ignored.
@@ -500,6 +631,16 @@ class AdaptivePolicy:
         drafter_trees = [t for t in self.trees if not isinstance(t, Lookup)]
         lookups = [t for t in self.trees if isinstance(t, Lookup)]
         self.lookups = tuple(lookups)
+        # The candidates by family, as (index in `trees`, level widths its model sees), for `_rates` (every
+        # round); the lookup forests apart from the chains (candidates once the text repeats, `rates`).
+        self._plain = [i for i, t in enumerate(self.trees) if not t]
+        self._drafters = [(i, t) for i, t in enumerate(self.trees) if is_drafter_tree(t)]
+        self._chains = [
+            (i, t.widths) for i, t in enumerate(self.trees) if isinstance(t, Lookup) and t.branches == 1
+        ]
+        self._forests = [
+            (i, t.widths) for i, t in enumerate(self.trees) if isinstance(t, Lookup) and t.branches > 1
+        ]
         # the candidate the shadow's reports are learned as (`observe_shadow`)
         self._widest = max(lookups, key=lambda t: (t.branches, t.length), default=None)
         self.acceptance = acceptance or AcceptanceModel(max((len(t) for t in drafter_trees), default=1) or 1)
@@ -595,28 +736,48 @@ class AdaptivePolicy:
         SmolLM2, 4K). On a 7-token answer those first rounds are the whole call: replayed over a GPU run's T=0
         outputs (`benchmarks/policy_replay.py`), 0.73x -> 0.84x of plain decoding there (the chain's every
         round: 0.84x), mean 3.054 -> 3.107x (docs/BENCHMARKS.md)."""
-        costs = self._costs(context_len)
         return {
-            t: self.expected_tokens(t) / costs[t]
-            for t in self.trees
-            if self._repeating or not (isinstance(t, Lookup) and t.branches > 1)
+            t: rate for t, rate in zip(self.trees, self._rates(context_len), strict=True) if rate is not None
         }
 
-    def _costs(self, context_len: int) -> dict[Candidate, float]:
-        """Each candidate's cost for the next round: its steady round cost (`RoundTimes`), plus for a drafter tree
-        SWITCH_HORIZON's share of the ring's catch-up while the ring is behind (see SWITCH_HORIZON)."""
-        costs = self.costs.costs(context_len)
+    def _rates(self, context_len: int) -> list[float | None]:
+        """`rates` in `trees` order, None for a forest left out: what `best` reads every round, family by family
+        (each one's model and calibration read once)."""
+        costs = self._cost_list(context_len)
+        rates: list[float | None] = [None] * len(costs)
+        for i in self._plain:
+            rates[i] = 1.0 / costs[i]
+        for members, model, calibration in (
+            (self._drafters, self.acceptance, self.calibration),
+            (self._chains, self.lookup_acceptance, self.lookup_calibration),
+            (self._forests if self._repeating else (), self.lookup_acceptance, self.lookup_calibration),
+        ):
+            expected, ratio = model.expected_tokens, calibration.ratio
+            for i, widths in members:
+                rates[i] = (1.0 + (expected(widths) - 1.0) * ratio) / costs[i]  # expected_tokens(t) / cost
+        return rates
+
+    def _cost_list(self, context_len: int) -> list[float]:
+        """Each candidate's cost for the next round, in `trees` order: its steady round cost (`RoundTimes`), plus
+        for a drafter tree SWITCH_HORIZON's share of the ring's catch-up while the ring is behind (see
+        SWITCH_HORIZON)."""
+        costs = self.costs._listed(context_len)
         if not (self._ring_behind and self.switch_s > 0):
             return costs
-        extra = self.switch_s / SWITCH_HORIZON
-        return {t: cost + extra if is_drafter_tree(t) else cost for t, cost in costs.items()}
+        costs = list(costs)
+        for i, _ in self._drafters:
+            costs[i] += self.switch_s / SWITCH_HORIZON
+        return costs
 
     def snapshot(self, context_len: int) -> dict[str, dict[str, float]]:
         """What the policy believes at `context_len`, per candidate by name (`tree_name`): expected tokens per
         round (calibrated), cost per round in ms (the measured table refined by observed round times, plus the
         switch's share while the ring is behind) and their
         ratio in tokens per ms: why it ran what it ran (a call's stats carry it: GenerationStats.policy)."""
-        costs, rates = self._costs(context_len), self.rates(context_len)
+        costs, rates = (
+            dict(zip(self.trees, self._cost_list(context_len), strict=True)),
+            self.rates(context_len),
+        )
         return {
             tree_name(t): {
                 "expected_tokens": self.expected_tokens(t),
@@ -628,8 +789,11 @@ class AdaptivePolicy:
 
     def best(self, context_len: int) -> Candidate:
         """The candidate with the most expected tokens per second (first of equals: the cheaper end)."""
-        rates = self.rates(context_len)
-        return max(rates, key=lambda t: rates[t])
+        best, top = None, 0.0
+        for t, rate in zip(self.trees, self._rates(context_len), strict=True):
+            if rate is not None and (best is None or rate > top):
+                best, top = t, rate
+        return best
 
     def choose(self, context_len: int) -> Candidate:
         """`best`, except where it is no speculation: every `_interval`-th consecutive such round (at least the
@@ -738,4 +902,4 @@ class AdaptivePolicy:
 
 def _candidate(widths) -> Candidate:
     """A candidate in its hashable form: a Lookup as it is, level widths as a tuple of ints."""
-    return widths if isinstance(widths, Lookup) else tuple(int(w) for w in widths)
+    return widths if isinstance(widths, Lookup) else tuple(map(int, widths))
