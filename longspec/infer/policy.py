@@ -504,9 +504,9 @@ class RoundTimes:
         times.means[i], times.when[i] = mean, self._observations
 
     def costs(self, context_len: int) -> dict[tuple[int, ...], float]:
-        return dict(zip(self.trees, self._listed(context_len), strict=True))
+        return dict(zip(self.trees, self.cost_list(context_len), strict=True))
 
-    def _listed(self, context_len: int) -> list[float]:
+    def cost_list(self, context_len: int) -> list[float]:
         """`costs` as a list in `trees` order (what the policy reads every round). Not to be modified: it is
         cached."""
         bucket = context_bucket(context_len)
@@ -761,7 +761,7 @@ class AdaptivePolicy:
         """Each candidate's cost for the next round, in `trees` order: its steady round cost (`RoundTimes`), plus
         for a drafter tree SWITCH_HORIZON's share of the ring's catch-up while the ring is behind (see
         SWITCH_HORIZON)."""
-        costs = self.costs._listed(context_len)
+        costs = self.costs.cost_list(context_len)
         if not (self._ring_behind and self.switch_s > 0):
             return costs
         costs = list(costs)
