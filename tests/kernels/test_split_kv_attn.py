@@ -243,8 +243,9 @@ def test_ragged_default_plan_is_for_the_capacity():
 
 
 def test_split_count_one_wave_for_few_rows_four_for_a_tree(monkeypatch):
-    # The plan on a 132-SM device: few rows (an AR step, a chain) stream K/V in one wave of programs, a batch's
-    # (16+ kv programs) in two; a tree's rows (>= 2 row blocks) in four; never under 2 tiles of keys per split.
+    # The plan on a 132-SM device: few rows (an AR step, a chain) stream K/V in one wave of programs, or two where
+    # a split has 16+ programs (a batch, a chain of two row blocks); a tree's rows (>= 2 row blocks of 64 rows)
+    # in four; never under 2 tiles of keys per split.
     from longspec.kernels.split_kv_attn import triton as kernel
 
     monkeypatch.setattr(kernel, "_num_sms", lambda device: 132)
@@ -253,7 +254,7 @@ def test_split_count_one_wave_for_few_rows_four_for_a_tree(monkeypatch):
         return kernel.default_config(rows, kv_programs, slots, 128, torch.device(DEVICE))["num_splits"]
 
     assert plan(4, 8, 8192 + 128) == 16  # 8B AR step: 8 kv heads x 16 splits ~ 132 programs
-    assert plan(68, 8, 32768) == 8  # a chain of 17: two row blocks per kv head
+    assert plan(68, 8, 32768) == 16  # a chain of 17: two row blocks per kv head, two waves
     assert plan(4, 64, 32768) == 4  # batch 8: two waves
     assert plan(3, 48, 4096) == 6  # SmolLM2 at batch 16
     assert plan(296, 8, 32768) == 13  # a 74-node tree: 5 row blocks, ~4 waves

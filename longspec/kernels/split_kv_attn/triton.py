@@ -206,18 +206,19 @@ def default_config(
     - a tree's rows (R >= 2 * BLOCK_M): ~4 waves of programs over the SMs (13 splits for 8 kv heads on 132 SMs).
       On an H200 (benchmarks/verify_attention.py --sweep, 2026-11-30, docs/BENCHMARKS.md) the fastest of the 12
       swept (BLOCK_M, BLOCK_N, warps, stages) x 4-66 splits at both 32K and 128K.
-    - fewer rows (an AR step, a chain): one wave for one sequence's kv heads, two for a batch's (16 or more kv
-      programs per split). Their programs only stream K/V, so longer splits cost nothing in balance and save
-      each split's fixed work and the reduce's input (splits x rows partials). On an H200
-      (benchmarks/split_kv_sweep.py, 2026-12-04, docs/BENCHMARKS.md; 32 layers' caches), the 8B shape's AR step
-      took 0.55 ms at 8K and 1.29 ms at 32K with 16 splits, against 0.84 / 1.77 ms with 64 (about the count of
-      4 waves); a chain of 17 at 32K 1.55 ms with 16 against 2.57 with 64; batch 8 was fastest with 4 splits
-      (2 waves) at 8K and 32K."""
+    - fewer rows (an AR step, a chain): one wave where a split has few programs (one sequence's kv heads, one
+      row block each), two where it has 16 or more (a batch, or a chain long enough for two row blocks). Their
+      programs only stream K/V, so longer splits cost nothing in balance and save each split's fixed work and
+      the reduce's input (splits x rows partials). On an H200 (benchmarks/split_kv_sweep.py, 2026-12-04,
+      docs/BENCHMARKS.md; 32 layers' caches), the 8B shape's AR step took 0.55 ms at 8K and 1.29 ms at 32K with
+      16 splits (one wave), against 0.84 / 1.77 ms with 64 (about the count of 4 waves); a chain of 17 (two row
+      blocks) at 32K 1.55 ms with 16 splits (two waves), 1.89 with 8 (one), 2.57 with 64; batch 8 was fastest
+      with 4 splits (two waves) at 8K and 32K."""
     block_m, block_n, num_warps, num_stages = 64, 64, 4, 3
     if head_dim > 128:
         block_n, num_stages = 32, 2  # shared memory
     programs_per_split = num_kv_programs * triton.cdiv(num_rows, block_m)
-    waves = 4 if num_rows >= 2 * block_m else (1 if num_kv_programs < 16 else 2)
+    waves = 4 if num_rows >= 2 * block_m else (1 if programs_per_split < 16 else 2)
     num_splits = max(1, round(waves * _num_sms(device) / programs_per_split))
     num_splits = min(num_splits, max(1, cache_len_hint // (2 * block_n)))
     return dict(
