@@ -74,7 +74,6 @@ def main(argv=None) -> list[dict]:
         )
     out = os.path.join(os.environ["OUT"], "shadow_index.json") if os.environ.get("OUT") else args.json
     if out:
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         write_json_atomic(out, {**run_info(), "args": vars(args), "rows": rows})
     return rows
 

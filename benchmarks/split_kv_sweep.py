@@ -153,7 +153,7 @@ def main(argv=None) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     out = os.path.join(os.environ["OUT"], "split_kv_sweep.json") if os.environ.get("OUT") else args.json
-    write_json_atomic(out, {"run": run_info(), "rows": rows})
+    write_json_atomic(out, {**run_info(), "args": vars(args), "rows": rows})
     return rows
 
 

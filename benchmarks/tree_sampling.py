@@ -121,7 +121,6 @@ def main(argv: list[str] | None = None) -> dict:
                 )
     out_dir = os.environ.get("OUT")
     path = os.path.join(out_dir, "tree_sampling.json") if out_dir else args.json
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     write_json_atomic(path, result)
     cols = [
         ("vocab", "vocab", "d"),

@@ -14,8 +14,10 @@ __all__ = ["write_text_atomic", "write_json_atomic"]
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` via a temp file + fsync + rename: readers see the old file or the new one, never half."""
+    """Write `text` to `path` via a temp file + fsync + rename: readers see the old file or the new one, never half.
+    A missing parent directory is created (an output folder such as a benchmark's $OUT need not exist yet)."""
     path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
