@@ -4,8 +4,9 @@ winner, argmax of q / E) are each one such reduction over a [rows, V] tensor.
 
     PYTHONPATH=. python benchmarks/row_argmax.py [--vocab 49152 128256] [--rows 1 2 8 16 69]
 
-Routes: `torch.argmax(x, -1)`, `torch.topk(x, 1).indices` (a radix select), and a two-stage max (max over
-blocks of 1024 columns, then over the blocks). Each is captured 50 times in one CUDA graph and replayed, so the
+Routes: `torch.argmax(x, -1)`, `torch.topk(x, 1).indices` (a radix select), a two-stage max in torch (max over
+blocks of 1024 columns, then over the blocks), and `kernel`: `longspec.kernels.row_argmax.row_argmax` (what a round
+runs: on CUDA two Triton launches, per (row, 2048-column chunk), then per row). Each is captured 50 times in one CUDA graph and replayed, so the
 time per call is device time without launch overhead (a round replays its steps from graphs too). Every route is
 first checked to return argmax's indices on inputs without ties. Writes $OUT/row_argmax.json when OUT is set.
 """
@@ -18,6 +19,7 @@ import os
 import torch
 
 from longspec.atomic import write_json_atomic
+from longspec.kernels.row_argmax import row_argmax
 from longspec.provenance import run_info
 
 
@@ -37,6 +39,7 @@ ROUTES = {
     "argmax": lambda x: x.argmax(-1),
     "topk1": lambda x: x.topk(1, dim=-1).indices[..., 0],
     "two_stage": two_stage_argmax,
+    "kernel": row_argmax,
 }
 
 

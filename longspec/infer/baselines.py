@@ -21,6 +21,7 @@ from longspec.infer.accept import sample_token, target_distribution
 from longspec.infer.engine import GenerationConfig, GenerationResult, SpeculativeEngine
 from longspec.infer.methods import ALL_METHODS, BATCH_METHODS, BATCH_RUNNERS, HF_METHODS, get_method
 from longspec.infer.stats import GenerationStats
+from longspec.kernels.row_argmax import row_argmax
 from longspec.modules.attention import HAS_FLASH_ATTN
 
 __all__ = [
@@ -214,7 +215,7 @@ def hf_compiled_generate(hf_model, prompt_ids, config: GenerationConfig) -> Gene
 def _pick(logits: torch.Tensor, config: GenerationConfig, generator) -> torch.Tensor:
     """The engine's sampling rule (same target_distribution and sampler), so outputs are comparable."""
     if config.temperature == 0:
-        return torch.argmax(logits, dim=-1)
+        return row_argmax(logits)
     probs = target_distribution(
         logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
     )

@@ -83,6 +83,7 @@ from longspec.infer.tree import (
     is_drafter_tree,
     tree_name,
 )
+from longspec.kernels.row_argmax import row_argmax
 from longspec.modules.rope import exact_positions, longrope_long
 
 # GenerationConfig and DEFAULT_TREE_WIDTHS live in longspec.infer.config; the engine is their public home.
@@ -843,7 +844,7 @@ class SpeculativeEngine:
 
     def _pick(self, logits: torch.Tensor, config: GenerationConfig, generator) -> torch.Tensor:
         if config.temperature == 0:
-            return torch.argmax(logits, dim=-1)
+            return row_argmax(logits)
         target_probs = target_distribution(
             logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
         )
@@ -870,7 +871,7 @@ def accept_path(
     padded, lengths [B], bonus [B]); nothing read on the host, fixed shapes. `chain`: the trees are chains (one
     branch), whose walks are `greedy_chain_path` / `sample_chain_path`."""
     if config.temperature == 0:
-        target_argmax = torch.argmax(logits, dim=-1)
+        target_argmax = row_argmax(logits)
         if chain:
             return greedy_chain_path(tokens, target_argmax, valid, depth)
         return greedy_path(tokens, parents, depths, ancestor_mask, target_argmax, valid, depth)

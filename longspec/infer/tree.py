@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from longspec.kernels.row_argmax import row_argmax
+
 __all__ = [
     "DraftTree",
     "Lookup",
@@ -213,7 +215,7 @@ def beam_step(
         raise ValueError(f"tree level width {width} exceeds {num_parents} nodes x vocab {vocab}")
     if num_parents == 1 and not scores:  # the parent's own top-W; a [..., 1, V] row
         if width == 1:
-            index = draft_logits.argmax(-1)  # [..., 1]
+            index = row_argmax(draft_logits)  # [..., 1]
         else:
             index = draft_logits.topk(width, dim=-1).indices[..., 0, :]  # [..., W]
         return torch.zeros_like(index), index, None
@@ -261,7 +263,7 @@ def sample_step(
     """
     lead, (num_parents, vocab) = draft_probs.shape[:-2], draft_probs.shape[-2:]
     if num_parents == 1 and width == 1 and not scores:
-        tokens = (draft_probs / noise).argmax(-1)  # [..., 1]
+        tokens = row_argmax(draft_probs / noise)  # [..., 1]
         return torch.zeros_like(tokens), tokens, None, None
     if parent_scores is None:
         parent_scores = torch.zeros(*lead, num_parents, device=draft_probs.device)
