@@ -8,8 +8,7 @@ with few query rows: an AR step, a chain verify, a batch of them, at the 8B and 
 Per case, one call per layer over that many layers' own random caches (a model's step reads every layer's cache
 once, so nothing is served from L2 that a real step would read from HBM), captured in one CUDA graph and timed by
 CUDA events (median of --iters replays): the kernel's default split count (`default_config`) and each of --splits,
-with the output checked against the default's (max abs difference). Where the default merges the splits inside
-the partial launch (`FUSED_MERGE`: few rows), `reduce_ms` times the same split count with the separate reduce. The bytes floor is the caches' K/V read once
+with the output checked against the default's (max abs difference). The bytes floor is the caches' K/V read once
 at 4.3 TB/s. Prints a line per case and writes $OUT/split_kv_sweep.json (or --json).
 """
 
@@ -107,15 +106,9 @@ def sweep_case(name: str, shape: tuple, splits: list[int], iters: int, device, d
         "floor_ms": layers * 2 * B * Hkv * context * D * dtype.itemsize / HBM_BYTES_PER_S * 1e3,
         "default_splits": default["num_splits"],
         "default_ms": _graph_timer(lambda: run(None), iters),
-        "fused_merge": default["FUSED_MERGE"],
-        "reduce_ms": None,
         "ms_by_splits": {},
         "max_abs_diff": 0.0,
     }
-    if default["FUSED_MERGE"]:
-        unfused = {"FUSED_MERGE": False}
-        row["max_abs_diff"] = float((run(unfused)[0].float() - reference).abs().max())
-        row["reduce_ms"] = _graph_timer(lambda: run(unfused), iters)
     for num_splits in splits:
         if num_splits > max(1, slots // 128):  # at least 2 tiles of 64 keys per split, as the default keeps
             continue
@@ -151,10 +144,9 @@ def main(argv=None) -> list[dict]:
     for name in names:
         row = sweep_case(name, cases[name], args.splits, args.iters, device, dtype)
         by_splits = " ".join(f"{s}:{ms:.3f}" for s, ms in row["ms_by_splits"].items())
-        fused = "" if row["reduce_ms"] is None else f" fused ({row['reduce_ms']:.3f} ms with the reduce)"
         print(
             f"{name}: floor {row['floor_ms']:.3f} ms, default ({row['default_splits']} splits) "
-            f"{row['default_ms']:.3f} ms{fused}, best ({row['best_splits']}) {row['best_ms']:.3f} ms | {by_splits}",
+            f"{row['default_ms']:.3f} ms, best ({row['best_splits']}) {row['best_ms']:.3f} ms | {by_splits}",
             flush=True,
         )
         rows.append(row)

@@ -259,6 +259,7 @@ def test_split_count_one_wave_for_few_rows_four_for_a_tree(monkeypatch):
     assert plan(3, 48, 4096) == 6  # SmolLM2 at batch 16
     assert plan(296, 8, 32768) == 13  # a 74-node tree: 5 row blocks, ~4 waves
     assert plan(3, 3, 4096) == 32  # SmolLM2's AR step at 4K: capped at 4096 / 128 splits
+    assert plan(3, 3, 8192 + 128) == 32  # and at 8K at the reduce's 32 parts per load (one wave would be 44)
     assert plan(4, 8, 100) == 1
 
 
@@ -413,48 +414,3 @@ def test_gpu_ragged_batch_in_a_cuda_graph(dtype):
             ref = _union_reference(q[row], k_cache[row], v_cache[row], n, k_new[row], v_new[row], masks[row],
                                    128**-0.5)  # fmt: skip
             assert_attn_close(out[row], lse[row], *ref, dtype)
-
-
-@pytest.mark.parametrize(
-    "B, H, Hkv, Tq, D, lengths, causal, num_splits",
-    [
-        (1, 32, 8, 1, 32, [900], False, 16),  # an 8B-like AR step (4 rows per kv head)
-        (3, 9, 3, 1, 24, [700, 0, 333], False, 7),  # SmolLM2-like, ragged, one empty row
-        (2, 8, 2, 4, 16, [500, 260], True, 9),  # a chain of 4: 16 rows per kv head, the fused limit
-        (1, 4, 4, 1, 16, [40], False, 6),  # more splits than tiles: empty parts merged with weight 0
-    ],
-)
-def test_fused_merge_equals_the_reduce_and_resets_its_counters(
-    monkeypatch, B, H, Hkv, Tq, D, lengths, causal, num_splits
-):
-    # Few rows merge their splits in the last partial program to finish (a ticket per kv head) instead of a
-    # reduce launch. Both routes against the reference, over poisoned outputs; MERGE_S shrunk so the merge loads
-    # its parts in several rounds; the ticket counters back at zero after each launch (a graph replays it).
-    from longspec.kernels.split_kv_attn import triton as kernel
-
-    monkeypatch.setattr(kernel, "_MERGE_ELEMENTS", 256)
-    lens = torch.tensor(lengths, device=DEVICE)
-    q, k_cache, v_cache = _inputs(B, H, Hkv, Tq, 1024, D, lens)
-    ref = split_kv_attn_naive(q, k_cache, v_cache, lens, 0.3, causal=causal)
-    outs = []
-    for fused in (True, False, True):
-        config = {"num_splits": num_splits, "FUSED_MERGE": fused}
-        out, lse = split_kv_attn(q, k_cache, v_cache, lens, 0.3, causal=causal, config=config, **_poisoned(q))
-        assert_attn_close(out, lse, *ref, torch.float32)
-        outs.append(out)
-        assert int(kernel._COUNTERS[torch.device(DEVICE)].abs().sum()) == 0
-    assert torch.equal(outs[0], outs[2])  # the second fused launch starts from clean counters
-    assert kernel.default_config(H // Hkv * Tq, B * Hkv, 1024, D, torch.device(DEVICE))["FUSED_MERGE"]
-    assert not kernel.default_config(17, 1, 1024, D, torch.device(DEVICE))["FUSED_MERGE"]  # a tree's rows
-
-
-def test_fused_merge_is_not_used_with_merge_with():
-    # The hybrid verify's extra part is merged by the reduce: the fused path must step aside, whatever config says.
-    q, k_cache, v_cache = _inputs(1, 4, 2, 3, 200, 16, 150)
-    k_new, v_new = torch.randn(1, 2, 3, 16, device=DEVICE), torch.randn(1, 2, 3, 16, device=DEVICE)
-    mask = tree_mask([-1, 0, 0], device=DEVICE)
-    tree = fused_mask_attn(q, k_new, v_new, mask, 0.25)
-    out, lse = split_kv_attn(q, k_cache, v_cache, 150, 0.25, merge_with=tree,
-                             config={"FUSED_MERGE": True, "num_splits": 3}, **_poisoned(q))  # fmt: skip
-    ref = _union_reference(q, k_cache, v_cache, 150, k_new, v_new, mask, 0.25)
-    assert_attn_close(out, lse, *ref, torch.float32)

@@ -51,18 +51,16 @@ _LOG2E = 1.4426950408889634
 # every cache length / tree size instead of recompiling when, say, num_splits happens to be 16.
 @triton.jit(do_not_specialize=["cache_len", "max_len", "num_queries", "num_rows", "num_splits", "branches"])
 def _split_kv_partial_kernel(
-    Q, K, V, LENS, O_PART, L_PART, COUNTS, OUT, LSE, cache_len, max_len,
+    Q, K, V, LENS, O_PART, L_PART, cache_len, max_len,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt,
     stride_lens,
-    stride_ob, stride_oh, stride_ot,
-    stride_lb, stride_lh, stride_lt,
     num_kv_heads, num_queries, group, num_rows, num_splits, branches,
     qk_scale,
     LEN_ON_DEVICE: tl.constexpr, CAUSAL: tl.constexpr, FOREST: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_S: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     # Row blocks vary fastest so the programs sharing one split's K/V tiles run together (L2 reuse).
     pid_m = tl.program_id(0)
@@ -125,70 +123,6 @@ def _split_kv_partial_kernel(
         O_PART + (part + rows64)[:, None] * HEAD_DIM + d[None, :], o, mask=row_ok[:, None] & d_ok[None, :]
     )
     tl.store(L_PART + part + rows64, lse2, mask=row_ok)
-
-    if FUSED_MERGE:  # the last of this kv head's splits to finish merges them all (one row block: pid_m = 0)
-        # Every thread's stores above are done (barrier) and released at device scope before the ticket is
-        # taken (acq_rel), and the program that draws the last ticket acquires them all before its loads.
-        tl.debug_barrier()
-        counter = COUNTS + pid_bh
-        ticket = tl.atomic_add(counter, 1, sem="acq_rel")
-        if ticket == num_splits - 1:
-            tl.store(counter, 0)  # back to zero for the next launch (a CUDA graph replays this one)
-            _merge_parts(
-                O_PART, L_PART, OUT, LSE, b, kvh, pid_bh,
-                stride_ob, stride_oh, stride_ot, stride_lb, stride_lh, stride_lt,
-                num_queries, group, num_rows, num_splits,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, MERGE_ROWS=MERGE_ROWS, MERGE_S=MERGE_S,
-            )  # fmt: skip
-
-
-@triton.jit
-def _merge_parts(
-    O_PART, L_PART, OUT, LSE, b, kvh, pid_bh,
-    stride_ob, stride_oh, stride_ot, stride_lb, stride_lh, stride_lt,
-    num_queries, group, num_rows, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_S: tl.constexpr,
-):  # fmt: skip
-    """All S parts of one kv head's rows (num_rows <= MERGE_ROWS) merged into OUT / LSE, MERGE_S parts per load:
-    the reduce kernel's online merge, for every row of the head at once."""
-    rows = tl.arange(0, MERGE_ROWS)
-    row_ok = rows < num_rows
-    heads = (kvh * group + rows // num_queries).to(tl.int64)
-    tq = (rows % num_queries).to(tl.int64)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    s_off = tl.arange(0, MERGE_S)
-    m = tl.full([MERGE_ROWS], float("-inf"), dtype=tl.float32)
-    denom = tl.zeros([MERGE_ROWS], dtype=tl.float32)
-    o = tl.zeros([MERGE_ROWS, BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, num_splits, MERGE_S):
-        s = s0 + s_off
-        ok = (s < num_splits)[:, None] & row_ok[None, :]  # [S, R]
-        part = (pid_bh * num_splits + s)[:, None] * num_rows + rows[None, :]
-        # .cg: from L2, where the other programs' partials are (never a stale L1 line)
-        lse_s = tl.load(L_PART + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        o_s = tl.load(
-            O_PART + part[:, :, None] * HEAD_DIM + d[None, None, :],
-            mask=ok[:, :, None] & d_ok[None, None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        )  # [S, R, D]
-        m_new = tl.maximum(m, tl.max(lse_s, axis=0))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_ref)  # 0 while m is -inf
-        w = tl.exp2(lse_s - m_ref[None, :])  # [S, R]; empty parts (lse -inf) weigh exactly 0
-        o = o * alpha[:, None] + tl.sum(w[:, :, None] * o_s, axis=0)
-        denom = denom * alpha + tl.sum(w, axis=0)
-        m = m_new
-    m = tl.where(m == float("-inf"), 0.0, m)
-    o = o / tl.where(denom == 0.0, 1.0, denom)[:, None]
-    lse = tl.where(denom == 0.0, float("-inf"), (m + tl.log2(denom)) * 0.6931471805599453)
-    tl.store(
-        OUT + b * stride_ob + heads[:, None] * stride_oh + tq[:, None] * stride_ot + d[None, :],
-        o.to(OUT.dtype.element_ty),
-        mask=row_ok[:, None] & d_ok[None, :],
-    )
-    tl.store(LSE + b * stride_lb + heads * stride_lh + tq * stride_lt, lse, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["num_queries", "num_rows", "num_splits"])
@@ -257,28 +191,8 @@ def _split_kv_reduce_kernel(
     tl.store(LSE + b * stride_lb + head * stride_lh + tq * stride_lt + tl.zeros([1], tl.int64), lse)
 
 
-# The fused merge holds MERGE_S parts x rows x head dim float32 values per load; past 16 rows (a kv head's group
-# times a chain's queries) it would load a few parts at a time, a chain of dependent loads: the reduce is faster.
-MERGE_MAX_ROWS = 16
-_MERGE_ELEMENTS = 8192
-# Per device: one int32 ticket counter per (sequence, kv head) of a fused launch, zero between launches (each
-# launch's last program resets its own). Buffers that were replaced are kept alive: a CUDA graph captured
-# earlier still points at them. Launches that share them run in stream order (one stream per engine).
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_RETIRED: list[torch.Tensor] = []
-
-
-def _ticket_counters(device: torch.device, count: int) -> torch.Tensor | None:
-    """Zeroed counters for `count` kv heads, or None (use the reduce) when they would have to be allocated
-    inside a CUDA graph capture (a memset in the graph, memory from its pool)."""
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < count:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        if counters is not None:
-            _RETIRED.append(counters)
-        counters = _COUNTERS[device] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
-    return counters
+# Splits the reduce merges per load (fixed, so the kernel compiles once whatever the split count).
+REDUCE_BLOCK_S = 32
 
 
 @functools.cache
@@ -304,23 +218,19 @@ def default_config(
       16 splits (one wave), against 0.84 / 1.77 ms with 64 (about the count of 4 waves); a chain of 17 (two row
       blocks) at 32K 1.55 ms with 16 splits (two waves), 1.89 with 8 (one), 2.57 with 64; batch 8 was fastest
       with 4 splits (two waves) at 8K and 32K.
-    FUSED_MERGE (up to MERGE_MAX_ROWS rows: an AR step, a short chain): the last split of each kv head to finish
-    merges the parts (`_merge_parts`) instead of a reduce launch; a tree's rows keep the reduce, whose one
-    program per row spreads the merge over the device."""
+    - never more than REDUCE_BLOCK_S splits, the reduce's parts per load: past it the reduce makes a second pass
+      of dependent loads. SmolLM2's AR step (3 kv heads: one wave is 44 splits) was fastest with 32 at 4K and
+      8K (split_kv_sweep.py, 2026-12-04: 0.212 / 0.250 ms over 30 layers, against 0.254 / 0.280 with 33 / 44).
+    """
     block_m, block_n, num_warps, num_stages = 64, 64, 4, 3
     if head_dim > 128:
         block_n, num_stages = 32, 2  # shared memory
     programs_per_split = num_kv_programs * triton.cdiv(num_rows, block_m)
     waves = 4 if num_rows >= 2 * block_m else (1 if programs_per_split < 16 else 2)
     num_splits = max(1, round(waves * _num_sms(device) / programs_per_split))
-    num_splits = min(num_splits, max(1, cache_len_hint // (2 * block_n)))
+    num_splits = min(num_splits, REDUCE_BLOCK_S, max(1, cache_len_hint // (2 * block_n)))
     return dict(
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        num_splits=num_splits,
-        FUSED_MERGE=num_rows <= MERGE_MAX_ROWS,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages, num_splits=num_splits
     )
 
 
@@ -352,7 +262,7 @@ def split_kv_attn(
       itself. branches=1 is the plain chain (the same compiled kernel as without it).
     merge_with: optional (out [B,H,Tq,D], lse [B,H,Tq]) of attention over other keys, merged in the reduce.
     out/lse: optional output buffers. config: overrides of `default_config` (BLOCK_M, BLOCK_N, num_warps,
-      num_stages, num_splits, FUSED_MERGE).
+      num_stages, num_splits).
     Returns (out [B,H,Tq,D] in q.dtype, by default laid out [B,Tq,H,D] (`heads_last_like`), lse [B,H,Tq]
     float32) over the union of all key sets."""
     B, H, Tq, D = q.shape
@@ -382,41 +292,33 @@ def split_kv_attn(
     num_splits = cfg.pop("num_splits")
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
     block_d = max(16, triton.next_power_of_2(D))
-    fused = cfg.pop("FUSED_MERGE") and merge_with is None and num_rows <= min(block_m, MERGE_MAX_ROWS)
-    counters = _ticket_counters(q.device, B * Hkv) if fused else None
-    fused = counters is not None
-    merge_rows = triton.next_power_of_2(num_rows)
-    merge_s = max(1, min(triton.next_power_of_2(num_splits), _MERGE_ELEMENTS // (merge_rows * block_d)))
 
-    out = heads_last_like(q) if out is None else out
-    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device) if lse is None else lse
-    assert out.shape == q.shape and out.stride(-1) == 1 and lse.shape == (B, H, Tq)
     o_part = torch.empty((B * Hkv, num_splits, num_rows, D), dtype=torch.float32, device=q.device)
     l_part = torch.empty((B * Hkv, num_splits, num_rows), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(num_rows, block_m), num_splits, B * Hkv)
     _split_kv_partial_kernel[grid](
-        q, k_cache, v_cache, lens, o_part, l_part, counters if fused else l_part, out, lse, cache_len, Tmax,
+        q, k_cache, v_cache, lens, o_part, l_part, cache_len, Tmax,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         stride_lens,
-        out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1), lse.stride(2),
         Hkv, Tq, group, num_rows, num_splits, branches,
         scale * _LOG2E,
         LEN_ON_DEVICE=len_on_device, CAUSAL=causal and Tq > 1, FOREST=causal and Tq > 1 and branches > 1,
         DOT_PRECISION=dot_precision(q.dtype),
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
-        FUSED_MERGE=fused, MERGE_ROWS=merge_rows, MERGE_S=merge_s, **cfg,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, **cfg,
     )  # fmt: skip
-    if fused:
-        return out, lse
+
+    out = heads_last_like(q) if out is None else out
+    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device) if lse is None else lse
+    assert out.shape == q.shape and out.stride(-1) == 1 and lse.shape == (B, H, Tq)
     if merge_with is not None:
         extra_o, extra_l = merge_with
         assert extra_o.shape == q.shape and extra_l.shape == (B, H, Tq) and extra_o.stride(-1) == 1
     else:
         extra_o, extra_l = out, lse  # unused (HAS_EXTRA=False); any valid pointers
-    # BLOCK_S: fixed, so the kernel compiles once whatever the split count (a multiple of it is one more loop).
+    # REDUCE_BLOCK_S: fixed, so the kernel compiles once whatever the split count (a multiple of it is one more
+    # loop; default_config plans at most one).
     _split_kv_reduce_kernel[(num_rows, B * Hkv)](
         o_part, l_part, extra_o, extra_l, out, lse,
         extra_o.stride(0), extra_o.stride(1), extra_o.stride(2),
@@ -424,6 +326,6 @@ def split_kv_attn(
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
         Hkv, Tq, group, num_rows, num_splits,
-        HAS_EXTRA=merge_with is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=32, num_warps=2,
+        HAS_EXTRA=merge_with is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=REDUCE_BLOCK_S, num_warps=2,
     )  # fmt: skip
     return out, lse
