@@ -219,8 +219,8 @@ def default_config(
       blocks) at 32K 1.55 ms with 16 splits (two waves), 1.89 with 8 (one), 2.57 with 64; batch 8 was fastest
       with 4 splits (two waves) at 8K and 32K.
     - never more than REDUCE_BLOCK_S splits, the reduce's parts per load: past it the reduce makes a second pass
-      of dependent loads. SmolLM2's AR step (3 kv heads: one wave is 44 splits) was fastest with 32 at 4K and
-      8K (split_kv_sweep.py, 2026-12-04: 0.212 / 0.250 ms over 30 layers, against 0.254 / 0.280 with 33 / 44).
+      of dependent loads. SmolLM2's AR step (3 kv heads: one wave is 44 splits) took 0.237 / 0.275 ms over 30
+      layers at 4K / 8K with 32 (split_kv_sweep.py, 2026-12-04), against 0.246 / 0.287 with 33 / 44 before.
     """
     block_m, block_n, num_warps, num_stages = 64, 64, 4, 3
     if head_dim > 128:
