@@ -116,6 +116,18 @@ def _parse_jsonl(lines: Iterable[bytes | str]) -> tuple[list[tuple[int, dict]], 
         if missing:
             malformed.append((line_no, f"missing or non-string field(s): {', '.join(missing)}"))
             continue
+        # The optional fields that choose the prompt: a `dataset` that is not a string crashed the template
+        # lookup, and a `chat` of "false" (a string, so truthy) chat-wrapped the row.
+        wrong = [
+            k
+            for k, kind in (("dataset", str), ("chat", bool))
+            if not isinstance(row.get(k), (kind, type(None)))
+        ]
+        if wrong:
+            malformed.append(
+                (line_no, f"wrong type of field(s): {', '.join(wrong)} (dataset: a string, chat: true/false)")
+            )
+            continue
         if reason := _not_text(row["context"], row["input"]):
             malformed.append((line_no, reason))
             continue
