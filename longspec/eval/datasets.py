@@ -270,6 +270,7 @@ def load_samples(
                 continue
             candidates.append(Sample(str(row.get("_id", line)), dataset_name, ids))
         report.malformed.sort()
+    _make_ids_unique(candidates, source)
     maximum = context_len - context_margin
     if maximum < 1:
         raise ValueError(
@@ -288,6 +289,23 @@ def load_samples(
     if not samples:
         raise ValueError(_no_samples_message(report, minimum, maximum))
     return samples, report
+
+
+def _make_ids_unique(samples: list[Sample], source: str) -> None:
+    """Give a sample whose id repeats an earlier one's the id `ID#k` (its k-th occurrence). The report matches
+    each method's output to the reference's by id: two rows with one `_id` (or a row whose `_id` is another
+    row's line number, the id of a row without one) made one of them count as a lossless-check failure."""
+    seen: set[str] = set()
+    renamed = 0
+    for sample in samples:
+        base, k = sample.id, 1
+        while sample.id in seen:
+            k += 1
+            sample.id = f"{base}#{k}"
+        renamed += sample.id != base
+        seen.add(sample.id)
+    if renamed:
+        logger.warning("%s: %d row(s) repeat an earlier row's id: renamed ID#k", source, renamed)
 
 
 def _no_samples_message(report: DataReport, minimum: int, maximum: int) -> str:

@@ -119,3 +119,21 @@ def test_fields_of_the_wrong_type_make_a_row_malformed(tmp_path):
         str(path), build_byte_tokenizer(), context_len=4096, min_prompt_tokens=0, context_margin=0
     )
     assert [s.id for s in samples] == ["ok"] and len(report.malformed) == 2
+
+
+def test_repeated_ids_are_made_unique(tmp_path):
+    """The report matches outputs by sample id: a repeated `_id`, or an `_id` equal to the line number that
+    names a row without one, is renamed ID#k, every sample keeps its own id."""
+    path = tmp_path / "rows.jsonl"
+    rows = [
+        {"_id": "a", "context": "one", "input": ""},
+        {"context": "two", "input": ""},  # id "2", its line
+        {"_id": "a", "context": "three", "input": ""},
+        {"_id": 2, "context": "four", "input": ""},
+        {"_id": "a", "context": "five", "input": ""},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    samples, _ = load_samples(
+        str(path), build_byte_tokenizer(), context_len=4096, min_prompt_tokens=0, context_margin=0
+    )
+    assert [s.id for s in samples] == ["a", "2", "a#2", "2#2", "a#3"]
