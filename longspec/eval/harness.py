@@ -144,7 +144,17 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
         )
         samples = samples[: cfg.max_samples] if cfg.max_samples else samples
         data_reports.append(report.to_dict())
-        datasets.append((samples[0].dataset, samples))
+        # Results, the lossless check and a stopped run's chunks are keyed by dataset name, which for a file is
+        # its base name: two sources of one name (a/rows.jsonl, b/rows.jsonl) were merged as one dataset, their
+        # samples checked against the wrong reference records, and read back in each other's place on a rerun.
+        name, k = samples[0].dataset, 1
+        while any(name == other for other, _ in datasets):
+            k += 1
+            name = f"{samples[0].dataset}_{k}"
+        for sample in samples:
+            sample.dataset = name
+        data_reports[-1]["dataset"] = name
+        datasets.append((name, samples))
     longest = max(s.prompt_len for _, samples in datasets for s in samples)
     _check_positions(cfg, hf_config, datasets)
     clock.mark("data")
