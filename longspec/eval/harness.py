@@ -30,6 +30,7 @@ from longspec.infer.graphs import no_gc
 from longspec.infer.methods import BATCH_RUNNERS, get_method
 from longspec.modules.rope import exact_positions, longrope_long, longrope_original
 from longspec.provenance import git_commit
+from longspec.target import _check_model_type
 
 __all__ = ["log_summary", "run_eval"]
 
@@ -122,6 +123,9 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     model_source = cfg.target.source()  # an HF directory / hub id, or a GGUF file
     tokenizer = load_tokenizer(model_source, trust_remote_code=trust)
     hf_config = load_config(model_source, trust_remote_code=trust)
+    # A family the adapter does not run is refused now, before anything else about the run: it used to come
+    # after the data checks, so a gpt2 target first asked for another data.context_margin, then was refused.
+    _check_model_type(hf_config)
     check_tokenizer_fits(tokenizer, hf_config.vocab_size)  # the embedding's rows
     max_positions = getattr(hf_config, "max_position_embeddings", None)
     # by default prompts fit the target's context, or the range its rope rotates exactly (`_check_positions`)

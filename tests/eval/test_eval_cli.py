@@ -187,3 +187,20 @@ def test_a_longrope_target_needs_each_batch_on_one_side_of_its_original_context(
         check([23])
     with pytest.raises(UserError, match="cross this target's original context"):
         check([22, 40], batch_size=2)
+
+
+def test_an_unsupported_family_is_refused_first(eval_overrides, tmp_path, capsys):
+    """A GPT-2 target (a 64-position context, which the default data.context_margin=2000 does not fit) is
+    refused for its family, before the data checks: its first error used to be about data.context_margin."""
+    from transformers import GPT2Config
+
+    from longspec.testing import build_byte_tokenizer
+
+    GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=1, n_head=2).save_pretrained(
+        tmp_path / "gpt2"
+    )
+    build_byte_tokenizer().save_pretrained(tmp_path / "gpt2")
+    overrides = [o for o in eval_overrides(tmp_path / "out") if not o.startswith("target.path")]
+    assert main([*overrides, f"target.path={tmp_path / 'gpt2'}", "data.context_margin=2000"]) == 2
+    assert "unsupported target model_type 'gpt2'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
