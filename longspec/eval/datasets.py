@@ -287,7 +287,8 @@ def load_samples(
             *report.malformed[0],
         )
     if not samples:
-        raise ValueError(_no_samples_message(report, minimum, maximum))
+        too_long = sum(s.prompt_len > maximum for s in candidates)
+        raise ValueError(_no_samples_message(report, minimum, maximum, too_long=too_long))
     return samples, report
 
 
@@ -308,8 +309,9 @@ def _make_ids_unique(samples: list[Sample], source: str) -> None:
         logger.warning("%s: %d row(s) repeat an earlier row's id: renamed ID#k", source, renamed)
 
 
-def _no_samples_message(report: DataReport, minimum: int, maximum: int) -> str:
-    """Why a source gave nothing to evaluate, by count: empty, malformed, or outside the length window."""
+def _no_samples_message(report: DataReport, minimum: int, maximum: int, *, too_long: int = 0) -> str:
+    """Why a source gave nothing to evaluate, by count: empty, malformed, or outside the length window (too
+    short, too long: the remedies differ)."""
     counts = (
         f"{report.num_rows} rows: {len(report.malformed)} malformed, "
         f"{report.num_filtered} outside the length filter {minimum} < tokens <= {maximum}"
@@ -319,6 +321,14 @@ def _no_samples_message(report: DataReport, minimum: int, maximum: int) -> str:
     elif report.num_filtered == 0:
         line, reason = report.malformed[0]
         hint = f"every row is malformed (first: line {line}: {reason})"
+    elif too_long == report.num_filtered:
+        # Lowering data.min_prompt_tokens, the only advice given before, does nothing for prompts too long.
+        hint = (
+            f"every prompt is longer than {maximum} tokens: lower data.context_margin, or raise data.context_len "
+            "if the target's context allows"
+        )
+    elif too_long == 0:
+        hint = "every prompt is too short: lower data.min_prompt_tokens (default 1200 for LongBench / JSONL)"
     else:
         hint = "lower data.min_prompt_tokens (default 1200 for LongBench / JSONL) or data.context_margin"
     return f"data source {report.source!r} has no sample to evaluate ({counts}); {hint}"

@@ -70,10 +70,17 @@ def test_bad_bytes_and_lone_surrogates_are_skipped_with_their_line(tmp_path, tar
         (
             _row(0) + _row(1),
             ["data.min_prompt_tokens=null"],
-            r"2 rows: 0 malformed, 2 outside .*1200 < tokens",
+            r"2 rows: 0 malformed, 2 outside .*1200 < tokens.*every prompt is too short: lower data.min_prompt",
+        ),
+        # Prompts longer than the room left: lowering data.min_prompt_tokens (once the only advice) cannot help.
+        (
+            _row(0) + _row(1),
+            ["data.context_margin=4086"],
+            r"2 rows: 0 malformed, 2 outside .*0 < tokens <= 10\); every prompt is longer than 10 tokens: lower "
+            r"data.context_margin",
         ),
     ],
-    ids=["empty", "all_malformed", "all_filtered"],
+    ids=["empty", "all_malformed", "all_filtered", "all_too_long"],
 )
 def test_source_with_nothing_to_evaluate_is_one_error(tmp_path, target_dir, capsys, content, extra, pattern):
     data = tmp_path / "rows.jsonl"
