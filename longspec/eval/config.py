@@ -148,6 +148,7 @@ class EvalConfig(Schema):
         check(self.timing_repeats >= 1, f"timing_repeats must be >= 1, got {self.timing_repeats}")
         check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
         self._check_device()
+        self._check_output_dir()
         check(
             self.sampling_rule in ("rrs", "deterministic"),
             f"sampling_rule must be rrs or deterministic, got {self.sampling_rule!r}",
@@ -188,6 +189,22 @@ class EvalConfig(Schema):
                 device.index is None or device.index < count,
                 f"device={self.device} but this machine has {count} CUDA GPU(s): cuda:0 to cuda:{count - 1}",
             )
+
+    def _check_output_dir(self) -> None:
+        """output_dir must be a directory that can be made and written: it was first written after the target had
+        loaded and warmed up (minutes for a large one), and the error then was a bare OSError not naming the
+        option. Nothing is created here: a run refused later leaves no empty folder."""
+        existing = os.path.abspath(self.output_dir)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        check(
+            os.path.isdir(existing),
+            f"output_dir={self.output_dir!r} cannot be created: {existing} is not a directory",
+        )
+        check(
+            os.access(existing, os.W_OK | os.X_OK),
+            f"output_dir={self.output_dir!r} is not writable ({existing} does not let this user write)",
+        )
 
     def generation_config(self, *, eos_token_ids: tuple[int, ...]) -> GenerationConfig:
         """The engine's GenerationConfig of this run (raises ValueError for a bad field)."""

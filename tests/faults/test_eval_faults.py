@@ -154,3 +154,22 @@ def test_a_window_that_contradicts_the_loaded_drafter_is_an_error(tmp_path, targ
         err, r"drafter.window=512 but the drafter at .* was trained with window 64", exclusive=False
     )
     assert_only_changed(tmp_path, before)
+
+
+def test_an_output_dir_that_cannot_be_written_is_refused_before_the_target_loads(
+    tmp_path, target_dir, capsys
+):
+    """output_dir below a file: it was first written after the target had loaded and warmed up, and the error
+    was a bare "[Errno 20] Not a directory" that did not name the option."""
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(_row(0))
+    before = tree_checksums(tmp_path)
+    with mock.patch("longspec.target.TargetModel.from_pretrained") as load:
+        status, err = run_in_process(main, _overrides(target_dir, data, data / "out"), capsys)
+    assert status == 2 and not load.called
+    assert_one_line_error(
+        err,
+        r"output_dir='.*rows\.jsonl/out' cannot be created: .*rows\.jsonl is not a directory",
+        exclusive=False,
+    )
+    assert_only_changed(tmp_path, before)
