@@ -132,6 +132,9 @@ class EvalConfig(Schema):
 
     def validate(self) -> None:
         methods = self.methods
+        check(
+            bool(methods), f"method must name at least one method of {', '.join(ALL_METHODS)}"
+        )  # [] crashed
         unknown = [m for m in methods if m not in ALL_METHODS]
         check(not unknown, f"unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}")
         check(len(set(methods)) == len(methods), f"method lists a method twice: {methods}")
@@ -144,6 +147,8 @@ class EvalConfig(Schema):
         check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         check(self.timing_repeats >= 1, f"timing_repeats must be >= 1, got {self.timing_repeats}")
         check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
+        self._check_device()
+        self._check_output_dir()
         check(
             self.sampling_rule in ("rrs", "deterministic"),
             f"sampling_rule must be rrs or deterministic, got {self.sampling_rule!r}",
@@ -158,6 +163,48 @@ class EvalConfig(Schema):
             )
             if not os.path.isdir(self.drafter.path):
                 raise FileNotFoundError(f"drafter.path={self.drafter.path!r} is not a directory")
+
+    def _check_device(self) -> None:
+        """An unknown device, or a GPU this machine does not have, is one error now: it was a traceback from
+        torch after the data had been read and tokenised."""
+        import torch
+
+        if self.device == "auto":
+            return
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            device = None
+        check(
+            device is not None and device.type in ("cpu", "cuda"),
+            f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}",
+        )
+        if device.type == "cuda":
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            check(
+                count > 0,
+                f"device={self.device} but this machine has no usable CUDA GPU: use device=cpu (or auto)",
+            )
+            check(
+                device.index is None or device.index < count,
+                f"device={self.device} but this machine has {count} CUDA GPU(s): cuda:0 to cuda:{count - 1}",
+            )
+
+    def _check_output_dir(self) -> None:
+        """output_dir must be a directory that can be made and written: it was first written after the target had
+        loaded and warmed up (minutes for a large one), and the error then was a bare OSError not naming the
+        option. Nothing is created here: a run refused later leaves no empty folder."""
+        existing = os.path.abspath(self.output_dir)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        check(
+            os.path.isdir(existing),
+            f"output_dir={self.output_dir!r} cannot be created: {existing} is not a directory",
+        )
+        check(
+            os.access(existing, os.W_OK | os.X_OK),
+            f"output_dir={self.output_dir!r} is not writable ({existing} does not let this user write)",
+        )
 
     def generation_config(self, *, eos_token_ids: tuple[int, ...]) -> GenerationConfig:
         """The engine's GenerationConfig of this run (raises ValueError for a bad field)."""

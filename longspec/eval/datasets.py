@@ -116,6 +116,18 @@ def _parse_jsonl(lines: Iterable[bytes | str]) -> tuple[list[tuple[int, dict]], 
         if missing:
             malformed.append((line_no, f"missing or non-string field(s): {', '.join(missing)}"))
             continue
+        # The optional fields that choose the prompt: a `dataset` that is not a string crashed the template
+        # lookup, and a `chat` of "false" (a string, so truthy) chat-wrapped the row.
+        wrong = [
+            k
+            for k, kind in (("dataset", str), ("chat", bool))
+            if not isinstance(row.get(k), (kind, type(None)))
+        ]
+        if wrong:
+            malformed.append(
+                (line_no, f"wrong type of field(s): {', '.join(wrong)} (dataset: a string, chat: true/false)")
+            )
+            continue
         if reason := _not_text(row["context"], row["input"]):
             malformed.append((line_no, reason))
             continue
@@ -258,6 +270,7 @@ def load_samples(
                 continue
             candidates.append(Sample(str(row.get("_id", line)), dataset_name, ids))
         report.malformed.sort()
+    _make_ids_unique(candidates, source)
     maximum = context_len - context_margin
     if maximum < 1:
         raise ValueError(
@@ -274,12 +287,31 @@ def load_samples(
             *report.malformed[0],
         )
     if not samples:
-        raise ValueError(_no_samples_message(report, minimum, maximum))
+        too_long = sum(s.prompt_len > maximum for s in candidates)
+        raise ValueError(_no_samples_message(report, minimum, maximum, too_long=too_long))
     return samples, report
 
 
-def _no_samples_message(report: DataReport, minimum: int, maximum: int) -> str:
-    """Why a source gave nothing to evaluate, by count: empty, malformed, or outside the length window."""
+def _make_ids_unique(samples: list[Sample], source: str) -> None:
+    """Give a sample whose id repeats an earlier one's the id `ID#k` (its k-th occurrence). The report matches
+    each method's output to the reference's by id: two rows with one `_id` (or a row whose `_id` is another
+    row's line number, the id of a row without one) made one of them count as a lossless-check failure."""
+    seen: set[str] = set()
+    renamed = 0
+    for sample in samples:
+        base, k = sample.id, 1
+        while sample.id in seen:
+            k += 1
+            sample.id = f"{base}#{k}"
+        renamed += sample.id != base
+        seen.add(sample.id)
+    if renamed:
+        logger.warning("%s: %d row(s) repeat an earlier row's id: renamed ID#k", source, renamed)
+
+
+def _no_samples_message(report: DataReport, minimum: int, maximum: int, *, too_long: int = 0) -> str:
+    """Why a source gave nothing to evaluate, by count: empty, malformed, or outside the length window (too
+    short, too long: the remedies differ)."""
     counts = (
         f"{report.num_rows} rows: {len(report.malformed)} malformed, "
         f"{report.num_filtered} outside the length filter {minimum} < tokens <= {maximum}"
@@ -289,6 +321,14 @@ def _no_samples_message(report: DataReport, minimum: int, maximum: int) -> str:
     elif report.num_filtered == 0:
         line, reason = report.malformed[0]
         hint = f"every row is malformed (first: line {line}: {reason})"
+    elif too_long == report.num_filtered:
+        # Lowering data.min_prompt_tokens, the only advice given before, does nothing for prompts too long.
+        hint = (
+            f"every prompt is longer than {maximum} tokens: lower data.context_margin, or raise data.context_len "
+            "if the target's context allows"
+        )
+    elif too_long == 0:
+        hint = "every prompt is too short: lower data.min_prompt_tokens (default 1200 for LongBench / JSONL)"
     else:
         hint = "lower data.min_prompt_tokens (default 1200 for LongBench / JSONL) or data.context_margin"
     return f"data source {report.source!r} has no sample to evaluate ({counts}); {hint}"

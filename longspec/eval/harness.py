@@ -30,6 +30,7 @@ from longspec.infer.graphs import no_gc
 from longspec.infer.methods import BATCH_RUNNERS, get_method
 from longspec.modules.rope import exact_positions, longrope_long, longrope_original
 from longspec.provenance import git_commit
+from longspec.target import _check_model_type
 
 __all__ = ["log_summary", "run_eval"]
 
@@ -122,6 +123,9 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     model_source = cfg.target.source()  # an HF directory / hub id, or a GGUF file
     tokenizer = load_tokenizer(model_source, trust_remote_code=trust)
     hf_config = load_config(model_source, trust_remote_code=trust)
+    # A family the adapter does not run is refused now, before anything else about the run: it used to come
+    # after the data checks, so a gpt2 target first asked for another data.context_margin, then was refused.
+    _check_model_type(hf_config)
     check_tokenizer_fits(tokenizer, hf_config.vocab_size)  # the embedding's rows
     max_positions = getattr(hf_config, "max_position_embeddings", None)
     # by default prompts fit the target's context, or the range its rope rotates exactly (`_check_positions`)
@@ -144,7 +148,17 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
         )
         samples = samples[: cfg.max_samples] if cfg.max_samples else samples
         data_reports.append(report.to_dict())
-        datasets.append((samples[0].dataset, samples))
+        # Results, the lossless check and a stopped run's chunks are keyed by dataset name, which for a file is
+        # its base name: two sources of one name (a/rows.jsonl, b/rows.jsonl) were merged as one dataset, their
+        # samples checked against the wrong reference records, and read back in each other's place on a rerun.
+        name, k = samples[0].dataset, 1
+        while any(name == other for other, _ in datasets):
+            k += 1
+            name = f"{samples[0].dataset}_{k}"
+        for sample in samples:
+            sample.dataset = name
+        data_reports[-1]["dataset"] = name
+        datasets.append((name, samples))
     longest = max(s.prompt_len for _, samples in datasets for s in samples)
     _check_positions(cfg, hf_config, datasets)
     clock.mark("data")

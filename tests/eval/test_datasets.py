@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from longspec.eval.datasets import load_samples, read_jsonl
@@ -95,3 +97,43 @@ def test_aime24_keeps_ids_60_to_89_with_the_chat_template(monkeypatch):
     )
     assert [s.id for s in samples] == ["60", "70", "80"] and report.num_rows == 3
     assert bytes(i for i in samples[0].prompt_ids if i < 256).decode().startswith("### user:\nProblem 60?")
+
+
+def test_fields_of_the_wrong_type_make_a_row_malformed(tmp_path):
+    """`dataset` picks the template and `chat` the chat wrapping: a number there crashed the run, and the
+    string "false" (truthy) chat-wrapped the row. Both are the row's problem, counted and skipped."""
+    path = tmp_path / "rows.jsonl"
+    rows = [
+        {"_id": "ok", "context": "c", "input": "", "dataset": None, "chat": False},
+        {"_id": "num", "context": "c", "input": "", "dataset": 42},
+        {"_id": "str-chat", "context": "c", "input": "", "chat": "false"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept, malformed = read_jsonl(str(path))
+    assert [row["_id"] for _, row in kept] == ["ok"]
+    assert [(line, why.split(" (")[0]) for line, why in malformed] == [
+        (2, "wrong type of field(s): dataset"),
+        (3, "wrong type of field(s): chat"),
+    ]
+    samples, report = load_samples(
+        str(path), build_byte_tokenizer(), context_len=4096, min_prompt_tokens=0, context_margin=0
+    )
+    assert [s.id for s in samples] == ["ok"] and len(report.malformed) == 2
+
+
+def test_repeated_ids_are_made_unique(tmp_path):
+    """The report matches outputs by sample id: a repeated `_id`, or an `_id` equal to the line number that
+    names a row without one, is renamed ID#k, every sample keeps its own id."""
+    path = tmp_path / "rows.jsonl"
+    rows = [
+        {"_id": "a", "context": "one", "input": ""},
+        {"context": "two", "input": ""},  # id "2", its line
+        {"_id": "a", "context": "three", "input": ""},
+        {"_id": 2, "context": "four", "input": ""},
+        {"_id": "a", "context": "five", "input": ""},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    samples, _ = load_samples(
+        str(path), build_byte_tokenizer(), context_len=4096, min_prompt_tokens=0, context_margin=0
+    )
+    assert [s.id for s in samples] == ["a", "2", "a#2", "2#2", "a#3"]

@@ -101,11 +101,30 @@ def test_mismatched_drafter_is_one_clear_error(eval_overrides, tmp_path, caplog)
         (["timing_repeats=0"], ValueError),
         (["tree=lookup16x0"], ValueError),
         (["tree=big"], ValueError),
+        (["method=[]"], ValueError),  # was a ZeroDivisionError in the timing loop
+        (["device=tpu"], ValueError),  # was torch's RuntimeError traceback
+        (["device=cuda:x"], ValueError),
     ],
 )
 def test_config_errors(eval_overrides, tmp_path, extra, error):
     with pytest.raises(error):
         load_eval_config(eval_overrides(tmp_path) + extra)
+
+
+def test_a_gpu_the_machine_lacks_is_one_error_line(eval_overrides, tmp_path, monkeypatch, capsys):
+    """device=cuda where torch sees no GPU (a CPU build, a node without one) was torch's AssertionError
+    traceback after the data had been read; device=cuda:N past the GPUs it has, a traceback at load."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(eval_overrides(tmp_path / "out", "device=cuda")) == 2
+    assert "no usable CUDA GPU" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match="has 2 CUDA GPU"):
+        load_eval_config(eval_overrides(tmp_path, "device=cuda:2"))
+    assert load_eval_config(eval_overrides(tmp_path, "device=cuda:1")).device == "cuda:1"
+    assert not (tmp_path / "out").exists()
 
 
 def test_tree_may_name_one_round_shape(eval_overrides, tmp_path):
@@ -168,3 +187,20 @@ def test_a_longrope_target_needs_each_batch_on_one_side_of_its_original_context(
         check([23])
     with pytest.raises(UserError, match="cross this target's original context"):
         check([22, 40], batch_size=2)
+
+
+def test_an_unsupported_family_is_refused_first(eval_overrides, tmp_path, capsys):
+    """A GPT-2 target (a 64-position context, which the default data.context_margin=2000 does not fit) is
+    refused for its family, before the data checks: its first error used to be about data.context_margin."""
+    from transformers import GPT2Config
+
+    from longspec.testing import build_byte_tokenizer
+
+    GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=1, n_head=2).save_pretrained(
+        tmp_path / "gpt2"
+    )
+    build_byte_tokenizer().save_pretrained(tmp_path / "gpt2")
+    overrides = [o for o in eval_overrides(tmp_path / "out") if not o.startswith("target.path")]
+    assert main([*overrides, f"target.path={tmp_path / 'gpt2'}", "data.context_margin=2000"]) == 2
+    assert "unsupported target model_type 'gpt2'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

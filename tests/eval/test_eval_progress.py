@@ -73,3 +73,41 @@ def test_another_configuration_or_a_cut_line_is_not_read_back(eval_overrides, tm
     calls = _counting(monkeypatch)
     again = run_eval(load_eval_config([*eval_overrides(out), "method=[ar]"]))
     assert len(calls) == 2 and "resumed" not in again
+
+
+def test_two_sources_of_one_file_name_stay_apart(eval_overrides, tmp_path, monkeypatch):
+    """a/rows.jsonl and b/rows.jsonl: results, the lossless check and a stopped run's chunks are keyed by the
+    dataset name, a file's base name. They were merged as one dataset "rows", and a rerun read a's chunks back
+    in b's place (b's samples "decoded" with a's outputs). Now the second is "rows_2", each kept apart."""
+    sources = []
+    for folder, words in (("a", "alpha beta gamma. "), ("b", "one two three four. ")):
+        (tmp_path / folder).mkdir()
+        path = tmp_path / folder / "rows.jsonl"
+        rows = [{"_id": f"{folder}{i}", "context": words * (i + 2), "input": ""} for i in range(2)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        sources.append(str(path))
+
+    def overrides(out):
+        kept = [o for o in eval_overrides(out) if not o.startswith("data.path")]
+        return [*kept, f"data.name=[{','.join(sources)}]", "method=[longspec,ar]", "warmup=false"]
+
+    full = run_eval(load_eval_config(overrides(tmp_path / "full")))
+    assert [r["dataset"] for r in full["data"]] == ["rows", "rows_2"]
+    for method in ("longspec", "ar"):
+        assert {d: [r["id"] for r in rs] for d, rs in full["methods"][method].items()} == {
+            "rows": ["a0", "a1"],
+            "rows_2": ["b0", "b1"],
+        }
+    assert all(full["summary"][d]["longspec"]["identical_to_greedy"] == 1.0 for d in ("rows", "rows_2"))
+
+    out = tmp_path / "run"
+    _counting(monkeypatch, stop_at=4)  # a's two samples and b's first finished, then the run died
+    with pytest.raises(_Stopped):
+        run_eval(load_eval_config(overrides(out)))
+    calls = _counting(monkeypatch)
+    resumed = run_eval(load_eval_config(overrides(out)))
+    assert len(calls) == 1 and resumed["resumed"] == {"rows": 2, "rows_2": 1}
+    for method in ("longspec", "ar"):
+        for dataset in ("rows", "rows_2"):
+            got = [r["output_ids"] for r in resumed["methods"][method][dataset]]
+            assert got == [r["output_ids"] for r in full["methods"][method][dataset]], (method, dataset)

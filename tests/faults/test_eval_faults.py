@@ -70,10 +70,17 @@ def test_bad_bytes_and_lone_surrogates_are_skipped_with_their_line(tmp_path, tar
         (
             _row(0) + _row(1),
             ["data.min_prompt_tokens=null"],
-            r"2 rows: 0 malformed, 2 outside .*1200 < tokens",
+            r"2 rows: 0 malformed, 2 outside .*1200 < tokens.*every prompt is too short: lower data.min_prompt",
+        ),
+        # Prompts longer than the room left: lowering data.min_prompt_tokens (once the only advice) cannot help.
+        (
+            _row(0) + _row(1),
+            ["data.context_margin=4086"],
+            r"2 rows: 0 malformed, 2 outside .*0 < tokens <= 10\); every prompt is longer than 10 tokens: lower "
+            r"data.context_margin",
         ),
     ],
-    ids=["empty", "all_malformed", "all_filtered"],
+    ids=["empty", "all_malformed", "all_filtered", "all_too_long"],
 )
 def test_source_with_nothing_to_evaluate_is_one_error(tmp_path, target_dir, capsys, content, extra, pattern):
     data = tmp_path / "rows.jsonl"
@@ -145,5 +152,24 @@ def test_a_window_that_contradicts_the_loaded_drafter_is_an_error(tmp_path, targ
     assert status == 2 and not load.called
     assert_one_line_error(
         err, r"drafter.window=512 but the drafter at .* was trained with window 64", exclusive=False
+    )
+    assert_only_changed(tmp_path, before)
+
+
+def test_an_output_dir_that_cannot_be_written_is_refused_before_the_target_loads(
+    tmp_path, target_dir, capsys
+):
+    """output_dir below a file: it was first written after the target had loaded and warmed up, and the error
+    was a bare "[Errno 20] Not a directory" that did not name the option."""
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(_row(0))
+    before = tree_checksums(tmp_path)
+    with mock.patch("longspec.target.TargetModel.from_pretrained") as load:
+        status, err = run_in_process(main, _overrides(target_dir, data, data / "out"), capsys)
+    assert status == 2 and not load.called
+    assert_one_line_error(
+        err,
+        r"output_dir='.*rows\.jsonl/out' cannot be created: .*rows\.jsonl is not a directory",
+        exclusive=False,
     )
     assert_only_changed(tmp_path, before)
