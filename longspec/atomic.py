@@ -10,7 +10,7 @@ import json
 import os
 from typing import Any
 
-__all__ = ["write_text_atomic", "write_json_atomic"]
+__all__ = ["umask_file_mode", "write_text_atomic", "write_json_atomic"]
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -34,3 +34,11 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Write JSON to `path` atomically (see write_text_atomic)."""
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def umask_file_mode(path: str | os.PathLike) -> None:
+    """Give `path` the mode a plain open() gives a new file (0o666 less the umask). safetensors 0.8 writes its
+    files 0o600 whatever the umask, which would hide an export or checkpoint from the rest of a shared cluster."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)

@@ -22,6 +22,7 @@ import re
 import shutil
 import sys
 
+from longspec.atomic import umask_file_mode
 from longspec.cli import ArgumentParser, UserError, run_cli
 from longspec.drafter import CONFIG_NAME, WEIGHTS_NAME
 from longspec.train.checkpoint import checkpoints_root, drafter_dir, list_checkpoints, read_trainer_state
@@ -218,6 +219,7 @@ def export_drafter(
     try:
         os.makedirs(tmp)
         save_file(weights, os.path.join(tmp, WEIGHTS_NAME), metadata={"format": "pt"})
+        umask_file_mode(os.path.join(tmp, WEIGHTS_NAME))
         shutil.copyfile(config_path, os.path.join(tmp, CONFIG_NAME))
         num_params = sum(v.numel() for v in weights.values())
         with open(os.path.join(tmp, CARD_NAME), "w") as f:

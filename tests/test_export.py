@@ -86,3 +86,20 @@ def test_export_mistakes_are_clear(tmp_path):
     (empty / "checkpoints" / "step_00000001").mkdir(parents=True)  # no trainer_state.json: incomplete
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
         find_checkpoint(str(empty))
+
+
+def test_exported_and_checkpointed_weights_follow_the_umask(tmp_path):
+    # safetensors 0.8 writes 0o600 whatever the umask: an export (and a checkpoint's drafter) must be readable
+    # by the rest of a shared cluster as any other file the run writes.
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        run, _ = _fake_run(tmp_path, make_tiny_target("llama"), build_byte_tokenizer(), steps=(2,))
+        main([str(run), str(tmp_path / "export")])
+    finally:
+        os.umask(old)
+    for path in (run / "checkpoints" / "step_00000002" / "drafter" / "model.safetensors",
+                 tmp_path / "export" / "model.safetensors"):  # fmt: skip
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from longspec.atomic import umask_file_mode
 from longspec.drafter.cache import DrafterCache, DraftNodes
 from longspec.drafter.config import DrafterConfig
 from longspec.fingerprint import fingerprint_mismatches, target_fingerprint
@@ -327,6 +328,7 @@ class Drafter(nn.Module):
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         weights = os.path.join(out_dir, WEIGHTS_NAME)
         save_file(state, weights + ".tmp", metadata={"format": "pt"})
+        umask_file_mode(weights + ".tmp")
         os.replace(weights + ".tmp", weights)
         config = os.path.join(out_dir, CONFIG_NAME)
         with open(config + ".tmp", "w") as f:

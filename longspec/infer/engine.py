@@ -384,6 +384,14 @@ class SpeculativeEngine:
         prompts = [torch.as_tensor(p, dtype=torch.long, device=self.device).flatten() for p in prompts]
         if any(p.numel() == 0 for p in prompts):
             raise ValueError("empty prompt")
+        # One host read per call: an id outside the embedding would otherwise be a device-side index error deep in
+        # the prefill (on CUDA an asynchronous assert that poisons the context).
+        low, high = min(int(p.min()) for p in prompts), max(int(p.max()) for p in prompts)
+        vocab = self.target.embed_tokens.num_embeddings
+        if low < 0 or high >= vocab:
+            raise ValueError(
+                f"prompt token ids must lie in [0, {vocab}) (the target's vocabulary), got {low}..{high}"
+            )
         exact = exact_positions(self.target.config)
         if exact is not None and max(p.numel() for p in prompts) + config.max_new_tokens > exact:
             raise ValueError(

@@ -348,3 +348,18 @@ def test_the_uncaptured_static_step_hands_out_its_outputs_as_a_graph_does():
     assert (
         kept.tolist() == [10.0] * 3 and second[1][0].tolist() == [6.0] * 3
     )  # the first call's values are gone
+
+
+def test_prompts_outside_the_vocabulary_or_empty_are_one_error(llama):
+    engine = SpeculativeEngine(llama, random_drafter(llama))
+    config = GenerationConfig(max_new_tokens=4)
+    vocab = llama.embed_tokens.num_embeddings
+    for prompts, match in (
+        ([[1, 2, vocab]], r"token ids must lie in \[0, "),
+        ([[3, 4], [-1, 5]], r"token ids must lie in \[0, "),
+        ([[1, 2], []], "empty prompt"),
+        ([], "no prompts"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            engine.generate_batch(prompts, config)
+    assert engine.generate([1, 2, vocab - 1], config).stats.num_new_tokens == 4
