@@ -1,0 +1,84 @@
+"""`naive.linear_partials_naive` in one launch: program (n block, split) streams weight rows [BLOCK_N, K / S]
+once and multiplies them with every row of x (M <= 16, one tl.dot row block), writing float32 partials.
+
+Shape legend: M rows, K input width, N output width, S splits of K.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from longspec.kernels.linear_partials.naive import SplitK
+from longspec.kernels.online_softmax import dot_precision
+
+__all__ = ["default_config", "linear_partials"]
+
+
+@triton.jit(do_not_specialize=["M", "split_len"])
+def _linear_partials_kernel(
+    X, W, P, M, N, K, split_len,
+    stride_xm, stride_wn, stride_ps, stride_pm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    s = tl.program_id(1)
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    n_ok = n < N
+    start = s * split_len
+    stop = tl.minimum(start + split_len, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(start, stop, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < stop
+        x = tl.load(X + m[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(W + n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+    tl.store(P + s * stride_ps + m[:, None] * stride_pm + n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a few splits, enough to exercise them
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_config(n: int, k: int, device: torch.device) -> dict[str, int]:
+    """BLOCK_N, BLOCK_K and the split count S: enough programs for ~8 per SM (they only stream the weight),
+    at most 8 splits, each split at least one BLOCK_K tile."""
+    block_n = 32 if n >= 2048 else 16
+    block_k = 128
+    n_blocks = triton.cdiv(n, block_n)
+    splits = max(1, min(8, triton.cdiv(8 * _num_sms(device), n_blocks), k // block_k))
+    return dict(BLOCK_N=block_n, BLOCK_K=block_k, splits=splits, num_warps=4, num_stages=4)
+
+
+def linear_partials(x: torch.Tensor, weight: torch.Tensor, *, config: dict[str, int] | None = None) -> SplitK:
+    """x [..., K] (M <= 16 rows) @ weight [N, K]^T as a `SplitK` of S float32 partials [S, M, N]. config:
+    overrides of `default_config` (BLOCK_N, BLOCK_K, splits, num_warps, num_stages)."""
+    K = x.shape[-1]
+    N = weight.shape[0]
+    assert weight.shape == (N, K) and weight.stride(-1) == 1 and weight.dtype == x.dtype
+    rows = x.reshape(-1, K)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    M = rows.shape[0]
+    if M > 16:
+        raise ValueError(f"linear_partials takes at most 16 rows, got {M}")
+    cfg = default_config(N, K, x.device)
+    cfg.update(config or {})
+    splits, block_n, block_k = cfg.pop("splits"), cfg.pop("BLOCK_N"), cfg.pop("BLOCK_K")
+    split_len = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
+    partials = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
+    if M:
+        _linear_partials_kernel[(triton.cdiv(N, block_n), splits)](
+            rows, weight, partials, M, N, K, split_len,
+            rows.stride(0), weight.stride(0), partials.stride(0), partials.stride(1),
+            BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=dot_precision(x.dtype), **cfg,
+        )  # fmt: skip
+    return SplitK(partials, torch.Size((*x.shape[:-1], N)), x.dtype)
