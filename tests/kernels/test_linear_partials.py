@@ -3,7 +3,6 @@ taking its split-K partials (`SplitK`) vs their references, into NaN-poisoned bu
 
 import pytest
 import torch
-from _kernel_helpers import DTYPES  # fp32, fp16, and bf16 on a GPU (the interpreter's bf16 tl.dot is wrong)
 
 pytest.importorskip("triton")
 
@@ -28,8 +27,8 @@ def _poisoned_view(rows, cols, pad, dtype):
     return wide.to(DEVICE)[:, :cols]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 4])
 @pytest.mark.parametrize("splits", [1, 3, 8])  # K = 300 in tiles of 128: with 8 splits five are empty
 def test_partials_sum_to_the_product(dtype, rows, splits):
     x = _poisoned_view(rows, 300, 20, dtype)
@@ -47,13 +46,13 @@ def test_partials_sum_to_the_product(dtype, rows, splits):
 
 
 def test_leading_dims_and_too_many_rows():
-    x = torch.randn(2, 3, 64, device=DEVICE)
+    x = torch.randn(2, 2, 64, device=DEVICE)
     weight = torch.randn(40, 64, device=DEVICE)
     got = linear_partials(x, weight)
-    assert got.shape == (2, 3, 40)
+    assert got.shape == (2, 2, 40)
     torch.testing.assert_close(got.sum(), x @ weight.T, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="at most 16 rows"):
-        linear_partials(torch.randn(17, 64, device=DEVICE), weight)
+    with pytest.raises(ValueError, match="at most 4 rows"):
+        linear_partials(torch.randn(5, 64, device=DEVICE), weight)
 
 
 def _close(out, ref, dtype):

@@ -27,11 +27,13 @@ def _load_row(
     """A projection's output at `offsets` of `row`: X itself, or (PARTS) the sum of its num_parts float32 split-K
     partials (`kernels.linear_partials`), rounded once to `dtype` as a GEMM's accumulator is."""
     if PARTS:
-        acc = tl.load(X + row * stride_x + offsets, mask=ok, other=0.0)
+        acc = tl.load(X + row * stride_x + offsets, mask=ok, other=0.0).to(tl.float32)
         for s in range(1, num_parts):
-            acc += tl.load(X + s * stride_part + row * stride_x + offsets, mask=ok, other=0.0)
-        return acc.to(dtype)
-    return tl.load(X + row * stride_x + offsets, mask=ok, other=0.0)
+            acc += tl.load(X + s * stride_part + row * stride_x + offsets, mask=ok, other=0.0).to(tl.float32)
+        x = acc.to(dtype)
+    else:
+        x = tl.load(X + row * stride_x + offsets, mask=ok, other=0.0)
+    return x
 
 
 @triton.jit(do_not_specialize=["eps", "num_parts"])

@@ -1,5 +1,5 @@
-"""A projection of few rows (an AR step, a short chain: M <= 16) as split-K partial sums that the next fused
-element-wise step adds up (`longspec.kernels.layer_ops` takes a `SplitK` wherever it takes a projection's output).
+"""A projection of few rows (an AR step, a chain of one: M <= MAX_ROWS) as split-K partial sums that the next
+fused element-wise step adds up (`longspec.kernels.layer_ops` takes a `SplitK` wherever it takes a projection's output).
 
 Why: at one row cuBLAS streams some weights well below the bytes rate and, where it splits K, adds a reduce
 launch of its own (on an H200 at the 8B shape, the output projection 13.2 µs a call against a 7.8 µs bytes floor,
@@ -12,7 +12,9 @@ from longspec.kernels.linear_partials.naive import SplitK, linear_partials_naive
 
 __all__ = ["MAX_ROWS", "SplitK", "linear_partials", "linear_partials_naive"]
 
-MAX_ROWS = 16  # one tl.dot row block
+# Each row multiplies every weight tile on CUDA cores: past a few rows that is no longer free beside the
+# weight's bytes, and cuBLAS's tensor-core kernels take over.
+MAX_ROWS = 4
 
 
 def __getattr__(name):

@@ -1,5 +1,5 @@
 """`naive.linear_partials_naive` in one launch: program (n block, split) streams weight rows [BLOCK_N, K / S]
-once and multiplies them with every row of x (M <= 16, one tl.dot row block), writing float32 partials.
+once and multiplies them with every row of x (M <= MAX_ROWS), writing float32 partials.
 
 Shape legend: M rows, K input width, N output width, S splits of K.
 """
@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from longspec.kernels.linear_partials import MAX_ROWS
 from longspec.kernels.linear_partials.naive import SplitK
-from longspec.kernels.online_softmax import dot_precision
 
 __all__ = ["default_config", "linear_partials"]
 
@@ -22,22 +22,24 @@ __all__ = ["default_config", "linear_partials"]
 def _linear_partials_kernel(
     X, W, P, M, N, K, split_len,
     stride_xm, stride_wn, stride_ps, stride_pm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    # CUDA-core products broadcast over the few rows, summed along K in registers: a tl.dot on a 16-row block
+    # (M padded) ran at half this speed at one row on an H200 (the weight tile staged through shared memory).
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     s = tl.program_id(1)
-    m = tl.arange(0, BLOCK_M)
+    m = tl.arange(0, ROWS)
     m_ok = m < M
     n_ok = n < N
     start = s * split_len
     stop = tl.minimum(start + split_len, K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     for k0 in range(start, stop, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < stop
-        x = tl.load(X + m[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(W + n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+        x = tl.load(X + m[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
     tl.store(P + s * stride_ps + m[:, None] * stride_pm + n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -59,7 +61,7 @@ def default_config(n: int, k: int, device: torch.device) -> dict[str, int]:
 
 
 def linear_partials(x: torch.Tensor, weight: torch.Tensor, *, config: dict[str, int] | None = None) -> SplitK:
-    """x [..., K] (M <= 16 rows) @ weight [N, K]^T as a `SplitK` of S float32 partials [S, M, N]. config:
+    """x [..., K] (M <= MAX_ROWS rows) @ weight [N, K]^T as a `SplitK` of S float32 partials [S, M, N]. config:
     overrides of `default_config` (BLOCK_N, BLOCK_K, splits, num_warps, num_stages)."""
     K = x.shape[-1]
     N = weight.shape[0]
@@ -68,8 +70,8 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, *, config: dict[str, 
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     M = rows.shape[0]
-    if M > 16:
-        raise ValueError(f"linear_partials takes at most 16 rows, got {M}")
+    if M > MAX_ROWS:
+        raise ValueError(f"linear_partials takes at most {MAX_ROWS} rows, got {M}")
     cfg = default_config(N, K, x.device)
     cfg.update(config or {})
     splits, block_n, block_k = cfg.pop("splits"), cfg.pop("BLOCK_N"), cfg.pop("BLOCK_K")
@@ -79,6 +81,6 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, *, config: dict[str, 
         _linear_partials_kernel[(triton.cdiv(N, block_n), splits)](
             rows, weight, partials, M, N, K, split_len,
             rows.stride(0), weight.stride(0), partials.stride(0), partials.stride(1),
-            BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=dot_precision(x.dtype), **cfg,
+            ROWS=triton.next_power_of_2(M), BLOCK_N=block_n, BLOCK_K=block_k, **cfg,
         )  # fmt: skip
     return SplitK(partials, torch.Size((*x.shape[:-1], N)), x.dtype)
