@@ -8,7 +8,7 @@ An AR step multiplies one row by each weight; cuBLAS picks its kernel by shape a
 picks stream the weight well below the bytes rate or add a split-K reduce launch. Routes:
 - `linear`: `F.linear(x, W)`, W [N, K] as HF stores it (what the target runs);
 - `transposed`: `x @ Wt`, Wt [K, N] contiguous (the same product, the other layout);
-- `partials` (CUDA, up to 4 rows): `kernels.linear_partials`, the route the target takes for few rows: S
+- `partials` (CUDA, up to 2 rows): `kernels.linear_partials`, the route the target takes for few rows: S
   float32 partial sums [S, M, N] that the next fused element-wise step adds up (so their sum is not timed here;
   cuBLAS's split-K runs a reduce launch of its own, which is). With --sweep, also the best of a grid of
   (BLOCK_N, BLOCK_K, S) at one row, recorded with its config.
@@ -101,7 +101,7 @@ def time_projection(layers: int, k: int, n: int, rows: int, iters: int, device, 
                 route(x, w, wt)
 
         row[f"{name}_us"] = _graph_timer(run, iters) * 1e3 / layers
-    if device.type == "cuda" and rows <= 4:
+    if device.type == "cuda" and rows <= 2:
         from longspec.kernels.linear_partials import linear_partials
 
         got = linear_partials(x, weights[0]).partials.sum(0)
@@ -149,7 +149,7 @@ def main(argv=None) -> list[dict]:
                 row = {
                     "shape": shape,
                     "projection": name,
-                    **time_projection(layers, k, n, rows, args.iters, device, dtype),
+                    **time_projection(layers, k, n, rows, args.iters, device, dtype, args.sweep),
                 }
                 rows_out.append(row)
                 times = " | ".join(f"{row[f'{r}_us']:.2f}" for r in ROUTES)

@@ -28,7 +28,7 @@ def _poisoned_view(rows, cols, pad, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("splits", [1, 3, 8])  # K = 300 in tiles of 128: with 8 splits five are empty
 def test_partials_sum_to_the_product(dtype, rows, splits):
     x = _poisoned_view(rows, 300, 20, dtype)
@@ -46,13 +46,13 @@ def test_partials_sum_to_the_product(dtype, rows, splits):
 
 
 def test_leading_dims_and_too_many_rows():
-    x = torch.randn(2, 2, 64, device=DEVICE)
+    x = torch.randn(2, 1, 64, device=DEVICE)
     weight = torch.randn(40, 64, device=DEVICE)
     got = linear_partials(x, weight)
-    assert got.shape == (2, 2, 40)
+    assert got.shape == (2, 1, 40)
     torch.testing.assert_close(got.sum(), x @ weight.T, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="at most 4 rows"):
-        linear_partials(torch.randn(5, 64, device=DEVICE), weight)
+    with pytest.raises(ValueError, match="at most 2 rows"):
+        linear_partials(torch.randn(3, 64, device=DEVICE), weight)
 
 
 def _close(out, ref, dtype):

@@ -12,9 +12,9 @@ from longspec.kernels.linear_partials.naive import SplitK, linear_partials_naive
 
 __all__ = ["MAX_ROWS", "SplitK", "linear_partials", "linear_partials_naive"]
 
-# Each row multiplies every weight tile on CUDA cores: past a few rows that is no longer free beside the
-# weight's bytes, and cuBLAS's tensor-core kernels take over.
-MAX_ROWS = 4
+# An AR step's row, or a chain of one's two: each row multiplies every weight tile on CUDA cores, one
+# accumulator each; more rows go to cuBLAS's tensor-core kernels.
+MAX_ROWS = 2
 
 
 def __getattr__(name):

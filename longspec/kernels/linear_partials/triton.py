@@ -18,29 +18,35 @@ from longspec.kernels.linear_partials.naive import SplitK
 __all__ = ["default_config", "linear_partials"]
 
 
-@triton.jit(do_not_specialize=["M", "split_len"])
+@triton.jit(do_not_specialize=["split_len"])
 def _linear_partials_kernel(
-    X, W, P, M, N, K, split_len,
+    X, W, P, N, K, split_len,
     stride_xm, stride_wn, stride_ps, stride_pm,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TWO_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # CUDA-core products broadcast over the few rows, summed along K in registers: a tl.dot on a 16-row block
-    # (M padded) ran at half this speed at one row on an H200 (the weight tile staged through shared memory).
+    # CUDA-core products of each row with the weight tile, summed along K in registers, one [BLOCK_N] accumulator
+    # per row. (A tl.dot on a 16-row block, M padded, ran at half the speed at one row on an H200, and a
+    # [rows, BLOCK_N, BLOCK_K] broadcast at a third: benchmarks/projection_routes.py.)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     s = tl.program_id(1)
-    m = tl.arange(0, ROWS)
-    m_ok = m < M
     n_ok = n < N
     start = s * split_len
     stop = tl.minimum(start + split_len, K)
-    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(start, stop, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < stop
         w = tl.load(W + n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(X + m[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
-    tl.store(P + s * stride_ps + m[:, None] * stride_pm + n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
+        w = w.to(tl.float32)
+        x0 = tl.load(X + kk, mask=k_ok, other=0.0).to(tl.float32)
+        acc0 += tl.sum(w * x0[None, :], axis=1)
+        if TWO_ROWS:
+            x1 = tl.load(X + stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
+            acc1 += tl.sum(w * x1[None, :], axis=1)
+    tl.store(P + s * stride_ps + n, acc0, mask=n_ok)
+    if TWO_ROWS:
+        tl.store(P + s * stride_ps + stride_pm + n, acc1, mask=n_ok)
 
 
 @functools.cache
@@ -51,12 +57,12 @@ def _num_sms(device: torch.device) -> int:
 
 
 def default_config(n: int, k: int, device: torch.device) -> dict[str, int]:
-    """BLOCK_N, BLOCK_K and the split count S: enough programs for ~8 per SM (they only stream the weight),
-    at most 8 splits, each split at least one BLOCK_K tile."""
-    block_n = 32 if n >= 2048 else 16
-    block_k = 128
+    """BLOCK_N, BLOCK_K and the split count S: enough programs for ~8 per SM (they only stream the weight), at
+    most 8 splits (a split past K is empty: its partials are zeros)."""
+    block_n = 32
+    block_k = 256 if k >= 2048 else 128
     n_blocks = triton.cdiv(n, block_n)
-    splits = max(1, min(8, triton.cdiv(8 * _num_sms(device), n_blocks), k // block_k))
+    splits = max(1, min(8, triton.cdiv(8 * _num_sms(device), n_blocks)))
     return dict(BLOCK_N=block_n, BLOCK_K=block_k, splits=splits, num_warps=4, num_stages=4)
 
 
@@ -79,8 +85,8 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, *, config: dict[str, 
     partials = torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
     if M:
         _linear_partials_kernel[(triton.cdiv(N, block_n), splits)](
-            rows, weight, partials, M, N, K, split_len,
+            rows, weight, partials, N, K, split_len,
             rows.stride(0), weight.stride(0), partials.stride(0), partials.stride(1),
-            ROWS=triton.next_power_of_2(M), BLOCK_N=block_n, BLOCK_K=block_k, **cfg,
+            TWO_ROWS=M == 2, BLOCK_N=block_n, BLOCK_K=block_k, **cfg,
         )  # fmt: skip
     return SplitK(partials, torch.Size((*x.shape[:-1], N)), x.dtype)
