@@ -21,14 +21,13 @@ __all__ = ["add_rms_norm", "qkv_rope", "silu_mul"]
 
 
 @triton.jit
-def _load_row(
-    X, row, stride_x, offsets, ok, stride_part, num_parts, PARTS: tl.constexpr, dtype: tl.constexpr
-):
-    """A projection's output at `offsets` of `row`: X itself, or (PARTS) the sum of its num_parts float32 split-K
-    partials (`kernels.linear_partials`), rounded once to `dtype` as a GEMM's accumulator is."""
-    if PARTS:
+def _load_row(X, row, stride_x, offsets, ok, stride_part, PARTS: tl.constexpr, dtype: tl.constexpr):
+    """A projection's output at `offsets` of `row`: X itself, or the sum of its PARTS float32 split-K partials
+    (`kernels.linear_partials`), rounded once to `dtype` as a GEMM's accumulator is. The parts' loop is unrolled
+    so that their loads are in flight together (a run-time loop waited for each in turn)."""
+    if PARTS > 0:
         acc = tl.load(X + row * stride_x + offsets, mask=ok, other=0.0).to(tl.float32)
-        for s in range(1, num_parts):
+        for s in tl.static_range(1, PARTS):
             acc += tl.load(X + s * stride_part + row * stride_x + offsets, mask=ok, other=0.0).to(tl.float32)
         x = acc.to(dtype)
     else:
@@ -36,17 +35,17 @@ def _load_row(
     return x
 
 
-@triton.jit(do_not_specialize=["eps", "num_parts"])
+@triton.jit(do_not_specialize=["eps"])
 def _add_rms_norm_kernel(
     X, R, W, Y, S,
-    stride_x, stride_r, stride_y, stride_s, stride_part, num_parts,
+    stride_x, stride_r, stride_y, stride_s, stride_part,
     N, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
-    x = _load_row(X, row, stride_x, cols, ok, stride_part, num_parts, PARTS, Y.dtype.element_ty)
+    x = _load_row(X, row, stride_x, cols, ok, stride_part, PARTS, Y.dtype.element_ty)
     if HAS_RESIDUAL:
         r = tl.load(R + row * stride_r + cols, mask=ok, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(S.dtype.element_ty)
@@ -103,18 +102,18 @@ def add_rms_norm(
     if M:
         _add_rms_norm_kernel[(M,)](
             x2, r2, weight, y2, s2,
-            x2.stride(-2), r2.stride(0), y2.stride(0), s2.stride(0), stride_part, max(num_parts, 1),
+            x2.stride(-2), r2.stride(0), y2.stride(0), s2.stride(0), stride_part,
             N, float(eps),
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(N), PARTS=num_parts > 0,
+            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(N), PARTS=num_parts,
             num_warps=4 if N <= 2048 else 8,
         )  # fmt: skip
     return y, total
 
 
-@triton.jit(do_not_specialize=["num_tokens", "eps", "num_parts"])
+@triton.jit(do_not_specialize=["num_tokens", "eps"])
 def _qkv_rope_kernel(
     QKV, COS, SIN, QN, KN, Q, K, V, KC, VC, SLOTS,
-    stride_m, stride_part, num_parts, stride_cb, stride_ct,
+    stride_m, stride_part, stride_cb, stride_ct,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt,
@@ -138,8 +137,8 @@ def _qkv_rope_kernel(
     is_k = (h >= num_heads) & (h < num_heads + num_kv_heads)
     is_v = h >= num_heads + num_kv_heads
     offsets = h[:, None] * (2 * HALF) + d[None, :]
-    x1 = _load_row(QKV, m, stride_m, offsets, ok, stride_part, num_parts, PARTS, Q.dtype.element_ty)
-    x2 = _load_row(QKV, m, stride_m, offsets + HALF, ok, stride_part, num_parts, PARTS, Q.dtype.element_ty)
+    x1 = _load_row(QKV, m, stride_m, offsets, ok, stride_part, PARTS, Q.dtype.element_ty)
+    x2 = _load_row(QKV, m, stride_m, offsets + HALF, ok, stride_part, PARTS, Q.dtype.element_ty)
     dtype = x1.dtype
     x1 = x1.to(tl.float32)
     x2 = x2.to(tl.float32)
@@ -236,7 +235,7 @@ def qkv_rope(
     if B * T:
         _qkv_rope_kernel[(B * T,)](
             rows, cos3, sin3, norm, k_norm if k_norm is not None else rows, q, k, v, k_cache, v_cache, slots,
-            rows.stride(-2), stride_part, max(num_parts, 1), cos3.stride(0), cos3.stride(1),
+            rows.stride(-2), stride_part, cos3.stride(0), cos3.stride(1),
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
@@ -245,20 +244,19 @@ def qkv_rope(
             slots.stride(0), slots.stride(1),
             T, num_heads, num_kv_heads, float(eps),
             HALF=D // 2, BLOCK_H=triton.next_power_of_2(heads), BLOCK_R=triton.next_power_of_2(D // 2),
-            HAS_NORM=q_norm is not None, HAS_CACHE=cache is not None, PARTS=num_parts > 0, num_warps=4,
+            HAS_NORM=q_norm is not None, HAS_CACHE=cache is not None, PARTS=num_parts, num_warps=4,
         )  # fmt: skip
     return q, k, v
 
 
-@triton.jit(do_not_specialize=["num_parts"])
-def _silu_mul_kernel(GU, OUT, stride_g, stride_part, num_parts, stride_o, F, BLOCK: tl.constexpr,
-                     PARTS: tl.constexpr):  # fmt: skip
+@triton.jit
+def _silu_mul_kernel(GU, OUT, stride_g, stride_part, stride_o, F, BLOCK: tl.constexpr, PARTS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < F
     dtype = OUT.dtype.element_ty
-    gate = _load_row(GU, row, stride_g, cols, ok, stride_part, num_parts, PARTS, dtype)
-    up = _load_row(GU, row, stride_g, F + cols, ok, stride_part, num_parts, PARTS, dtype).to(tl.float32)
+    gate = _load_row(GU, row, stride_g, cols, ok, stride_part, PARTS, dtype)
+    up = _load_row(GU, row, stride_g, F + cols, ok, stride_part, PARTS, dtype).to(tl.float32)
     g = gate.to(tl.float32)
     act = (g * tl.sigmoid(g)).to(gate.dtype).to(tl.float32)  # F.silu rounds to the input dtype
     tl.store(OUT + row * stride_o + cols, (act * up).to(OUT.dtype.element_ty), mask=ok)
@@ -278,7 +276,7 @@ def silu_mul(gate_up: torch.Tensor | SplitK, *, out: torch.Tensor | None = None)
     block = min(1024, triton.next_power_of_2(F))
     if M:
         _silu_mul_kernel[(M, triton.cdiv(F, block))](
-            rows, out.view(-1, F), rows.stride(-2), stride_part, max(num_parts, 1), F, F, BLOCK=block,
-            PARTS=num_parts > 0, num_warps=4,
+            rows, out.view(-1, F), rows.stride(-2), stride_part, F, F, BLOCK=block,
+            PARTS=num_parts, num_warps=4,
         )  # fmt: skip
     return out

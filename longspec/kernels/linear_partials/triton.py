@@ -61,7 +61,7 @@ def _num_sms(device: torch.device) -> int:
 def default_config(n: int, k: int, device: torch.device) -> dict[str, int]:
     """BLOCK_N, BLOCK_K and the split count S: enough programs for ~8 per SM (they only stream the weight), at
     most 8 splits (a split past K is empty: its partials are zeros)."""
-    block_n = 32
+    block_n = 16 if n * k > 1 << 26 else 32  # the 8B shape's MLP: more, narrower programs
     block_k = 256 if k >= 2048 else 128
     n_blocks = triton.cdiv(n, block_n)
     splits = max(1, min(8, triton.cdiv(8 * _num_sms(device), n_blocks)))
