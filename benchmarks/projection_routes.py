@@ -8,10 +8,10 @@ An AR step multiplies one row by each weight; cuBLAS picks its kernel by shape a
 picks stream the weight well below the bytes rate or add a split-K reduce launch. Routes:
 - `linear`: `F.linear(x, W)`, W [N, K] as HF stores it (what the target runs);
 - `transposed`: `x @ Wt`, Wt [K, N] contiguous (the same product, the other layout);
-- `partials` (CUDA, up to 2 rows): `kernels.linear_partials`, the route the target takes for few rows: S
-  float32 partial sums [S, M, N] that the next fused element-wise step adds up (so their sum is not timed here;
-  cuBLAS's split-K runs a reduce launch of its own, which is). With --sweep, also the best of a grid of
-  (BLOCK_N, BLOCK_K, S) at one row, recorded with its config.
+- `partials` (CUDA, 1-2 rows; a candidate, not what the target runs): a Triton GEMV that streams [BLOCK_N,
+  K / S] weight slices and writes S float32 partial sums [S, M, N], for a next fused element-wise step to add
+  up (their sum is not timed here; cuBLAS's split-K runs a reduce launch of its own, which is). With --sweep,
+  also the best of a grid of (BLOCK_N, BLOCK_K, S) at one row, recorded with its config.
 Per projection, one call per layer over that many layers' own weights (so nothing is served from L2 that a
 real step would read from HBM), captured in one CUDA graph and timed by CUDA events (median of --iters replays);
 µs per call against the bytes floor (the weight read once at 4.3 TB/s). The routes' outputs are checked against
@@ -45,6 +45,57 @@ ROUTES = {
 }
 
 
+def _partials_route():
+    """The candidate GEMV (imports Triton): (x [M <= 2, K], w [N, K], config) -> partials [S, M, N] float32."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemv_partials(
+        X, W, P, N, K, stride_xm, stride_wn, stride_ps, stride_pm,
+        SPLIT_LEN: tl.constexpr, TWO_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        # SPLIT_LEN a compile-time multiple of BLOCK_K: every tile's start known aligned, so the weight streams in
+        # wide vector loads (a run-time split length ran ~1.6x slower at one row on an H200).
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        s = tl.program_id(1)
+        n_ok = n < N
+        start = s * SPLIT_LEN
+        stop = tl.minimum(start + SPLIT_LEN, K)
+        acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(start, stop, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < stop
+            w = tl.load(
+                W + n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0
+            )
+            w = w.to(tl.float32)
+            acc0 += tl.sum(w * tl.load(X + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :], axis=1)
+            if TWO_ROWS:
+                acc1 += tl.sum(
+                    w * tl.load(X + stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :], axis=1
+                )
+        tl.store(P + s * stride_ps + n, acc0, mask=n_ok)
+        if TWO_ROWS:
+            tl.store(P + s * stride_ps + stride_pm + n, acc1, mask=n_ok)
+
+    def run(x, w, config):
+        rows, (n, k) = x.shape[0], w.shape
+        assert rows <= 2 and x.stride(-1) == 1 and w.stride(-1) == 1
+        block_n, block_k, splits = config["BLOCK_N"], config["BLOCK_K"], config["splits"]
+        split_len = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
+        partials = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
+        gemv_partials[(triton.cdiv(n, block_n), splits)](
+            x, w, partials, n, k, x.stride(0), w.stride(0), partials.stride(0), partials.stride(1),
+            SPLIT_LEN=split_len, TWO_ROWS=rows == 2, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=4,
+        )  # fmt: skip
+        return partials
+
+    return run
+
+
+PARTIALS_CONFIG = {"BLOCK_N": 32, "BLOCK_K": 256, "splits": 4}
 SPLITK_CONFIGS = [
     {"BLOCK_N": bn, "BLOCK_K": bk, "splits": s}
     for bn in (16, 32, 64)
@@ -102,14 +153,13 @@ def time_projection(layers: int, k: int, n: int, rows: int, iters: int, device, 
 
         row[f"{name}_us"] = _graph_timer(run, iters) * 1e3 / layers
     if device.type == "cuda" and rows <= 2:
-        from longspec.kernels.linear_partials import linear_partials
-
-        got = linear_partials(x, weights[0]).partials.sum(0)
+        partials = _partials_route()
+        got = partials(x, weights[0], PARTIALS_CONFIG).sum(0)
         row["partials_max_abs_diff"] = float((got - reference).abs().max())
 
-        def run_partials(config=None):
+        def run_partials(config=PARTIALS_CONFIG):
             for w in weights:
-                linear_partials(x, w, config=config)
+                partials(x, w, config)
 
         row["partials_us"] = _graph_timer(run_partials, iters) * 1e3 / layers
         if sweep and rows == 1:

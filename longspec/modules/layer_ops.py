@@ -1,7 +1,5 @@
 """The decoder layer's fused element-wise steps (residual add + RMSNorm, q/k norm + RoPE from the packed QKV
-projection, SiLU(gate) * up), each one Triton launch on CUDA and the plain-PyTorch reference elsewhere, and its
-projections (`linear`): on CUDA, for the few rows of an AR step or a short chain, split-K float32 partials that
-the next fused step sums (`kernels.linear_partials`); F.linear otherwise.
+projection, SiLU(gate) * up), each one Triton launch on CUDA and the plain-PyTorch reference elsewhere.
 
 The references (`longspec.kernels.layer_ops.naive`) use the HF modules' arithmetic, so off CUDA the packed
 target forward computes what the unpacked one does; the Triton kernels are checked against them.
@@ -10,30 +8,17 @@ target forward computes what the unpacked one does; the Triton kernels are check
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from longspec.kernels import HAS_TRITON
 from longspec.kernels import layer_ops as kernels
-from longspec.kernels import linear_partials as partials
 from longspec.kernels.layer_ops import write_kv  # the unpacked layer's cache write: one scatter per tensor
-from longspec.kernels.linear_partials import SplitK
 
-__all__ = ["SplitK", "add_rms_norm", "linear", "qkv_rope", "silu_mul", "write_kv"]
+__all__ = ["add_rms_norm", "qkv_rope", "silu_mul", "write_kv"]
 
 
 def _triton(x: torch.Tensor) -> bool:
     # Only compiled Triton: the CPU interpreter is a test tool (orders of magnitude slower than PyTorch).
     return HAS_TRITON and x.is_cuda and not torch.is_grad_enabled()
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | SplitK:
-    """x [..., K] @ weight [N, K]^T (+ bias). On CUDA, without a bias, for at most `partials.MAX_ROWS` rows: a
-    `SplitK` (float32 partials; add_rms_norm / qkv_rope / silu_mul sum them), where cuBLAS at one row streams
-    some weights well below the bytes rate and adds a split-K reduce launch (`kernels.linear_partials`)."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if _triton(x) and bias is None and weight.dtype == x.dtype and 0 < rows <= partials.MAX_ROWS:
-        return partials.linear_partials(x, weight)
-    return F.linear(x, weight, bias)
 
 
 def add_rms_norm(x, residual, weight, eps: float):

@@ -10,13 +10,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from longspec.kernels.linear_partials.naive import SplitK
-
-
-def _value(x: torch.Tensor | SplitK) -> torch.Tensor:
-    """A projection's output: a `SplitK`'s partials summed and rounded once, a tensor as it is."""
-    return x.sum() if isinstance(x, SplitK) else x
-
 
 def rms_norm_naive(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF LlamaRMSNorm: normalise in float32, round to x's dtype, then scale by the weight."""
@@ -27,16 +20,15 @@ def rms_norm_naive(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 
 
 def add_rms_norm_naive(
-    x: torch.Tensor | SplitK, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual); x, residual [..., Dm]. residual None: (rms_norm(x), x)."""
-    x = _value(x)
     total = x if residual is None else residual + x
     return rms_norm_naive(total, weight, eps), total
 
 
 def qkv_rope_naive(
-    qkv: torch.Tensor | SplitK,
+    qkv: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     num_heads: int,
@@ -51,7 +43,6 @@ def qkv_rope_naive(
     [B, T, R] (R = D, or fewer rotary dims: `rotate`) -> q [B, H, T, D], k [B, Hkv, T, D] rotated (after the per-head RMSNorm q_norm / k_norm [D] when
     given: Qwen3), v [B, Hkv, T, D]. cache = (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T]): k and v are
     also written there (`write_kv`)."""
-    qkv = _value(qkv)
     B, T, _ = qkv.shape
     D = qkv.shape[-1] // (num_heads + 2 * num_kv_heads)
     q, k, v = qkv.view(B, T, -1, D).split([num_heads, num_kv_heads, num_kv_heads], dim=2)
@@ -86,7 +77,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos[:, None] + torch.cat((-x2, x1), dim=-1) * sin[:, None]
 
 
-def silu_mul_naive(gate_up: torch.Tensor | SplitK) -> torch.Tensor:
+def silu_mul_naive(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [..., 2F] (the packed gate and up projections) -> silu(gate) * up [..., F]."""
-    gate, up = _value(gate_up).chunk(2, dim=-1)
+    gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up

@@ -15,37 +15,20 @@ import torch
 import triton
 import triton.language as tl
 
-from longspec.kernels.linear_partials.naive import SplitK
-
 __all__ = ["add_rms_norm", "qkv_rope", "silu_mul"]
-
-
-@triton.jit
-def _load_row(X, row, stride_x, offsets, ok, stride_part, PARTS: tl.constexpr, dtype: tl.constexpr):
-    """A projection's output at `offsets` of `row`: X itself, or the sum of its PARTS float32 split-K partials
-    (`kernels.linear_partials`), rounded once to `dtype` as a GEMM's accumulator is. The parts' loop is unrolled
-    so that their loads are in flight together (a run-time loop waited for each in turn)."""
-    if PARTS > 0:
-        acc = tl.load(X + row * stride_x + offsets, mask=ok, other=0.0).to(tl.float32)
-        for s in tl.static_range(1, PARTS):
-            acc += tl.load(X + s * stride_part + row * stride_x + offsets, mask=ok, other=0.0).to(tl.float32)
-        x = acc.to(dtype)
-    else:
-        x = tl.load(X + row * stride_x + offsets, mask=ok, other=0.0)
-    return x
 
 
 @triton.jit(do_not_specialize=["eps"])
 def _add_rms_norm_kernel(
     X, R, W, Y, S,
-    stride_x, stride_r, stride_y, stride_s, stride_part,
+    stride_x, stride_r, stride_y, stride_s,
     N, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
-    x = _load_row(X, row, stride_x, cols, ok, stride_part, PARTS, Y.dtype.element_ty)
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(R + row * stride_r + cols, mask=ok, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(S.dtype.element_ty)
@@ -63,17 +46,8 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _operand(x: torch.Tensor | SplitK) -> tuple[torch.Tensor, int, int]:
-    """A projection's output as the kernels read it: (rows [M, N] or partials [S, M, N], the part stride, S);
-    S = 0 for a plain tensor."""
-    if isinstance(x, SplitK):
-        assert x.partials.stride(-1) == 1 and x.partials.dtype == torch.float32
-        return x.partials, x.partials.stride(0), x.partials.shape[0]
-    return _rows(x), 0, 0
-
-
 def add_rms_norm(
-    x: torch.Tensor | SplitK,
+    x: torch.Tensor,
     residual: torch.Tensor | None,
     weight: torch.Tensor,
     eps: float,
@@ -81,30 +55,30 @@ def add_rms_norm(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) * weight, x + residual) in one pass; x, residual [..., N], weight [N] of x's
-    dtype. residual None: (rms_norm(x) * weight, x). x may be a `SplitK` (a projection's float32 partials,
-    summed here). out: optional contiguous buffers for the two results (the second unused without a residual)."""
+    dtype. residual None: (rms_norm(x) * weight, x). out: optional contiguous buffers for the two results (the
+    second unused without a residual)."""
     N = x.shape[-1]
     assert weight.shape == (N,) and weight.dtype == x.dtype and weight.is_contiguous()
-    x2, stride_part, num_parts = _operand(x)
+    x2 = _rows(x)
     y, total = out if out is not None else (torch.empty(x.shape, dtype=x.dtype, device=x.device), None)
     assert y.shape == x.shape and y.is_contiguous()
     y2 = y.view(-1, N)
     if residual is None:
-        r2 = s2 = y2  # unused
-        total = x.sum() if num_parts else x
+        r2 = s2 = x2  # unused
+        total = x
     else:
         assert residual.shape == x.shape and residual.dtype == x.dtype
         r2 = _rows(residual)
         total = torch.empty_like(y) if total is None else total
         assert total.shape == x.shape and total.is_contiguous()
         s2 = total.view(-1, N)
-    M = y2.shape[0]
+    M = x2.shape[0]
     if M:
         _add_rms_norm_kernel[(M,)](
             x2, r2, weight, y2, s2,
-            x2.stride(-2), r2.stride(0), y2.stride(0), s2.stride(0), stride_part,
+            x2.stride(0), r2.stride(0), y2.stride(0), s2.stride(0),
             N, float(eps),
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(N), PARTS=num_parts,
+            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(N),
             num_warps=4 if N <= 2048 else 8,
         )  # fmt: skip
     return y, total
@@ -113,7 +87,7 @@ def add_rms_norm(
 @triton.jit(do_not_specialize=["num_tokens", "eps"])
 def _qkv_rope_kernel(
     QKV, COS, SIN, QN, KN, Q, K, V, KC, VC, SLOTS,
-    stride_m, stride_part, stride_cb, stride_ct,
+    stride_m, stride_cb, stride_ct,
     stride_qb, stride_qh, stride_qt,
     stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt,
@@ -122,7 +96,7 @@ def _qkv_rope_kernel(
     stride_sb, stride_st,
     num_tokens, num_heads, num_kv_heads, eps,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, HAS_NORM: tl.constexpr,
-    HAS_CACHE: tl.constexpr, PARTS: tl.constexpr,
+    HAS_CACHE: tl.constexpr,
 ):  # fmt: skip
     # One program per token: every head of its packed row [q heads | k heads | v heads] as one [heads, D] tile,
     # each head split into its two rotary halves (x1 = d < R, x2 = d >= R).
@@ -136,9 +110,9 @@ def _qkv_rope_kernel(
     is_q = h < num_heads
     is_k = (h >= num_heads) & (h < num_heads + num_kv_heads)
     is_v = h >= num_heads + num_kv_heads
-    offsets = h[:, None] * (2 * HALF) + d[None, :]
-    x1 = _load_row(QKV, m, stride_m, offsets, ok, stride_part, PARTS, Q.dtype.element_ty)
-    x2 = _load_row(QKV, m, stride_m, offsets + HALF, ok, stride_part, PARTS, Q.dtype.element_ty)
+    src = QKV + m * stride_m + h[:, None] * (2 * HALF) + d[None, :]
+    x1 = tl.load(src, mask=ok, other=0.0)
+    x2 = tl.load(src + HALF, mask=ok, other=0.0)
     dtype = x1.dtype
     x1 = x1.to(tl.float32)
     x2 = x2.to(tl.float32)
@@ -187,7 +161,7 @@ def _qkv_rope_kernel(
 
 
 def qkv_rope(
-    qkv: torch.Tensor | SplitK,
+    qkv: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     num_heads: int,
@@ -202,15 +176,14 @@ def qkv_rope(
     """qkv [B, T, (H + 2 Hkv) * D], cos/sin [B, T, D] (batch stride 0 allowed) -> q [B, H, T, D], k and v
     [B, Hkv, T, D] (new contiguous tensors, or the buffers `out`); q/k normalised per head first when
     q_norm / k_norm [D] are given. cache = (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T] integer): k and v
-    are also written to slot slots[b, t] of row b (a KV cache's pending slots). qkv may be a `SplitK` (the
-    projection's float32 partials, summed here). One launch."""
+    are also written to slot slots[b, t] of row b (a KV cache's pending slots). One launch."""
     B, T, width = qkv.shape
     heads = num_heads + 2 * num_kv_heads
     D = width // heads
-    assert width == heads * D and D % 2 == 0
+    assert width == heads * D and D % 2 == 0 and qkv.stride(-1) == 1
     assert cos.shape[-2:] == (T, D) and sin.stride() == cos.stride() and cos.stride(-1) == 1
     assert (q_norm is None) == (k_norm is None)
-    rows, stride_part, num_parts = _operand(qkv)
+    rows = qkv.view(B * T, width) if qkv.is_contiguous() else qkv.reshape(B * T, width)
     if out is None:
         q = torch.empty(B, num_heads, T, D, dtype=qkv.dtype, device=qkv.device)
         k = torch.empty(B, num_kv_heads, T, D, dtype=qkv.dtype, device=qkv.device)
@@ -235,7 +208,7 @@ def qkv_rope(
     if B * T:
         _qkv_rope_kernel[(B * T,)](
             rows, cos3, sin3, norm, k_norm if k_norm is not None else rows, q, k, v, k_cache, v_cache, slots,
-            rows.stride(-2), stride_part, cos3.stride(0), cos3.stride(1),
+            rows.stride(0), cos3.stride(0), cos3.stride(1),
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
@@ -244,39 +217,36 @@ def qkv_rope(
             slots.stride(0), slots.stride(1),
             T, num_heads, num_kv_heads, float(eps),
             HALF=D // 2, BLOCK_H=triton.next_power_of_2(heads), BLOCK_R=triton.next_power_of_2(D // 2),
-            HAS_NORM=q_norm is not None, HAS_CACHE=cache is not None, PARTS=num_parts, num_warps=4,
+            HAS_NORM=q_norm is not None, HAS_CACHE=cache is not None, num_warps=4,
         )  # fmt: skip
     return q, k, v
 
 
 @triton.jit
-def _silu_mul_kernel(GU, OUT, stride_g, stride_part, stride_o, F, BLOCK: tl.constexpr, PARTS: tl.constexpr):
+def _silu_mul_kernel(GU, OUT, stride_g, stride_o, F, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < F
-    dtype = OUT.dtype.element_ty
-    gate = _load_row(GU, row, stride_g, cols, ok, stride_part, PARTS, dtype)
-    up = _load_row(GU, row, stride_g, F + cols, ok, stride_part, PARTS, dtype).to(tl.float32)
+    gate = tl.load(GU + row * stride_g + cols, mask=ok, other=0.0)
+    up = tl.load(GU + row * stride_g + F + cols, mask=ok, other=0.0).to(tl.float32)
     g = gate.to(tl.float32)
     act = (g * tl.sigmoid(g)).to(gate.dtype).to(tl.float32)  # F.silu rounds to the input dtype
     tl.store(OUT + row * stride_o + cols, (act * up).to(OUT.dtype.element_ty), mask=ok)
 
 
-def silu_mul(gate_up: torch.Tensor | SplitK, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """gate_up [..., 2F] (gate then up; or a `SplitK` of the projection's float32 partials, summed here) ->
-    silu(gate) * up [..., F] in one pass (into `out` when given)."""
+def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gate_up [..., 2F] (gate then up) -> silu(gate) * up [..., F] in one pass (into `out` when given)."""
     F2 = gate_up.shape[-1]
     assert F2 % 2 == 0
     F = F2 // 2
-    rows, stride_part, num_parts = _operand(gate_up)
+    rows = _rows(gate_up)
     if out is None:
         out = torch.empty(*gate_up.shape[:-1], F, dtype=gate_up.dtype, device=gate_up.device)
     assert out.shape == (*gate_up.shape[:-1], F) and out.is_contiguous()
-    M = out.numel() // F if F else 0
+    M = rows.shape[0]
     block = min(1024, triton.next_power_of_2(F))
     if M:
         _silu_mul_kernel[(M, triton.cdiv(F, block))](
-            rows, out.view(-1, F), rows.stride(-2), stride_part, F, F, BLOCK=block,
-            PARTS=num_parts, num_warps=4,
-        )  # fmt: skip
+            rows, out.view(-1, F), rows.stride(0), F, F, BLOCK=block, num_warps=4
+        )
     return out
