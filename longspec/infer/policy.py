@@ -170,6 +170,13 @@ PLAIN_AGING = 0.8
 # drafter's chain of one at T=1 on the GPU ~11% above its steady rounds, 1.56-1.67 ms against 1.45-1.50, since out
 # of plain streaks the exploring rounds are the only ones run: docs/BENCHMARKS.md.)
 SWITCH_HORIZON = 8
+# A round's learned time takes at most this multiple of the tree's running mean per observation. Host noise only
+# adds time (a preempted process, a neighbour on a shared machine, a page fault): one round 20x its mean moves
+# the decayed mean (decay 0.9) to ~3x, which can price the tree out for dozens of rounds, since the policy then
+# seldom runs it to learn better. (Seen, not traced to single rounds: a CPU quickstart on a loaded machine
+# decoded plain in 57 of 72 rounds of a sample whose text prompt lookup continued at τ 3.1.) A real rise still
+# comes through: a doubled cost is learned at 10% per round.
+OUTLIER_FACTOR = 2.0
 # The lookup family's depth-1 prior and calibration prior (AdaptivePolicy.__init__ says why they are not the
 # drafter's). With the re-decision on accepts (`AdaptivePolicy._hit`), replayed over the GPU's SmolLM2 outputs
 # (benchmarks/policy_replay.py): T=0 2.75x -> 2.79x, T=1 1.18x -> 1.21x of plain decoding (docs/BENCHMARKS.md);
@@ -485,6 +492,8 @@ class RoundTimes:
         tree = _candidate(widths)
         key = (bucket, tree)
         old = self.mean.get(key)
+        if old is not None:
+            seconds = min(seconds, OUTLIER_FACTOR * old)
         self.mean[key] = mean = seconds if old is None else self.decay * old + (1.0 - self.decay) * seconds
         self._observations += 1
         self.observed_at[key] = self._observations

@@ -1151,3 +1151,23 @@ def test_a_candidate_costs_its_fastest_timed_rep(monkeypatch):
     engine = SpeculativeEngine(target, random_drafter(target))
     costs = engine.measure_round_costs(GenerationConfig(max_new_tokens=4), [10], reps=3)
     assert set(costs.seconds.values()) == {2.0} and len(costs.seconds) == len(AUTO_TREES + AUTO_LOOKUPS)
+
+
+def test_one_slow_round_does_not_price_a_tree_out_but_a_real_rise_is_learned():
+    """Host noise only adds time: a round 20x its tree's mean moves the learned cost by at most OUTLIER_FACTOR x
+    one observation's weight, so the policy keeps choosing the tree; a cost that really doubles is still learned
+    within a few tens of rounds."""
+    table = MeasuredCosts(seconds={(1024, ()): 1.0, (1024, (1,)): 1.2})
+    times = RoundTimes(table, ((), (1,)))
+    for _ in range(5):
+        times.observe((1,), 1000, 1.2)
+    times.observe((1,), 1000, 24.0)  # one preempted round
+    assert times.costs(1000)[(1,)] == pytest.approx(0.9 * 1.2 + 0.1 * 2.4)  # 1.32, not 3.48
+    policy = AdaptivePolicy(table, ((), (1,)), explore_every=10**6)
+    policy.costs = times
+    for _ in range(5):
+        policy.observe((1,), [0], 1000)  # the chain's draft accepted
+    assert policy.choose(1000) == (1,)
+    for _ in range(40):  # the chain's cost really doubles
+        times.observe((1,), 1000, 2.4)
+    assert times.costs(1000)[(1,)] == pytest.approx(2.4, rel=0.02)

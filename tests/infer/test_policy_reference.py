@@ -18,6 +18,7 @@ from longspec.infer.policy import (
     AUTO_LOOKUPS,
     AUTO_TREES,
     LOOKUP_PRIOR_FIRST,
+    OUTLIER_FACTOR,
     RANK_EDGES,
     SWITCH_HORIZON,
     AcceptanceModel,
@@ -142,6 +143,8 @@ class ReferenceTimes:
         bucket = context_bucket(context_len)
         key = (bucket, widths)
         old = self.mean.get(key)
+        if old is not None:
+            seconds = min(seconds, OUTLIER_FACTOR * old)
         self.mean[key] = seconds if old is None else self.decay * old + (1.0 - self.decay) * seconds
         self._observations += 1
         self.observed_at[key] = self._observations
