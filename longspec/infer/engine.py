@@ -386,7 +386,7 @@ class SpeculativeEngine:
             raise ValueError("empty prompt")
         # One host read per call: an id outside the embedding would otherwise be a device-side index error deep in
         # the prefill (on CUDA an asynchronous assert that poisons the context).
-        low, high = min(int(p.min()) for p in prompts), max(int(p.max()) for p in prompts)
+        low, high = torch.stack(torch.aminmax(torch.cat(prompts))).tolist()
         vocab = self.target.embed_tokens.num_embeddings
         if low < 0 or high >= vocab:
             raise ValueError(
