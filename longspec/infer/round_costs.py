@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from longspec.infer.config import GenerationConfig
-from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts, context_bucket
+from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts, contains, context_bucket
 from longspec.infer.timing import PhaseClock
-from longspec.infer.tree import candidate_depth
+from longspec.infer.tree import Lookup, candidate_depth
 
 if TYPE_CHECKING:  # the engine calls in here; it is passed in, never imported at run time
     from longspec.infer.engine import SpeculativeEngine
@@ -73,7 +73,11 @@ def measure_round_costs(
     missing whose steps were dropped since (`TargetStep.epoch`: the cache grew) runs every candidate once,
     untimed, to build them again. `batch_size` rows run each round
     (every row at the bucket's length); a plain round records its token in the drafter's history, as
-    `generate_batch` runs it. Another batch size is another mode (`cost_mode`), with a table of its own.
+    `generate_batch` runs it. A candidate whose first two timed blocks cost more than 1.5 x (depth + 1) plain
+    rounds can never beat plain decoding (a round emits at most depth + 1 tokens): its further reps are skipped,
+    and so is every candidate containing it that such a cost also rules out (`_hopeless`; its cost is then
+    recorded as the contained one's, a lower bound). On a GPU no candidate comes near that; on a CPU the big trees do, and
+    their reps were most of the warm-up (SmolLM2's 69-node tree verifies 69 tokens per round). Another batch size is another mode (`cost_mode`), with a table of its own.
     Returns the mode's table, kept in `engine.cost_tables` for later calls: a batch that alternates with the
     batch of one measures each once."""
     if engine.drafter is None:
@@ -104,21 +108,44 @@ def measure_round_costs(
     for bucket in missing or buckets[:1]:
         length = max(1, min(bucket, engine.cache.max_len - room))
         times: dict = {w: [] for w in candidates}
-        # Candidates interleaved rep by rep, the fastest rep kept (the first is untimed: lazy init, autotuning,
-        # graph capture). Another process on the same cores only ever adds time, and unevenly: with the test
+
+        # The fastest rep kept (the first is untimed: lazy init, autotuning, graph capture), the later reps
+        # interleaved over the candidates. Another process on the same cores only ever adds time, and unevenly: with the test
         # suite running beside it, the CPU quickstart's median measured a plain step at 2K as 16.9 ms and at 1K
         # as 33.6 (6.4 ms quiet), and lookup8 at 2.4 plain steps, so the policy decoded plain where pld ran
         # 1.9x of plain decoding (docs/BENCHMARKS.md). The rounds' observed times correct the table while
         # decoding (policy.RoundTimes), but only for the candidates that run.
-        for rep in range(reps + 1 if missing else 1):
+        def timed(widths, length=length):
+            engine.cache.length = length
+            return _time_rounds(engine, widths, root, config, generator, static, clock)
+
+        if not missing:  # build every step once, untimed; not those of candidates the table rules out
+            plain = costs.seconds.get((bucket, ()))
             for widths in candidates:
-                engine.cache.length = length
-                seconds = _time_rounds(engine, widths, root, config, generator, static, clock)
-                if rep:
-                    times[widths].append(seconds)
-        if missing:
-            for widths, seconds in times.items():
-                costs.seconds[(bucket, widths)] = min(seconds)
+                if _hopeless(widths, {widths: costs.seconds[(bucket, widths)]}, plain) is None:
+                    timed(widths)
+        else:
+            # Rep 0 (untimed) and reps 1-2 candidate by candidate, smallest first, so that plain decoding's cost
+            # is known before any candidate is judged against it; the later reps interleaved over the survivors.
+            bounds: dict = {}
+            plain = None
+            for widths in sorted(candidates, key=_nodes):
+                bound = _hopeless(widths, bounds, plain)
+                if bound is not None:
+                    bounds[widths] = bound
+                    continue
+                timed(widths)
+                times[widths] += [timed(widths) for _ in range(min(2, reps))]
+                if widths == ():
+                    plain = min(times[widths])
+                elif _hopeless(widths, {widths: min(times[widths])}, plain) is not None:
+                    bounds[widths] = min(times[widths])
+            for _ in range(reps - 2):
+                for widths in candidates:
+                    if widths not in bounds:
+                        times[widths].append(timed(widths))
+            for widths in candidates:
+                costs.seconds[(bucket, widths)] = bounds[widths] if widths in bounds else min(times[widths])
     # The ring's catch-up after plain rounds is a step of its own: built (captured) here too, not in a timed call.
     engine._catch_up(static=static, capture=config.cuda_graphs)
     engine.cache.reset()
@@ -128,6 +155,27 @@ def measure_round_costs(
 
 
 _BLOCK = 4  # rounds of one tree run back to back per timing
+
+
+# A candidate is ruled out only past this multiple of its (depth + 1) plain rounds, on the faster of two timed
+# blocks: a busy machine's one slow block must not rule out a tree for the engine's lifetime.
+_HOPELESS_MARGIN = 1.5
+
+
+def _nodes(candidate) -> int:
+    """Tokens a round verifies (its measuring order: smallest first, plain decoding first of all)."""
+    return candidate.nodes if isinstance(candidate, Lookup) else 1 + sum(candidate)
+
+
+def _hopeless(candidate, bounds: dict, plain: float | None) -> float | None:
+    """A lower bound of `candidate`'s round cost that already rules it out, or None: the cost of a measured
+    candidate it contains (does all of that one's work and more; itself included), where that cost exceeds
+    _HOPELESS_MARGIN x (depth + 1) plain rounds, the most the candidate could emit per round."""
+    if plain is None:
+        return None
+    limit = _HOPELESS_MARGIN * (candidate_depth(candidate) + 1) * plain
+    costs = [cost for small, cost in bounds.items() if cost > limit and contains(small, candidate)]
+    return max(costs) if costs else None
 
 
 def _time_rounds(engine, widths, root, config, generator, static: bool, clock) -> float:

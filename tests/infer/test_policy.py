@@ -250,6 +250,33 @@ def test_round_costs_are_measured_per_bucket_and_reused():
     assert costs.seconds == before and list(engine.cost_tables.values()) == [costs]
 
 
+def test_candidates_that_cannot_beat_plain_decoding_are_not_timed_further(monkeypatch):
+    """A round emits at most depth + 1 tokens: a candidate whose first two timed blocks cost more than 1.5 x
+    (depth + 1) plain rounds is not timed again, and a candidate containing it that this cost also rules out is
+    not run at all (its cost recorded as the contained one's). The rest get every rep."""
+    from longspec.infer import round_costs
+
+    seconds = {(): 1.0, (1,): 1.3, (1, 1): 5.0, (1, 1, 1, 1): 20.0, (2, 2, 2): 2.0, (4, 4, 4): 2.5}
+    calls: dict = {}
+
+    def fake_time_rounds(engine, widths, *args):
+        calls[widths] = calls.get(widths, 0) + 1
+        return seconds[widths]
+
+    monkeypatch.setattr(round_costs, "_time_rounds", fake_time_rounds)
+    target = make_tiny_target("llama")
+    engine = SpeculativeEngine(target, random_drafter(target))
+    config = GenerationConfig(max_new_tokens=4, auto_lookup=False)
+    costs = engine.measure_round_costs(config, [10], reps=4)
+    # (1, 1): 5.0 > 1.5 x 3 plain rounds, (1, 1, 1, 1): 20.0 > 1.5 x 5: one untimed and two timed blocks each.
+    # (2, 2, 2) and (4, 4, 4) contain (1, 1), but 5.0 is within 1.5 x 4 plain rounds: timed in full. The three
+    # trees that contain (1, 1, 1, 1) (at most 5 or 6 tokens a round) are never run.
+    assert calls == {(): 5, (1,): 5, (1, 1): 3, (1, 1, 1, 1): 3, (2, 2, 2): 5, (4, 4, 4): 5}
+    assert {w for _, w in costs.seconds} == set(AUTO_TREES)
+    for widths in AUTO_TREES:
+        assert costs.seconds[(1024, widths)] == seconds.get(widths, 20.0)
+
+
 def test_steps_dropped_by_a_bigger_cache_are_built_again_before_a_call_decodes():
     """The eval's batch warm-up: round costs measured at batch 1, then a batch's bigger cache drops every static
     step. The next call at batch 1 re-times nothing, but every candidate's steps are built again before it
