@@ -22,6 +22,7 @@ __all__ = [
     "check_model_dir",
     "check_inputs",
     "check_data",
+    "check_data_ids",
     "resume_mismatches",
     "check_resume",
 ]
@@ -105,6 +106,19 @@ def check_data(manifest: Manifest, cfg: TrainConfig, tokenizer) -> None:
                 f"{cfg.data.path} was tokenized with another tokenizer than the target's ({cfg.target.display}); "
                 "re-run the prep with --tokenizer pointing at the target (or set data.check_tokenizer=false)"
             )
+
+
+def check_data_ids(manifest: Manifest, cfg: TrainConfig, embedding_rows: int) -> None:
+    """The data's tokenizer cannot produce ids past the target's embedding. data.check_tokenizer=false lets data of
+    another tokenizer through (the same ids under another hash), but never ids the target cannot embed: those were
+    an IndexError traceback inside the first forward."""
+    vocab = manifest.tokenizer.get("vocab_size")
+    if isinstance(vocab, int) and vocab > embedding_rows:
+        raise ValueError(
+            f"{cfg.data.path} was tokenized with a tokenizer of {vocab} tokens but the target's embedding has "
+            f"{embedding_rows} rows: ids >= {embedding_rows} would index past it; re-run the prep with --tokenizer "
+            "pointing at the target"
+        )
 
 
 def resume_mismatches(state: dict[str, Any], cfg: TrainConfig) -> list[str]:

@@ -329,6 +329,30 @@ def test_bad_inputs_fail_in_one_line_before_any_model_loads(world, override, mes
     assert_only_changed(world, before)
 
 
+def test_data_of_a_larger_vocabulary_is_refused_with_the_tokenizer_check_off(world):
+    from data_prep.common import load_tokenizer
+    from data_prep.stage1 import prepare_stage1
+
+    data = (
+        world / "d_code_target"
+    )  # the shipped code target's tokenizer: 8192 ids; the tiny target embeds 300
+    prepare_stage1(
+        source=str(world / "short.jsonl"),
+        tokenizer=load_tokenizer(str(REPO_ROOT / "longspec" / "assets" / "code_target")),
+        out=str(data),
+        seq_len=64,
+        progress=False,
+    )
+    result = _train(world, "run_big_vocab", f"data.path={data}", "data.check_tokenizer=false")
+    assert result.returncode == 2, result.stderr[-2000:]  # was an IndexError traceback in the first forward
+    assert_one_line_error(  # after the target loaded: the model's log lines come first
+        result.stderr,
+        r"tokenized with a tokenizer of 8192 tokens but the target's embedding has 300 rows",
+        exclusive=False,
+    )
+    assert not list((world / "run_big_vocab").glob("checkpoints/step_*"))
+
+
 # ---- the pieces, in process --------------------------------------------------------------------------------------
 def test_lock_takeover_rules(tmp_path):
     lock = RunLock(str(tmp_path))
