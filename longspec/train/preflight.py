@@ -14,7 +14,7 @@ from typing import Any
 
 from longspec.data.manifest import Manifest, tokenizer_fingerprint
 from longspec.drafter import WEIGHTS_NAME
-from longspec.train.checkpoint import read_trainer_state
+from longspec.train.checkpoint import checkpoints_root, latest_checkpoint, read_trainer_state
 from longspec.train.config import TrainConfig
 
 __all__ = [
@@ -84,6 +84,16 @@ def check_inputs(cfg: TrainConfig) -> None:
         check_model_dir(cfg.init_from, "init_from")
     if os.path.exists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
         raise FileExistsError(f"output_dir={cfg.output_dir!r} exists and is not a directory")
+    if cfg.checkpoint.resume == "never" and os.path.isdir(cfg.output_dir):
+        # A fresh run saves step_N over an earlier run's step_N but leaves its later steps, which the next resume
+        # and `longspec.export` (the latest checkpoint) would take for this run's.
+        latest = latest_checkpoint(cfg.output_dir)
+        if latest is not None:
+            raise FileExistsError(
+                f"output_dir={cfg.output_dir!r} holds an earlier run's checkpoints (latest {os.path.basename(latest)})"
+                f" and checkpoint.resume=never starts a new run: remove {checkpoints_root(cfg.output_dir)} or "
+                "choose another output_dir (checkpoint.resume=auto continues it)"
+            )
 
 
 def check_data(manifest: Manifest, cfg: TrainConfig, tokenizer) -> None:

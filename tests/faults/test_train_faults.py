@@ -244,6 +244,20 @@ def test_resume_force_resumes_another_stage_with_a_warning(world, killed_in_chec
     assert_only_changed(world, before, allowed=[f"{run.name}/train.log", f"{run.name}/config.yaml"])
 
 
+def test_resume_never_over_an_earlier_runs_checkpoints_is_refused(world, killed_in_checkpoint):
+    """A fresh run over step_1..4 of another would save its own step_1.. beside the old step_4, which export and
+    the next resume take as the latest: refused before anything is written."""
+    run, _ = killed_in_checkpoint
+    before = tree_checksums(world)
+    result = _train(world, run.name, "checkpoint.resume=never", "max_steps=2")
+    assert result.returncode == 2
+    assert_one_line_error(
+        result.stderr,
+        r"holds an earlier run's checkpoints \(latest step_00000004\) and checkpoint.resume=never",
+    )
+    assert_only_changed(world, before)
+
+
 @pytest.mark.distributed
 def test_resume_with_another_world_size_is_our_message(world, killed_launcher):
     run, _, _ = killed_launcher
