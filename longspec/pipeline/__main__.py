@@ -31,21 +31,44 @@ import signal
 import sys
 import time
 
-from longspec.cli import ArgumentParser, run_cli
+from longspec.cli import ArgumentParser, UserError, run_cli
 from longspec.pipeline.plan import plan
 from longspec.pipeline.presets import load_preset, preset_names
 from longspec.pipeline.report import eval_rows, fmt, lossless_check, results_table, write_report
-from longspec.pipeline.runner import RunRecord, run_pipeline
+from longspec.pipeline.runner import RUN_RECORD_NAME, RunRecord, run_pipeline
 
 __all__ = ["main"]
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the pipeline waits, so the running step is stopped as on Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise _Terminated(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(_main, argv)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        return run_cli(_main, argv)
+    except KeyboardInterrupt as e:
+        # The runner already stopped the running step (runner._watch): a traceback here said nothing more than
+        # this line, and an interrupted run is the normal case a rerun continues.
+        print(
+            f"interrupted ({e or 'Ctrl-C'}): the running step was stopped; rerun the same command to continue",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + getattr(e, "signum", signal.SIGINT)
+    finally:
+        # Not ours past this point: a SIGTERM during the interpreter's exit raised in an atexit callback and
+        # printed "Exception ignored ... KeyboardInterrupt" with a traceback.
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: list[str]) -> int:
@@ -84,6 +107,14 @@ def _main(argv: list[str]) -> int:
     if args.data is not None and not os.path.isdir(os.path.join(args.data, "corpus")):
         raise FileNotFoundError(
             f"--data {args.data!r} has no corpus/ (python -m data_prep.stdlib_corpus --out DIR/corpus)"
+        )
+    # Checked before the plan runs: the first step's errno line (or, --report-only, a missing report.md) named
+    # neither the flag nor what to do.
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UserError(f"--out {args.out!r} exists and is not a directory")
+    if args.report_only and not os.path.isfile(os.path.join(args.out, RUN_RECORD_NAME)):
+        raise UserError(
+            f"--report-only: {args.out!r} holds no pipeline run ({RUN_RECORD_NAME}); run the pipeline there first"
         )
     steps = plan(preset, args.out, data=args.data)
     out = os.path.abspath(args.out)
