@@ -13,7 +13,6 @@ as they are.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 from data_prep.common import batched, load_tokenizer
 from data_prep.doc_tasks import ordered
 from data_prep.instruct_suite import read_rows
+from longspec.cli import ArgumentParser
 
 
 def count_tokens(tokenizer, texts) -> int:
@@ -87,7 +87,7 @@ def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts
 
 
 def _main(argv: list[str] | None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m data_prep.bundle", description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--out", type=Path, required=True)
