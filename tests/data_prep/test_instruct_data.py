@@ -170,6 +170,42 @@ def test_bundle_holds_every_part_gzipped_and_stage1_reads_it(corpus, tokenizer, 
     assert out.rows["kept"] == stage1["rows"]
 
 
+def test_bundle_refuses_a_missing_or_empty_part_before_writing(corpus, tokenizer, tmp_path):
+    from data_prep.bundle import build_bundle
+
+    build_long_documents(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "long.jsonl", max_tokens=4096,
+                         min_tokens=1024)  # fmt: skip
+    build_prompts(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "p.jsonl", max_prompt_tokens=3000,
+                  min_prompt_tokens=800, num_prompts=3)  # fmt: skip
+    build_suite(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "suite", buckets=[2048], per_bucket=1)
+    (tmp_path / "empty.jsonl").write_text("")
+    parts = {
+        "long_docs": tmp_path / "long.jsonl",
+        "prompts": tmp_path / "p.jsonl",
+        "suite": tmp_path / "suite",
+    }
+    for (
+        change,
+        message,
+    ) in [  # each made a bundle with exit 0 (no suite at all, an empty part, 0 stage-1 rows)
+        ({"suite": tmp_path / "no_suite"}, r"--suite .*no_suite' holds no eval suite"),
+        ({"long_docs": tmp_path / "empty.jsonl"}, r"--long-docs .*empty.jsonl' holds no row"),
+        ({"prompts": tmp_path / "missing.jsonl"}, r"--prompts .*missing.jsonl' does not exist"),
+        ({"stage1_tokens": 0}, r"--stage1-tokens must be >= 1"),
+    ]:
+        with pytest.raises((ValueError, FileNotFoundError), match=message):
+            build_bundle(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "b", **{**parts, **change})
+        assert not (tmp_path / "b").exists()
+    first = build_bundle(
+        corpus=corpus, tokenizer=tokenizer, out=tmp_path / "b", stage1_tokens=20_000, **parts
+    )
+    again = build_bundle(
+        corpus=corpus, tokenizer=tokenizer, out=tmp_path / "b", stage1_tokens=20_000, **parts
+    )
+    assert "manifest.json" not in again["bytes"]  # a rerun counted the first run's manifest
+    assert again["bytes"].keys() == first["bytes"].keys()
+
+
 def test_a_corpus_with_nothing_usable_is_an_error_and_writes_nothing(corpus, tokenizer, tmp_path):
     """Each tool used to write an empty output and exit 0; the failure came a step later, far from its cause."""
     empty = tmp_path / "empty"
