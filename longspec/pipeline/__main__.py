@@ -36,6 +36,9 @@ from longspec.pipeline.plan import plan
 from longspec.pipeline.presets import load_preset, preset_names
 from longspec.pipeline.report import eval_rows, fmt, lossless_check, results_table, write_report
 from longspec.pipeline.runner import RUN_RECORD_NAME, RunRecord, run_pipeline
+from longspec.train.runlock import RunLock
+
+PIPELINE_LOCK = "pipeline.lock"  # in OUT, held while the steps run
 
 __all__ = ["main"]
 
@@ -125,12 +128,19 @@ def _main(argv: list[str]) -> int:
     if args.report_only:
         recorded = RunRecord(out).data["steps"]
         statuses = {s.name: recorded.get(s.name, {}).get("status", "not run") for s in steps}
-    else:
-        statuses = run_pipeline(
-            steps, out, dry_run=args.dry_run, force=args.force, keep_going=args.keep_going
-        )
-    if args.dry_run:
+    elif args.dry_run:
+        run_pipeline(steps, out, dry_run=True, force=args.force, keep_going=args.keep_going)
         return 0
+    else:
+        # One pipeline per --out: a second one (a job requeued while the first still runs) removed the live
+        # training run's directory before restarting it and overwrote the first's run record and exports.
+        os.makedirs(out, exist_ok=True)
+        lock = RunLock(out, name=PIPELINE_LOCK, user="pipeline run", dir_option="--out", force_option=None)
+        lock.acquire()
+        try:
+            statuses = run_pipeline(steps, out, force=args.force, keep_going=args.keep_going)
+        finally:
+            lock.release()
     wall_s = time.perf_counter() - start
     write_report(out, preset, steps, statuses, wall_s)
     rows = eval_rows(out, preset)

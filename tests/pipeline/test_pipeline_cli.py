@@ -116,3 +116,24 @@ def test_sigterm_stops_the_step_and_says_so_in_one_line(tmp_path):
     assert "Traceback" not in err and "Exception ignored" not in err, err  # was a KeyboardInterrupt traceback
     assert "interrupted (signal 15): the running step was stopped; rerun the same command" in err
     assert not any(pid_running(pid) for pid in steps)
+
+
+def test_a_second_pipeline_on_the_same_out_is_refused_before_any_step(tmp_path, capsys):
+    """A second run on a live run's --out (a requeued job) removed the live training run's directory and
+    overwrote its run record; it is refused while the first holds OUT/pipeline.lock, and a dead one's is taken."""
+    from longspec.pipeline.__main__ import PIPELINE_LOCK
+    from longspec.train.runlock import RunLock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    first = RunLock(str(out), name=PIPELINE_LOCK)
+    first.acquire()  # this live process stands for the first pipeline
+    try:
+        assert main(["--preset", "demo_tiny", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {out} is in use by another pipeline run (pid {os.getpid()}" in err
+        assert "choose another --out" in err
+        assert sorted(os.listdir(out)) == [PIPELINE_LOCK]  # no step ran: no logs/, no run record
+        assert main(["--preset", "demo_tiny", "--out", str(out), "--dry-run"]) == 0  # a dry run takes no lock
+    finally:
+        first.release()
