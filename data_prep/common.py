@@ -195,11 +195,11 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False):
 
     try:
         tokenizer = load_target_tokenizer(path, trust_remote_code=trust_remote_code)
-    except OSError as e:
-        if isinstance(e, USER_ERRORS):
-            raise
+    except (OSError, ValueError) as e:
+        if isinstance(e, USER_ERRORS) and (not isinstance(e, ValueError) or str(path) in str(e)):
+            raise  # already names the tokenizer (a missing file, a bad GGUF)
         # transformers' OSError for a name that is neither a local directory nor reachable on the hub (offline,
-        # a typo) was a traceback; its first line says which
+        # a typo) was a traceback, and its ValueError for a directory without tokenizer files named no path
         reason = one_line(e).split(". ")[0]
         raise UserError(
             f"cannot load the tokenizer {path!r} ({reason}); pass the target's tokenizer directory, its .gguf file, "
