@@ -13,7 +13,6 @@ as they are.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 from data_prep.common import batched, load_tokenizer
 from data_prep.doc_tasks import ordered
 from data_prep.instruct_suite import read_rows
+from longspec.cli import ArgumentParser
 
 
 def count_tokens(tokenizer, texts) -> int:
@@ -38,11 +38,33 @@ def _gzip_copy(src: Path, dst: Path) -> None:
         shutil.copyfileobj(fin, fout)
 
 
+def _read_part(path: Path, flag: str, tool: str) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{flag} {str(path)!r} does not exist (python -m {tool} --out FILE)")
+    rows = read_rows(path)
+    if not rows:
+        raise ValueError(f"{flag} {str(path)!r} holds no row")
+    return rows
+
+
 def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts: Path, suite: Path,
                  stage1_tokens: int = 10_000_000) -> dict:  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
+    # Every part is checked before the first write: a missing suite directory, an empty part or a token budget
+    # of 0 made a bundle with exit 0 that the pipeline then failed on, a step or a GPU job later.
+    if stage1_tokens < 1:
+        raise ValueError(f"--stage1-tokens must be >= 1, got {stage1_tokens}")
+    long_rows = _read_part(long_docs, "--long-docs", "data_prep.long_documents")
+    prompt_rows = _read_part(prompts, "--prompts", "data_prep.instruct_prompts")
+    suite_files = (
+        sorted(p for p in suite.glob("*.json*") if p.name != "manifest.json") if suite.is_dir() else []
+    )
+    if not any(p.stat().st_size for p in suite_files):
+        raise ValueError(
+            f"--suite {str(suite)!r} holds no eval suite (python -m data_prep.instruct_suite --out DIR)"
+        )
     train = read_rows(corpus / "train.jsonl")
     heldout = read_rows(corpus / "heldout.jsonl")
+    out.mkdir(parents=True, exist_ok=True)
     manifest: dict = {"corpus_tokens": {}, "corpus_files": {}, "parts": {}}
     for split, rows in (("train", train), ("heldout", heldout)):
         manifest["corpus_files"][split] = len(rows)
@@ -62,13 +84,11 @@ def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts
             if tokens >= stage1_tokens:
                 break
     manifest["parts"]["corpus/train.jsonl.gz"] = {"rows": taken, "tokens": tokens}
-    long_rows = read_rows(long_docs)
     _gzip_copy(long_docs, out / "corpus" / "long_docs.jsonl.gz")
     manifest["parts"]["corpus/long_docs.jsonl.gz"] = {
         "rows": len(long_rows),
         "tokens": sum(r["tokens"] for r in long_rows),
     }
-    prompt_rows = read_rows(prompts)
     _gzip_copy(prompts, out / "stage3_prompts.jsonl.gz")
     manifest["parts"]["stage3_prompts.jsonl.gz"] = {
         "rows": len(prompt_rows),
@@ -78,8 +98,10 @@ def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts
     (out / "suite").mkdir(exist_ok=True)
     for path in sorted(suite.glob("*.json*")):
         shutil.copy(path, out / "suite" / path.name)
-    manifest["bytes"] = {
-        p.relative_to(out).as_posix(): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()
+    manifest["bytes"] = {  # not this manifest: a rerun counted the previous one's bytes
+        p.relative_to(out).as_posix(): p.stat().st_size
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p != out / "manifest.json"
     }
     manifest["total_bytes"] = sum(manifest["bytes"].values())
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -87,7 +109,7 @@ def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts
 
 
 def _main(argv: list[str] | None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m data_prep.bundle", description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--out", type=Path, required=True)

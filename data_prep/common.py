@@ -190,9 +190,21 @@ def check_messages(value: Any, *, max_chars: int) -> tuple[list[dict[str, str]] 
 def load_tokenizer(path: str, *, trust_remote_code: bool = False):
     """The target's tokenizer (local dir, hub id, .gguf file or pkg://PACKAGE/FILE.gguf). Prep must use the
     target's own tokenizer."""
+    from longspec.cli import USER_ERRORS, UserError, one_line
     from longspec.target_source import load_tokenizer as load_target_tokenizer
 
-    tokenizer = load_target_tokenizer(path, trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = load_target_tokenizer(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        if isinstance(e, USER_ERRORS) and (not isinstance(e, ValueError) or str(path) in str(e)):
+            raise  # already names the tokenizer (a missing file, a bad GGUF)
+        # transformers' OSError for a name that is neither a local directory nor reachable on the hub (offline,
+        # a typo) was a traceback, and its ValueError for a directory without tokenizer files named no path
+        reason = one_line(e).split(". ")[0]
+        raise UserError(
+            f"cannot load the tokenizer {path!r} ({reason}); pass the target's tokenizer directory, its .gguf file, "
+            "or a hub id with network access"
+        ) from e
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {path!r} has no EOS token: packed documents need one as a separator")
     return tokenizer

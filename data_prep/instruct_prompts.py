@@ -13,7 +13,6 @@ sees every context length up to the maximum. Documents come in a stable hash ord
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from data_prep.doc_tasks import CODE_INSTRUCTION, TASKS, cut_task, doc_key, orde
 from data_prep.instruct_suite import read_rows
 from data_prep.stage3_sft import render_prompt
 from data_prep.stdlib_corpus import path_fraction
+from longspec.cli import ArgumentParser
 
 
 def build_prompts(*, corpus: Path, tokenizer, out: Path, max_prompt_tokens: int = 6144,
@@ -69,7 +69,7 @@ def build_prompts(*, corpus: Path, tokenizer, out: Path, max_prompt_tokens: int 
 
 
 def _main(argv: list[str] | None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m data_prep.instruct_prompts", description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", type=Path, required=True, help="registry corpus dir (its train.jsonl is read)")
     p.add_argument("--out", type=Path, required=True, help="output .jsonl of prompt rows")
     p.add_argument("--tokenizer", required=True, help="the target's tokenizer dir (with its chat template)")

@@ -21,7 +21,6 @@ recorded as `prompt_tokens` (`length` keeps LongBench's meaning: words of the co
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from data_prep.common import load_tokenizer
 from data_prep.doc_tasks import cut_task, doc_key, ordered
+from longspec.cli import ArgumentParser
 from longspec.eval.datasets import encode_row
 
 # file stem (the LongBench task each imitates; the eval names results by file) -> (row `dataset`, doc_tasks task).
@@ -70,8 +70,10 @@ def build_suite(*, corpus: Path, tokenizer, out: Path, buckets: list[int], per_b
                 gen_room: int = 512) -> dict:  # fmt: skip
     if per_bucket < 1 or gen_room < 1 or any(b <= gen_room for b in buckets):
         raise ValueError("need per_bucket >= 1, gen_room >= 1 and every bucket > gen_room")
+    if not buckets:
+        raise ValueError("need at least one bucket (--buckets 2048,4096,...)")
     docs = read_rows(corpus / "heldout.jsonl")
-    out.mkdir(parents=True, exist_ok=True)
+    suite: dict[str, list[dict]] = {}  # written once every bucket is cut: a suite with no row writes nothing
     manifest: dict = {"corpus": str(corpus), "split": "heldout", "gen_room": gen_room, "min_fill": MIN_FILL,
                       "files": {}, "shortfalls": {}}  # fmt: skip
     for stem, (dataset, task) in SUITE_TASKS.items():
@@ -99,15 +101,23 @@ def build_suite(*, corpus: Path, tokenizer, out: Path, buckets: list[int], per_b
                 used.add(doc_key(doc))
                 rows.append(suite_row(dataset, doc, cut, bucket=bucket, prompt_tokens=tokens))
             name = f"{stem}_{bucket // 1024}k.jsonl"
-            with open(out / name, "w", encoding="utf-8") as f:
-                for row in rows:
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            suite[name] = rows
             manifest["files"][name] = {"rows": len(rows), "prompt_tokens": [r["prompt_tokens"] for r in rows],
                                        "documents": [f"{r['source']}:{r['path']}" for r in rows]}  # fmt: skip
             if len(rows) < per_bucket:
                 manifest["shortfalls"][name] = (
                     f"{len(rows)} of {per_bucket}: too few held-out documents that long"
                 )
+    if not any(suite.values()):  # was an empty suite and exit 0: the eval failed on it later
+        raise ValueError(
+            f"{corpus / 'heldout.jsonl'}: no held-out document ({len(docs)} read) fills any bucket "
+            f"{sorted(buckets)}; build a larger corpus or use smaller --buckets"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in suite.items():
+        with open(out / name, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
     files = ",".join(str(out / name) for name in manifest["files"] if manifest["files"][name]["rows"])
     manifest["eval_command"] = (
         f"python -m longspec.eval data.name=[{files}] data.context_margin={gen_room} "
@@ -118,7 +128,7 @@ def build_suite(*, corpus: Path, tokenizer, out: Path, buckets: list[int], per_b
 
 
 def _main(argv: list[str] | None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m data_prep.instruct_suite", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--corpus", type=Path, required=True, help="registry corpus dir (its heldout.jsonl is read)"
     )

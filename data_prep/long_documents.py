@@ -13,7 +13,6 @@ Groups are visited in a stable hash order, so --max-docs takes a spread of packa
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import defaultdict
@@ -23,6 +22,7 @@ from pathlib import Path
 from data_prep.common import load_tokenizer
 from data_prep.instruct_suite import read_rows
 from data_prep.stdlib_corpus import path_fraction
+from longspec.cli import ArgumentParser
 
 
 def _header(kind: str, path: str) -> str:
@@ -96,11 +96,17 @@ def build_long_documents(*, corpus: Path, tokenizer, out: Path, max_tokens: int 
                 paths.append(row["path"])
                 tokens += len(ids)
             emit(parts, paths, tokens, source, kind)
+    if not written:  # an empty file and exit 0 failed later, at the stage-2 prep; say why here
+        out.unlink()
+        raise ValueError(
+            f"{corpus / f'{split}.jsonl'} has no document of >= {min_tokens} tokens ({sum(map(len, groups.values()))} "
+            "files read); lower --min-tokens or build a larger corpus"
+        )
     return {"documents": written, "tokens": tokens_total}
 
 
 def _main(argv: list[str] | None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m data_prep.long_documents", description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", type=Path, required=True, help="registry corpus dir")
     p.add_argument("--tokenizer", required=True, help="the target's tokenizer dir")
     p.add_argument("--out", type=Path, required=True, help="output .jsonl")

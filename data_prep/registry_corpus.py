@@ -32,6 +32,7 @@ from pathlib import Path
 from data_prep.archive_text import TextFilter, extract_text, iter_archive
 from data_prep.registry_sources import DEBIAN_MIRROR, PYPI_INDEX, fetch, load_sources, metadata_licence
 from data_prep.stdlib_corpus import default_stdlib_root, iter_python_files, split_of
+from longspec.cli import USER_ERRORS, ArgumentParser, one_line
 
 log = logging.getLogger("data_prep")
 
@@ -116,6 +117,8 @@ class _Writer:
 def build_registry_corpus(cfg: RegistryCorpusConfig) -> dict:
     """Fetch, extract, filter, split; write the JSONL splits and manifest.json; return the manifest."""
     sources = load_sources(cfg.sources)
+    if not sources and not cfg.stdlib:  # was an empty corpus and exit 0
+        raise ValueError("no sources and --no-stdlib: nothing to build the corpus from")
     text_filter = TextFilter(max_file_bytes=cfg.max_file_bytes, min_chars=cfg.min_chars)
     writer = _Writer(cfg.out, cfg.heldout_frac)
     manifest_sources = []
@@ -193,8 +196,10 @@ def _add_stdlib(cfg: RegistryCorpusConfig, writer: _Writer, text_filter: TextFil
 
 
 def parse_args(argv: list[str] | None = None) -> RegistryCorpusConfig:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    p = ArgumentParser(  # a usage error is one line (a UserError), as in every CLI here
+        prog="python -m data_prep.registry_corpus",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawTextHelpFormatter,
     )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--sources", default="default", help="default | none | a JSON list of pinned sources")
@@ -217,10 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args([a for a in (argv if argv is not None else sys.argv[1:]) if a != "--debug"])
         manifest = build_registry_corpus(cfg)
-    except (ValueError, FileNotFoundError, OSError) as e:
+    except (*USER_ERRORS, OSError) as e:
         if debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     print(json.dumps({k: manifest[k] for k in ("files", "bytes", "kinds", "rejected_by_reason")}))
     return 0

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from longspec.cli import run_cli
+from longspec.cli import ArgumentParser, run_cli
 
 # Directories never walked: installed third-party packages and bytecode caches are not the stdlib.
 SKIP_DIR_NAMES = frozenset({"site-packages", "dist-packages", "__pycache__"})
@@ -187,10 +187,12 @@ def build_corpus(cfg: CorpusConfig, *, progress: bool = True) -> dict:
         raise FileNotFoundError(
             f"corpus root {root} is not a directory (pass --root PATH to a Python source tree)"
         )
+    files = list(iter_python_files(root))
+    if not files:  # an empty corpus wrote exit 0 and failed two steps later, at the first prep
+        raise ValueError(f"corpus root {root} holds no .py file (pass --root PATH to a Python source tree)")
     cfg.out.mkdir(parents=True, exist_ok=True)
     stats = CorpusStats()
     num_lcc = 0
-    files = list(iter_python_files(root))
     with (
         open(cfg.out / "train.jsonl", "w", encoding="utf-8") as f_train,
         open(cfg.out / "heldout.jsonl", "w", encoding="utf-8") as f_heldout,
@@ -212,6 +214,9 @@ def build_corpus(cfg: CorpusConfig, *, progress: bool = True) -> dict:
             if split == "heldout" and (lcc := lcc_row(relpath, text, cfg)) is not None:
                 f_lcc.write(json.dumps(lcc, ensure_ascii=False) + "\n")
                 num_lcc += 1
+    if not sum(stats.kept.values()):  # no manifest: the corpus is not finished
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(stats.rejected.items()))
+        raise ValueError(f"every .py file under {root} was rejected ({reasons}); the corpus would be empty")
     manifest = {
         "root": str(root),
         "python_version": platform.python_version(),
@@ -238,8 +243,10 @@ def build_corpus(cfg: CorpusConfig, *, progress: bool = True) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> CorpusConfig:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    p = ArgumentParser(  # a usage error is one line, as in every CLI here
+        prog="python -m data_prep.stdlib_corpus",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawTextHelpFormatter,
     )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--root", type=Path, default=None, help="tree to walk (default: this Python's stdlib)")

@@ -9,7 +9,6 @@ Byte-level BPE (HF ``tokenizers``) so every string round-trips exactly, saved as
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from longspec.cli import run_cli
+from longspec.cli import ArgumentParser, run_cli
 
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 SPECIAL_TOKENS = [BOS, EOS, PAD, UNK]  # ids 0..3 in this order
@@ -90,7 +89,7 @@ def round_trip_failures(tokenizer, texts: list[str]) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m data_prep.train_tokenizer", description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", type=Path, required=True, help="train.jsonl from data_prep.stdlib_corpus")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--min-frequency", type=int, default=2)

@@ -12,7 +12,6 @@ OUT is written as OUT.tmp-PID and renamed at the end: it appears whole or not at
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -86,7 +85,10 @@ def _load_as_written(tokenizer_config: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from longspec.cli import USER_ERRORS, ArgumentParser, one_line
+
+    # longspec.cli's parser: a usage error is one line like any other (plain argparse printed its usage block)
+    parser = ArgumentParser(prog="python -m longspec.convert_gguf", description=__doc__.split("\n\n")[0])
     parser.add_argument("src", help="the GGUF file (a path, or pkg://PACKAGE/FILE for one inside a package)")
     parser.add_argument("out", help="the HF model directory to write")
     parser.add_argument(
@@ -94,13 +96,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        args = parser.parse_args(argv)
         out = convert_gguf(args.src, args.out, dtype=args.dtype, overwrite=args.overwrite)
-    except (OSError, ValueError) as e:
-        if args.debug:
+    except (*USER_ERRORS, OSError) as e:
+        if "--debug" in argv:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         raise SystemExit(2) from None
     print(f"wrote {out}")
 

@@ -25,7 +25,14 @@ import sys
 from longspec.atomic import umask_file_mode
 from longspec.cli import ArgumentParser, UserError, run_cli
 from longspec.drafter import CONFIG_NAME, WEIGHTS_NAME
-from longspec.train.checkpoint import checkpoints_root, drafter_dir, list_checkpoints, read_trainer_state
+from longspec.train.checkpoint import (
+    CHECKSUMS_NAME,
+    checkpoints_root,
+    drafter_dir,
+    list_checkpoints,
+    read_trainer_state,
+    verify_checkpoint,
+)
 
 __all__ = [
     "EXPORT_FILES",
@@ -185,12 +192,25 @@ def export_drafter(
         raise FileNotFoundError(
             f"{source} lacks {CONFIG_NAME} / {WEIGHTS_NAME}: the checkpoint is incomplete"
         )
+    if os.path.isfile(os.path.join(checkpoint, CHECKSUMS_NAME)):
+        # The drafter's files against the sums the trainer wrote: a changed byte inside the weights still parses
+        # as safetensors and was exported as if whole. (A checkpoint of an older version has no sums: not checked.)
+        rel = os.path.relpath(source, checkpoint)
+        verify_checkpoint(
+            checkpoint, [os.path.join(rel, CONFIG_NAME), os.path.join(rel, WEIGHTS_NAME)], purpose="export it"
+        )
     try:
         with open(config_path) as f:
             config = json.load(f)
         state = read_trainer_state(checkpoint)
     except json.JSONDecodeError as e:
         raise UserError(f"{checkpoint}: unreadable JSON ({e}); the checkpoint is corrupt") from e
+    if not isinstance(config, dict) or not isinstance(
+        state, dict
+    ):  # valid JSON, not ours: was an AttributeError
+        raise UserError(
+            f"{checkpoint}: {CONFIG_NAME} or the trainer state is not a JSON object; the checkpoint is corrupt"
+        )
     if not config.get("target_fingerprint"):
         raise ValueError(
             f"{config_path} has no target fingerprint; refusing to export an unverifiable drafter"

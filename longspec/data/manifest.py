@@ -106,13 +106,23 @@ class Manifest:
                 f"{path} not found: {directory!r} is not a prepared dataset (run `python -m data_prep.stage1|stage2|"
                 "stage3_sft ... --out DIR` first)"
             )
-        with open(path) as f:
-            data = json.load(f)
+        # A damaged manifest (a hand edit, a copy cut short, another tool's file) is one ValueError naming the
+        # file, as a stale one is: a bare JSONDecodeError / TypeError named neither it nor the fix.
+        with open(path, encoding="utf-8", errors="replace") as f:
+            try:
+                data = json.load(f)
+            except ValueError as e:
+                raise ValueError(f"{path} is not valid JSON ({e}); re-run the prep") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} is not a prep manifest (a JSON {type(data).__name__}); re-run the prep")
         if data.get("format_version") != FORMAT_VERSION:
             raise ValueError(
                 f"{path}: format_version {data.get('format_version')} != {FORMAT_VERSION}; re-run the prep"
             )
-        manifest = cls(**data)
+        try:
+            manifest = cls(**data)
+        except TypeError as e:  # fields missing or unknown
+            raise ValueError(f"{path} is not a prep manifest ({e}); re-run the prep") from None
         if not manifest.complete:
             raise ValueError(
                 f"{directory!r} holds an interrupted prep (manifest not complete); re-run the same prep command "

@@ -31,21 +31,47 @@ import signal
 import sys
 import time
 
-from longspec.cli import ArgumentParser, run_cli
+from longspec.cli import ArgumentParser, UserError, run_cli
 from longspec.pipeline.plan import plan
 from longspec.pipeline.presets import load_preset, preset_names
 from longspec.pipeline.report import eval_rows, fmt, lossless_check, results_table, write_report
-from longspec.pipeline.runner import RunRecord, run_pipeline
+from longspec.pipeline.runner import RUN_RECORD_NAME, RunRecord, run_pipeline
+from longspec.train.runlock import RunLock
+
+PIPELINE_LOCK = "pipeline.lock"  # in OUT, held while the steps run
 
 __all__ = ["main"]
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the pipeline waits, so the running step is stopped as on Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise _Terminated(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(_main, argv)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        return run_cli(_main, argv)
+    except KeyboardInterrupt as e:
+        # The runner already stopped the running step (runner._watch): a traceback here said nothing more than
+        # this line, and an interrupted run is the normal case a rerun continues.
+        print(
+            f"interrupted ({e or 'Ctrl-C'}): the running step was stopped; rerun the same command to continue",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + getattr(e, "signum", signal.SIGINT)
+    finally:
+        # Not ours past this point: a SIGTERM during the interpreter's exit raised in an atexit callback and
+        # printed "Exception ignored ... KeyboardInterrupt" with a traceback.
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: list[str]) -> int:
@@ -85,6 +111,14 @@ def _main(argv: list[str]) -> int:
         raise FileNotFoundError(
             f"--data {args.data!r} has no corpus/ (python -m data_prep.stdlib_corpus --out DIR/corpus)"
         )
+    # Checked before the plan runs: the first step's errno line (or, --report-only, a missing report.md) named
+    # neither the flag nor what to do.
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UserError(f"--out {args.out!r} exists and is not a directory")
+    if args.report_only and not os.path.isfile(os.path.join(args.out, RUN_RECORD_NAME)):
+        raise UserError(
+            f"--report-only: {args.out!r} holds no pipeline run ({RUN_RECORD_NAME}); run the pipeline there first"
+        )
     steps = plan(preset, args.out, data=args.data)
     out = os.path.abspath(args.out)
     print(f"longspec e2e, preset {preset.name}: {len(steps)} steps -> {out} (interpreter {sys.executable})")
@@ -94,12 +128,19 @@ def _main(argv: list[str]) -> int:
     if args.report_only:
         recorded = RunRecord(out).data["steps"]
         statuses = {s.name: recorded.get(s.name, {}).get("status", "not run") for s in steps}
-    else:
-        statuses = run_pipeline(
-            steps, out, dry_run=args.dry_run, force=args.force, keep_going=args.keep_going
-        )
-    if args.dry_run:
+    elif args.dry_run:
+        run_pipeline(steps, out, dry_run=True, force=args.force, keep_going=args.keep_going)
         return 0
+    else:
+        # One pipeline per --out: a second one (a job requeued while the first still runs) removed the live
+        # training run's directory before restarting it and overwrote the first's run record and exports.
+        os.makedirs(out, exist_ok=True)
+        lock = RunLock(out, name=PIPELINE_LOCK, user="pipeline run", dir_option="--out", force_option=None)
+        lock.acquire()
+        try:
+            statuses = run_pipeline(steps, out, force=args.force, keep_going=args.keep_going)
+        finally:
+            lock.release()
     wall_s = time.perf_counter() - start
     write_report(out, preset, steps, statuses, wall_s)
     rows = eval_rows(out, preset)

@@ -50,6 +50,9 @@ class StagePlan(Schema):
 
     def validate(self) -> None:
         check(bool(self.config), "a stage plan needs config= (a stage YAML name)")
+        # Here, not at the training step: a misspelt name ran the corpus and data preps (hours at paper scale)
+        # before the trainer refused it.
+        _check_group("stage", self.config, "config")
         check(self.num_steps is None or self.num_steps >= 1, f"{self.config}: num_steps must be >= 1")
         check(self.seq_len is None or self.seq_len >= 2, f"{self.config}: seq_len must be >= 2")
         check(
@@ -162,6 +165,7 @@ class PipelineConfig(Schema):
             self.target_path is None or self.target_gguf is None,
             "a pipeline preset takes one of target_path= (a model dir) and target_gguf= (or neither: target_config)",
         )
+        _check_group("target", self.target_config, "target_config")  # as the stage names (StagePlan)
         check(self.num_procs >= 1, f"num_procs must be >= 1, got {self.num_procs}")
         check(self.window >= 1, f"window must be >= 1, got {self.window}")
         check(
@@ -215,6 +219,14 @@ class PipelineConfig(Schema):
             except FileNotFoundError as e:
                 raise ValueError(f"target_path: {e}") from None
         return os.path.abspath(self.target_path)
+
+
+def _check_group(group: str, name: str, field_name: str) -> None:
+    """`name` is a YAML of the training / eval config group `group` (longspec/configs/<group>/<name>.yaml), which
+    the steps compose from the package's configs."""
+    directory = os.path.join(CONFIG_DIR, group)
+    names = sorted(n[: -len(".yaml")] for n in os.listdir(directory) if n.endswith(".yaml"))
+    check(name in names, f"{field_name}={name!r} is not a {group} config; choose from {', '.join(names)}")
 
 
 def preset_names(config_dir: str | None = None) -> list[str]:

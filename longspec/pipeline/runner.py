@@ -19,6 +19,9 @@ __all__ = ["RUN_RECORD_NAME", "RunRecord", "run_pipeline"]
 RUN_RECORD_NAME = "e2e_manifest.json"
 
 
+_RECORD_FIX = "remove it to run every step again, or choose another --out"
+
+
 class RunRecord:
     """OUT/e2e_manifest.json: per step, the command that produced its outputs, when, and how long it took."""
 
@@ -26,8 +29,15 @@ class RunRecord:
         self.path = os.path.join(out, RUN_RECORD_NAME)
         self.data = {"steps": {}}
         if os.path.isfile(self.path):
-            with open(self.path) as f:
-                self.data = json.load(f)
+            # A damaged record (a hand edit, a copy cut short) is one error naming it: it was a bare
+            # JSONDecodeError line, or a TypeError traceback for JSON of another shape.
+            with open(self.path, encoding="utf-8", errors="replace") as f:
+                try:
+                    self.data = json.load(f)
+                except ValueError as e:
+                    raise ValueError(f"{self.path} is damaged ({e}); {_RECORD_FIX}") from None
+            if not isinstance(self.data, dict) or not isinstance(self.data.get("steps"), dict):
+                raise ValueError(f"{self.path} is not a pipeline run record; {_RECORD_FIX}")
 
     def is_done(self, step: Step) -> bool:
         record = self.data["steps"].get(step.name)

@@ -37,6 +37,7 @@ from longspec.atomic import write_json_atomic
 
 __all__ = [
     "CheckpointManager",
+    "CHECKSUMS_NAME",
     "CheckpointError",
     "checkpoints_root",
     "checkpoint_dir",
@@ -171,9 +172,10 @@ def write_checksums(path: str) -> None:
     write_json_atomic(os.path.join(path, CHECKSUMS_NAME), {"format": 1, "files": files})
 
 
-def verify_checkpoint(path: str) -> None:
+def verify_checkpoint(path: str, only: list[str] | None = None, *, purpose: str = "resume") -> None:
     """Raise CheckpointError unless every file of `path` is listed in its checksums.json with that content, and
-    every listed file exists. Reads bytes only: nothing is unpickled."""
+    every listed file exists. Reads bytes only: nothing is unpickled. `only`: check just these files (paths
+    relative to `path`; export reads the drafter's two and nothing else). `purpose`: what a refusal refuses."""
     manifest_path = os.path.join(path, CHECKSUMS_NAME)
     try:
         with open(manifest_path) as f:
@@ -186,10 +188,21 @@ def verify_checkpoint(path: str) -> None:
         ) from None
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{manifest_path} is not a valid checksum manifest ({e})") from None
+    if not isinstance(listed, dict):
+        raise CheckpointError(f"{manifest_path} is not a valid checksum manifest (no files table)")
     present = _files_under(path)
-    for rel in present:
+    if only is not None:
+        unlisted = [rel for rel in only if rel not in listed]
+        if unlisted:
+            raise CheckpointError(
+                f"{os.path.join(path, unlisted[0])} is not in {CHECKSUMS_NAME}: refusing to {purpose}"
+            )
+        listed = {rel: listed[rel] for rel in only}
+    for rel in present if only is None else ():
         if rel not in listed:
-            raise CheckpointError(f"{os.path.join(path, rel)} is not in {CHECKSUMS_NAME}: refusing to resume")
+            raise CheckpointError(
+                f"{os.path.join(path, rel)} is not in {CHECKSUMS_NAME}: refusing to {purpose}"
+            )
     for rel, expected in sorted(listed.items()):
         full = os.path.join(path, rel)
         if rel not in present:
@@ -198,7 +211,7 @@ def verify_checkpoint(path: str) -> None:
             )
         if os.path.getsize(full) != expected["bytes"] or _sha256(full) != expected["sha256"]:
             raise CheckpointError(
-                f"{full} does not match its checksum in {CHECKSUMS_NAME} (truncated or changed): refusing to resume"
+                f"{full} does not match its checksum in {CHECKSUMS_NAME} (truncated or changed): refusing to {purpose}"
             )
 
 

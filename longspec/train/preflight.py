@@ -14,7 +14,7 @@ from typing import Any
 
 from longspec.data.manifest import Manifest, tokenizer_fingerprint
 from longspec.drafter import WEIGHTS_NAME
-from longspec.train.checkpoint import read_trainer_state
+from longspec.train.checkpoint import checkpoints_root, latest_checkpoint, read_trainer_state
 from longspec.train.config import TrainConfig
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "check_model_dir",
     "check_inputs",
     "check_data",
+    "check_data_ids",
     "resume_mismatches",
     "check_resume",
 ]
@@ -83,6 +84,16 @@ def check_inputs(cfg: TrainConfig) -> None:
         check_model_dir(cfg.init_from, "init_from")
     if os.path.exists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
         raise FileExistsError(f"output_dir={cfg.output_dir!r} exists and is not a directory")
+    if cfg.checkpoint.resume == "never" and os.path.isdir(cfg.output_dir):
+        # A fresh run saves step_N over an earlier run's step_N but leaves its later steps, which the next resume
+        # and `longspec.export` (the latest checkpoint) would take for this run's.
+        latest = latest_checkpoint(cfg.output_dir)
+        if latest is not None:
+            raise FileExistsError(
+                f"output_dir={cfg.output_dir!r} holds an earlier run's checkpoints (latest {os.path.basename(latest)})"
+                f" and checkpoint.resume=never starts a new run: remove {checkpoints_root(cfg.output_dir)} or "
+                "choose another output_dir (checkpoint.resume=auto continues it)"
+            )
 
 
 def check_data(manifest: Manifest, cfg: TrainConfig, tokenizer) -> None:
@@ -105,6 +116,19 @@ def check_data(manifest: Manifest, cfg: TrainConfig, tokenizer) -> None:
                 f"{cfg.data.path} was tokenized with another tokenizer than the target's ({cfg.target.display}); "
                 "re-run the prep with --tokenizer pointing at the target (or set data.check_tokenizer=false)"
             )
+
+
+def check_data_ids(manifest: Manifest, cfg: TrainConfig, embedding_rows: int) -> None:
+    """The data's tokenizer cannot produce ids past the target's embedding. data.check_tokenizer=false lets data of
+    another tokenizer through (the same ids under another hash), but never ids the target cannot embed: those were
+    an IndexError traceback inside the first forward."""
+    vocab = manifest.tokenizer.get("vocab_size")
+    if isinstance(vocab, int) and vocab > embedding_rows:
+        raise ValueError(
+            f"{cfg.data.path} was tokenized with a tokenizer of {vocab} tokens but the target's embedding has "
+            f"{embedding_rows} rows: ids >= {embedding_rows} would index past it; re-run the prep with --tokenizer "
+            "pointing at the target"
+        )
 
 
 def resume_mismatches(state: dict[str, Any], cfg: TrainConfig) -> list[str]:

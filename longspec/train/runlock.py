@@ -57,8 +57,20 @@ def _pid_alive(pid: int) -> bool:
 
 
 class RunLock:
-    def __init__(self, run_dir: str):
-        self.path = os.path.join(run_dir, LOCK_NAME)
+    def __init__(
+        self,
+        run_dir: str,
+        *,
+        name: str = LOCK_NAME,
+        user: str = "trainer",
+        dir_option: str = "output_dir",
+        force_option: str | None = "resume.force=true",
+    ):
+        """`name`, `user`, `dir_option`, `force_option`: the lock file and what its messages call the holder, the
+        option that picks another directory and the one that forces a takeover (None: none; the message says to
+        remove the lock file). The pipeline locks its --out with them (longspec.pipeline.__main__)."""
+        self.path = os.path.join(run_dir, name)
+        self.user, self.dir_option, self.force_option = user, dir_option, force_option
         self.owner: dict[str, Any] = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -76,26 +88,31 @@ class RunLock:
                 continue
             if holder is None:  # unreadable: not one of ours (ours are complete from the first byte)
                 raise RunLockedError(
-                    f"{self.path} exists but is not a lock this trainer wrote; remove it if no trainer uses "
-                    "this run directory"
+                    f"{self.path} exists but is not a lock this {self.user} wrote; remove it if no {self.user} "
+                    "uses this directory"
                 )
             where = f"pid {holder.get('pid')} on {holder.get('host')} since {_when(holder.get('started'))}"
             if holder.get("host") == self.owner["host"]:
                 if _holder_alive(holder):
                     raise RunLockedError(
-                        f"{os.path.dirname(self.path)} is in use by another trainer ({where}); wait for it or "
-                        "choose another output_dir"
+                        f"{os.path.dirname(self.path)} is in use by another {self.user} ({where}); wait for it or "
+                        f"choose another {self.dir_option}"
                     )
                 log.warning("taking over the stale lock %s (%s is gone)", self.path, where)
             elif force:
-                log.warning("resume.force=true: taking over the lock %s held by %s", self.path, where)
+                log.warning("%s: taking over the lock %s held by %s", self.force_option, self.path, where)
             else:
+                how = (
+                    f"pass {self.force_option} to take it over"
+                    if self.force_option
+                    else f"remove {self.path}"
+                )
                 raise RunLockedError(
-                    f"{os.path.dirname(self.path)} is locked by a trainer on another host ({where}); if that run "
-                    "is dead, pass resume.force=true to take it over"
+                    f"{os.path.dirname(self.path)} is locked by a {self.user} on another host ({where}); if that "
+                    f"run is dead, {how}"
                 )
             self._remove_if(holder)
-        raise RunLockedError(f"could not take the lock {self.path}: other trainers keep taking it")
+        raise RunLockedError(f"could not take the lock {self.path}: other {self.user}s keep taking it")
 
     def release(self) -> None:
         """Remove the lock if it is still ours (a forced takeover elsewhere leaves the new holder's alone)."""

@@ -39,7 +39,7 @@ from longspec.train.metrics import (
     setup_logging,
     truncate_metrics,
 )
-from longspec.train.preflight import check_data, check_inputs, check_resume
+from longspec.train.preflight import check_data, check_data_ids, check_inputs, check_resume
 from longspec.train.runlock import RunLock
 
 __all__ = ["Trainer"]
@@ -104,6 +104,7 @@ class Trainer:
             rank=self.rank,
             tokenizer=self.tokenizer,
         )
+        check_data_ids(self.reader.manifest, cfg, self.model.target.config.vocab_size)
         self.engine = build_engine(self.model, cfg, self.ds_config, self.total_steps)
         if self.zero3:
             self.model.replicate_head()

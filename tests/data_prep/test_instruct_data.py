@@ -168,3 +168,66 @@ def test_bundle_holds_every_part_gzipped_and_stage1_reads_it(corpus, tokenizer, 
     out = prepare_stage1(source=str(tmp_path / "b" / "corpus" / "train.jsonl.gz"), tokenizer=tokenizer,
                          out=str(tmp_path / "s1"), seq_len=512, progress=False)  # fmt: skip
     assert out.rows["kept"] == stage1["rows"]
+
+
+def test_bundle_refuses_a_missing_or_empty_part_before_writing(corpus, tokenizer, tmp_path):
+    from data_prep.bundle import build_bundle
+
+    build_long_documents(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "long.jsonl", max_tokens=4096,
+                         min_tokens=1024)  # fmt: skip
+    build_prompts(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "p.jsonl", max_prompt_tokens=3000,
+                  min_prompt_tokens=800, num_prompts=3)  # fmt: skip
+    build_suite(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "suite", buckets=[2048], per_bucket=1)
+    (tmp_path / "empty.jsonl").write_text("")
+    parts = {
+        "long_docs": tmp_path / "long.jsonl",
+        "prompts": tmp_path / "p.jsonl",
+        "suite": tmp_path / "suite",
+    }
+    for (
+        change,
+        message,
+    ) in [  # each made a bundle with exit 0 (no suite at all, an empty part, 0 stage-1 rows)
+        ({"suite": tmp_path / "no_suite"}, r"--suite .*no_suite' holds no eval suite"),
+        ({"long_docs": tmp_path / "empty.jsonl"}, r"--long-docs .*empty.jsonl' holds no row"),
+        ({"prompts": tmp_path / "missing.jsonl"}, r"--prompts .*missing.jsonl' does not exist"),
+        ({"stage1_tokens": 0}, r"--stage1-tokens must be >= 1"),
+    ]:
+        with pytest.raises((ValueError, FileNotFoundError), match=message):
+            build_bundle(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "b", **{**parts, **change})
+        assert not (tmp_path / "b").exists()
+    first = build_bundle(
+        corpus=corpus, tokenizer=tokenizer, out=tmp_path / "b", stage1_tokens=20_000, **parts
+    )
+    again = build_bundle(
+        corpus=corpus, tokenizer=tokenizer, out=tmp_path / "b", stage1_tokens=20_000, **parts
+    )
+    assert "manifest.json" not in again["bytes"]  # a rerun counted the first run's manifest
+    assert again["bytes"].keys() == first["bytes"].keys()
+
+
+def test_a_corpus_with_nothing_usable_is_an_error_and_writes_nothing(corpus, tokenizer, tmp_path):
+    """Each tool used to write an empty output and exit 0; the failure came a step later, far from its cause."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "train.jsonl").write_text("")
+    (empty / "heldout.jsonl").write_text("")
+    out = tmp_path / "long.jsonl"
+    with pytest.raises(ValueError, match=r"train.jsonl has no document of >= 64 tokens \(0 files read\)"):
+        build_long_documents(corpus=empty, tokenizer=tokenizer, out=out, max_tokens=512, min_tokens=64)
+    assert not out.exists()
+    with pytest.raises(ValueError, match=r"no held-out document \(0 read\) fills any bucket \[2048\]"):
+        build_suite(corpus=empty, tokenizer=tokenizer, out=tmp_path / "suite", buckets=[2048], gen_room=64)
+    with pytest.raises(ValueError, match="at least one bucket"):
+        build_suite(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "suite", buckets=[], gen_room=64)
+    assert not (tmp_path / "suite").exists()
+
+
+def test_usage_errors_are_one_line(tmp_path, capsys):
+    from data_prep import bundle, instruct_prompts, instruct_suite, long_documents
+
+    for tool in (bundle, instruct_prompts, instruct_suite, long_documents):
+        assert tool.main(["--out", str(tmp_path / "o")]) == 2  # was argparse's usage block
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: python -m {tool.__name__}: the following arguments are required")
+        assert err.count("\n") == 1

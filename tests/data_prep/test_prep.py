@@ -236,6 +236,25 @@ def test_truncated_shard_is_detected(tmp_path, tokenizer):
         ShardReader(tmp_path / "o")
 
 
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("hi", r"manifest.json is not valid JSON"),
+        ("[1]", r"manifest.json is not a prep manifest \(a JSON list\)"),
+        ('{"format_version": 1}', r"manifest.json is not a prep manifest \(.*missing"),
+    ],
+)
+def test_damaged_manifest_names_the_file_and_a_rerun_restarts(tmp_path, tokenizer, text, message):
+    src = write_jsonl(tmp_path / "a.jsonl", [{"text": "abc " * 40}])
+    out = tmp_path / "o"
+    prepare_stage1(source=src, tokenizer=tokenizer, out=str(out), seq_len=16, progress=False)
+    (out / "manifest.json").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        ShardReader(out)  # what the trainer reads (it printed a bare JSONDecodeError / TypeError before)
+    prepare_stage1(source=src, tokenizer=tokenizer, out=str(out), seq_len=16, progress=False)
+    assert len(ShardReader(out)) > 0  # the prep treats it as stale: no --overwrite needed
+
+
 def test_step_sampler_is_a_partition_of_each_epoch(tmp_path, tokenizer):
     src = write_jsonl(tmp_path / "a.jsonl", [{"text": "abcdefgh" * 50}])
     prepare_stage1(source=src, tokenizer=tokenizer, out=str(tmp_path / "o"), seq_len=8, progress=False)

@@ -107,6 +107,13 @@ def test_a_tampered_archive_is_refused(tmp_path):
 def test_cli_error_is_one_line(tmp_path, capsys):
     assert main(["--out", str(tmp_path / "o"), "--sources", str(tmp_path / "missing.json")]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+    assert main(["--sources", "none"]) == 2  # a usage error: was argparse's usage block
+    assert capsys.readouterr().err.startswith("error: python -m data_prep.registry_corpus: the following")
+    assert (
+        main(["--out", str(tmp_path / "o"), "--sources", "none", "--no-stdlib"]) == 2
+    )  # was an empty corpus
+    assert "nothing to build the corpus from" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_default_sources_are_pinned_and_permissive():

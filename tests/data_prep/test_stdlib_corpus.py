@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from data_prep.stdlib_corpus import CorpusConfig, build_corpus, lcc_row, main, path_fraction, split_of
+from longspec.cli import run_cli
 
 
 def _long_module(n: int) -> str:
@@ -122,6 +123,22 @@ def test_user_errors(tmp_path):
         CorpusConfig(out=tmp_path, heldout_frac=1.5)
     with pytest.raises(FileNotFoundError, match="--root"):
         build_corpus(CorpusConfig(out=tmp_path / "o", root=tmp_path / "missing"), progress=False)
+    (tmp_path / "empty").mkdir()  # an empty corpus was written with exit 0 (the first prep failed on it)
+    with pytest.raises(ValueError, match="holds no .py file"):
+        build_corpus(CorpusConfig(out=tmp_path / "o", root=tmp_path / "empty"), progress=False)
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "a.py").write_text("def (\n")
+    with pytest.raises(ValueError, match=r"was rejected \(syntax_error: 1\); the corpus would be empty"):
+        build_corpus(CorpusConfig(out=tmp_path / "o", root=tmp_path / "bad"), progress=False)
+    assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+def test_usage_error_is_one_line(capsys):
+    assert run_cli(main, ["--root", "x"]) == 2  # was argparse's usage block
+    assert capsys.readouterr().err == (
+        "error: python -m data_prep.stdlib_corpus: the following arguments are required: --out (see --help)\n"
+    )
 
 
 def test_cli_writes_manifest(fake_stdlib, tmp_path, capsys):

@@ -140,6 +140,25 @@ def test_usage_error_is_one_line_from_the_real_cli(tmp_path, target_dir):
     assert_only_changed(tmp_path, before, allowed=["o"])
 
 
+def test_a_tokenizer_that_is_no_directory_and_not_on_the_hub_is_one_line(tmp_path):
+    (tmp_path / "x.jsonl").write_text('{"text": "abc"}\n')
+    result = run_module(  # offline (tests/conftest.py): a hub id cannot be fetched; it was an OSError traceback
+        "data_prep.stage1", "--source", tmp_path / "x.jsonl", "--out", tmp_path / "o", "--seq-len", "8",
+        "--tokenizer", "no-such-org/no-such-tokenizer",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert_one_line_error(
+        result.stderr, r"cannot load the tokenizer 'no-such-org/no-such-tokenizer' \(.*\); pass the target's"
+    )
+    (tmp_path / "empty").mkdir()  # a directory without tokenizer files: transformers' message named no path
+    result = run_module(
+        "data_prep.stage1", "--source", tmp_path / "x.jsonl", "--out", tmp_path / "o", "--seq-len", "8",
+        "--tokenizer", tmp_path / "empty",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert_one_line_error(result.stderr, rf"cannot load the tokenizer '{tmp_path / 'empty'}' \(")
+
+
 def _kill_at_random_points(work, duration: float, kills: int, seed: int) -> None:
     """Fork `work()` `kills` times and SIGKILL it after a random fraction of `duration`."""
     rng = random.Random(seed)

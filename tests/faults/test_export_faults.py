@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.export import EXPORT_FILES, export_drafter, main
 from longspec.testing import make_tiny_target
+from longspec.train.checkpoint import write_checksums
 
 
 def _write_checkpoint(run, step: int, *, big_numel: int = 0) -> dict:
@@ -99,6 +100,36 @@ def test_corrupt_checkpoint_weights_name_the_file(tmp_path, runs, capsys):
     status, err = run_in_process(main, [str(runs / "stage1"), str(tmp_path / "out")], capsys)
     assert status == 2
     assert_one_line_error(err, r"model\.safetensors is not a readable safetensors file")
+    assert_only_changed(tmp_path, before)
+
+
+def test_a_changed_byte_in_checksummed_weights_is_refused(tmp_path, runs, capsys):
+    ckpt = runs / "stage1" / "checkpoints" / "step_00000002"
+    write_checksums(str(ckpt))  # as the trainer does, last
+    assert export_drafter(str(runs / "stage1"), str(tmp_path / "good")) == str(tmp_path / "good")
+    weights = ckpt / "drafter" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF  # one weight's byte flipped: the file still parses as safetensors
+    weights.write_bytes(bytes(data))
+    before = tree_checksums(tmp_path)
+    status, err = run_in_process(main, [str(runs / "stage1"), str(tmp_path / "out")], capsys)
+    assert status == 2  # was exported as if whole
+    assert_one_line_error(
+        err,
+        r"drafter/model\.safetensors does not match its checksum in checksums\.json .* refusing to export",
+    )
+    assert_only_changed(tmp_path, before)
+
+
+@pytest.mark.parametrize("name", ["drafter/config.json", "trainer_state.json"])
+def test_checkpoint_json_that_is_not_an_object_is_one_line(tmp_path, runs, capsys, name):
+    (runs / "stage1" / "checkpoints" / "step_00000002" / name).write_text(
+        "[1]"
+    )  # no checksums: not caught there
+    before = tree_checksums(tmp_path)
+    status, err = run_in_process(main, [str(runs / "stage1"), str(tmp_path / "out")], capsys)
+    assert status == 2  # was an AttributeError traceback
+    assert_one_line_error(err, r"is not a JSON object; the checkpoint is corrupt")
     assert_only_changed(tmp_path, before)
 
 

@@ -244,6 +244,20 @@ def test_resume_force_resumes_another_stage_with_a_warning(world, killed_in_chec
     assert_only_changed(world, before, allowed=[f"{run.name}/train.log", f"{run.name}/config.yaml"])
 
 
+def test_resume_never_over_an_earlier_runs_checkpoints_is_refused(world, killed_in_checkpoint):
+    """A fresh run over step_1..4 of another would save its own step_1.. beside the old step_4, which export and
+    the next resume take as the latest: refused before anything is written."""
+    run, _ = killed_in_checkpoint
+    before = tree_checksums(world)
+    result = _train(world, run.name, "checkpoint.resume=never", "max_steps=2")
+    assert result.returncode == 2
+    assert_one_line_error(
+        result.stderr,
+        r"holds an earlier run's checkpoints \(latest step_00000004\) and checkpoint.resume=never",
+    )
+    assert_only_changed(world, before)
+
+
 @pytest.mark.distributed
 def test_resume_with_another_world_size_is_our_message(world, killed_launcher):
     run, _, _ = killed_launcher
@@ -327,6 +341,30 @@ def test_bad_inputs_fail_in_one_line_before_any_model_loads(world, override, mes
     assert result.returncode == 2
     assert_one_line_error(result.stderr, message)
     assert_only_changed(world, before)
+
+
+def test_data_of_a_larger_vocabulary_is_refused_with_the_tokenizer_check_off(world):
+    from data_prep.common import load_tokenizer
+    from data_prep.stage1 import prepare_stage1
+
+    data = (
+        world / "d_code_target"
+    )  # the shipped code target's tokenizer: 8192 ids; the tiny target embeds 300
+    prepare_stage1(
+        source=str(world / "short.jsonl"),
+        tokenizer=load_tokenizer(str(REPO_ROOT / "longspec" / "assets" / "code_target")),
+        out=str(data),
+        seq_len=64,
+        progress=False,
+    )
+    result = _train(world, "run_big_vocab", f"data.path={data}", "data.check_tokenizer=false")
+    assert result.returncode == 2, result.stderr[-2000:]  # was an IndexError traceback in the first forward
+    assert_one_line_error(  # after the target loaded: the model's log lines come first
+        result.stderr,
+        r"tokenized with a tokenizer of 8192 tokens but the target's embedding has 300 rows",
+        exclusive=False,
+    )
+    assert not list((world / "run_big_vocab").glob("checkpoints/step_*"))
 
 
 # ---- the pieces, in process --------------------------------------------------------------------------------------

@@ -81,3 +81,12 @@ def test_every_control_token_of_the_gguf_is_a_special_token(tiny_gguf, family):
         assert tokenizer(f"a{token}b", add_special_tokens=False)["input_ids"][
             1
         ] == tokenizer.convert_tokens_to_ids(token)
+
+
+def test_usage_error_is_one_line(tmp_path, capsys):
+    for argv in ([], [str(tmp_path / "a.gguf"), str(tmp_path / "out"), "--dtype", "int3"]):
+        with pytest.raises(SystemExit) as excinfo:
+            main(argv)
+        assert excinfo.value.code == 2
+        err = capsys.readouterr().err  # was argparse's usage block
+        assert err.startswith("error: python -m longspec.convert_gguf: ") and err.count("\n") == 1, err

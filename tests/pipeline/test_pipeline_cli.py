@@ -75,3 +75,65 @@ def test_the_lossless_check_names_each_failing_row_and_its_distance(capsys):
     assert "pld" not in err
     assert lossless_check([tie, row("ar", 1.0, 0, "yes")])
     assert "lossless check passed" in capsys.readouterr().out
+
+
+def test_an_out_that_is_a_file_or_holds_no_run_is_one_line(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["--preset", "demo_tiny", "--out", str(afile)]) == 2
+    assert "error: --out " in capsys.readouterr().err  # was "[Errno 20] Not a directory: '.../afile/logs'"
+    assert main(["--preset", "demo_tiny", "--out", str(tmp_path / "none"), "--report-only"]) == 2
+    assert "holds no pipeline run" in capsys.readouterr().err  # was "No such file ...: '.../report.md'"
+    assert not (tmp_path / "none").exists()
+
+
+def test_sigterm_stops_the_step_and_says_so_in_one_line(tmp_path):
+    """A job scheduler's SIGTERM mid-step: the step's process is stopped, stderr says to rerun (no traceback)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from longspec.testing import child_pids, pid_running
+
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "longspec.pipeline", "--preset", "demo_tiny", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    steps = []
+    while not steps and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        steps = child_pids(proc.pid)  # the corpus step's process
+    assert steps, "the first step did not start"
+    time.sleep(0.5)  # past Popen's return: the runner is waiting on the step (its _watch)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err  # was a KeyboardInterrupt traceback
+    assert "interrupted (signal 15): the running step was stopped; rerun the same command" in err
+    assert not any(pid_running(pid) for pid in steps)
+
+
+def test_a_second_pipeline_on_the_same_out_is_refused_before_any_step(tmp_path, capsys):
+    """A second run on a live run's --out (a requeued job) removed the live training run's directory and
+    overwrote its run record; it is refused while the first holds OUT/pipeline.lock, and a dead one's is taken."""
+    from longspec.pipeline.__main__ import PIPELINE_LOCK
+    from longspec.train.runlock import RunLock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    first = RunLock(str(out), name=PIPELINE_LOCK)
+    first.acquire()  # this live process stands for the first pipeline
+    try:
+        assert main(["--preset", "demo_tiny", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {out} is in use by another pipeline run (pid {os.getpid()}" in err
+        assert "choose another --out" in err
+        assert sorted(os.listdir(out)) == [PIPELINE_LOCK]  # no step ran: no logs/, no run record
+        assert main(["--preset", "demo_tiny", "--out", str(out), "--dry-run"]) == 0  # a dry run takes no lock
+    finally:
+        first.release()

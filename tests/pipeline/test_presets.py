@@ -121,6 +121,9 @@ def test_set_alias_equals_the_positional_override(capsys, tmp_path):
         (["stage1.global_batch_size=3"], r"stage1.global_batch_size \(3\) must be a multiple"),
         (["evals.0.methods=[nope]"], r"unknown method"),
         (["target_gguf=model.gguf"], r"one of target_path= .* and target_gguf="),
+        # names the steps compose: refused here, not after the corpus and data preps
+        (["stage2.config=nope"], r"config='nope' is not a stage config; choose from .*tiny_stage2"),
+        (["target_config=nope"], r"target_config='nope' is not a target config; choose from .*tiny_llama"),
         (["window"], r"window"),
     ],
 )

@@ -114,3 +114,14 @@ def test_an_interrupted_joint_group_resumes_with_the_steps_it_did_not_finish(tmp
     # a required step that fails stops the pipeline after its group
     with pytest.raises(SystemExit, match="step eval_x failed"):
         run_pipeline([_joint_step(tmp_path, "eval_x", "fail")], out)
+
+
+@pytest.mark.parametrize("text", ["{bad", "[]", '{"steps": []}'])
+def test_a_damaged_run_record_is_one_error_naming_it(tmp_path, capsys, text):
+    from longspec.pipeline.__main__ import main
+
+    (tmp_path / RUN_RECORD_NAME).write_text(text)  # was a bare JSONDecodeError line or a TypeError traceback
+    assert main(["--preset", "demo_tiny", "--out", str(tmp_path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / RUN_RECORD_NAME} ") and "remove it to run every step" in err
+    assert err.count("\n") == 1
