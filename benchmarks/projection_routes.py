@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
+import sys
 
 import torch
 import torch.nn.functional as F
 
 from longspec.atomic import write_json_atomic
 from longspec.provenance import run_info
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from split_kv_sweep import _graph_timer  # noqa: E402  (the same graph-replay timer as the split sweep)
 
 HBM_BYTES_PER_S = 4.3e12
 
@@ -102,36 +105,6 @@ SPLITK_CONFIGS = [
     for bk in (128, 256)
     for s in (1, 2, 4, 8)
 ]
-
-
-def _graph_timer(fn, iters: int) -> float:
-    """Median ms of fn replayed from a CUDA graph (eager wall time on the CPU)."""
-    if not torch.cuda.is_available():
-        times = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def time_projection(layers: int, k: int, n: int, rows: int, iters: int, device, dtype, sweep=False) -> dict:
