@@ -123,7 +123,7 @@ def measure_round_costs(
         if not missing:  # build every step once, untimed; not those of candidates the table rules out
             plain = costs.seconds.get((bucket, ()))
             for widths in candidates:
-                if _hopeless(widths, {widths: costs.seconds[(bucket, widths)]}, plain) is None:
+                if not _rules_out(costs.seconds[(bucket, widths)], widths, plain):
                     timed(widths)
         else:
             # Rep 0 (untimed) and reps 1-2 candidate by candidate, smallest first, so that plain decoding's cost
@@ -139,7 +139,7 @@ def measure_round_costs(
                 times[widths] += [timed(widths) for _ in range(min(2, reps))]
                 if widths == ():
                     plain = min(times[widths])
-                elif _hopeless(widths, {widths: min(times[widths])}, plain) is not None:
+                elif _rules_out(min(times[widths]), widths, plain):
                     bounds[widths] = min(times[widths])
             for _ in range(reps - 2):
                 for widths in candidates:
@@ -168,14 +168,20 @@ def _nodes(candidate) -> int:
     return candidate.nodes if isinstance(candidate, Lookup) else 1 + sum(candidate)
 
 
+def _rules_out(cost: float, candidate, plain: float | None) -> bool:
+    """Whether a round cost of `cost` (or more) rules `candidate` out: over _HOPELESS_MARGIN x (depth + 1) plain
+    rounds, the most the candidate could emit per round."""
+    return plain is not None and cost > _HOPELESS_MARGIN * (candidate_depth(candidate) + 1) * plain
+
+
 def _hopeless(candidate, bounds: dict, plain: float | None) -> float | None:
-    """A lower bound of `candidate`'s round cost that already rules it out, or None: the cost of a measured
-    candidate it contains (does all of that one's work and more; itself included), where that cost exceeds
-    _HOPELESS_MARGIN x (depth + 1) plain rounds, the most the candidate could emit per round."""
-    if plain is None:
-        return None
-    limit = _HOPELESS_MARGIN * (candidate_depth(candidate) + 1) * plain
-    costs = [cost for small, cost in bounds.items() if cost > limit and contains(small, candidate)]
+    """A lower bound of `candidate`'s round cost that already rules it out, or None: the largest cost of a
+    ruled-out candidate it contains (it does all of that one's work and more) that rules it out too."""
+    costs = [
+        cost
+        for small, cost in bounds.items()
+        if _rules_out(cost, candidate, plain) and contains(small, candidate)
+    ]
     return max(costs) if costs else None
 
 
