@@ -142,15 +142,20 @@ def test_long_documents_fit_and_feed_stage2(corpus, tokenizer, tmp_path):
     assert manifest.rows["kept"] == len(rows)
 
 
-def test_bundle_holds_every_part_gzipped_and_stage1_reads_it(corpus, tokenizer, tmp_path):
-    from data_prep.bundle import build_bundle
-    from data_prep.stage1 import prepare_stage1
-
+def _bundle_parts(corpus, tokenizer, tmp_path):
+    """The bundle's inputs beside the corpus: long documents (long.jsonl), 3 prompts (p.jsonl), a 2K suite."""
     build_long_documents(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "long.jsonl", max_tokens=4096,
                          min_tokens=1024)  # fmt: skip
     build_prompts(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "p.jsonl", max_prompt_tokens=3000,
                   min_prompt_tokens=800, num_prompts=3)  # fmt: skip
     build_suite(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "suite", buckets=[2048], per_bucket=1)
+
+
+def test_bundle_holds_every_part_gzipped_and_stage1_reads_it(corpus, tokenizer, tmp_path):
+    from data_prep.bundle import build_bundle
+    from data_prep.stage1 import prepare_stage1
+
+    _bundle_parts(corpus, tokenizer, tmp_path)
     manifest = build_bundle(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "b", long_docs=tmp_path / "long.jsonl",
                             prompts=tmp_path / "p.jsonl", suite=tmp_path / "suite", stage1_tokens=20_000)  # fmt: skip
     stage1 = manifest["parts"]["corpus/train.jsonl.gz"]
@@ -173,11 +178,7 @@ def test_bundle_holds_every_part_gzipped_and_stage1_reads_it(corpus, tokenizer, 
 def test_bundle_refuses_a_missing_or_empty_part_before_writing(corpus, tokenizer, tmp_path):
     from data_prep.bundle import build_bundle
 
-    build_long_documents(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "long.jsonl", max_tokens=4096,
-                         min_tokens=1024)  # fmt: skip
-    build_prompts(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "p.jsonl", max_prompt_tokens=3000,
-                  min_prompt_tokens=800, num_prompts=3)  # fmt: skip
-    build_suite(corpus=corpus, tokenizer=tokenizer, out=tmp_path / "suite", buckets=[2048], per_bucket=1)
+    _bundle_parts(corpus, tokenizer, tmp_path)
     (tmp_path / "empty.jsonl").write_text("")
     parts = {
         "long_docs": tmp_path / "long.jsonl",
