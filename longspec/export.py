@@ -205,9 +205,7 @@ def export_drafter(
         state = read_trainer_state(checkpoint)
     except json.JSONDecodeError as e:
         raise UserError(f"{checkpoint}: unreadable JSON ({e}); the checkpoint is corrupt") from e
-    if not isinstance(config, dict) or not isinstance(
-        state, dict
-    ):  # valid JSON, not ours: was an AttributeError
+    if not isinstance(config, dict) or not isinstance(state, dict):  # valid JSON, not ours: an AttributeError
         raise UserError(
             f"{checkpoint}: {CONFIG_NAME} or the trainer state is not a JSON object; the checkpoint is corrupt"
         )

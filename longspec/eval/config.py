@@ -132,9 +132,7 @@ class EvalConfig(Schema):
 
     def validate(self) -> None:
         methods = self.methods
-        check(
-            bool(methods), f"method must name at least one method of {', '.join(ALL_METHODS)}"
-        )  # [] crashed
+        check(bool(methods), f"method must name at least one method of {', '.join(ALL_METHODS)}")
         unknown = [m for m in methods if m not in ALL_METHODS]
         check(not unknown, f"unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}")
         check(len(set(methods)) == len(methods), f"method lists a method twice: {methods}")
