@@ -120,11 +120,9 @@ def measure_round_costs(
             engine.cache.length = length
             return _time_rounds(engine, widths, root, config, generator, static, clock)
 
-        if not missing:  # build every step once, untimed; not those of candidates the table rules out
-            plain = costs.seconds.get((bucket, ()))
+        if not missing:  # build every step once, untimed
             for widths in candidates:
-                if not _rules_out(costs.seconds[(bucket, widths)], widths, plain):
-                    timed(widths)
+                timed(widths)
         else:
             # Rep 0 (untimed) and reps 1-2 candidate by candidate, smallest first, so that plain decoding's cost
             # is known before any candidate is judged against it; the later reps interleaved over the survivors.

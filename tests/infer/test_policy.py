@@ -294,9 +294,11 @@ def test_steps_dropped_by_a_bigger_cache_are_built_again_before_a_call_decodes()
     engine.generate(
         torch.randint(0, 256, (12,)), dataclasses.replace(config, max_new_tokens=1)
     )  # builds them
-    assert costs.seconds == before and set(engine.target_step.steps) == built
+    # every candidate's steps, also those the measurement skipped as unable to pay (noise decides which)
+    rebuilt = set(engine.target_step.steps)
+    assert costs.seconds == before and rebuilt >= built
     engine.generate(torch.randint(0, 256, (12,)), config)
-    assert set(engine.target_step.steps) == built  # the call built nothing
+    assert set(engine.target_step.steps) == rebuilt  # the call built nothing
 
 
 @pytest.mark.parametrize("shape", [(2, 3), Lookup(4)], ids=["tree", "lookup"])
