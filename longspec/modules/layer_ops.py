@@ -1,5 +1,8 @@
 """The decoder layer's fused element-wise steps (residual add + RMSNorm, q/k norm + RoPE from the packed QKV
-projection, SiLU(gate) * up), each one Triton launch on CUDA and the plain-PyTorch reference elsewhere.
+projection, SiLU(gate) * up), each one Triton launch on CUDA and the plain-PyTorch reference elsewhere, and its
+projections (`linear`, `linear_silu_mul`): on CUDA in 16-bit dtypes, for the one or two rows of an AR step or a
+chain of one, a Triton GEMV (`kernels.gemv`, the MLP's SiLU x up fused into its gate/up projection); F.linear
+otherwise.
 
 The references (`longspec.kernels.layer_ops.naive`) use the HF modules' arithmetic, so off CUDA the packed
 target forward computes what the unpacked one does; the Triton kernels are checked against them.
@@ -8,17 +11,44 @@ target forward computes what the unpacked one does; the Triton kernels are check
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from longspec.kernels import HAS_TRITON
+from longspec.kernels import HAS_TRITON, gemv
 from longspec.kernels import layer_ops as kernels
 from longspec.kernels.layer_ops import write_kv  # the unpacked layer's cache write: one scatter per tensor
 
-__all__ = ["add_rms_norm", "qkv_rope", "silu_mul", "write_kv"]
+__all__ = ["add_rms_norm", "linear", "linear_silu_mul", "qkv_rope", "silu_mul", "write_kv"]
 
 
 def _triton(x: torch.Tensor) -> bool:
     # Only compiled Triton: the CPU interpreter is a test tool (orders of magnitude slower than PyTorch).
     return HAS_TRITON and x.is_cuda and not torch.is_grad_enabled()
+
+
+def _gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    # Few rows of a 16-bit model: there cuBLAS streams some weights below the bytes rate (`kernels.gemv`).
+    # float32 stays on cuBLAS: the dtype of exact comparisons, where one route for every row count is wanted.
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (
+        _triton(x)
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+        and 0 < rows <= gemv.MAX_ROWS
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T (+ bias)."""
+    if _gemv(x, weight):
+        return gemv.gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """SiLU(x @ gate^T) * (x @ up^T) for the packed gate_up [2F, K] (gate rows, then up rows)."""
+    if _gemv(x, gate_up):
+        return gemv.gemv_silu_mul(x, gate_up, bias)
+    return silu_mul(F.linear(x, gate_up, bias))
 
 
 def add_rms_norm(x, residual, weight, eps: float):

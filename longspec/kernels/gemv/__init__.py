@@ -1,0 +1,26 @@
+"""Projections of few rows (an AR step's one row, a chain of one's two: M <= MAX_ROWS) as a GEMV on CUDA cores,
+written in the model's dtype, optionally with SiLU(gate) * up fused into the gate/up projection.
+
+Why: at one row cuBLAS streams some weights well below the bytes rate and, where it splits K, adds a reduce
+launch of its own (on an H200, bf16: the 8B shape's output projection 12.7 µs a call against a 7.8 µs bytes
+floor, SmolLM2's projections 3.2-5.2 µs against < 1 µs; `benchmarks/projection_routes.py`). Here every program
+streams [BLOCK_N, K] weight rows once in wide tiles and keeps the whole sum along K in float32, so the output is
+rounded once, as one GEMM's accumulator is (the order of the sum differs: a last-bit difference, as between two
+cuBLAS kernels), and no other launch is needed. `naive.py` is the reference."""
+
+from longspec.kernels.gemv.naive import gemv_naive, gemv_silu_mul_naive
+
+__all__ = ["MAX_ROWS", "gemv", "gemv_naive", "gemv_silu_mul", "gemv_silu_mul_naive"]
+
+# An AR step's row, or a chain of one's two: each row multiplies every weight tile on CUDA cores, one
+# accumulator each; more rows go to cuBLAS's tensor-core kernels.
+MAX_ROWS = 2
+
+
+def __getattr__(name):
+    # The Triton kernels are imported on first use so that importing this package never imports Triton.
+    if name in ("gemv", "gemv_silu_mul"):
+        from longspec.kernels.gemv import triton as kernels
+
+        return getattr(kernels, name)
+    raise AttributeError(name)

@@ -1,0 +1,119 @@
+"""`naive.gemv_naive` / `naive.gemv_silu_mul_naive` in one launch: program n streams weight rows [BLOCK_N, K]
+once (and, fused, the matching up rows F + n) and multiplies them with every row of x (M <= MAX_ROWS).
+
+Shape legend: M rows, K input width, N output width (F for the fused gate/up: the weight has 2F rows).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from longspec.kernels.gemv import MAX_ROWS
+
+__all__ = ["default_config", "gemv", "gemv_silu_mul"]
+
+
+@triton.jit
+def _row_tile_dot(W, x, rows, rows_ok, kk, k_ok, stride_wn):
+    w = tl.load(W + rows[:, None] * stride_wn + kk[None, :], mask=rows_ok[:, None] & k_ok[None, :], other=0.0)
+    return tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+
+
+@triton.jit
+def _epilogue(acc, up, B, n, n_ok, F, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, dtype: tl.constexpr):
+    # The projection rounded to the model's dtype (bias added to the float32 sum first, as a GEMM's epilogue),
+    # then, fused, F.silu rounded and the product rounded: HF's MLP arithmetic.
+    if HAS_BIAS:
+        acc += tl.load(B + n, mask=n_ok, other=0.0).to(tl.float32)
+    y = acc.to(dtype)
+    if SILU_MUL:
+        if HAS_BIAS:
+            up += tl.load(B + F + n, mask=n_ok, other=0.0).to(tl.float32)
+        g = y.to(tl.float32)
+        act = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
+        y = (act * up.to(dtype).to(tl.float32)).to(dtype)
+    return y
+
+
+@triton.jit
+def _gemv_kernel(
+    X, W, B, Y,
+    N, stride_xm, stride_wn, stride_ym,
+    K: tl.constexpr, TWO_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # K is a compile-time constant (a model has a few): the tiles' starts are known aligned, so the weight
+    # streams in wide vector loads, and the K mask vanishes where BLOCK_K divides K (a run-time length read
+    # at ~60% of this speed). CUDA-core products, summed along K in registers, one [BLOCK_N] accumulator per
+    # row. (A tl.dot on a 16-row block, M padded, ran at half the speed at one row on an H200, and a
+    # [rows, BLOCK_N, BLOCK_K] broadcast at a third: benchmarks/projection_routes.py.)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    up0 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    up1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        x0 = tl.load(X + kk, mask=k_ok, other=0.0).to(tl.float32)
+        acc0 += _row_tile_dot(W, x0, n, n_ok, kk, k_ok, stride_wn)
+        if SILU_MUL:
+            up0 += _row_tile_dot(W, x0, n + N, n_ok, kk, k_ok, stride_wn)
+        if TWO_ROWS:
+            x1 = tl.load(X + stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
+            acc1 += _row_tile_dot(W, x1, n, n_ok, kk, k_ok, stride_wn)
+            if SILU_MUL:
+                up1 += _row_tile_dot(W, x1, n + N, n_ok, kk, k_ok, stride_wn)
+    dtype = Y.dtype.element_ty
+    tl.store(Y + n, _epilogue(acc0, up0, B, n, n_ok, N, HAS_BIAS, SILU_MUL, dtype), mask=n_ok)
+    if TWO_ROWS:
+        tl.store(Y + stride_ym + n, _epilogue(acc1, up1, B, n, n_ok, N, HAS_BIAS, SILU_MUL, dtype), mask=n_ok)
+
+
+def default_config(n: int, k: int) -> dict[str, int]:
+    """BLOCK_N and BLOCK_K: narrow row blocks (many programs, each streaming whole rows) and wide K tiles, the
+    one-split configs `projection_routes.py --sweep` found fastest on an H200 for the 8B and SmolLM2 shapes."""
+    return dict(BLOCK_N=4, BLOCK_K=512 if k >= 512 else triton.next_power_of_2(k), num_warps=4, num_stages=4)
+
+
+def _launch(x, weight, bias, n_out, silu_mul, config):
+    K = x.shape[-1]
+    assert weight.shape[1] == K and weight.stride(-1) == 1 and weight.dtype == x.dtype
+    assert bias is None or (bias.shape == (weight.shape[0],) and bias.is_contiguous())
+    rows = x.reshape(-1, K)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    M = rows.shape[0]
+    if M > MAX_ROWS:
+        raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {M}")
+    out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
+    cfg = default_config(n_out, K)
+    cfg.update(config or {})
+    block_n = cfg.pop("BLOCK_N")
+    if M:
+        _gemv_kernel[(triton.cdiv(n_out, block_n),)](
+            rows, weight, bias if bias is not None else weight, out,
+            n_out, rows.stride(0), weight.stride(0), n_out,
+            K=K, TWO_ROWS=M == 2, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, **cfg,
+        )  # fmt: skip
+    return out
+
+
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: dict | None = None
+) -> torch.Tensor:
+    """x [..., K] (at most MAX_ROWS rows) @ weight [N, K]^T (+ bias [N]) -> [..., N] in x's dtype. config:
+    overrides of `default_config` (BLOCK_N, BLOCK_K, num_warps, num_stages)."""
+    return _launch(x, weight, bias, weight.shape[0], False, config)
+
+
+def gemv_silu_mul(
+    x: torch.Tensor, gate_up: torch.Tensor, bias: torch.Tensor | None = None, *, config: dict | None = None
+) -> torch.Tensor:
+    """SiLU(x @ gate^T) * (x @ up^T) -> [..., F] for the packed gate_up [2F, K] (gate rows, then up rows; bias
+    [2F]): the MLP's first half in one launch, its [..., 2F] intermediate never written."""
+    assert gate_up.shape[0] % 2 == 0
+    return _launch(x, gate_up, bias, gate_up.shape[0] // 2, True, config)
