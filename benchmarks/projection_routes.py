@@ -9,7 +9,7 @@ picks stream the weight well below the bytes rate or add a split-K reduce launch
 - `linear`: `F.linear(x, W)`, W [N, K] as HF stores it (what the target runs past 2 rows, and in float32);
 - `transposed`: `x @ Wt`, Wt [K, N] contiguous (the same product, the other layout);
 - `gemv` (CUDA, 1-2 rows): `kernels.gemv`, what the target runs there in 16-bit dtypes. With --sweep, also the
-  best of a grid of its (BLOCK_N, BLOCK_K, num_warps) at one row, recorded with its config. For the gate/up
+  best of a grid of its (BLOCK_N, BLOCK_K, num_warps), recorded with its config. For the gate/up
   projection also the MLP's first half both ways: `linear + silu_mul` (cuBLAS, then the fused element-wise
   kernel) against `gemv_silu_mul` (one launch).
 Per projection, one call per layer over that many layers' own weights (so nothing is served from L2 that a
@@ -69,10 +69,7 @@ ROUTES = {
 
 
 GEMV_SWEEP = [
-    {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w}
-    for bn in (2, 4, 8, 16)
-    for bk in (256, 512, 1024)
-    for w in (2, 4, 8)
+    {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w} for bn in (2, 4, 8) for bk in (256, 512) for w in (4, 8)
 ]
 
 
@@ -103,7 +100,7 @@ def time_projection(
 
         row["gemv_max_abs_diff"] = float((gemv(x, weights[0]).float() - reference).abs().max())
         row["gemv_us"] = timed(lambda w, wt: gemv(x, w)) * 1e3 / layers
-        if sweep and rows == 1:
+        if sweep:
             row["sweep_best_us"], row["sweep_best_config"] = min(
                 ((timed(lambda w, wt, c=c: gemv(x, w, config=c)) * 1e3 / layers, c) for c in GEMV_SWEEP),
                 key=lambda t: t[0],
@@ -111,6 +108,14 @@ def time_projection(
         if gate_up:  # the gate/up weight: the MLP's first half, F.linear + silu_mul vs the fused GEMV
             row["linear_silu_mul_us"] = timed(lambda w, wt: silu_mul(F.linear(x, w))) * 1e3 / layers
             row["gemv_silu_mul_us"] = timed(lambda w, wt: gemv_silu_mul(x, w)) * 1e3 / layers
+            if sweep:
+                row["silu_sweep_best_us"], row["silu_sweep_best_config"] = min(
+                    (
+                        (timed(lambda w, wt, c=c: gemv_silu_mul(x, w, config=c)) * 1e3 / layers, c)
+                        for c in GEMV_SWEEP
+                    ),
+                    key=lambda t: t[0],
+                )
     return row
 
 
@@ -119,7 +124,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--shapes", nargs="+", default=["8b", "smollm2"], choices=["8b", "smollm2"])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 5, 69])
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--sweep", action="store_true", help="also the best GEMV config at one row")
+    parser.add_argument("--sweep", action="store_true", help="also the best GEMV configs of a grid")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU, float32")
     parser.add_argument("--json", default="projection_routes.json", help="output path when $OUT is not set")
     args = parser.parse_args(argv)
@@ -157,6 +162,10 @@ def main(argv=None) -> list[dict]:
                 if "gemv_silu_mul_us" in row:
                     extra += (f"; as gate/up: linear + silu_mul {row['linear_silu_mul_us']:.2f} µs,"
                               f" gemv_silu_mul {row['gemv_silu_mul_us']:.2f} µs")  # fmt: skip
+                if "silu_sweep_best_us" in row:
+                    extra += (
+                        f" (sweep best {row['silu_sweep_best_us']:.2f} µs {row['silu_sweep_best_config']})"
+                    )
                 print(f"| {shape} | {name} | {rows} | {row['floor_us']:.2f} | {times} | {row['max_abs_diff']:.3g} |"
                       f"{extra}", flush=True)  # fmt: skip
                 if device.type == "cuda":

@@ -16,12 +16,6 @@ __all__ = ["default_config", "gemv", "gemv_silu_mul"]
 
 
 @triton.jit
-def _row_tile_dot(W, x, rows, rows_ok, kk, k_ok, stride_wn):
-    w = tl.load(W + rows[:, None] * stride_wn + kk[None, :], mask=rows_ok[:, None] & k_ok[None, :], other=0.0)
-    return tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-
-
-@triton.jit
 def _epilogue(acc, up, B, n, n_ok, F, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, dtype: tl.constexpr):
     # The projection rounded to the model's dtype (bias added to the float32 sum first, as a GEMM's epilogue),
     # then, fused, F.silu rounded and the product rounded: HF's MLP arithmetic.
@@ -40,14 +34,12 @@ def _epilogue(acc, up, B, n, n_ok, F, HAS_BIAS: tl.constexpr, SILU_MUL: tl.const
 @triton.jit
 def _gemv_kernel(
     X, W, B, Y,
-    N, stride_xm, stride_wn, stride_ym,
-    K: tl.constexpr, TWO_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+    N, K, stride_xm, stride_wn, stride_ym,
+    TWO_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # K is a compile-time constant (a model has a few): the tiles' starts are known aligned, so the weight
-    # streams in wide vector loads, and the K mask vanishes where BLOCK_K divides K (a run-time length read
-    # at ~60% of this speed). CUDA-core products, summed along K in registers, one [BLOCK_N] accumulator per
-    # row. (A tl.dot on a 16-row block, M padded, ran at half the speed at one row on an H200, and a
+    # CUDA-core products, summed along K in registers, one [BLOCK_N] accumulator per row (and per half, fused).
+    # (A tl.dot on a 16-row block, M padded, ran at half the speed at one row on an H200, and a
     # [rows, BLOCK_N, BLOCK_K] broadcast at a third: benchmarks/projection_routes.py.)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -55,18 +47,22 @@ def _gemv_kernel(
     acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     up0 = tl.zeros([BLOCK_N], dtype=tl.float32)
     up1 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < K
+        tile = n[:, None] * stride_wn + kk[None, :]
+        tile_ok = n_ok[:, None] & k_ok[None, :]
+        w = tl.load(W + tile, mask=tile_ok, other=0.0).to(tl.float32)
         x0 = tl.load(X + kk, mask=k_ok, other=0.0).to(tl.float32)
-        acc0 += _row_tile_dot(W, x0, n, n_ok, kk, k_ok, stride_wn)
-        if SILU_MUL:
-            up0 += _row_tile_dot(W, x0, n + N, n_ok, kk, k_ok, stride_wn)
+        acc0 += tl.sum(w * x0[None, :], axis=1)
         if TWO_ROWS:
             x1 = tl.load(X + stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
-            acc1 += _row_tile_dot(W, x1, n, n_ok, kk, k_ok, stride_wn)
-            if SILU_MUL:
-                up1 += _row_tile_dot(W, x1, n + N, n_ok, kk, k_ok, stride_wn)
+            acc1 += tl.sum(w * x1[None, :], axis=1)
+        if SILU_MUL:
+            u = tl.load(W + N * stride_wn + tile, mask=tile_ok, other=0.0).to(tl.float32)
+            up0 += tl.sum(u * x0[None, :], axis=1)
+            if TWO_ROWS:
+                up1 += tl.sum(u * x1[None, :], axis=1)
     dtype = Y.dtype.element_ty
     tl.store(Y + n, _epilogue(acc0, up0, B, n, n_ok, N, HAS_BIAS, SILU_MUL, dtype), mask=n_ok)
     if TWO_ROWS:
@@ -96,8 +92,8 @@ def _launch(x, weight, bias, n_out, silu_mul, config):
     if M:
         _gemv_kernel[(triton.cdiv(n_out, block_n),)](
             rows, weight, bias if bias is not None else weight, out,
-            n_out, rows.stride(0), weight.stride(0), n_out,
-            K=K, TWO_ROWS=M == 2, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, **cfg,
+            n_out, K, rows.stride(0), weight.stride(0), n_out,
+            TWO_ROWS=M == 2, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, **cfg,
         )  # fmt: skip
     return out
 
