@@ -28,13 +28,11 @@ def _triton(x: torch.Tensor) -> bool:
 def _gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     # Few rows of a 16-bit model: there cuBLAS streams some weights below the bytes rate (`kernels.gemv`).
     # float32 stays on cuBLAS: the dtype of exact comparisons, where one route for every row count is wanted.
+    if not (_triton(x) and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype):
+        return False
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return (
-        _triton(x)
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and weight.dtype == x.dtype
-        and 0 < rows <= gemv.MAX_ROWS
-    )
+    small = weight.numel() * weight.element_size() <= gemv.TWO_ROW_MAX_BYTES
+    return rows == 1 or (rows == gemv.MAX_ROWS and small)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
