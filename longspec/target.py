@@ -278,27 +278,19 @@ class TargetModel(nn.Module):
                 out, _ = attention(q, k, v, causal=True, window=self.layer_windows[idx], scale=attn.scaling)
             else:
                 out = attn_fn(idx, q, k, v)
-            delta = _project(attn.o_proj, out.transpose(1, 2).reshape(B, T, -1))
+            delta = layer_ops.project(attn.o_proj, out.transpose(1, 2).reshape(B, T, -1))
             x, residual = layer_ops.add_rms_norm(delta, residual, *_norm_args(layer.post_attention_layernorm))
             if packed.gate_up_weight is None:  # a sparse (mixture-of-experts) block: HF's own
                 delta = layer.mlp(x)
             else:
                 act = layer_ops.linear_silu_mul(x, packed.gate_up_weight, packed.gate_up_bias)  # [B,T,F]
-                delta = _project(layer.mlp.down_proj, act)
+                delta = layer_ops.project(layer.mlp.down_proj, act)
         hidden, _ = layer_ops.add_rms_norm(delta, residual, *_norm_args(self.model.model.norm))
         return TargetOutput(hidden=hidden, last_k=k, last_v=v)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., Dm] -> [..., V]. Never on long training sequences: use longspec.losses' fused loss."""
         return self.lm_head(hidden)
-
-
-def _project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A layer's output projection through `layer_ops.linear` where it is a plain nn.Linear; any other module (a
-    quantised or adapted linear) runs itself."""
-    if type(module) is nn.Linear:
-        return layer_ops.linear(x, module.weight, module.bias)
-    return module(x)
 
 
 class _PackedLayer(nn.Module):

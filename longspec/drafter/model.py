@@ -24,7 +24,6 @@ import json
 import os
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from longspec.atomic import umask_file_mode
@@ -32,7 +31,7 @@ from longspec.drafter.cache import DrafterCache, DraftNodes
 from longspec.drafter.config import DrafterConfig
 from longspec.fingerprint import fingerprint_mismatches, target_fingerprint
 from longspec.modules.attention import attention, cache_attention, tree_attention
-from longspec.modules.layer_ops import add_rms_norm, qkv_rope, silu_mul
+from longspec.modules.layer_ops import add_rms_norm, linear, linear_silu_mul, project, qkv_rope, silu_mul
 from longspec.modules.layers import RMSNorm, SwiGLU, bind_views, pack_linears
 from longspec.modules.noisy import flash_noisy_attention
 from longspec.modules.rope import RotaryEmbedding, apply_rotary, rope_config
@@ -249,14 +248,15 @@ class Drafter(nn.Module):
     def _self_qkv(self, x: torch.Tensor) -> torch.Tensor:
         """[B,T,Dm] -> packed [B,T,(H+2Hkv)*D]: one GEMM after `pack_weights`."""
         if self.packed:
-            return F.linear(x, self.packed_qkv_weight, self.packed_qkv_bias)
+            return linear(x, self.packed_qkv_weight, self.packed_qkv_bias)
         attn = self.self_attn
         return torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1)
 
     def _gate_up_act(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate(x)) * up(x) [B,T,F]: one GEMM + one fused step after `pack_weights`."""
+        """silu(gate(x)) * up(x) [B,T,F]: one GEMM + one fused step after `pack_weights` (one launch at 1-2 rows:
+        `layer_ops.linear_silu_mul`)."""
         if self.packed:
-            return silu_mul(F.linear(x, self.packed_gate_up_weight, self.packed_gate_up_bias))
+            return linear_silu_mul(x, self.packed_gate_up_weight, self.packed_gate_up_bias)
         mlp = self.mlp
         return silu_mul(torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], dim=-1))
 
@@ -300,10 +300,13 @@ class Drafter(nn.Module):
         )  # fmt: skip
         out, _ = tree_attention(q, *nodes.self_attention(level, node_mask))
         x, h = add_rms_norm(
-            self.self_attn.o_proj(_merge_heads(out)), h, self.cross_attn_norm.weight, self.cross_attn_norm.eps
+            project(self.self_attn.o_proj, _merge_heads(out)),
+            h,
+            self.cross_attn_norm.weight,
+            self.cross_attn_norm.eps,
         )  # h = h1
         qc, _, _ = qkv_rope(
-            self.cross_attn.q_proj(x), cos, sin, cfg.num_heads, 0, **self._norms(self.cross_attn)
+            project(self.cross_attn.q_proj, x), cos, sin, cfg.num_heads, 0, **self._norms(self.cross_attn)
         )
         target_k, target_v = target_k.to(qc.dtype), target_v.to(qc.dtype)
         if isinstance(cross_len, torch.Tensor) and cross_len.dim() == 2:
@@ -313,9 +316,9 @@ class Drafter(nn.Module):
         else:
             out, _ = cache_attention(qc, target_k, target_v, cross_len)
         x, h = add_rms_norm(
-            self.cross_attn.o_proj(_merge_heads(out)), h, self.mlp_norm.weight, self.mlp_norm.eps
+            project(self.cross_attn.o_proj, _merge_heads(out)), h, self.mlp_norm.weight, self.mlp_norm.eps
         )
-        return h + self.mlp.down_proj(self._gate_up_act(x))  # h3 = h2 + MLP(RMSNorm_c(h2))
+        return h + project(self.mlp.down_proj, self._gate_up_act(x))  # h3 = h2 + MLP(RMSNorm_c(h2))
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
     def save_pretrained(self, out_dir: str | os.PathLike) -> None:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from longspec.kernels import HAS_TRITON, gemv
 from longspec.kernels import layer_ops as kernels
 from longspec.kernels.layer_ops import write_kv  # the unpacked layer's cache write: one scatter per tensor
 
-__all__ = ["add_rms_norm", "linear", "linear_silu_mul", "qkv_rope", "silu_mul", "write_kv"]
+__all__ = ["add_rms_norm", "linear", "linear_silu_mul", "project", "qkv_rope", "silu_mul", "write_kv"]
 
 
 def _triton(x: torch.Tensor) -> bool:
@@ -47,6 +48,14 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, bias: torch.Tensor |
     if _gemv(x, gate_up):
         return gemv.gemv_silu_mul(x, gate_up, bias)
     return silu_mul(F.linear(x, gate_up, bias))
+
+
+def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`module(x)` through `linear` where the module is a plain nn.Linear; any other module (a quantised or
+    adapted linear) runs itself."""
+    if type(module) is nn.Linear:
+        return linear(x, module.weight, module.bias)
+    return module(x)
 
 
 def add_rms_norm(x, residual, weight, eps: float):
