@@ -260,9 +260,13 @@ def test_packed_tree_level_equals_forward(variant):
     state = {k: v.clone() for k, v in drafter.state_dict().items()}
     with torch.no_grad():
         full = drafter(ids, pos, tk, tv, lag=0)
+        unpacked_kv = drafter.self_kv(ids, pos)
         for param in drafter.parameters():
             param.requires_grad_(False)
         assert drafter.pack_weights()
+        # every ring fill runs the packed K/V (norm, the packed projection's k/v rows, fused RoPE)
+        for got, want in zip(drafter.self_kv(ids, pos), unpacked_kv, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
         cache = DrafterCache(drafter.config, B)
         drafter.fill_cache(cache, ids[:, :n], pos[:, :n])
         nodes = drafter.draft_nodes(cache, pos[:, n:])

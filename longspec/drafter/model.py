@@ -194,7 +194,19 @@ class Drafter(nn.Module):
         only, so it can be computed once per token (e.g. the last `window` prompt tokens at prefill)."""
         h0 = self.embed(input_ids)
         cos, sin = self.rotary.cos_sin(position_ids, dtype=h0.dtype)
-        return self._self_kv(self.self_attn_norm(h0), cos, sin)
+        if not self.packed:
+            return self._self_kv(self.self_attn_norm(h0), cos, sin)
+        # After `pack_weights`: the fused steps `tree_level` computes a node's K/V with (norm, the packed
+        # projection's k/v rows, RoPE: three launches on CUDA where the modules run ~20), so the ring holds
+        # exactly what the node held while drafting; every ring fill runs it (prefill, catch-up, each round's
+        # commit: `DraftStep.fill_path`).
+        cfg = self.config
+        x, _ = add_rms_norm(h0, None, self.self_attn_norm.weight, self.self_attn_norm.eps)
+        q_rows = cfg.num_heads * cfg.head_dim
+        bias = self.packed_qkv_bias
+        kv = linear(x, self.packed_qkv_weight[q_rows:], None if bias is None else bias[q_rows:])
+        _, k, v = qkv_rope(kv, cos, sin, 0, cfg.num_kv_heads, **self._norms(self.self_attn))
+        return k, v
 
     def fill_cache(
         self,

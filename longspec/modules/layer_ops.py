@@ -51,8 +51,8 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, bias: torch.Tensor |
 
 
 def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`module(x)` through `linear` where the module is a plain nn.Linear; any other module (a quantised or
-    adapted linear) runs itself."""
+    """`module(x)` through `linear` where the module is a plain nn.Linear (its forward hooks are not run: the
+    inference forwards call this); any other module (a quantised or adapted linear) runs itself."""
     if type(module) is nn.Linear:
         return linear(x, module.weight, module.bias)
     return module(x)

@@ -69,10 +69,13 @@ def _gemv_kernel(
         tl.store(Y + stride_ym + n, _epilogue(acc1, up1, B, n, n_ok, N, HAS_BIAS, SILU_MUL, dtype), mask=n_ok)
 
 
-def default_config(n: int, k: int, silu_mul: bool = False) -> dict[str, int]:
+def default_config(n: int, k: int, silu_mul: bool = False, rows: int = 1) -> dict[str, int]:
     """BLOCK_N, BLOCK_K, num_warps: narrow row blocks (many programs, each streaming whole rows) and wide K
-    tiles; the fused gate/up streams two tiles per step, in narrower K tiles over more warps. The fastest of
-    `projection_routes.py --sweep`'s grid at one row on an H200 for the 8B and SmolLM2 shapes."""
+    tiles; the fused gate/up streams two tiles per step, in narrower K tiles over more warps at one row. Two rows
+    hold twice the products per tile: narrower K tiles, 4 warps. The fastest of `projection_routes.py --sweep`'s
+    grid on an H200 for the 8B and SmolLM2 shapes (two rows: SmolLM2's, where the target runs them)."""
+    if rows == 2:
+        return dict(BLOCK_N=4, BLOCK_K=min(256, triton.next_power_of_2(k)), num_warps=4, num_stages=4)
     if silu_mul:
         return dict(BLOCK_N=8, BLOCK_K=min(256, triton.next_power_of_2(k)), num_warps=8, num_stages=4)
     return dict(BLOCK_N=4, BLOCK_K=min(512, triton.next_power_of_2(k)), num_warps=4, num_stages=4)
@@ -89,7 +92,7 @@ def _launch(x, weight, bias, n_out, silu_mul, config):
     if M > MAX_ROWS:
         raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {M}")
     out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
-    cfg = default_config(n_out, K, silu_mul)
+    cfg = default_config(n_out, K, silu_mul, M)
     cfg.update(config or {})
     block_n = cfg.pop("BLOCK_N")
     if M:
