@@ -47,19 +47,22 @@ def _gemv_kernel(
     acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     up0 = tl.zeros([BLOCK_N], dtype=tl.float32)
     up1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # Row offsets in 64 bits, once per program: as int32 products they would wrap past 2^31 elements (a wide
+    # vocabulary's head; a frontier-size model's packed gate/up comes within 20% of it).
+    w_rows = W + n.to(tl.int64)[:, None] * stride_wn
+    u_rows = w_rows + N * stride_wn.to(tl.int64)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < K
-        tile = n[:, None] * stride_wn + kk[None, :]
         tile_ok = n_ok[:, None] & k_ok[None, :]
-        w = tl.load(W + tile, mask=tile_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + kk[None, :], mask=tile_ok, other=0.0).to(tl.float32)
         x0 = tl.load(X + kk, mask=k_ok, other=0.0).to(tl.float32)
         acc0 += tl.sum(w * x0[None, :], axis=1)
         if TWO_ROWS:
             x1 = tl.load(X + stride_xm + kk, mask=k_ok, other=0.0).to(tl.float32)
             acc1 += tl.sum(w * x1[None, :], axis=1)
         if SILU_MUL:
-            u = tl.load(W + N * stride_wn + tile, mask=tile_ok, other=0.0).to(tl.float32)
+            u = tl.load(u_rows + kk[None, :], mask=tile_ok, other=0.0).to(tl.float32)
             up0 += tl.sum(u * x0[None, :], axis=1)
             if TWO_ROWS:
                 up1 += tl.sum(u * x1[None, :], axis=1)
