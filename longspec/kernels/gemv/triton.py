@@ -75,10 +75,11 @@ def _gemv_kernel(
 def default_config(n: int, k: int, silu_mul: bool = False, rows: int = 1) -> dict[str, int]:
     """BLOCK_N, BLOCK_K, num_warps: narrow row blocks (many programs, each streaming whole rows) and wide K
     tiles; the fused gate/up streams two tiles per step, in narrower K tiles over more warps at one row. Two rows
-    hold twice the products per tile: narrower K tiles, 4 warps. The fastest of `projection_routes.py --sweep`'s
+    hold twice the products per tile: 4 warps, and narrower tiles over a narrow K. The fastest of `projection_routes.py --sweep`'s
     grid on an H200 for the 8B and SmolLM2 shapes (two rows: SmolLM2's, where the target runs them)."""
-    if rows == 2:
-        return dict(BLOCK_N=4, BLOCK_K=min(256, triton.next_power_of_2(k)), num_warps=4, num_stages=4)
+    if rows == 2:  # narrow K in 256-wide tiles (SmolLM2's 576: 3 tiles, not 2 mostly masked), wide K in 512
+        return dict(BLOCK_N=4, BLOCK_K=min(256 if k < 1024 else 512, triton.next_power_of_2(k)), num_warps=4,
+                    num_stages=4)  # fmt: skip
     if silu_mul:
         return dict(BLOCK_N=8, BLOCK_K=min(256, triton.next_power_of_2(k)), num_warps=8, num_stages=4)
     return dict(BLOCK_N=4, BLOCK_K=min(512, triton.next_power_of_2(k)), num_warps=4, num_stages=4)
