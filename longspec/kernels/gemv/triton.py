@@ -39,8 +39,8 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # CUDA-core products, summed along K in registers, one [BLOCK_N] accumulator per row (and per half, fused).
-    # (A tl.dot on a 16-row block, M padded, ran at half the speed at one row on an H200, and a
-    # [rows, BLOCK_N, BLOCK_K] broadcast at a third: benchmarks/projection_routes.py.)
+    # (In the split-K form this grew from, a tl.dot on a 16-row block, M padded, ran at half the speed at one row
+    # on an H200, and a [rows, BLOCK_N, BLOCK_K] broadcast at a third: docs/BENCHMARKS.md.)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -72,11 +72,12 @@ def _gemv_kernel(
         tl.store(Y + stride_ym + n, _epilogue(acc1, up1, B, n, n_ok, N, HAS_BIAS, SILU_MUL, dtype), mask=n_ok)
 
 
-def default_config(n: int, k: int, silu_mul: bool = False, rows: int = 1) -> dict[str, int]:
-    """BLOCK_N, BLOCK_K, num_warps: narrow row blocks (many programs, each streaming whole rows) and wide K
-    tiles; the fused gate/up streams two tiles per step, in narrower K tiles over more warps at one row. Two rows
-    hold twice the products per tile: 4 warps, and narrower tiles over a narrow K. The fastest of `projection_routes.py --sweep`'s
-    grid on an H200 for the 8B and SmolLM2 shapes (two rows: SmolLM2's, where the target runs them)."""
+def default_config(k: int, silu_mul: bool = False, rows: int = 1) -> dict[str, int]:
+    """BLOCK_N, BLOCK_K, num_warps for K = k: narrow row blocks (many programs, each streaming whole rows) and
+    wide K tiles; the fused gate/up streams two tiles per step, in narrower K tiles over more warps at one row;
+    two rows hold twice the products per tile: 4 warps, and narrower tiles over a narrow K. The fastest of
+    `projection_routes.py --sweep`'s grid on an H200 at the 8B and SmolLM2 shapes (two rows: SmolLM2's, where
+    the target runs them)."""
     if rows == 2:  # narrow K in 256-wide tiles (SmolLM2's 576: 3 tiles, not 2 mostly masked), wide K in 512
         return dict(BLOCK_N=4, BLOCK_K=min(256 if k < 1024 else 512, triton.next_power_of_2(k)), num_warps=4,
                     num_stages=4)  # fmt: skip
@@ -96,7 +97,7 @@ def _launch(x, weight, bias, n_out, silu_mul, config):
     if M > MAX_ROWS:
         raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {M}")
     out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
-    cfg = default_config(n_out, K, silu_mul, M)
+    cfg = default_config(K, silu_mul, M)
     cfg.update(config or {})
     block_n = cfg.pop("BLOCK_N")
     if M:

@@ -1,0 +1,71 @@
+"""modules.layer_ops' projection route: which calls go to the few-row GEMV (`kernels.gemv`) and which to F.linear.
+The rule is checked here with the device test and the kernels stubbed (the kernels themselves are compared with
+their references in tests/kernels/test_gemv.py, and run in the target on the GPU tests)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from longspec.kernels import gemv
+from longspec.modules import layer_ops
+
+
+@pytest.fixture
+def routes(monkeypatch):
+    """Every call on "CUDA" (the device test stubbed), the GEMVs recording their calls and computing F.linear."""
+    calls = []
+    monkeypatch.setattr(layer_ops, "_triton", lambda x: True)
+
+    def fake_gemv(x, w, b=None):
+        calls.append(("gemv", x.numel() // x.shape[-1]))
+        return F.linear(x, w, b)
+
+    def fake_gemv_silu_mul(x, w, b=None):
+        calls.append(("gemv_silu_mul", x.numel() // x.shape[-1]))
+        return layer_ops.kernels.silu_mul_naive(F.linear(x, w, b))
+
+    monkeypatch.setattr(gemv, "gemv", fake_gemv, raising=False)
+    monkeypatch.setattr(gemv, "gemv_silu_mul", fake_gemv_silu_mul, raising=False)
+    monkeypatch.setattr(layer_ops, "silu_mul", layer_ops.kernels.silu_mul_naive)
+    return calls
+
+
+def test_one_row_goes_to_the_gemv_in_16_bit_only(routes):
+    w = torch.randn(8, 16, dtype=torch.bfloat16)
+    x = torch.randn(1, 1, 16, dtype=torch.bfloat16)
+    torch.testing.assert_close(layer_ops.linear(x, w), F.linear(x, w))
+    assert routes == [("gemv", 1)]
+    layer_ops.linear(x.float(), w.float())  # float32: cuBLAS, every row count
+    layer_ops.linear(torch.randn(3, 16, dtype=torch.bfloat16), w)  # three rows: cuBLAS
+    assert routes == [("gemv", 1)]
+
+
+def test_two_rows_only_for_small_weights(routes, monkeypatch):
+    w = torch.randn(8, 16, dtype=torch.float16)
+    x = torch.randn(2, 16, dtype=torch.float16)
+    layer_ops.linear(x, w)
+    monkeypatch.setattr(gemv, "TWO_ROW_MAX_BYTES", w.numel() * w.element_size() - 1)
+    layer_ops.linear(x, w)  # now "large": cuBLAS
+    layer_ops.linear(x[:1], w)  # one row: the GEMV at any size
+    assert routes == [("gemv", 2), ("gemv", 1)]
+
+
+def test_fused_mlp_half_and_plain_linear_modules(routes):
+    gate_up = torch.randn(12, 16, dtype=torch.bfloat16)
+    x = torch.randn(1, 16, dtype=torch.bfloat16)
+    want = layer_ops.kernels.silu_mul_naive(F.linear(x, gate_up))
+    torch.testing.assert_close(layer_ops.linear_silu_mul(x, gate_up), want)
+    layer_ops.linear_silu_mul(
+        torch.randn(4, 16, dtype=torch.bfloat16), gate_up
+    )  # four rows: F.linear + silu_mul
+    proj = nn.Linear(16, 8, dtype=torch.bfloat16)
+    torch.testing.assert_close(layer_ops.project(proj, x), proj(x))
+
+    class Adapted(nn.Linear):  # a subclass (a quantised / adapted linear) runs its own forward
+        def forward(self, inp):
+            return super().forward(inp) * 2
+
+    adapted = Adapted(16, 8, dtype=torch.bfloat16)
+    torch.testing.assert_close(layer_ops.project(adapted, x), adapted(x))
+    assert routes == [("gemv_silu_mul", 1), ("gemv", 1)]
