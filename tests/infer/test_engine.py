@@ -350,6 +350,27 @@ def test_the_uncaptured_static_step_hands_out_its_outputs_as_a_graph_does():
     )  # the first call's values are gone
 
 
+def test_generation_config_takes_plausible_types_and_names_the_field_it_refuses():
+    """One eos id (a tokenizer's eos_token_id: an int, or None) and integers of other kinds are taken; a wrong type
+    is one TypeError naming its field (a float max_new_tokens once failed deep in the cache's allocation, an int
+    eos with "'int' object is not iterable", and eos_token_ids="12" meant the ids (1, 2))."""
+    assert GenerationConfig(eos_token_ids=7).eos_token_ids == (7,)
+    assert GenerationConfig(eos_token_ids=None).eos_token_ids == ()
+    assert GenerationConfig(eos_token_ids=torch.tensor(7)).eos_token_ids == (7,)
+    assert GenerationConfig(eos_token_ids=[7, torch.tensor(8)]).eos_token_ids == (7, 8)
+    config = GenerationConfig(max_new_tokens=torch.tensor(5), temperature=1, top_p=1, tree_widths=[2, 2])
+    assert (config.max_new_tokens, config.temperature, config.top_p) == (5, 1.0, 1.0)
+    assert type(config.max_new_tokens) is int and config.tree_widths == (2, 2)
+    for field, value in (
+        ("max_new_tokens", 2.5), ("max_new_tokens", "8"), ("top_k", 2.0), ("seed", None), ("prefill_chunk", 1.0),
+        ("temperature", None), ("temperature", "0.7"), ("top_p", "1"),
+        ("eos_token_ids", "12"), ("eos_token_ids", 2.0), ("eos_token_ids", [None]),
+        ("tree_widths", 4), ("tree_widths", "4-16"), ("tree_widths", [4.0]), ("tree", 4),
+    ):  # fmt: skip
+        with pytest.raises(TypeError, match=field):
+            GenerationConfig(**{field: value})
+
+
 def test_prompts_outside_the_vocabulary_or_empty_are_one_error(llama):
     engine = SpeculativeEngine(llama, random_drafter(llama))
     config = GenerationConfig(max_new_tokens=4)
