@@ -371,6 +371,44 @@ def test_generation_config_takes_plausible_types_and_names_the_field_it_refuses(
             GenerationConfig(**{field: value})
 
 
+def test_a_prompt_of_the_wrong_shape_or_kind_is_one_error(llama):
+    """Prompts were cast to long and flattened: a [2, T] tensor given to `generate` decoded as one prompt of 2T
+    tokens, a flat list of ids given to `generate_batch` as T one-token prompts, float ids were truncated; each
+    is now one error. What a user plausibly passes for one prompt ([T], [1, T], list, numpy, int32) and for a
+    batch (list, [B, T] tensor, generator) decodes as before."""
+    engine = SpeculativeEngine(llama)
+    config = GenerationConfig(max_new_tokens=3)
+    prompt = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(0))
+    ref = engine.generate(prompt, config, method="ar").tokens
+    for same in (prompt[None], prompt.tolist(), prompt.numpy(), prompt.int()):
+        assert engine.generate(same, config, method="ar").tokens == ref
+    for batch in (torch.stack([prompt, prompt]), (p for p in [prompt, prompt])):
+        assert [r.tokens for r in engine.generate_batch(batch, config, method="ar")] == [ref, ref]
+    for call, error, match in (
+        (
+            lambda: engine.generate(torch.stack([prompt, prompt]), config, method="ar"),
+            ValueError,
+            r"shape \[2, 12\].*generate_batch",
+        ),
+        (
+            lambda: engine.generate_batch(prompt.tolist(), config, method="ar"),
+            TypeError,
+            "prompt 0 is one token id",
+        ),
+        (lambda: engine.generate_batch(prompt, config, method="ar"), TypeError, "prompt 0 is one token id"),
+        (lambda: engine.generate(prompt.float(), config, method="ar"), TypeError, "must be integers"),
+        (lambda: engine.generate("some text", config, method="ar"), TypeError, "not text"),
+        (
+            lambda: engine.generate([[1, 2], [3]], config, method="ar"),
+            TypeError,
+            "not a sequence of token ids",
+        ),
+    ):
+        with pytest.raises(error, match=match):
+            call()
+    assert engine.generate(prompt, config, method="ar").tokens == ref
+
+
 def test_prompts_outside_the_vocabulary_or_empty_are_one_error(llama):
     engine = SpeculativeEngine(llama, random_drafter(llama))
     config = GenerationConfig(max_new_tokens=4)
