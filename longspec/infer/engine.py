@@ -368,6 +368,11 @@ class SpeculativeEngine:
         this batch size (a larger batch makes big trees cost more: it may pick smaller ones), and its acceptance
         model learns from every row. On static shapes / CUDA graphs a batch runs in its power-of-two bucket,
         padded with frozen one-token rows, so one set of steps serves e.g. batches of 5 to 8."""
+        if not isinstance(config, GenerationConfig):  # else an AttributeError on its first field read
+            raise TypeError(
+                f"config must be a GenerationConfig (longspec.infer.GenerationConfig(max_new_tokens=...)), got "
+                f"{config!r}; the method is a keyword: method='ar'"
+            )
         spec = get_method(method, runner="engine")
         if spec.needs_drafter and self.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (pass one, or use drafter.init=random)")

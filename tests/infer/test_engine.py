@@ -409,6 +409,18 @@ def test_a_prompt_of_the_wrong_shape_or_kind_is_one_error(llama):
     assert engine.generate(prompt, config, method="ar").tokens == ref
 
 
+def test_a_config_that_is_not_a_generation_config_is_one_error(llama):
+    """A dict, None, or the method passed where the config goes was an AttributeError on the config's first field
+    read (`'str' object has no attribute 'cuda_graphs'`); now one TypeError naming the argument."""
+    engine = SpeculativeEngine(llama)
+    for config in ({"max_new_tokens": 4}, None, "ar"):
+        with pytest.raises(TypeError, match="config must be a GenerationConfig"):
+            engine.generate([1, 2, 3], config)
+    assert (
+        engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=4), method="ar").stats.num_new_tokens == 4
+    )
+
+
 def test_prompts_outside_the_vocabulary_or_empty_are_one_error(llama):
     engine = SpeculativeEngine(llama, random_drafter(llama))
     config = GenerationConfig(max_new_tokens=4)
