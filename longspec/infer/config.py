@@ -4,7 +4,10 @@ checked when built; the eval checks its own settings by building one.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
+
+import torch
 
 from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, DEFAULT_TREE_WIDTHS
 from longspec.infer.tree import Lookup, TreeLayout, parse_candidate
@@ -12,6 +15,10 @@ from longspec.infer.tree import Lookup, TreeLayout, parse_candidate
 __all__ = ["GenerationConfig", "DEFAULT_TREE_WIDTHS", "SAMPLING_RULES"]
 
 SAMPLING_RULES = ("rrs", "deterministic")
+# GenerationConfig's integer fields (top_k may also be None)
+_INT_FIELDS = (
+    "max_new_tokens", "top_k", "pld_num_draft", "pld_max_ngram", "prefill_chunk", "seed", "shrink_min_tokens",
+)  # fmt: skip
 
 
 @dataclass(kw_only=True)
@@ -57,6 +64,21 @@ class GenerationConfig:
         return self.static_shapes or self.cuda_graphs
 
     def __post_init__(self):
+        # Types first, so a wrong one is one error naming its field: a float max_new_tokens used to reach the
+        # cache's allocation (a TypeError from torch.zeros), a seed of None the RNG, a str a bare comparison.
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if not (value is None and name == "top_k") and not _is_int(value):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+            if value is not None:
+                setattr(self, name, int(value))  # a numpy / 0-d tensor integer: a plain int
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if value is None and name == "top_p":
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+            setattr(self, name, float(value))
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
@@ -69,9 +91,9 @@ class GenerationConfig:
             raise ValueError(f"shrink_min_tokens must be >= 0, got {self.shrink_min_tokens}")
         if self.prefill_chunk < 1 or self.pld_num_draft < 1 or self.pld_max_ngram < 1:
             raise ValueError("prefill_chunk, pld_num_draft and pld_max_ngram must be >= 1")
-        self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
+        self.eos_token_ids = _eos_ids(self.eos_token_ids)
         if self.tree_widths is not None:
-            self.tree_widths = tuple(int(w) for w in self.tree_widths)
+            self.tree_widths = _widths("tree_widths", self.tree_widths)
             TreeLayout(self.tree_widths)  # validates the widths
         if isinstance(self.tree, str):
             if self.tree != "auto":
@@ -79,7 +101,7 @@ class GenerationConfig:
                 if not self.tree:
                     raise ValueError("tree='ar' is no speculation: use method='ar'")
         elif not isinstance(self.tree, Lookup):
-            self.tree = tuple(int(w) for w in self.tree)
+            self.tree = _widths("tree", self.tree)
             TreeLayout(self.tree)
         if not isinstance(self.auto_lookup, bool):
             raise ValueError(f"auto_lookup must be true or false, got {self.auto_lookup!r}")
@@ -116,3 +138,41 @@ class GenerationConfig:
     def rrs(self) -> bool:
         """Whether longspec's trees are sampled from the drafter's q (T > 0 with the "rrs" rule)."""
         return self.temperature > 0 and self.sampling_rule == "rrs"
+
+
+def _is_int(value) -> bool:
+    """An integer (Python, numpy or a 0-d integer tensor), not a bool, float or str."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.dtype.is_floating_point and value.dtype != torch.bool
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _eos_ids(value) -> tuple[int, ...]:
+    """eos_token_ids as a tuple of ints. One id (`tokenizer.eos_token_id`, an int or 0-d tensor) and None (a
+    tokenizer without one) are taken too: an int raised "'int' object is not iterable", and a str "12" was read
+    as the ids (1, 2)."""
+    if value is None:
+        return ()
+    if _is_int(value):
+        return (int(value),)
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"eos_token_ids must be token ids (an int or a sequence of ints), got {value!r}")
+    ids = list(value)
+    if not all(_is_int(t) for t in ids):
+        raise TypeError(f"eos_token_ids must be token ids (an int or a sequence of ints), got {value!r}")
+    return tuple(int(t) for t in ids)
+
+
+def _widths(name: str, value) -> tuple[int, ...]:
+    """A tree's level widths given as a sequence of ints (a list, tuple or tensor): an int or a str raised a bare
+    "'int' object is not iterable" / "invalid literal for int()", naming no field."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        if name == "tree":
+            hint = " (or 'auto', or a round shape's name like '4-16-16' or 'lookup16')"
+        else:
+            hint = " (a round shape's name goes in tree=)" if isinstance(value, str) else ""
+        raise TypeError(f"{name} must be a sequence of level widths like (4, 16, 16), got {value!r}{hint}")
+    widths = list(value)
+    if not all(_is_int(w) for w in widths):
+        raise TypeError(f"{name} must be a sequence of integer level widths like (4, 16, 16), got {value!r}")
+    return tuple(int(w) for w in widths)

@@ -368,6 +368,11 @@ class SpeculativeEngine:
         this batch size (a larger batch makes big trees cost more: it may pick smaller ones), and its acceptance
         model learns from every row. On static shapes / CUDA graphs a batch runs in its power-of-two bucket,
         padded with frozen one-token rows, so one set of steps serves e.g. batches of 5 to 8."""
+        if not isinstance(config, GenerationConfig):  # else an AttributeError on its first field read
+            raise TypeError(
+                f"config must be a GenerationConfig (longspec.infer.GenerationConfig(max_new_tokens=...)), got "
+                f"{config!r}; the method is a keyword: method='ar'"
+            )
         spec = get_method(method, runner="engine")
         if spec.needs_drafter and self.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (pass one, or use drafter.init=random)")
@@ -379,11 +384,19 @@ class SpeculativeEngine:
             )
         if config.cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs the target on a CUDA device")
+        if isinstance(prompts, (str, bytes)):
+            raise TypeError(
+                "prompts are token ids, not text: tokenize them first (tokenizer(text)['input_ids'])"
+            )
+        if not isinstance(prompts, torch.Tensor):
+            if not hasattr(prompts, "__iter__"):
+                raise TypeError(
+                    f"prompts must be a list of prompts (token id lists or tensors), got {prompts!r}"
+                )
+            prompts = list(prompts)  # a generator of prompts, a tuple
         if len(prompts) == 0:
             raise ValueError("no prompts")
-        prompts = [torch.as_tensor(p, dtype=torch.long, device=self.device).flatten() for p in prompts]
-        if any(p.numel() == 0 for p in prompts):
-            raise ValueError("empty prompt")
+        prompts = [_prompt_ids(p, i, self.device) for i, p in enumerate(prompts)]
         # One host read per call: an id outside the embedding would otherwise be a device-side index error deep in
         # the prefill (on CUDA an asynchronous assert that poisons the context).
         low, high = torch.stack(torch.aminmax(torch.cat(prompts))).tolist()
@@ -821,7 +834,7 @@ class SpeculativeEngine:
         tree="auto" with a drafter estimate near zero that no later round revised: every exploration then tried
         a lookup chain instead, and batch 16 at 8K decoded plain throughout (1.00x of batched graph AR, where
         batch 8 ran 1.45x, docs/BENCHMARKS.md). The measured round costs, which describe the device, are kept."""
-        prompt = torch.as_tensor(prompt, dtype=torch.long).flatten()
+        prompt = _prompt_ids(prompt, 0, self.device)
         self.reserve_for([prompt.numel()] * batch_size, config)
         rows = _rows(batch_size, config)
         buckets = [rows >> i for i in range(rows.bit_length())] if config.static else [batch_size]
@@ -898,6 +911,33 @@ def accept_path(
         max_children=max_children,
         draft_probs=draft_probs,
     )
+
+
+def _prompt_ids(prompt, index: int, device: torch.device) -> torch.Tensor:
+    """Prompt `index` of a call as a 1-D long tensor on `device`, or one error saying what is wrong with it. Once
+    every prompt was cast and flattened: a [2, T] tensor given to `generate` decoded as ONE prompt of 2T tokens,
+    a flat list of ids given to `generate_batch` as T prompts of one token each, float ids were truncated."""
+    if isinstance(prompt, (str, bytes)):
+        raise TypeError("prompts are token ids, not text: tokenize them first (tokenizer(text)['input_ids'])")
+    try:
+        ids = torch.as_tensor(prompt)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"prompt {index} is not a sequence of token ids: {error}") from None
+    if ids.dim() == 0:
+        raise TypeError(
+            f"prompt {index} is one token id ({prompt!r}): a prompt is a list or tensor of token ids, and "
+            "generate_batch takes a list of prompts (one prompt: generate)"
+        )
+    if ids.dim() > 2 or (ids.dim() == 2 and ids.shape[0] != 1):
+        raise ValueError(
+            f"prompt {index} has shape {list(ids.shape)}: a prompt is [T] or [1, T] token ids; several prompts "
+            "go to generate_batch as a list (or a [B, T] tensor)"
+        )
+    if ids.numel() == 0:
+        raise ValueError("empty prompt")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"prompt token ids must be integers, got dtype {ids.dtype} (prompt {index})")
+    return ids.to(device=device, dtype=torch.long).flatten()
 
 
 def _rows(batch: int, config: GenerationConfig) -> int:

@@ -350,6 +350,77 @@ def test_the_uncaptured_static_step_hands_out_its_outputs_as_a_graph_does():
     )  # the first call's values are gone
 
 
+def test_generation_config_takes_plausible_types_and_names_the_field_it_refuses():
+    """One eos id (a tokenizer's eos_token_id: an int, or None) and integers of other kinds are taken; a wrong type
+    is one TypeError naming its field (a float max_new_tokens once failed deep in the cache's allocation, an int
+    eos with "'int' object is not iterable", and eos_token_ids="12" meant the ids (1, 2))."""
+    assert GenerationConfig(eos_token_ids=7).eos_token_ids == (7,)
+    assert GenerationConfig(eos_token_ids=None).eos_token_ids == ()
+    assert GenerationConfig(eos_token_ids=torch.tensor(7)).eos_token_ids == (7,)
+    assert GenerationConfig(eos_token_ids=[7, torch.tensor(8)]).eos_token_ids == (7, 8)
+    config = GenerationConfig(max_new_tokens=torch.tensor(5), temperature=1, top_p=1, tree_widths=[2, 2])
+    assert (config.max_new_tokens, config.temperature, config.top_p) == (5, 1.0, 1.0)
+    assert type(config.max_new_tokens) is int and config.tree_widths == (2, 2)
+    for field, value in (
+        ("max_new_tokens", 2.5), ("max_new_tokens", "8"), ("top_k", 2.0), ("seed", None), ("prefill_chunk", 1.0),
+        ("temperature", None), ("temperature", "0.7"), ("top_p", "1"),
+        ("eos_token_ids", "12"), ("eos_token_ids", 2.0), ("eos_token_ids", [None]),
+        ("tree_widths", 4), ("tree_widths", "4-16"), ("tree_widths", [4.0]), ("tree", 4),
+    ):  # fmt: skip
+        with pytest.raises(TypeError, match=field):
+            GenerationConfig(**{field: value})
+
+
+def test_a_prompt_of_the_wrong_shape_or_kind_is_one_error(llama):
+    """Prompts were cast to long and flattened: a [2, T] tensor given to `generate` decoded as one prompt of 2T
+    tokens, a flat list of ids given to `generate_batch` as T one-token prompts, float ids were truncated; each
+    is now one error. What a user plausibly passes for one prompt ([T], [1, T], list, numpy, int32) and for a
+    batch (list, [B, T] tensor, generator) decodes as before."""
+    engine = SpeculativeEngine(llama)
+    config = GenerationConfig(max_new_tokens=3)
+    prompt = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(0))
+    ref = engine.generate(prompt, config, method="ar").tokens
+    for same in (prompt[None], prompt.tolist(), prompt.numpy(), prompt.int()):
+        assert engine.generate(same, config, method="ar").tokens == ref
+    for batch in (torch.stack([prompt, prompt]), (p for p in [prompt, prompt])):
+        assert [r.tokens for r in engine.generate_batch(batch, config, method="ar")] == [ref, ref]
+    for call, error, match in (
+        (
+            lambda: engine.generate(torch.stack([prompt, prompt]), config, method="ar"),
+            ValueError,
+            r"shape \[2, 12\].*generate_batch",
+        ),
+        (
+            lambda: engine.generate_batch(prompt.tolist(), config, method="ar"),
+            TypeError,
+            "prompt 0 is one token id",
+        ),
+        (lambda: engine.generate_batch(prompt, config, method="ar"), TypeError, "prompt 0 is one token id"),
+        (lambda: engine.generate(prompt.float(), config, method="ar"), TypeError, "must be integers"),
+        (lambda: engine.generate("some text", config, method="ar"), TypeError, "not text"),
+        (
+            lambda: engine.generate([[1, 2], [3]], config, method="ar"),
+            TypeError,
+            "not a sequence of token ids",
+        ),
+    ):
+        with pytest.raises(error, match=match):
+            call()
+    assert engine.generate(prompt, config, method="ar").tokens == ref
+
+
+def test_a_config_that_is_not_a_generation_config_is_one_error(llama):
+    """A dict, None, or the method passed where the config goes was an AttributeError on the config's first field
+    read (`'str' object has no attribute 'cuda_graphs'`); now one TypeError naming the argument."""
+    engine = SpeculativeEngine(llama)
+    for config in ({"max_new_tokens": 4}, None, "ar"):
+        with pytest.raises(TypeError, match="config must be a GenerationConfig"):
+            engine.generate([1, 2, 3], config)
+    assert (
+        engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=4), method="ar").stats.num_new_tokens == 4
+    )
+
+
 def test_prompts_outside_the_vocabulary_or_empty_are_one_error(llama):
     engine = SpeculativeEngine(llama, random_drafter(llama))
     config = GenerationConfig(max_new_tokens=4)
