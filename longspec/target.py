@@ -133,16 +133,18 @@ class TargetModel(nn.Module):
 
         dtype: e.g. torch.bfloat16 or "bfloat16" (default: the checkpoint's dtype; float32 for a GGUF);
         device: where to put it. A GGUF that cannot be read raises GGUFError (a ValueError) naming the file."""
-        from longspec.target_source import load_causal_lm, load_config, resolve_source
+        from longspec.target_source import (
+            load_causal_lm,
+            load_config,
+            resolve_device,
+            resolve_dtype,
+            resolve_source,
+        )
 
         source = resolve_source(path_or_id, gguf_file)
-        if isinstance(dtype, str) and dtype != "auto":
-            resolved = getattr(torch, dtype, None)
-            if not isinstance(resolved, torch.dtype):
-                raise ValueError(
-                    f"unknown dtype {dtype!r}; use e.g. 'bfloat16', 'float16', 'float32' or 'auto'"
-                )
-            dtype = resolved
+        # Both checked before anything is read: an integer dtype or device="cuda" on a machine without CUDA is one
+        # error naming the argument, not a failure deep in transformers' weight loading.
+        dtype, device = resolve_dtype(dtype), resolve_device(device)
         config = load_config(source, trust_remote_code=trust_remote_code)
         _check_model_type(config)  # fail before loading gigabytes of weights
         # device_map puts the weights straight onto `device` (no full copy staged in host memory first).
@@ -150,7 +152,7 @@ class TargetModel(nn.Module):
             source,
             config=config,
             dtype=None if dtype == "auto" else dtype,
-            device_map=str(torch.device(device)) if device is not None else None,
+            device_map=str(device) if device is not None else None,
             trust_remote_code=trust_remote_code,
         )
         return cls(hf_model)

@@ -29,6 +29,8 @@ __all__ = [
     "load_causal_lm",
     "load_tokenizer",
     "check_tokenizer_fits",
+    "resolve_dtype",
+    "resolve_device",
 ]
 
 PACKAGE_SCHEME = "pkg://"
@@ -124,6 +126,59 @@ def resolve_source(path: str | os.PathLike | None, gguf_file: str | os.PathLike 
                 "path, or the file alone"
             )
     return ModelSource(repo=os.path.dirname(full), gguf_file=os.path.basename(full))
+
+
+def resolve_dtype(dtype, *, argument: str = "dtype"):
+    """A user's dtype -> a floating torch.dtype, "auto" or None (as given). Accepts a torch.dtype or its name
+    ("bfloat16", "float16", "float32"; torch's aliases "half" / "float" too). Anything else is one ValueError /
+    TypeError naming `argument`: before, an integer dtype or a non-string reached transformers / nn.Module.to and
+    failed there, deep in the load, with a message that did not say which argument was wrong."""
+    import torch
+
+    if dtype is None or dtype == "auto":
+        return dtype
+    if isinstance(dtype, str):
+        resolved = getattr(torch, dtype, None)
+        if not isinstance(resolved, torch.dtype):
+            raise ValueError(
+                f"unknown {argument} {dtype!r}; use e.g. 'bfloat16', 'float16', 'float32' or 'auto'"
+            )
+        dtype = resolved
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{argument} must be a torch.dtype or its name (e.g. 'bfloat16'), got {dtype!r}")
+    if not dtype.is_floating_point:
+        raise ValueError(
+            f"{argument} {dtype} is not a floating-point dtype; use 'bfloat16', 'float16' or 'float32'"
+        )
+    return dtype
+
+
+def resolve_device(device, *, argument: str = "device"):
+    """A user's device -> a torch.device (None stays None), refusing one this machine does not have with one
+    ValueError naming `argument`. Before, device="cuda" on a machine without CUDA failed deep inside the weight
+    loading (an AssertionError "Torch not compiled with CUDA enabled"), and a malformed string as a RuntimeError."""
+    import torch
+
+    if device is None:
+        return None
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ValueError(f"{argument} {device!r} is not a device: {str(e).splitlines()[0]}") from e
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = (
+                "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            )
+            raise ValueError(f"{argument} {device!r}: {why}; use device='cpu'")
+        if resolved.index is not None and resolved.index >= count:
+            raise ValueError(
+                f"{argument} {device!r}: this machine has {count} CUDA device(s) (0..{count - 1})"
+            )
+    elif resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{argument} {device!r}: MPS is not available on this machine; use device='cpu'")
+    return resolved
 
 
 def _require_gguf_package() -> None:

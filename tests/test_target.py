@@ -195,3 +195,22 @@ def test_packing_refuses_trainable_weights():
     target = make_tiny_target("llama")
     target.layers[0].mlp.up_proj.weight.requires_grad_(True)
     assert target.pack_weights() is False and target.packed is None
+
+
+def test_from_pretrained_refuses_a_bad_dtype_or_device_naming_the_argument(tmp_path):
+    # These reached transformers' loader and failed deep inside it: device="cuda" on a machine without CUDA as
+    # an AssertionError, an integer dtype / a non-string as its own ValueError, a malformed device as RuntimeError.
+    path = save_tiny_target("llama", tmp_path / "t")
+    with pytest.raises(ValueError, match="dtype torch.int8 is not a floating-point dtype"):
+        TargetModel.from_pretrained(path, dtype="int8")
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype or its name"):
+        TargetModel.from_pretrained(path, dtype=5)
+    with pytest.raises(ValueError, match="device 'bogus' is not a device"):
+        TargetModel.from_pretrained(path, device="bogus")
+    if not torch.cuda.is_available():
+        for device in ("cuda", "cuda:0", torch.device("cuda")):
+            with pytest.raises(ValueError, match="device .*cuda.*use device='cpu'"):
+                TargetModel.from_pretrained(path, device=device)
+    half = TargetModel.from_pretrained(path, dtype="float16", device=torch.device("cpu"))
+    assert half.embed_tokens.weight.dtype == torch.float16
+    assert half.embed_tokens.weight.device.type == "cpu"
