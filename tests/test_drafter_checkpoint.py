@@ -111,3 +111,31 @@ def test_load_with_dtype(tmp_path):
     loaded = Drafter.from_pretrained(tmp_path, target, dtype=torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in loaded.parameters())
     assert loaded.embed_tokens.weight.dtype == torch.float32  # the target's modules are left alone
+
+
+def test_load_arguments_are_checked_naming_each(tmp_path, monkeypatch):
+    # dtype="bfloat16" (as TargetModel.from_pretrained takes it) was a TypeError from nn.Module.to, device="cuda"
+    # without CUDA an AssertionError deep in torch, a path string as the target an AttributeError, "~" and a
+    # path to config.json itself were "config.json not found".
+    target = make_tiny_target("llama")
+    _drafter(target).to(torch.bfloat16).save_pretrained(tmp_path / "d")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert next(Drafter.from_pretrained("~/d", target, dtype="float16").parameters()).dtype == torch.float16
+    assert (
+        next(Drafter.from_pretrained(tmp_path / "d", target, dtype="auto").parameters()).dtype
+        == torch.bfloat16
+    )
+    with pytest.raises(ValueError, match="unknown dtype 'bogus'"):
+        Drafter.from_pretrained(tmp_path / "d", target, dtype="bogus")
+    with pytest.raises(ValueError, match="not a floating-point dtype"):
+        Drafter.from_pretrained(tmp_path / "d", target, dtype=torch.int8)
+    with pytest.raises(TypeError, match="target must be the loaded TargetModel"):
+        Drafter.from_pretrained(tmp_path / "d", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="is a file: give the drafter's directory"):
+        Drafter.from_pretrained(tmp_path / "d" / "config.json", target)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device 'cuda:0'.*use device='cpu'"):
+            Drafter.from_pretrained(tmp_path / "d", target, device="cuda:0")
+    else:  # the target is on the CPU: a drafter on the GPU could not use its embedding / LM head
+        with pytest.raises(ValueError, match="the target's weights are on 'cpu'"):
+            Drafter.from_pretrained(tmp_path / "d", target, device="cuda")

@@ -359,15 +359,40 @@ class Drafter(nn.Module):
         target,
         tokenizer=None,
         *,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
     ) -> Drafter:
         """Load a saved block onto `target` (a TargetModel), refusing a target it was not trained for.
 
-        The tokenizer hash is compared when both the checkpoint and the call have a tokenizer."""
+        The tokenizer hash is compared when both the checkpoint and the call have a tokenizer. dtype: a torch
+        dtype or its name as for `TargetModel.from_pretrained` ("auto": the saved weights' dtype; None: float32);
+        device: the target's (the block runs on the target's embedding and LM head)."""
         from safetensors.torch import load_file
 
-        path = os.fspath(path)
+        from longspec.target_source import resolve_device, resolve_dtype
+
+        # Checked first, each one error naming the argument (before: an AttributeError on `target.config` for a
+        # path string, a TypeError from nn.Module.to for dtype="bfloat16", an AssertionError deep in torch for
+        # device="cuda" without CUDA).
+        if not all(hasattr(target, name) for name in ("config", "embed_tokens", "lm_head")):
+            raise TypeError(
+                f"target must be the loaded TargetModel the drafter runs on, got {type(target).__name__}"
+            )
+        dtype, device = resolve_dtype(dtype), resolve_device(device)
+        if device is not None:
+            weights_on = target.embed_tokens.weight.device
+            if weights_on.type != "meta" and (
+                device.type != weights_on.type or device.index not in (None, weights_on.index)
+            ):
+                raise ValueError(
+                    f"device {str(device)!r}: the target's weights are on {str(weights_on)!r}, and the drafter "
+                    "runs on its embedding and LM head; load both onto one device"
+                )
+        path = os.path.expanduser(os.fspath(path))  # as the target's path (target_source.resolve_source)
+        if os.path.isfile(path):
+            raise FileNotFoundError(
+                f"{path!r} is a file: give the drafter's directory (holding {CONFIG_NAME} and {WEIGHTS_NAME})"
+            )
         config_path, weights_path = os.path.join(path, CONFIG_NAME), os.path.join(path, WEIGHTS_NAME)
         for p in (config_path, weights_path):
             if not os.path.isfile(p):
@@ -387,8 +412,11 @@ class Drafter(nn.Module):
                 + "\n  ".join(problems)
                 + "\nload the target (and tokenizer) it was trained for, or train a drafter for this one"
             )
+        state = load_file(weights_path)
+        if dtype == "auto":
+            dtype = next(iter(state.values())).dtype if state else None
         drafter = cls(config, target.embed_tokens, target.lm_head)
-        drafter.load_state_dict(load_file(weights_path), strict=True)
+        drafter.load_state_dict(state, strict=True)
         # For inference, like the target: frozen (so the engine can pack its projections) and in eval mode.
         # Training starts from its weights through a fresh module (train.build.init_drafter_weights).
         return drafter.to(device=device, dtype=dtype).requires_grad_(False).eval()
