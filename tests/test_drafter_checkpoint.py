@@ -139,3 +139,45 @@ def test_load_arguments_are_checked_naming_each(tmp_path, monkeypatch):
     else:  # the target is on the CPU: a drafter on the GPU could not use its embedding / LM head
         with pytest.raises(ValueError, match="the target's weights are on 'cpu'"):
             Drafter.from_pretrained(tmp_path / "d", target, device="cuda")
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (lambda d: (d / "config.json").write_text("{not json"), "config.json is not valid JSON"),
+        (lambda d: (d / "config.json").write_text("[1, 2]"), "config.json holds a JSON list"),
+        (
+            lambda d: _edit_config(d, hidden_size=None),
+            "config.json is not a valid drafter config.*hidden_size",
+        ),
+        (lambda d: _edit_config(d, target_fingerprint=None), "config.json is not a valid drafter config"),
+        (
+            lambda d: _edit_config(d, intermediate_size=64),
+            "model.safetensors does not hold the block.*size mismatch",
+        ),
+        (
+            lambda d: (d / "model.safetensors").write_bytes(b"\0" * 40),
+            "model.safetensors is not a readable safetensors",
+        ),
+        (lambda d: _truncate(d / "model.safetensors"), "model.safetensors is not a readable safetensors"),
+    ],
+    ids=["not-json", "json-list", "bad-field", "null-fingerprint", "shape-mismatch", "garbage", "truncated"],
+)
+def test_damaged_directory_is_one_value_error_naming_the_file(tmp_path, damage, match):
+    # Each was a JSONDecodeError / TypeError / AttributeError / SafetensorError / RuntimeError naming no file.
+    target = make_tiny_target("llama")
+    _drafter(target).save_pretrained(tmp_path)
+    damage(tmp_path)
+    with pytest.raises(ValueError, match=match):
+        Drafter.from_pretrained(tmp_path, target)
+
+
+def _edit_config(directory, **changes):
+    data = json.loads((directory / "config.json").read_text())
+    data.update(changes)
+    (directory / "config.json").write_text(json.dumps(data))
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])

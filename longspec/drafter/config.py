@@ -57,6 +57,11 @@ class DrafterConfig:
             raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
         if self.hidden_act != "silu":
             raise ValueError(f"the drafter MLP is SwiGLU: hidden_act must be 'silu', got {self.hidden_act!r}")
+        # Types a hand-edited / damaged config.json can get wrong (a TypeError or AttributeError later, else).
+        if not isinstance(self.rope_parameters, dict):
+            raise ValueError(f"rope_parameters must be a dict, got {self.rope_parameters!r}")
+        if not isinstance(self.target_fingerprint, dict):
+            raise ValueError(f"target_fingerprint must be a dict, got {self.target_fingerprint!r}")
         if "rope_theta" not in self.rope_parameters:
             raise ValueError(f"rope_parameters needs a rope_theta, got {self.rope_parameters!r}")
 

@@ -366,7 +366,10 @@ class Drafter(nn.Module):
 
         The tokenizer hash is compared when both the checkpoint and the call have a tokenizer. dtype: a torch
         dtype or its name as for `TargetModel.from_pretrained` ("auto": the saved weights' dtype; None: float32);
-        device: the target's (the block runs on the target's embedding and LM head)."""
+        device: the target's (the block runs on the target's embedding and LM head). A directory that is not a
+        whole drafter (a config.json that is not a drafter config, damaged weights) is one ValueError naming the
+        file."""
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         from longspec.target_source import resolve_device, resolve_dtype
@@ -399,10 +402,22 @@ class Drafter(nn.Module):
                 raise FileNotFoundError(
                     f"{p} not found: is {path!r} a directory written by Drafter.save_pretrained?"
                 )
-        with open(config_path) as f:
-            data = json.load(f)
+        # A damaged or foreign config.json / model.safetensors: one ValueError naming the file, not a
+        # JSONDecodeError / TypeError / SafetensorError / load_state_dict RuntimeError that names none.
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                data = json.load(f)
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise ValueError(
+                f"{config_path} is not valid JSON ({e}): not a drafter config, or damaged"
+            ) from e
+        if not isinstance(data, dict):
+            raise ValueError(f"{config_path} holds a JSON {type(data).__name__}, not a drafter config object")
         data.pop("architecture", None)
-        config = DrafterConfig.from_dict(data)
+        try:
+            config = DrafterConfig.from_dict(data)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{config_path} is not a valid drafter config: {e}") from e
         problems = fingerprint_mismatches(
             config.target_fingerprint, target_fingerprint(target.config, tokenizer)
         )
@@ -412,11 +427,22 @@ class Drafter(nn.Module):
                 + "\n  ".join(problems)
                 + "\nload the target (and tokenizer) it was trained for, or train a drafter for this one"
             )
-        state = load_file(weights_path)
+        try:
+            state = load_file(weights_path)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(
+                f"{weights_path} is not a readable safetensors file ({e}): truncated or damaged; copy or export "
+                "the drafter again"
+            ) from e
         if dtype == "auto":
             dtype = next(iter(state.values())).dtype if state else None
         drafter = cls(config, target.embed_tokens, target.lm_head)
-        drafter.load_state_dict(state, strict=True)
+        try:
+            drafter.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            raise ValueError(
+                f"{weights_path} does not hold the block {config_path} describes: {' '.join(str(e).split())}"
+            ) from e
         # For inference, like the target: frozen (so the engine can pack its projections) and in eval mode.
         # Training starts from its weights through a fresh module (train.build.init_drafter_weights).
         return drafter.to(device=device, dtype=dtype).requires_grad_(False).eval()
