@@ -104,6 +104,11 @@ def resolve_source(path: str | os.PathLike | None, gguf_file: str | os.PathLike 
         if path is None:
             raise ValueError("no target given: set a model directory / hub id, or a GGUF file")
         if _looks_local(path) and not os.path.isdir(path):
+            if os.path.isfile(path):  # e.g. DIR/config.json or DIR/model.safetensors: was "does not exist"
+                raise FileNotFoundError(
+                    f"target path {path!r} is a file, not a model directory: give the directory that holds "
+                    "config.json and the weights (or a .gguf file)"
+                )
             raise FileNotFoundError(f"target model directory {path!r} does not exist")
         return ModelSource(repo=path)
 
@@ -196,6 +201,22 @@ def _wrap(source: ModelSource, what: str, error: Exception) -> GGUFError:
     return GGUFError(f"cannot read {what} from GGUF file {source}: {type(error).__name__}: {reason}")
 
 
+def _not_found(source: ModelSource, what: str, error: OSError) -> FileNotFoundError:
+    """A hub id the hub (or, offline, its cache) cannot provide: one error naming it. transformers' own says
+    "We couldn't connect to 'https://huggingface.co' ... couldn't find them in the cached files" without the id,
+    which a run that loads a target, a tokenizer and a dataset leaves the user to guess."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return FileNotFoundError(
+        f"cannot load the {what} of {source.repo!r}: it is not a local directory, and neither the Hugging Face "
+        f"hub nor its local cache provides it ({reason}). Check the id, download it first (`hf download "
+        f"{source.repo}`; HF_HUB_OFFLINE=1 reads the cache only) or give a local directory"
+    )
+
+
+def _is_hub_id(source: ModelSource) -> bool:
+    return not os.path.isdir(source.repo)
+
+
 def load_config(source: ModelSource, *, trust_remote_code: bool = False):
     """The target's HF config: config.json, or the one transformers derives from a GGUF's metadata (with the
     head dim the file states: transformers 5.24 maps `rope.dimension_count` to `head_dim` for Llama/Mistral
@@ -204,7 +225,18 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     if source.gguf_file is None:
-        return AutoConfig.from_pretrained(source.repo, trust_remote_code=trust_remote_code)
+        if not _is_hub_id(source) and not os.path.isfile(os.path.join(source.repo, "config.json")):
+            # transformers says "Unrecognized model ... Should have a `model_type` key in its config.json"
+            raise FileNotFoundError(
+                f"{os.path.join(source.repo, 'config.json')} not found: {source.repo!r} is not an HF model "
+                "directory (save_pretrained writes config.json next to the weights)"
+            )
+        try:
+            return AutoConfig.from_pretrained(source.repo, trust_remote_code=trust_remote_code)
+        except OSError as e:
+            if _is_hub_id(source):
+                raise _not_found(source, "config", e) from e
+            raise
     _require_gguf_package()
     try:
         config = AutoConfig.from_pretrained(source.repo, gguf_file=source.gguf_file)
@@ -231,14 +263,30 @@ def load_causal_lm(source: ModelSource, *, config=None, dtype=None, device_map=N
     config = config if config is not None else load_config(source, trust_remote_code=trust_remote_code)
     kwargs = dict(config=config, dtype=dtype if dtype is not None else "auto", device_map=device_map)
     if source.gguf_file is None:
-        return AutoModelForCausalLM.from_pretrained(
-            source.repo, trust_remote_code=trust_remote_code, **kwargs
-        )
+        from safetensors import SafetensorError
+
+        try:
+            return AutoModelForCausalLM.from_pretrained(
+                source.repo, trust_remote_code=trust_remote_code, **kwargs
+            )
+        except SafetensorError as e:  # raised by the Rust reader, naming no file
+            raise ValueError(
+                f"cannot read the weights of {source.repo!r}: a .safetensors file there is truncated or damaged "
+                f"({str(e).strip()}); download or save the model again"
+            ) from e
+        except OSError as e:
+            if _is_hub_id(source):
+                raise _not_found(source, "weights", e) from e
+            raise
     _require_gguf_package()
     try:
         return AutoModelForCausalLM.from_pretrained(source.repo, gguf_file=source.gguf_file, **kwargs)
     except (*_READ_ERRORS, RuntimeError) as e:
         raise _wrap(source, "the weights", e) from e
+
+
+# The files a tokenizer directory has one of (fast: tokenizer.json; slow: a SentencePiece model or a BPE vocab).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def load_tokenizer(
@@ -253,11 +301,23 @@ def load_tokenizer(
 
     source = path if isinstance(path, ModelSource) else resolve_source(path, gguf_file)
     if source.gguf_file is None:
+        if not _is_hub_id(source) and not any(
+            os.path.isfile(os.path.join(source.repo, name)) for name in _TOKENIZER_FILES
+        ):  # transformers: "Couldn't instantiate the backend tokenizer from one of: ..." naming no directory
+            raise FileNotFoundError(
+                f"{source.repo!r} holds no tokenizer (none of {', '.join(_TOKENIZER_FILES)}): give the "
+                "target's own directory, or save its tokenizer there (tokenizer.save_pretrained)"
+            )
         if _declares_generic_backend(source.repo):
             from transformers import TokenizersBackend
 
             return TokenizersBackend.from_pretrained(source.repo)
-        return AutoTokenizer.from_pretrained(source.repo, trust_remote_code=trust_remote_code)
+        try:
+            return AutoTokenizer.from_pretrained(source.repo, trust_remote_code=trust_remote_code)
+        except OSError as e:
+            if _is_hub_id(source):
+                raise _not_found(source, "tokenizer", e) from e
+            raise
     _require_gguf_package()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.repo, gguf_file=source.gguf_file)

@@ -214,3 +214,62 @@ def test_from_pretrained_refuses_a_bad_dtype_or_device_naming_the_argument(tmp_p
     half = TargetModel.from_pretrained(path, dtype="float16", device=torch.device("cpu"))
     assert half.embed_tokens.weight.dtype == torch.float16
     assert half.embed_tokens.weight.device.type == "cpu"
+
+
+def test_from_pretrained_local_directory_mistakes_name_the_file(tmp_path):
+    # A file for the directory was "directory ... does not exist"; no config.json transformers' "Unrecognized model
+    # ... Should have a `model_type` key"; a damaged .safetensors a SafetensorError naming no file; no tokenizer
+    # files "Couldn't instantiate the backend tokenizer".
+    from longspec.target_source import load_tokenizer
+
+    path = save_tiny_target("llama", tmp_path / "t")
+    with pytest.raises(FileNotFoundError, match="is a file, not a model directory"):
+        TargetModel.from_pretrained(tmp_path / "t" / "config.json")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty/config.json not found"):
+        TargetModel.from_pretrained(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="holds no tokenizer"):
+        load_tokenizer(tmp_path / "empty")
+    weights = tmp_path / "t" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])
+    with pytest.raises(ValueError, match="cannot read the weights of .*/t'.*truncated or damaged"):
+        TargetModel.from_pretrained(path)
+
+
+def test_sharded_and_pickled_checkpoints(tmp_path):
+    # Sharded safetensors (model.safetensors.index.json) load; pytorch_model.bin loads through torch.load with
+    # weights_only=True, so a pickle that would run code is refused, never executed.
+    import pickle
+
+    hf = make_tiny_hf_model("llama")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    sharded = TargetModel.from_pretrained(tmp_path / "sharded", dtype="bfloat16")
+    assert torch.equal(sharded.embed_tokens.weight, hf.get_input_embeddings().weight.bfloat16())
+
+    hf.config.save_pretrained(tmp_path / "bin")
+    torch.save(hf.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    assert torch.equal(
+        TargetModel.from_pretrained(tmp_path / "bin").embed_tokens.weight, hf.get_input_embeddings().weight
+    )
+    marker = tmp_path / "ran"
+
+    class RunsCode:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    torch.save({"model.embed_tokens.weight": RunsCode()}, tmp_path / "bin" / "pytorch_model.bin")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        TargetModel.from_pretrained(tmp_path / "bin")
+    assert not marker.exists()
+
+
+def test_hub_id_not_in_the_cache_is_one_error_naming_it():
+    # Offline (tests set HF_HUB_OFFLINE=1), transformers' error named neither the id nor what was loaded.
+    from longspec.target_source import load_tokenizer
+
+    hub_id = "longspec-tests/no-such-model"
+    with pytest.raises(FileNotFoundError, match=f"cannot load the config of '{hub_id}'"):
+        TargetModel.from_pretrained(hub_id)
+    with pytest.raises(FileNotFoundError, match=f"cannot load the tokenizer of '{hub_id}'"):
+        load_tokenizer(hub_id)
