@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -61,6 +62,23 @@ def _check_model_type(config) -> str:
             f"unsupported target model_type {model_type!r}; longspec supports: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     return SUPPORTED_MODEL_TYPES[model_type]
+
+
+def _declared_model_type(source) -> str | None:
+    """The model_type a local directory's config.json states, read as plain JSON (None if it cannot be read or
+    the model brings its own code: `auto_map`, loaded with trust_remote_code)."""
+    import json
+
+    if source.gguf_file is not None:
+        return None
+    try:
+        with open(os.path.join(source.repo, "config.json")) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or "auto_map" in data:
+        return None
+    return data.get("model_type")
 
 
 def _layer_windows(config) -> list[int | None]:
@@ -145,7 +163,15 @@ class TargetModel(nn.Module):
         # Both checked before anything is read: an integer dtype or device="cuda" on a machine without CUDA is one
         # error naming the argument, not a failure deep in transformers' weight loading.
         dtype, device = resolve_dtype(dtype), resolve_device(device)
-        config = load_config(source, trust_remote_code=trust_remote_code)
+        try:
+            config = load_config(source, trust_remote_code=trust_remote_code)
+        except ValueError:
+            # A model_type transformers does not know either ("does not recognize this architecture"): say what
+            # longspec supports, as for a known unsupported one (gpt2).
+            declared = _declared_model_type(source)
+            if isinstance(declared, str):
+                _check_model_type(SimpleNamespace(model_type=declared))
+            raise
         _check_model_type(config)  # fail before loading gigabytes of weights
         # device_map puts the weights straight onto `device` (no full copy staged in host memory first).
         hf_model = load_causal_lm(

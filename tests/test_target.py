@@ -1,5 +1,7 @@
 """TargetModel parity with the HF models it wraps (fp32, tiny random configs of every supported family)."""
 
+import json
+
 import pytest
 import torch
 from transformers import AutoConfig
@@ -149,6 +151,13 @@ def test_from_pretrained_errors(tmp_path):
         TargetModel.from_pretrained(tmp_path / "gpt2")
     for model_type in SUPPORTED_MODEL_TYPES:
         assert model_type in str(err.value)
+    # A model_type transformers does not know either was its "does not recognize this architecture", with no
+    # word of what longspec supports.
+    config = json.loads((tmp_path / "llama" / "config.json").read_text())
+    (tmp_path / "foo").mkdir()
+    (tmp_path / "foo" / "config.json").write_text(json.dumps({**config, "model_type": "foo_bar"}))
+    with pytest.raises(ValueError, match="unsupported target model_type 'foo_bar'; longspec supports: llama"):
+        TargetModel.from_pretrained(tmp_path / "foo")
 
 
 def test_wrapping_unsupported_model_raises():
