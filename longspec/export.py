@@ -24,7 +24,7 @@ import sys
 
 from longspec.atomic import umask_file_mode
 from longspec.cli import ArgumentParser, UserError, run_cli
-from longspec.drafter import CONFIG_NAME, WEIGHTS_NAME
+from longspec.drafter import CONFIG_NAME, WEIGHTS_NAME, DrafterConfig
 from longspec.train.checkpoint import (
     CHECKSUMS_NAME,
     checkpoints_root,
@@ -213,6 +213,12 @@ def export_drafter(
         raise ValueError(
             f"{config_path} has no target fingerprint; refusing to export an unverifiable drafter"
         )
+    try:  # what Drafter.from_pretrained will build: else the export is written and only its loading fails
+        DrafterConfig.from_dict({k: v for k, v in config.items() if k != "architecture"})
+    except (TypeError, ValueError) as e:
+        raise UserError(
+            f"{config_path} is not a valid drafter config ({e}); the checkpoint is corrupt"
+        ) from e
     try:
         with safe_open(weights_path, framework="pt") as f:
             keys = list(f.keys())

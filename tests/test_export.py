@@ -103,3 +103,14 @@ def test_exported_and_checkpointed_weights_follow_the_umask(tmp_path):
     for path in (run / "checkpoints" / "step_00000002" / "drafter" / "model.safetensors",
                  tmp_path / "export" / "model.safetensors"):  # fmt: skip
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+
+
+def test_export_refuses_a_config_the_loader_would_refuse(tmp_path):
+    # A checkpoint config.json that parses but is no drafter config (a field of the wrong type, no checksums to
+    # catch it) was exported, and only Drafter.from_pretrained of the export failed.
+    run, _ = _fake_run(tmp_path, make_tiny_target("llama"), build_byte_tokenizer(), steps=(2,))
+    config = run / "checkpoints" / "step_00000002" / "drafter" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "hidden_size": "64"}))
+    with pytest.raises(UserError, match="not a valid drafter config .*hidden_size"):
+        export_drafter(str(run), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
