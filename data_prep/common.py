@@ -198,8 +198,8 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False):
     except (OSError, ValueError) as e:
         if isinstance(e, USER_ERRORS) and (not isinstance(e, ValueError) or str(path) in str(e)):
             raise  # already names the tokenizer (a missing file, a bad GGUF)
-        # transformers' OSError for a name that is neither a local directory nor reachable on the hub (offline,
-        # a typo) was a traceback, and its ValueError for a directory without tokenizer files named no path
+        # Any other failure of transformers' (which longspec.target_source does not name itself: it names an
+        # uncached hub id and a directory without tokenizer files) is one line naming the tokenizer too.
         reason = one_line(e).split(". ")[0]
         raise UserError(
             f"cannot load the tokenizer {path!r} ({reason}); pass the target's tokenizer directory, its .gguf file, "

@@ -148,7 +148,8 @@ def test_a_tokenizer_that_is_no_directory_and_not_on_the_hub_is_one_line(tmp_pat
     )  # fmt: skip
     assert result.returncode == 2
     assert_one_line_error(
-        result.stderr, r"cannot load the tokenizer 'no-such-org/no-such-tokenizer' \(.*\); pass the target's"
+        result.stderr,
+        r"cannot load the tokenizer of 'no-such-org/no-such-tokenizer': it is not a local directory",
     )
     (tmp_path / "empty").mkdir()  # a directory without tokenizer files: transformers' message named no path
     result = run_module(
@@ -156,7 +157,7 @@ def test_a_tokenizer_that_is_no_directory_and_not_on_the_hub_is_one_line(tmp_pat
         "--tokenizer", tmp_path / "empty",
     )  # fmt: skip
     assert result.returncode == 2
-    assert_one_line_error(result.stderr, rf"cannot load the tokenizer '{tmp_path / 'empty'}' \(")
+    assert_one_line_error(result.stderr, rf"'{tmp_path / 'empty'}' holds no tokenizer")
 
 
 def _kill_at_random_points(work, duration: float, kills: int, seed: int) -> None:
