@@ -13,6 +13,7 @@ special tokens, chat template). A corrupt or truncated file fails with one `GGUF
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import struct
@@ -173,13 +174,13 @@ def resolve_device(device, *, argument: str = "device"):
     if resolved.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            why = (
-                "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "none is visible"
+            raise ValueError(
+                f"{argument} {device!r}: this machine has no usable CUDA GPU ({why}); use device='cpu'"
             )
-            raise ValueError(f"{argument} {device!r}: {why}; use device='cpu'")
         if resolved.index is not None and resolved.index >= count:
             raise ValueError(
-                f"{argument} {device!r}: this machine has {count} CUDA device(s) (0..{count - 1})"
+                f"{argument} {device!r}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}"
             )
     elif resolved.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"{argument} {device!r}: MPS is not available on this machine; use device='cpu'")
@@ -201,20 +202,26 @@ def _wrap(source: ModelSource, what: str, error: Exception) -> GGUFError:
     return GGUFError(f"cannot read {what} from GGUF file {source}: {type(error).__name__}: {reason}")
 
 
-def _not_found(source: ModelSource, what: str, error: OSError) -> FileNotFoundError:
-    """A hub id the hub (or, offline, its cache) cannot provide: one error naming it. transformers' own says
-    "We couldn't connect to 'https://huggingface.co' ... couldn't find them in the cached files" without the id,
-    which a run that loads a target, a tokenizer and a dataset leaves the user to guess."""
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return FileNotFoundError(
-        f"cannot load the {what} of {source.repo!r}: it is not a local directory, and neither the Hugging Face "
-        f"hub nor its local cache provides it ({reason}). Check the id, download it first (`hf download "
-        f"{source.repo}`; HF_HUB_OFFLINE=1 reads the cache only) or give a local directory"
-    )
-
-
 def _is_hub_id(source: ModelSource) -> bool:
     return not os.path.isdir(source.repo)
+
+
+@contextlib.contextmanager
+def _named_if_not_on_hub(source: ModelSource, what: str):
+    """An OSError for a hub id the hub (or, offline, its cache) cannot provide becomes one error naming it.
+    transformers' own says "We couldn't connect to 'https://huggingface.co' ... couldn't find them in the cached
+    files" without the id, which a run that loads a target, a tokenizer and a dataset leaves the user to guess."""
+    try:
+        yield
+    except OSError as error:
+        if not _is_hub_id(source):
+            raise
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise FileNotFoundError(
+            f"cannot load the {what} of {source.repo!r}: it is not a local directory, and neither the Hugging "
+            f"Face hub nor its local cache provides it ({reason}). Check the id, download it first (`hf download "
+            f"{source.repo}`; HF_HUB_OFFLINE=1 reads the cache only) or give a local directory"
+        ) from error
 
 
 def load_config(source: ModelSource, *, trust_remote_code: bool = False):
@@ -231,12 +238,8 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
                 f"{os.path.join(source.repo, 'config.json')} not found: {source.repo!r} is not an HF model "
                 "directory (save_pretrained writes config.json next to the weights)"
             )
-        try:
+        with _named_if_not_on_hub(source, "config"):
             return AutoConfig.from_pretrained(source.repo, trust_remote_code=trust_remote_code)
-        except OSError as e:
-            if _is_hub_id(source):
-                raise _not_found(source, "config", e) from e
-            raise
     _require_gguf_package()
     try:
         config = AutoConfig.from_pretrained(source.repo, gguf_file=source.gguf_file)
@@ -266,18 +269,15 @@ def load_causal_lm(source: ModelSource, *, config=None, dtype=None, device_map=N
         from safetensors import SafetensorError
 
         try:
-            return AutoModelForCausalLM.from_pretrained(
-                source.repo, trust_remote_code=trust_remote_code, **kwargs
-            )
+            with _named_if_not_on_hub(source, "weights"):
+                return AutoModelForCausalLM.from_pretrained(
+                    source.repo, trust_remote_code=trust_remote_code, **kwargs
+                )
         except SafetensorError as e:  # raised by the Rust reader, naming no file
             raise ValueError(
                 f"cannot read the weights of {source.repo!r}: a .safetensors file there is truncated or damaged "
                 f"({str(e).strip()}); download or save the model again"
             ) from e
-        except OSError as e:
-            if _is_hub_id(source):
-                raise _not_found(source, "weights", e) from e
-            raise
     _require_gguf_package()
     try:
         return AutoModelForCausalLM.from_pretrained(source.repo, gguf_file=source.gguf_file, **kwargs)
@@ -312,12 +312,8 @@ def load_tokenizer(
             from transformers import TokenizersBackend
 
             return TokenizersBackend.from_pretrained(source.repo)
-        try:
+        with _named_if_not_on_hub(source, "tokenizer"):
             return AutoTokenizer.from_pretrained(source.repo, trust_remote_code=trust_remote_code)
-        except OSError as e:
-            if _is_hub_id(source):
-                raise _not_found(source, "tokenizer", e) from e
-            raise
     _require_gguf_package()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.repo, gguf_file=source.gguf_file)

@@ -165,28 +165,14 @@ class EvalConfig(Schema):
     def _check_device(self) -> None:
         """An unknown device, or a GPU this machine does not have, is one error now: it was a traceback from
         torch after the data had been read and tokenised."""
-        import torch
+        from longspec.target_source import resolve_device
 
         if self.device == "auto":
             return
-        try:
-            device = torch.device(self.device)
-        except RuntimeError:
-            device = None
+        device = resolve_device(self.device)  # the loaders' own check: one message for every entry point
         check(
-            device is not None and device.type in ("cpu", "cuda"),
-            f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}",
+            device.type in ("cpu", "cuda"), f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}"
         )
-        if device.type == "cuda":
-            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            check(
-                count > 0,
-                f"device={self.device} but this machine has no usable CUDA GPU: use device=cpu (or auto)",
-            )
-            check(
-                device.index is None or device.index < count,
-                f"device={self.device} but this machine has {count} CUDA GPU(s): cuda:0 to cuda:{count - 1}",
-            )
 
     def _check_output_dir(self) -> None:
         """output_dir must be a directory that can be made and written: it was first written after the target had
