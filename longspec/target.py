@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -56,7 +55,11 @@ class TargetOutput:
 
 
 def _check_model_type(config) -> str:
-    model_type = getattr(config, "model_type", None)
+    return _family(getattr(config, "model_type", None))
+
+
+def _family(model_type: str | None) -> str:
+    """The adapter family of an HF model_type, or the unsupported-family error listing what longspec runs."""
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"unsupported target model_type {model_type!r}; longspec supports: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -170,7 +173,7 @@ class TargetModel(nn.Module):
             # longspec supports, as for a known unsupported one (gpt2).
             declared = _declared_model_type(source)
             if isinstance(declared, str):
-                _check_model_type(SimpleNamespace(model_type=declared))
+                _family(declared)
             raise
         _check_model_type(config)  # fail before loading gigabytes of weights
         # device_map puts the weights straight onto `device` (no full copy staged in host memory first).
