@@ -384,11 +384,7 @@ class SpeculativeEngine:
             )
         if config.cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs the target on a CUDA device")
-        if isinstance(prompts, (str, bytes)):
-            raise TypeError(
-                "prompts are token ids, not text: tokenize them first (tokenizer(text)['input_ids'])"
-            )
-        if not isinstance(prompts, torch.Tensor):
+        if not isinstance(prompts, torch.Tensor):  # (text fails in `_prompt_ids`, as one prompt or each char)
             if not hasattr(prompts, "__iter__"):
                 raise TypeError(
                     f"prompts must be a list of prompts (token id lists or tensors), got {prompts!r}"

@@ -398,6 +398,7 @@ def test_a_prompt_of_the_wrong_shape_or_kind_is_one_error(llama):
         (lambda: engine.generate_batch(prompt, config, method="ar"), TypeError, "prompt 0 is one token id"),
         (lambda: engine.generate(prompt.float(), config, method="ar"), TypeError, "must be integers"),
         (lambda: engine.generate("some text", config, method="ar"), TypeError, "not text"),
+        (lambda: engine.generate_batch("some text", config, method="ar"), TypeError, "not text"),
         (
             lambda: engine.generate([[1, 2], [3]], config, method="ar"),
             TypeError,
