@@ -122,19 +122,24 @@ class DraftStep:
         the tree carries q as `draft_probs`."""
         inputs = (roots,)
         if shaping is not None:
-            noise = torch.empty(roots.shape[0], layout.num_parents, self.vocab_size, device=self.device)
-            inputs += (noise.exponential_(generator=generator),)
+            inputs += (self.noise(roots.shape[0], layout, generator),)
         if not static:
-            return self._tree(roots, layout, target, target.lengths(static=False), shaping, *inputs[1:])
+            return self.draft_tree(roots, layout, target, target.lengths(static=False), shaping, *inputs[1:])
 
         def fn(root_buf, *noise_buf):
             n = target.cache.lengths_t  # [B] on the device (synced by static_step)
-            return self._tree(root_buf, layout, target, n, shaping, *noise_buf).dynamic_part()
+            return self.draft_tree(root_buf, layout, target, n, shaping, *noise_buf).dynamic_part()
 
         outputs = target.static_step(("draft", layout.widths, capture, shaping), fn, inputs, capture)
         return DraftTree.from_dynamic_part(layout, *outputs)
 
-    def _tree(
+    def noise(self, batch: int, layout: TreeLayout, generator: torch.Generator | None) -> torch.Tensor:
+        """Exp(1) noise [B, nodes with children, V] for a sampled tree's levels (`sample_step`), drawn outside
+        any static step so a replayed graph gets fresh noise."""
+        noise = torch.empty(batch, layout.num_parents, self.vocab_size, device=self.device)
+        return noise.exponential_(generator=generator)
+
+    def draft_tree(
         self,
         roots: torch.Tensor,
         layout: TreeLayout,

@@ -43,6 +43,7 @@ policy and the measured round costs), `timing` (phase clocks).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import time
@@ -314,6 +315,7 @@ class SpeculativeEngine:
         target.pack_weights()
         self.target_step = TargetStep(target)
         self._host_copies = _HostCopies()
+        self._every_row_masks: dict[int, torch.Tensor] = {}  # `_every_row`
         # A chain's / forest's constant tree parts per batch size (plain, lookup and drafter-chain rounds).
         self.forests = ForestParts(self.device)
         # The committed tokens by position, per row: what the drafter's ring catches up from and what prompt
@@ -517,60 +519,113 @@ class SpeculativeEngine:
         context_len: int = 0,
     ) -> tuple[_Round, torch.Tensor]:
         """Queue one round (draft, verify, accept, commit) from `roots` [B], one tree per sequence; widths () = one
-        plain target step, a `Lookup` = a prompt-lookup chain (every round of pld: its FixedPolicy). Nothing
-        is read on the host: the commit advances the cache lengths on the device and the round's outputs start
-        their way to the host (`_finish` waits for them). Returns the round and the next roots [B] on the device.
-        Rows not active in `slots` (finished) commit nothing and keep their root: computed but frozen. longspec's
-        plain and lookup rounds leave the drafter's ring behind: their tokens enter only the history, and
-        `_catch_up` fills the ring before the next drafting round."""
+        plain target step, a `Lookup` = a prompt-lookup chain (every round of pld: its FixedPolicy). On static
+        shapes the whole round is ONE static step (one graph launch with cuda_graphs), built once per round shape
+        (`_round_key`); eager otherwise, the same function. Nothing is read on the host: the commit advances the
+        cache lengths on the device and the round's outputs start their way to the host (`_finish` waits for
+        them). Returns the round and the next roots [B] on the device. Rows not active in `slots` (finished)
+        commit nothing and keep their root: computed but frozen. longspec's plain and lookup rounds leave the
+        drafter's ring behind: their tokens enter only the history, and `_catch_up` fills the ring before the
+        next drafting round."""
         capture, spec = config.cuda_graphs, get_method(method, runner="engine")
         batch = roots.shape[0]
         active = [True] * batch if slots is None else list(slots.active)
-        mask = None if all(active) else slots.mask()
-        kept = None if mask is None else roots.clone()  # frozen rows keep their root (read before the verify)
         launched_at = time.perf_counter()
-        if spec.needs_drafter and is_drafter_tree(widths):
+        drafted = spec.needs_drafter and is_drafter_tree(widths)
+        if drafted:
             layout = TreeLayout(widths)
-            with clock.phase("draft_s"):
-                tree = self.draft_step.draft(
-                    roots, layout, self.target_step, static=static, capture=capture,
-                    shaping=_shaping(config), generator=generator,
-                )  # fmt: skip
             depth, max_children = layout.depth, max(widths)
         elif isinstance(widths, Lookup):
-            with clock.phase("draft_s"):
-                tree = self._lookup(roots, widths, config.pld_max_ngram, static, capture)
             depth, max_children = widths.length, widths.branches
         else:  # "ar", or longspec's "no speculation"
-            tree = self._plain_tree(roots)
             depth, max_children = 0, 0
-        # On static shapes `roots` may be the last round's verify outputs, which this round's verify overwrites
-        # (a static step's outputs are overwritten by its next call, as a graph's by its next replay): nothing
-        # reads them after it. The draft and a plain round's verify copy them into their own inputs first, and a
-        # plain round of a drafting method records its token in the drafter's history inside its verify step,
-        # from that copy (its commit step once read the overwritten roots: the history, and the ring caught up
-        # from it, held the next token on the GPU). It then launches what an AR step does, no commit step.
+        shaping = _shaping(config) if drafted else None
+        # What the round commits besides the cache lengths: a plain round of a drafting method records its token
+        # in the drafter's history; every speculating round its path (a lookup reads it; the ring catches up from
+        # it); a drafter tree's round enters its path into the ring at once.
         record = self.history if spec.needs_drafter and not widths else None
-        # verify_s holds the acceptance rule too: it runs in the verify's step (one graph with cuda_graphs)
-        with clock.phase("verify_s"):
-            packed, bonus = self._verify_accept(
-                tree, config, generator, depth, max_children, static, capture, record=record
-            )
-        with clock.phase("overhead_s"):
-            counts = packed[:, -1] if mask is None else packed[:, -1] * mask
-            # The history takes every speculating round's path (a lookup reads it; the ring catches up from it);
-            # the ring takes a drafter tree's path at once.
-            history = self.history if spec.drafts is not None and widths else None
-            ring = self.draft_step if spec.needs_drafter and is_drafter_tree(widths) else None
-            paths = packed[:, depth + 1 : 2 * (depth + 1)]
-            self._commit(
-                tree.tokens, paths, counts, history, ring, static, capture, in_place=tree.is_one_chain
-            )
-            if mask is not None:
-                bonus = torch.where(mask, bonus, kept)
-            host, copied = self._host_copies.start(packed)
+        history = self.history if spec.drafts is not None and widths else None
+        ring = self.draft_step if drafted else None
+        # The random draws are made here, outside the step, so a replayed graph gets fresh ones. A batch's rows
+        # that run (a device tensor per pattern) are an input of every round of the batch, so a row that
+        # finishes changes no step (a step built mid-call is a capture inside the timed decode).
+        extras: dict[str, torch.Tensor] = {}
+        if shaping is not None:
+            extras["noise"] = self.draft_step.noise(batch, layout, generator)
+        if config.temperature > 0:
+            extras["draws"] = uniforms((batch, depth * max_children + 1), generator, self.device)
+        if batch > 1:
+            extras["mask"] = slots.mask() if slots is not None else self._every_row(batch)
+        names = tuple(extras)
+
+        # Eager rounds time their phases; a static step is timed whole (with graphs: one launch), as verify_s.
+        phase = clock.phase if not static else _untimed
+
+        def run(roots, *values):
+            given = dict(zip(names, values, strict=True))
+            with phase("draft_s"):
+                if drafted:
+                    n = self.target_step.lengths(static)
+                    noise = given.get("noise")
+                    tree = self.draft_step.draft_tree(roots, layout, self.target_step, n, shaping, noise)
+                elif isinstance(widths, Lookup):
+                    tree = self._lookup(roots, widths, config.pld_max_ngram, static)
+                else:
+                    tree = self._plain_tree(roots)
+            with phase("verify_s"):
+                logits = self.target_step.tree_logits(tree, static=static)
+                draws = given.get("draws")
+                packed, bonus = self._accept(logits, tree, config, depth, max_children, draws, record)
+            with phase("overhead_s"):
+                mask = given.get("mask")
+                counts = packed[:, -1] if mask is None else packed[:, -1] * mask
+                paths = packed[:, depth + 1 : 2 * (depth + 1)]
+                self._commit(tree.tokens, paths, counts, history, ring, in_place=tree.is_one_chain)
+                if mask is not None:  # frozen rows keep their root (the step's own copy of it)
+                    bonus = torch.where(mask, bonus, roots)
+            return packed, bonus
+
+        inputs = (roots, *extras.values())
+        if static:
+            key = self._round_key(widths, config, names, record, history, ring, capture)
+            # A round's commit changes the caches for good: the step warms up once, on this round's inputs, and
+            # that run is this round's (`TargetStep.static_step`).
+            with clock.phase("verify_s"):
+                packed, bonus = self.target_step.static_step(key, run, inputs, capture, effects=True)
+        else:
+            packed, bonus = run(*inputs)
+        self.cache.device_advanced()
+        host, copied = self._host_copies.start(packed)
         rnd = _Round(widths, depth, active, host, copied, launched_at, context_len)
         return rnd, bonus
+
+    def _every_row(self, batch: int) -> torch.Tensor:
+        """The mask of a batch whose rows all run (a round launched without slots: the round costs' timing), made
+        once per batch size: a host-to-device copy per round would wait for the rounds in flight."""
+        if batch not in self._every_row_masks:
+            self._every_row_masks[batch] = torch.ones(batch, dtype=torch.bool, device=self.device)
+        return self._every_row_masks[batch]
+
+    def _round_key(self, widths, config, names, record, history, ring, capture: bool) -> tuple:
+        """What a round's static step depends on besides the batch (`TargetStep.static_step` adds it): the round's
+        shape, the acceptance rule's and the drafter's sampling settings, the lookup's n-gram length, what it
+        commits (history, ring, a plain round's record) and which extra inputs it takes."""
+        shape = (
+            ("lookup", widths.length, widths.branches, config.pld_max_ngram)
+            if isinstance(widths, Lookup)
+            else ("tree", tuple(widths))
+        )
+        sampling = (config.temperature, config.top_k, config.top_p) if config.temperature > 0 else ()
+        commits = (record is not None, history is not None, ring is not None)
+        return (
+            "round",
+            shape,
+            sampling,
+            _shaping(config) if ring is not None else None,
+            commits,
+            names,
+            capture,
+        )
 
     def _plain_tree(self, roots: torch.Tensor) -> DraftTree:
         """A plain round's one-node tree per row around `roots` [B]: everything but the tokens is the same in every
@@ -579,27 +634,14 @@ class SpeculativeEngine:
         parents, depths, ancestor_mask, valid = self.forests(roots.shape[0], 0)
         return DraftTree(roots[:, None], parents, depths, ancestor_mask, valid, chain=True)
 
-    def _lookup(
-        self, roots: torch.Tensor, lookup: Lookup, max_ngram: int, static: bool, capture: bool
-    ) -> DraftTree:
+    def _lookup(self, roots: torch.Tensor, lookup: Lookup, max_ngram: int, static: bool) -> DraftTree:
         """A lookup round's forest [B, 1 + length x branches] from `roots` [B] (`pld.lookup_tree` over the
-        history, at each row's committed length; one branch: a chain): eager, or one static step (a graph launch
-        with cuda_graphs) reading the device lengths, so it launches with nothing settled."""
+        history, at each row's committed length -- the device lengths on static shapes; one branch: a chain)."""
         parts = self.forests(roots.shape[0], lookup.length, lookup.branches)[:3]  # valid: the lookup's
-        if not static:
-            lengths = self.target_step.lengths(static=False)
-            if not isinstance(lengths, torch.Tensor):
-                lengths = torch.full_like(roots, lengths)
-            return lookup_tree(self.history.tokens, lengths, roots, lookup, max_ngram, parts)
-
-        def fn(root_buf):
-            tree = lookup_tree(self.history.tokens, self.cache.lengths_t, root_buf, lookup, max_ngram, parts)
-            return tree.tokens, tree.valid
-
-        tokens, valid = self.target_step.static_step(
-            ("lookup", lookup.length, lookup.branches, max_ngram, capture), fn, (roots,), capture
-        )
-        return DraftTree(tokens, *parts, valid, chain=True, branches=lookup.branches)
+        lengths = self.target_step.lengths(static)
+        if not isinstance(lengths, torch.Tensor):
+            lengths = torch.full_like(roots, lengths)
+        return lookup_tree(self.history.tokens, lengths, roots, lookup, max_ngram, parts)
 
     def _finish(self, rnd: _Round) -> tuple[list[list[int]], list[list[int]]]:
         """Wait for a launched round's outputs (the round's ONE host sync: emitted tokens, paths and counts
@@ -623,44 +665,27 @@ class SpeculativeEngine:
             self.drafter.select_rows(index)
         return roots.index_select(0, torch.tensor(index, device=self.device))
 
-    def _commit(
-        self, tokens, paths, counts, history, ring, static: bool, capture: bool, *, in_place: bool = False
-    ) -> None:
-        """The round's commit from device values only (paths [B, depth + 1], counts [B]: 0 for frozen rows): each
-        row's accepted path moved in the target cache (`StaticKVCache.move_path`, the whole path width), unless
-        it is `in_place` (a chain's: its accepted nodes are its first ones, already at the committed slots; a
-        plain round's one node too); with `history` (a speculating round of longspec or pld) the path's tokens
-        recorded in the token history (`TokenHistory.record`); with `ring` (a drafter tree's round) entered into
-        the drafter's ring buffer (`DraftStep.fill_path`); the committed lengths advanced on the device. On
-        static shapes it is one static step (one graph launch with cuda_graphs); a plain round only adds its
-        counts (longspec's has recorded its token inside its verify step). The host lengths follow when the round
-        settles (`_finish`)."""
+    def _commit(self, tokens, paths, counts, history, ring, *, in_place: bool = False) -> None:
+        """The round's commit from device values only (paths [B, depth + 1], counts [B]: 0 for frozen rows), run
+        inside the round's step: each row's accepted path moved in the target cache (`StaticKVCache.move_path`,
+        the whole path width), unless it is `in_place` (a chain's: its accepted nodes are its first ones, already
+        at the committed slots; a plain round's one node too); with `history` (a speculating round of longspec or
+        pld) the path's tokens recorded in the token history (`TokenHistory.record`); with `ring` (a drafter
+        tree's round) entered into the drafter's ring buffer (`DraftStep.fill_path`); the committed lengths
+        advanced on the device. The host lengths follow when the round settles (`_finish`)."""
         cache = self.cache
         in_place |= paths.shape[1] == 1  # no drafts: the one node's K/V already sit at each row's length
-
-        def fn(tokens, paths, counts):
-            starts = cache.lengths_t  # the committed lengths before this round
-            if not in_place:
-                cache.move_path(paths, starts)
-            if history is not None or ring is not None:
-                # the path's tokens, root first (a chain's are its first nodes)
-                path_tokens = (
-                    tokens[:, : paths.shape[1]] if in_place else tokens.gather(1, paths.clamp(min=0))
-                )
-                if history is not None:
-                    history.record(path_tokens, starts)
-                if ring is not None:
-                    ring.fill_path(path_tokens, counts, starts)
-            cache.advance(counts)
-
-        if in_place and history is None and ring is None:  # nothing to move, record or fill: the lengths only
-            cache.advance(counts)
-        elif static:
-            key = ("commit", tokens.shape[1], paths.shape[1], in_place, history is not None, ring is not None)
-            self.target_step.static_step((*key, capture), fn, (tokens, paths, counts), capture, effects=True)
-        else:
-            fn(tokens, paths, counts)
-        cache.device_advanced()
+        starts = cache.lengths_t  # the committed lengths before this round
+        if not in_place:
+            cache.move_path(paths, starts)
+        if history is not None or ring is not None:
+            # the path's tokens, root first (a chain's are its first nodes)
+            path_tokens = tokens[:, : paths.shape[1]] if in_place else tokens.gather(1, paths.clamp(min=0))
+            if history is not None:
+                history.record(path_tokens, starts)
+            if ring is not None:
+                ring.fill_path(path_tokens, counts, starts)
+        cache.advance(counts)
 
     def _catch_up(self, *, static: bool, capture: bool) -> None:
         """The drafter's ring catches up to the device's committed lengths (`DraftStep.catch_up`), as one static
@@ -673,51 +698,30 @@ class SpeculativeEngine:
             ("catch_up", capture), draft.catch_up, (cache.lengths_t,), capture, effects=True
         )
 
-    def _verify_accept(
+    def _accept(
         self,
+        logits: torch.Tensor,
         tree: DraftTree,
         config: GenerationConfig,
-        generator,
         depth: int,
         max_children: int,
-        static: bool,
-        capture: bool,
-        *,
-        record: TokenHistory | None = None,
+        draws: torch.Tensor | None,
+        record: TokenHistory | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The verify forward and the acceptance rule as ONE step (`TargetStep.verify` with a head): returns
-        (packed [B, 2 (depth + 1) + 1] = emitted tokens, path, count per row; bonus [B]) on the device. The
-        random draws are made here, outside the step, so a replayed graph gets fresh ones. A tree without
-        `draft_probs` (a lookup chain, or deterministic candidates) is accepted by the deterministic-candidate
-        rule at T > 0, whatever `sampling_rule` says: exact for drafts that are a function of the context.
-        `record`: a plain round's token history, which receives the round's token at each row's committed length
-        in the same step (its warm-up runs write the same token to the same uncommitted slot: harmless)."""
-        sampling = config.temperature > 0
-        head_inputs = (tree.parents, tree.valid)
-        if sampling:
-            draws = uniforms((tree.tokens.shape[0], depth * max_children + 1), generator, self.device)
-            head_inputs += (draws,)
-            if tree.draft_probs is not None:
-                head_inputs += (tree.draft_probs,)
-        key = ("accept", depth, max_children, sampling and tree.draft_probs is not None, record is not None)
-        if sampling:
-            key += (config.temperature, config.top_k, config.top_p)
-
-        chain = tree.is_one_chain  # (the verify's step key holds chain and branches)
-
-        def head(logits, tokens, depths, ancestor_mask, parents, valid, draws=None, draft_probs=None):
-            paths, lengths, bonus = accept_path(
-                logits, tokens, parents, depths, ancestor_mask, valid, config, depth, max_children, draws,
-                draft_probs, chain=chain,
-            )  # fmt: skip
-            emitted = emitted_tokens(tokens, paths, lengths, bonus)
-            if record is not None:
-                record.record(tokens, self.cache.lengths_t)  # a plain tree: its one node is its path
-            return torch.cat([emitted, paths, lengths[:, None]], dim=1), bonus
-
-        return self.target_step.verify(
-            tree, static=static, capture=capture, head=head, head_inputs=head_inputs, head_key=key
-        )
+        """The acceptance rule on the verify's logits [B, N, V], inside the round's step (with graphs the logits
+        never leave the graph): returns (packed [B, 2 (depth + 1) + 1] = emitted tokens, path, count per row;
+        bonus [B]) on the device. A tree without `draft_probs` (a lookup chain, or deterministic candidates) is
+        accepted by the deterministic-candidate rule at T > 0, whatever `sampling_rule` says: exact for drafts
+        that are a function of the context. `record`: a plain round's token history, which receives the round's
+        token at each row's committed length."""
+        paths, lengths, bonus = accept_path(
+            logits, tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, tree.valid, config, depth,
+            max_children, draws, tree.draft_probs, chain=tree.is_one_chain,
+        )  # fmt: skip
+        emitted = emitted_tokens(tree.tokens, paths, lengths, bonus)
+        if record is not None:
+            record.record(tree.tokens, self.cache.lengths_t)  # a plain tree: its one node is its path
+        return torch.cat([emitted, paths, lengths[:, None]], dim=1), bonus
 
     # ------------------------------------------------------------------ a round's pieces
     # Public so benchmarks/round_latency.py can time them one by one; `generate` strings them together.
@@ -907,6 +911,12 @@ def accept_path(
         max_children=max_children,
         draft_probs=draft_probs,
     )
+
+
+@contextlib.contextmanager
+def _untimed(name: str):
+    """`PhaseClock.phase`'s stand-in inside a static step (a captured graph must not record the clock's events)."""
+    yield
 
 
 def _prompt_ids(prompt, index: int, device: torch.device) -> torch.Tensor:

@@ -8,6 +8,8 @@ Dm model width, Hkv key-value heads, D head dim, Tmax cache slots.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from longspec.infer.cache import StaticKVCache
@@ -177,40 +179,34 @@ class TargetStep:
             self.cache.commit(counts)
         return self.target.logits(torch.stack(last))  # [B, V]
 
-    def verify(
-        self,
-        tree: DraftTree,
-        *,
-        static: bool = False,
-        capture: bool = False,
-        head=None,
-        head_inputs: tuple[torch.Tensor, ...] = (),
-        head_key: tuple = (),
-    ):
+    def tree_logits(self, tree: DraftTree, *, static: bool = False) -> torch.Tensor:
         """ONE target forward over all tree nodes of every sequence's tree [B, N] -> logits [B, N, V] (node i
-        predicts its children). Their K/V stay in the cache's pending slots until the round's commit.
-        static / capture: see GenerationConfig.
-
-        `head(logits, tokens, depths, ancestor_mask, *head_inputs)`, when given, is what the round does with the
-        logits (its acceptance rule) and its result is returned instead. It runs inside the same step, so with
-        graphs the logits never leave the graph and the rule's many small kernels replay with the forward in one
-        launch (on the H200 the eager sampling rule made a round cost 28.8 ms against 8.1 ms greedy). `head_key`
-        names what the head closes over (a step is built once per key)."""
-
-        def run(tokens, offsets, new_mask, *extra):
-            logits = self.target.logits(
-                self.forward(
-                    tokens, offsets, new_mask, static=static, chain=tree.chain, branches=tree.branches
-                )
-            )
-            return logits if head is None else head(logits, tokens, offsets, new_mask, *extra)
-
-        inputs = (tree.tokens, tree.depths, tree.ancestor_mask, *head_inputs)
-        if not static:
-            return run(*inputs)
-        return self.static_step(
-            ("verify", tree.num_nodes, tree.chain, tree.branches, capture, head_key), run, inputs, capture
+        predicts its children). Their K/V stay in the cache's pending slots until the round's commit. Runs as
+        called: inside a round's static step (`SpeculativeEngine._launch`), or eagerly."""
+        hidden = self.forward(
+            tree.tokens,
+            tree.depths,
+            tree.ancestor_mask,
+            static=static,
+            chain=tree.chain,
+            branches=tree.branches,
         )
+        return self.target.logits(hidden)
+
+    def verify(self, tree: DraftTree, *, static: bool = False, capture: bool = False) -> torch.Tensor:
+        """`tree_logits` as a step of its own: eager, or on static buffers (captured in a CUDA graph when asked;
+        the logits are then the step's, valid until its next call). A round runs the forward inside its one
+        step instead; this is the piece benchmarks/round_latency.py times alone."""
+        if not static:
+            return self.tree_logits(tree)
+
+        def run(tokens, depths, ancestor_mask):
+            on_buffers = dataclasses.replace(tree, tokens=tokens, depths=depths, ancestor_mask=ancestor_mask)
+            return self.tree_logits(on_buffers, static=True)
+
+        inputs = (tree.tokens, tree.depths, tree.ancestor_mask)
+        key = ("verify", tree.num_nodes, tree.chain, tree.branches, capture)
+        return self.static_step(key, run, inputs, capture)
 
 
 def chunk_len(chunk_size: int, batch: int) -> int:

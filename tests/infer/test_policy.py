@@ -287,7 +287,7 @@ def test_steps_dropped_by_a_bigger_cache_are_built_again_before_a_call_decodes()
     config = GenerationConfig(max_new_tokens=6, static_shapes=True)
     costs = engine.measure_round_costs(config, [12, 40], reps=1)
     built = set(engine.target_step.steps)
-    assert {k[0] for k in built} >= {"draft", "commit"}
+    assert any(k[0] == "round" and k[1][0] == "tree" and k[1][1] for k in built)  # drafting rounds among them
     engine.reserve(4096, batch_size=2)  # a batch's cache
     assert not engine.target_step.steps
     before = dict(costs.seconds)
@@ -735,17 +735,21 @@ def test_plain_rounds_age_the_realised_yield_so_bursty_texts_keep_speculating(mo
 
 
 def test_a_plain_round_of_longspec_launches_what_an_ar_step_does():
-    """On static shapes a plain round is one step, as an AR step is: its token enters the drafter's history inside
-    its verify step (no commit step of its own); drafting rounds still commit in a step (path, ring, history)."""
+    """On static shapes every round is one step, the ring's catch-up one more: a plain round's step only adds
+    recording its token in the drafter's history to what an AR step does; drafting rounds commit path, ring and
+    history in theirs, lookup rounds path and history."""
     target = make_tiny_target("llama")
     engine = SpeculativeEngine(target, random_drafter(target), costs=CyclingCosts())
     prompt = torch.randint(0, 256, (45,), generator=torch.Generator().manual_seed(7))  # 45: plain is cheapest
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=40, static_shapes=True))
     assert result.stats.trees.get("ar", 0) >= 2 and len(result.stats.trees) > 1
-    kinds = {key[0] for key in engine.target_step.steps}
-    commits = [key for key in engine.target_step.steps if key[0] == "commit"]
-    assert {"verify", "draft", "commit", "catch_up"} <= kinds
-    assert commits and all(key[2] > 1 for key in commits)  # paths of drafting rounds only, none of width 1
+    steps = engine.target_step.steps
+    assert {key[0] for key in steps} == {"round", "catch_up"}
+    commits = {key[1]: key[4] for key in steps if key[0] == "round"}  # (record, history, ring) per round shape
+    assert commits.pop(("tree", ())) == (True, False, False)
+    for shape, value in commits.items():  # lookups record their path; drafter trees also fill the ring
+        assert value == (False, True, shape[0] == "tree"), shape
+    assert any(shape[0] == "tree" for shape in commits)
     committed = engine.history.tokens[0, : engine.cache.lengths[0]]
     assert committed.tolist() == prompt.tolist() + result.tokens[: committed.numel() - prompt.numel()]
 
