@@ -23,6 +23,7 @@ def test_counts_the_loops_ops_outside_the_steps(host_ops, tmp_path, monkeypatch)
     assert "aten::add_" not in rows["ar"]["top_ops_per_token"]  # lengths.add_(counts): inside the step now
     assert rows["ar"]["top_ops_per_token"]["aten::clone"] == pytest.approx(1.0, abs=0.05)  # the host copy
 
+
 def test_steps_are_unmarked_afterwards(host_ops):
     call = host_ops.graphs.StaticStep.__call__
     with host_ops.marked_steps():

@@ -745,7 +745,9 @@ def test_a_plain_round_of_longspec_launches_what_an_ar_step_does():
     assert result.stats.trees.get("ar", 0) >= 2 and len(result.stats.trees) > 1
     steps = engine.target_step.steps
     assert {key[0] for key in steps} == {"round", "catch_up"}
-    commits = {key[1]: key[4] for key in steps if key[0] == "round"}  # (record, history, ring) per round shape
+    commits = {
+        key[1]: key[4] for key in steps if key[0] == "round"
+    }  # (record, history, ring) per round shape
     assert commits.pop(("tree", ())) == (True, False, False)
     for shape, value in commits.items():  # lookups record their path; drafter trees also fill the ring
         assert value == (False, True, shape[0] == "tree"), shape
