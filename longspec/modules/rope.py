@@ -26,7 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from longspec.kernels import rope_angles as angles
 from longspec.kernels.layer_ops.naive import rotate
+from longspec.modules.layer_ops import _triton
 
 __all__ = [
     "RotaryEmbedding",
@@ -197,21 +199,18 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """position_ids [B,T] (or [T]) int -> (cos, sin) [B,T,D] in `dtype` (default float32).
 
-        Angles are computed in float32 like HF: position * inv_freq, then duplicated over the two halves."""
+        Angles are computed in float32 like HF: position * inv_freq, then duplicated over the two halves
+        (`kernels.rope_angles`: one Triton launch on CUDA, the PyTorch reference elsewhere)."""
         if position_ids.dim() == 1:
             position_ids = position_ids[None]
         if self.long_inv_freq is not None and self.long is None:  # HF's rule for this forward (host sync)
             reaches = int(position_ids.max()) + 1 > self.original_positions
             self.inv_freq.copy_(self.long_inv_freq if reaches else self.short_inv_freq)
-        # Autocast would run this product in bf16 and wreck large positions; keep it in fp32.
-        with torch.autocast(device_type=position_ids.device.type, enabled=False):
-            freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)  # [B,T,D/2]
-            emb = torch.cat((freqs, freqs), dim=-1)  # [B,T,D]
-            cos, sin = emb.cos(), emb.sin()
-            if self.attention_scaling != 1.0:  # (x 1.0 is exact: two launches saved in every step)
-                cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
         dtype = torch.float32 if dtype is None else dtype
-        return cos.to(dtype), sin.to(dtype)
+        fn = angles.rope_angles if _triton(position_ids) else angles.rope_angles_naive
+        # Autocast would run the reference's product in bf16 and wreck large positions; keep it in fp32.
+        with torch.autocast(device_type=position_ids.device.type, enabled=False):
+            return fn(position_ids, self.inv_freq.to(position_ids.device), self.attention_scaling, dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
