@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from longspec.kernels.bonus_sampling import inverse_cdf, sample_bonus_naive
+from longspec.kernels.chain_accept import emitted_tokens, greedy_chain_path  # (its reference arithmetic)
 from longspec.kernels.tree_sampling import child_table, sample_walk_naive
 from longspec.modules.constants import arange_once
 
@@ -208,19 +209,6 @@ def greedy_path(
     return path, length, target_argmax.gather(-1, deepest[..., None])[..., 0]
 
 
-def greedy_chain_path(
-    tokens: torch.Tensor, target_argmax: torch.Tensor, valid: torch.Tensor, depth: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`greedy_path` for a chain (node i's parent is node i - 1: the drafter's chains, a lookup chain, a plain
-    step's one node), in a handful of launches instead of the tree walk's ~20: the accepted drafts are the
-    leading run of drafts that equal the target's choice at their parent. Same outputs: path [..., depth + 1]
-    (0, 1, ..., depth: only the first `length` count), length [...] long, bonus [...] long."""
-    match = (tokens[..., 1:] == target_argmax[..., :-1]) & valid[..., 1:]  # [..., depth]
-    drafts = match.long().cumprod(-1).sum(-1)  # the leading run of matches
-    path = arange_once(depth + 1, tokens.device).expand(*tokens.shape[:-1], depth + 1)
-    return path, drafts + 1, target_argmax.gather(-1, drafts[..., None])[..., 0]
-
-
 def sample_path(
     tokens: torch.Tensor,
     parents: torch.Tensor,
@@ -331,12 +319,3 @@ def _walk_for(device: torch.device):
 
         return sample_walk
     return sample_walk_naive
-
-
-def emitted_tokens(tokens: torch.Tensor, path: torch.Tensor, length: torch.Tensor, bonus: torch.Tensor):
-    """The round's output on fixed shapes, over any leading batch dims: [..., depth + 1] = tokens of
-    path[1:length] then the bonus, padded with the bonus (only the first `length` entries count)."""
-    # path[1:], then path[0] in the last slot (never read: its index is >= length - 1)
-    after_root = torch.roll(path, -1, dims=-1)
-    index = torch.arange(path.shape[-1], device=path.device)
-    return torch.where(index < length[..., None] - 1, tokens.gather(-1, after_root), bonus[..., None])

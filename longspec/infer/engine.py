@@ -54,7 +54,6 @@ import torch
 
 from longspec.infer.accept import (
     emitted_tokens,
-    greedy_chain_path,
     greedy_path,
     sample_chain_path,
     sample_path,
@@ -84,6 +83,7 @@ from longspec.infer.tree import (
     is_drafter_tree,
     tree_name,
 )
+from longspec.kernels.chain_accept import greedy_chain_packed
 from longspec.kernels.row_argmax import row_argmax
 from longspec.modules.rope import exact_positions, longrope_long
 
@@ -714,14 +714,10 @@ class SpeculativeEngine:
         accepted by the deterministic-candidate rule at T > 0, whatever `sampling_rule` says: exact for drafts
         that are a function of the context. `record`: a plain round's token history, which receives the round's
         token at each row's committed length."""
-        paths, lengths, bonus = accept_path(
-            logits, tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, tree.valid, config, depth,
-            max_children, draws, tree.draft_probs, chain=tree.is_one_chain,
-        )  # fmt: skip
-        emitted = emitted_tokens(tree.tokens, paths, lengths, bonus)
+        packed, bonus = accept_round(logits, tree, config, depth, max_children, draws)
         if record is not None:
             record.record(tree.tokens, self.cache.lengths_t)  # a plain tree: its one node is its path
-        return torch.cat([emitted, paths, lengths[:, None]], dim=1), bonus
+        return packed, bonus
 
     # ------------------------------------------------------------------ a round's pieces
     # Public so benchmarks/round_latency.py can time them one by one; `generate` strings them together.
@@ -872,45 +868,43 @@ class SpeculativeEngine:
         return sample_token(target_probs, generator)
 
 
-def accept_path(
+def accept_round(
     logits: torch.Tensor,
-    tokens: torch.Tensor,
-    parents: torch.Tensor,
-    depths: torch.Tensor,
-    ancestor_mask: torch.Tensor,
-    valid: torch.Tensor,
+    tree: DraftTree,
     config: GenerationConfig,
     depth: int,
     max_children: int,
     draws: torch.Tensor | None = None,
-    draft_probs: torch.Tensor | None = None,
-    *,
-    chain: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The round's acceptance rule on the device, per sequence (tokens / parents / valid [B, N], logits
-    [B, N, V]; greedy at T = 0, else `sample_path` with the given uniform `draws` [B, ...]): (paths [B, depth + 1]
-    padded, lengths [B], bonus [B]); nothing read on the host, fixed shapes. `chain`: the trees are chains (one
-    branch), whose walks are `greedy_chain_path` / `sample_chain_path`."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The round's acceptance rule on the device, per sequence (the tree's fields [B, N], logits [B, N, V]; greedy
+    at T = 0, else `sample_path` with the given uniform `draws` [B, ...], against the tree's `draft_probs` when
+    its children were sampled): (packed [B, 2 (depth + 1) + 1] = emitted tokens, path (padded), count; bonus
+    [B]); nothing read on the host, fixed shapes. A tree that is one chain (one branch) has no walk: greedy, the
+    leading run of matches with its output in one launch (`kernels.chain_accept`); sampled,
+    `sample_chain_path`."""
+    tokens, valid, chain = tree.tokens, tree.valid, tree.is_one_chain
     if config.temperature == 0:
         target_argmax = row_argmax(logits)
         if chain:
-            return greedy_chain_path(tokens, target_argmax, valid, depth)
-        return greedy_path(tokens, parents, depths, ancestor_mask, target_argmax, valid, depth)
-    target_probs = target_distribution(
-        logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
-    )
-    if chain:
-        return sample_chain_path(tokens, valid, target_probs, draws, depth, draft_probs)
-    return sample_path(
-        tokens,
-        parents,
-        valid,
-        target_probs,
-        draws,
-        depth=depth,
-        max_children=max_children,
-        draft_probs=draft_probs,
-    )
+            return greedy_chain_packed(tokens, target_argmax, valid)
+        paths, lengths, bonus = greedy_path(
+            tokens, tree.parents, tree.depths, tree.ancestor_mask, target_argmax, valid, depth
+        )
+    else:
+        target_probs = target_distribution(
+            logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
+        )
+        if chain:
+            paths, lengths, bonus = sample_chain_path(
+                tokens, valid, target_probs, draws, depth, tree.draft_probs
+            )
+        else:
+            paths, lengths, bonus = sample_path(
+                tokens, tree.parents, valid, target_probs, draws, depth=depth, max_children=max_children,
+                draft_probs=tree.draft_probs,
+            )  # fmt: skip
+    emitted = emitted_tokens(tokens, paths, lengths, bonus)
+    return torch.cat([emitted, paths, lengths[:, None]], dim=1), bonus
 
 
 @contextlib.contextmanager
