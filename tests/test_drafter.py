@@ -4,9 +4,12 @@ import pytest
 import torch
 
 from longspec.drafter import Drafter, DrafterCache, DrafterConfig
+from longspec.kernels import HAS_TRITON
+from longspec.modules import layer_ops
 from longspec.testing import make_tiny_target
 
 B, T, WINDOW = 2, 30, 8  # T > WINDOW so the ring buffer wraps and the self-attention window binds
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 
 
 def _setup(variant="llama", window=WINDOW, seed=0):
@@ -407,14 +410,36 @@ def test_bf16_drafter_on_bf16_target_is_close_to_fp32():
     torch.testing.assert_close(h.float(), ref, atol=0.1, rtol=0.05)
 
 
+class _PerTokenRing:
+    """The obvious ring write, from a ring's state: each valid token, in order, goes to slot
+    num_appended % window of its row; padding (-1) is skipped."""
+
+    def __init__(self, cache: DrafterCache):
+        self.window = cache.window
+        self.keys, self.values = cache.keys.clone(), cache.values.clone()
+        self.positions, self.count = cache.positions.clone(), cache.num_appended.tolist()
+
+    def write(self, k, v, pos):
+        for row in range(pos.shape[0]):
+            for col in range(pos.shape[1]):
+                if pos[row, col] >= 0:
+                    slot = self.count[row] % self.window
+                    self.keys[row, :, slot], self.values[row, :, slot] = k[row, :, col], v[row, :, col]
+                    self.positions[row, slot] = pos[row, col]
+                    self.count[row] += 1
+
+    def assert_is(self, cache: DrafterCache):
+        assert cache.num_appended.tolist() == self.count
+        assert torch.equal(cache.positions, self.positions)
+        assert torch.equal(cache.keys, self.keys) and torch.equal(cache.values, self.values)
+
+
 def test_ring_append_is_the_per_token_ring_write():
-    """DrafterCache.append (fixed shapes, no host sync) against the obvious loop: each valid token, in order,
-    goes to slot num_appended % window of its row; padding (-1) is skipped. Ragged rows, padding at the left
-    (prefill), on the right (a round's shorter accepted path), wrap-around, and n > window."""
+    """DrafterCache.append (fixed shapes, no host sync) against the obvious loop. Ragged rows, padding at the
+    left (prefill), on the right (a round's shorter accepted path), wrap-around, and n > window."""
     config = DrafterConfig.from_target_config(make_tiny_target("llama").config, window=4)
     cache = DrafterCache(config, 2)
-    keys, values = cache.keys.clone(), cache.values.clone()
-    positions, count = cache.positions.clone(), [0, 0]
+    reference = _PerTokenRing(cache)
     gen = torch.Generator().manual_seed(0)
     calls = [
         [[-1, -1, 0, 1], [0, 1, 2, 3]],  # left-padded prompt tails
@@ -427,13 +452,47 @@ def test_ring_append_is_the_per_token_ring_write():
         k = torch.randn(2, config.num_kv_heads, pos.shape[1], config.head_dim, generator=gen)
         v = torch.randn_like(k)
         cache.append(k, v, pos)
-        for row in range(2):
-            for col in range(pos.shape[1]):
-                if pos[row, col] >= 0:
-                    slot = count[row] % 4
-                    keys[row, :, slot], values[row, :, slot] = k[row, :, col], v[row, :, col]
-                    positions[row, slot] = pos[row, col]
-                    count[row] += 1
-        assert cache.num_appended.tolist() == count
-        assert torch.equal(cache.positions, positions)
-        assert torch.equal(cache.keys, keys) and torch.equal(cache.values, values)
+        reference.write(k, v, pos)
+        reference.assert_is(cache)
+
+
+@pytest.mark.parametrize(
+    "route, dtype",
+    [
+        ("unpacked", torch.float32),
+        ("packed", torch.float32),
+        pytest.param("packed, triton", torch.float32, marks=needs_triton),
+        pytest.param("packed, triton", torch.bfloat16, marks=needs_triton),  # into a float32 ring
+    ],
+)
+def test_fill_cache_is_the_per_token_ring_write(route, dtype, monkeypatch):
+    """Drafter.fill_cache (slots from `DrafterCache.claim_slots`; on the packed path the RoPE step writes the K/V
+    into the ring, skipping the padding's negative slots) leaves the ring, to the bit, as the per-token write of
+    `self_kv`'s K/V of the last `window` columns: a batch of 3 ragged rows, left-padded (prefill, catch-up),
+    right-padded (a round's accepted paths, `prefix`), unpadded, more columns than the window, a row that enters
+    nothing, and rings that wrap."""
+    target = make_tiny_target("llama")
+    config = DrafterConfig.from_target_config(target.config, window=8)
+    drafter = Drafter(config, target.embed_tokens, target.lm_head).requires_grad_(False).to(dtype)
+    if route != "unpacked":
+        assert drafter.pack_weights()
+    if route == "packed, triton":  # the CUDA route (fused Triton steps), in the CPU interpreter
+        monkeypatch.setattr(layer_ops, "_triton", lambda x: True)
+    cache = DrafterCache(config, 3)
+    reference = _PerTokenRing(cache)
+    fills = [
+        ([[-1, -1, -1, 0, 1, 2], [0, 1, 2, 3, 4, 5], [-1, -1, -1, -1, -1, 0]], False),
+        ([[3, 4, -1, -1], [6, 7, 8, 9], [1, -1, -1, -1]], True),
+        ([list(range(5, 16)), [-1, -1, *range(10, 19)], [-1] * 11], False),
+        ([[16, 17, 18], [19, -1, -1], [2, 3, 4]], True),
+        ([[19, 20], [20, 21], [5, 6]], False),
+    ]
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for positions, prefix in fills:
+            pos = torch.tensor(positions)
+            ids = torch.randint(0, 300, pos.shape, generator=gen)
+            drafter.fill_cache(cache, ids, pos, prefix=prefix)
+            ids, pos = ids[:, -config.window :], pos[:, -config.window :]
+            reference.write(*drafter.self_kv(ids, pos.clamp(min=0)), pos)
+            reference.assert_is(cache)

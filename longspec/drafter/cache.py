@@ -12,6 +12,7 @@ import torch
 from longspec.drafter.config import DrafterConfig
 from longspec.modules.attention import within_window
 from longspec.modules.constants import arange_once
+from longspec.modules.layer_ops import write_kv
 
 __all__ = ["DrafterCache", "DraftNodes"]
 
@@ -19,8 +20,9 @@ __all__ = ["DrafterCache", "DraftNodes"]
 class DrafterCache:
     """Ring buffer of the drafter's self-attention K/V: `window` slots per row, whatever the context length.
 
-    Slot s of row b holds the token at `positions[b, s]` (-1 = empty). `append` writes tokens in order, the
-    newest overwriting the oldest; a query at position t sees the slots with t - window <= position <= t."""
+    Slot s of row b holds the token at `positions[b, s]` (-1 = empty). Tokens are written in order (`append`,
+    or `claim_slots` and a fused K/V write), the newest overwriting the oldest; a query at position t sees the
+    slots with t - window <= position <= t."""
 
     def __init__(
         self,
@@ -61,17 +63,39 @@ class DrafterCache:
         self.positions.fill_(-1)
         self.num_appended.zero_()
 
+    def claim_slots(self, positions: torch.Tensor, *, prefix: bool = False) -> torch.Tensor:
+        """Enter new entries at positions [B,n] (or [n]; n <= window) in the ring's bookkeeping (`positions`,
+        `num_appended`) -> slots [B,n]: where each entry's K/V go, for the caller to write (`append`, or the RoPE
+        step of `Drafter.fill_cache`). A row's valid entries take its next slots in ring order; entries with
+        position < 0 are padding, skipped (their slot is their position: negative, where `write_kv` and
+        `qkv_rope` write nothing), so rows may append different numbers of tokens. `prefix`: every row's valid
+        entries come first (right-padded, as a round's accepted path): their ranks are their columns.
+
+        Fixed shapes, no host sync (so a CUDA graph can replay it): every entry ranks distinctly in [0, n) -- a
+        row's valid entries first, then its padding, whose slot's position is written back as it was."""
+        positions = positions.to(self.positions.device).expand(self.positions.shape[0], -1)
+        n = positions.shape[1]
+        assert 0 < n <= self.window, f"{n} entries for a ring of {self.window} slots"
+        valid = positions >= 0  # [B,n]
+        if prefix:
+            rank, num_valid = arange_once(n, valid.device), valid.sum(1)
+        else:
+            ahead = valid.cumsum(1)  # valid entries up to each column, itself included
+            num_valid = ahead[:, -1]
+            rank = torch.where(valid, ahead - 1, num_valid[:, None] + arange_once(n, valid.device) - ahead)
+        slots = (self.num_appended[:, None] + rank) % self.window  # [B,n]
+        self.positions.scatter_(1, slots, torch.where(valid, positions, self.positions.gather(1, slots)))
+        self.num_appended += num_valid
+        # Padding's own (negative) position, not a -1: on CUDA a where's scalar operand is one more launch (a fill).
+        return torch.where(valid, slots, positions)
+
     def append(
         self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, *, prefix: bool = False
     ) -> None:
-        """k/v [B,Hkv,n,D], positions [B,n] (or [n]); entries with position < 0 are padding and skipped, so rows
-        may append different numbers of tokens. Only the last `window` columns can survive in the ring: with
-        n > window, rows must be unpadded or left-padded (as `Drafter.fill_cache` passes them). `prefix`: every
-        row's valid entries come first (right-padded, as a round's accepted path): their ranks are their columns.
-
-        Fixed shapes, no host sync (so a CUDA graph can replay it): every entry gets a distinct slot -- a row's
-        valid entries the next ones in its ring order, its padding the slots after those -- and a padding entry
-        writes back what its slot already holds."""
+        """k/v [B,Hkv,n,D] at positions [B,n] (or [n]) into the ring, at the slots `claim_slots` gives (padding,
+        position < 0, is skipped). Only the last `window` columns can survive in the ring: with n > window, rows
+        must be unpadded or left-padded, and the dropped columns still count as appended. `prefix` (right-padded
+        rows): at most `window` columns."""
         if positions.dim() == 1:
             positions = positions.expand(k.shape[0], k.shape[2])
         if prefix and k.shape[2] > self.window:
@@ -81,22 +105,7 @@ class DrafterCache:
         if k.shape[2] > self.window:  # the dropped columns still count as appended (the ring order's clock)
             self.num_appended += (positions[:, : -self.window] >= 0).sum(1).to(self.num_appended.device)
             k, v, positions = k[:, :, -self.window :], v[:, :, -self.window :], positions[:, -self.window :]
-        B, n = k.shape[0], k.shape[2]
-        positions = positions.to(self.positions.device)
-        valid = positions >= 0  # [B,n]
-        num_valid = valid.sum(1, keepdim=True)
-        # distinct in [0, n): a row's valid entries first, then its padding
-        if prefix:
-            rank = arange_once(n, valid.device)
-        else:
-            rank = torch.where(valid, valid.cumsum(1) - 1, num_valid + (~valid).cumsum(1) - 1)
-        slots = (self.num_appended[:, None] + rank) % self.window  # [B,n]
-        index = slots[:, None, :, None].expand(B, self.keys.shape[1], n, self.keys.shape[3])
-        keep = valid[:, None, :, None]
-        for ring, new in ((self.keys, k), (self.values, v)):
-            ring.scatter_(2, index, torch.where(keep, new.to(ring.dtype), ring.gather(2, index)))
-        self.positions.scatter_(1, slots, torch.where(valid, positions, self.positions.gather(1, slots)))
-        self.num_appended += num_valid[:, 0]
+        write_kv(self.keys, self.values, self.claim_slots(positions, prefix=prefix), k, v)
 
     def move_rows(self, moves: list[tuple[int, int]], rows: int) -> None:
         """Row `to` takes what row `src` held, for each (to, src) in `moves` in order (an order that is safe in

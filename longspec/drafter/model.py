@@ -31,7 +31,15 @@ from longspec.drafter.cache import DrafterCache, DraftNodes
 from longspec.drafter.config import DrafterConfig
 from longspec.fingerprint import fingerprint_mismatches, target_fingerprint
 from longspec.modules.attention import attention, cache_attention, tree_attention
-from longspec.modules.layer_ops import add_rms_norm, linear, linear_silu_mul, project, qkv_rope, silu_mul
+from longspec.modules.layer_ops import (
+    add_rms_norm,
+    linear,
+    linear_silu_mul,
+    project,
+    qkv_rope,
+    silu_mul,
+    write_kv,
+)
 from longspec.modules.layers import RMSNorm, SwiGLU, bind_views, pack_linears
 from longspec.modules.noisy import flash_noisy_attention
 from longspec.modules.rope import RotaryEmbedding, apply_rotary, rope_config
@@ -188,24 +196,33 @@ class Drafter(nn.Module):
 
     # ---- inference: explicit K/V, masks and target prefix ---------------------------------------------------
     def self_kv(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Self-attention K (post-RoPE) and V [B,Hkv,T,D] of tokens at positions: a function of (token, position)
-        only, so it can be computed once per token (e.g. the last `window` prompt tokens at prefill)."""
+        only, so it can be computed once per token (e.g. the last `window` prompt tokens at prefill). cache =
+        (k_cache, v_cache [B,Hkv,W,D], slots [B,T]): k and v are also written there, a negative slot writing
+        nothing (`layer_ops.qkv_rope`)."""
         h0 = self.embed(input_ids)
         cos, sin = self.rotary.cos_sin(position_ids, dtype=h0.dtype)
         if not self.packed:
-            return self._self_kv(self.self_attn_norm(h0), cos, sin)
+            k, v = self._self_kv(self.self_attn_norm(h0), cos, sin)
+            if cache is not None:
+                write_kv(*cache, k, v)
+            return k, v
         # After `pack_weights`: the fused steps `tree_level` computes a node's K/V with (norm, the packed
-        # projection's k/v rows, RoPE: three launches on CUDA where the modules run ~20), so the ring holds
-        # exactly what the node held while drafting; every ring fill runs it (prefill, catch-up, each round's
-        # commit: `DraftStep.fill_path`).
+        # projection's k/v rows, RoPE writing the cache: three launches on CUDA where the modules run ~20), so the
+        # ring holds exactly what the node held while drafting; every ring fill runs it (prefill, catch-up, each
+        # round's commit: `DraftStep.fill_path`).
         cfg = self.config
         x, _ = add_rms_norm(h0, None, self.self_attn_norm.weight, self.self_attn_norm.eps)
         q_rows = cfg.num_heads * cfg.head_dim
         bias = self.packed_qkv_bias
         kv = linear(x, self.packed_qkv_weight[q_rows:], None if bias is None else bias[q_rows:])
-        _, k, v = qkv_rope(kv, cos, sin, 0, cfg.num_kv_heads, **self._norms(self.self_attn))
+        _, k, v = qkv_rope(kv, cos, sin, 0, cfg.num_kv_heads, **self._norms(self.self_attn), cache=cache)
         return k, v
 
     def fill_cache(
@@ -218,13 +235,13 @@ class Drafter(nn.Module):
     ) -> None:
         """Append committed tokens' self-attention K/V to the ring, e.g. the prompt at prefill. Only the last
         `window` columns can survive in the ring, so only they are computed (no O(n^2) work over the prompt).
-        Rows must be unpadded or left-padded (padding has position -1), or right-padded with `prefix` (at most
-        `window` columns: `DrafterCache.append`)."""
+        Rows must be unpadded or left-padded (padding has position -1), or right-padded with `prefix`
+        (`DrafterCache.claim_slots`). The K/V go straight into the ring's slots (the RoPE step writes them)."""
         if position_ids.dim() == 1:
             position_ids = position_ids.expand(input_ids.shape[0], -1)
         ids, pos = input_ids[:, -cache.window :], position_ids[:, -cache.window :]
-        k, v = self.self_kv(ids, pos.clamp(min=0))  # padding is skipped by append; clamp keeps RoPE finite
-        cache.append(k, v, pos, prefix=prefix)
+        # Padding's slot is negative: its K/V (RoPE at a negative position, finite) are computed, never written.
+        self.self_kv(ids, pos, cache=(cache.keys, cache.values, cache.claim_slots(pos, prefix=prefix)))
 
     def draft_nodes(self, cache: DrafterCache, positions: torch.Tensor) -> DraftNodes:
         """The per-draft layout (`DraftNodes`) of uncommitted tokens at `positions` [B,N] (or [N]) beside the

@@ -89,11 +89,10 @@ class DraftStep:
         is complete writes nothing. Any number of missing tokens: one plain round's, a lookup chain's path and
         bonus, many rounds' (only the window's last ones are computed)."""
         window = self.cache.window
-        positions = lengths[:, None] - window + torch.arange(window, device=lengths.device)  # [B, W]
-        first_missing = self.cache.positions.amax(1, keepdim=True).clamp(min=-1) + 1  # [B, 1]
-        missing = positions >= first_missing
+        positions = lengths[:, None] - window + arange_once(window, lengths.device)  # [B, W]
+        held = positions <= self.cache.positions.amax(1, keepdim=True)  # up to the newest held (-1: none)
         ids = self.history.tokens.gather(1, positions.clamp(min=0))
-        self.drafter.fill_cache(self.cache, ids, torch.where(missing, positions, -1))
+        self.drafter.fill_cache(self.cache, ids, positions.masked_fill(held, -1))  # -1: padding
 
     def fill_path(self, path_tokens: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor) -> None:
         """Each row's accepted path (root first) enters the ring buffer, from device values only (fixed shapes, no
@@ -101,7 +100,7 @@ class DraftStep:
         many each row keeps, starts [B] the position of each row's root. Self K/V depend only on token and
         position, so recomputing them for the k path tokens is cheaper than keeping them for every tree node."""
         steps = arange_once(path_tokens.shape[1], path_tokens.device)
-        positions = torch.where(steps < counts[:, None], starts[:, None] + steps, -1)
+        positions = (starts[:, None] + steps).masked_fill_(steps >= counts[:, None], -1)  # -1: padding
         self.drafter.fill_cache(self.cache, path_tokens, positions, prefix=True)
 
     def draft(

@@ -78,7 +78,8 @@ def qkv_rope(
     cache=None,
 ):
     """Packed qkv [B, T, (H + 2 Hkv) * D] -> q [B, H, T, D], k, v [B, Hkv, T, D], q and k rotated; with cache =
-    (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T]) k and v are also written to those cache slots."""
+    (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T]) k and v are also written to those cache slots (a negative
+    slot: not written)."""
     # The Triton kernel rotates whole heads; a partial rope (fewer cos / sin dims than the head's) runs the
     # reference, which splits each head.
     full = cos.shape[-1] * (num_heads + 2 * num_kv_heads) == qkv.shape[-1]

@@ -7,6 +7,7 @@ import torch
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES
 from longspec.infer.tree import tree_name
+from longspec.modules.layer_ops import write_kv
 
 WINDOW = 8  # drafter window, far below the prompt lengths the tests use
 # The round shapes (stats names) that leave the drafter's ring behind: plain steps and lookup chains
@@ -40,9 +41,12 @@ class OracleDrafter:
 
     fill_cache = Drafter.fill_cache
 
-    def self_kv(self, input_ids, position_ids):
+    def self_kv(self, input_ids, position_ids, *, cache=None):
         shape = (input_ids.shape[0], self.config.num_kv_heads, input_ids.shape[1], self.config.head_dim)
-        return torch.zeros(shape), torch.zeros(shape)
+        k, v = torch.zeros(shape), torch.zeros(shape)
+        if cache is not None:
+            write_kv(*cache, k, v)
+        return k, v
 
     def draft_nodes(self, cache, positions):
         return SimpleNamespace(positions=positions.expand(cache.keys.shape[0], -1))

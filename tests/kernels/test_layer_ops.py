@@ -141,3 +141,34 @@ def test_qkv_rope_writes_the_cache_slots(dtype):
     untouched = torch.ones(B, Tmax, dtype=torch.bool, device=DEVICE).scatter_(1, slots, False)
     assert torch.equal(k_cache.transpose(1, 2)[untouched], ref_k_cache.transpose(1, 2)[untouched])
     assert torch.equal(v_cache[:, :, 20:25][1], v[1])  # v is copied, not computed
+
+
+@pytest.mark.parametrize(
+    "dtype, cache_dtype", [(torch.float32,) * 2, (torch.bfloat16,) * 2, (torch.bfloat16, torch.float32)]
+)
+def test_qkv_rope_skips_negative_cache_slots(dtype, cache_dtype):
+    # A negative slot writes nothing (a ring fill's padding): every slot no token writes keeps its bytes, the
+    # others get their token's K/V (rounded to the cache's dtype), whatever they held (NaN here). Row 0 skips a
+    # token before and one after the token writing slot 0 (neither may write back what slot 0 held), row 1
+    # writes nothing, row 2 every token.
+    B, T, H, Hkv, D, Tmax = 3, 5, 4, 2, 16, 8
+    qkv, cos, sin = _rope_inputs(B, T, H, Hkv, D, dtype, shared_positions=False)
+    slots = torch.tensor([[-1, 6, 0, -1, 7], [-1] * 5, [3, 4, 5, 1, 2]], device=DEVICE)
+    written = (slots >= 0).nonzero().tolist()  # (row, token)
+    k_cache = torch.randn(B, Hkv, Tmax, D, dtype=cache_dtype, device=DEVICE)
+    v_cache = torch.randn_like(k_cache)
+    for row, token in written:
+        k_cache[row, :, slots[row, token]] = v_cache[row, :, slots[row, token]] = float("nan")
+    before = k_cache.clone(), v_cache.clone()
+    ref_caches = k_cache.clone(), v_cache.clone()
+    out = (_nan(B, H, T, D, dtype=dtype), _nan(B, Hkv, T, D, dtype=dtype), _nan(B, Hkv, T, D, dtype=dtype))
+    got = qkv_rope(qkv, cos, sin, H, Hkv, out=out, cache=(k_cache, v_cache, slots))
+    ref = qkv_rope_naive(qkv, cos, sin, H, Hkv, cache=(*ref_caches, slots))
+    for g, r in zip(got, ref, strict=True):
+        _close(g, r, dtype)
+    for caches, (_, k, v) in zip(((k_cache, v_cache), ref_caches), (got, ref), strict=True):
+        want_k, want_v = (t.clone() for t in before)  # the per-token write of each one's own K/V
+        for row, token in written:
+            want_k[row, :, slots[row, token]] = k[row, :, token]
+            want_v[row, :, slots[row, token]] = v[row, :, token]
+        assert torch.equal(caches[0], want_k) and torch.equal(caches[1], want_v)

@@ -42,7 +42,7 @@ def qkv_rope_naive(
     """qkv [B, T, (H + 2 Hkv) * D] (the packed projection: q heads, then k heads, then v heads), cos/sin
     [B, T, R] (R = D, or fewer rotary dims: `rotate`) -> q [B, H, T, D], k [B, Hkv, T, D] rotated (after the per-head RMSNorm q_norm / k_norm [D] when
     given: Qwen3), v [B, Hkv, T, D]. cache = (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T]): k and v are
-    also written there (`write_kv`)."""
+    also written there, a token whose slot is negative writing nothing (`write_kv`)."""
     B, T, _ = qkv.shape
     D = qkv.shape[-1] // (num_heads + 2 * num_kv_heads)
     q, k, v = qkv.view(B, T, -1, D).split([num_heads, num_kv_heads, num_kv_heads], dim=2)
@@ -61,10 +61,21 @@ def qkv_rope_naive(
 def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
-    """k/v [B, Hkv, T, D] into k_cache / v_cache [B, Hkv, Tmax, D] at slots [B, T] (per row)."""
-    index = slots[:, None, :, None].expand_as(k)
-    k_cache.scatter_(2, index, k)
-    v_cache.scatter_(2, index, v)
+    """k/v [B, Hkv, T, D] into k_cache / v_cache [B, Hkv, Tmax, D] (rounded to their dtype) at slots [B, T] (per
+    row, distinct within a row); a token whose slot is negative writes nothing (e.g. a ring fill's padding).
+
+    Fixed shapes, no host sync (a CUDA graph replays it): a skipped token rewrites the slot of its row's
+    highest-slot token with that token's K/V, the same bytes, so the scatter's order cannot matter; in a row that
+    writes nothing, it rewrites slot 0 with what slot 0 holds."""
+    keep = slots >= 0  # [B, T]
+    top, top_token = slots.max(1, keepdim=True)  # [B, 1]: each row's highest slot and the token writing it
+    writes = (top >= 0)[:, None, :, None]  # [B, 1, 1, 1]: the row writes some token
+    index = torch.where(keep, slots, top.clamp(min=0))[:, None, :, None].expand_as(k)
+    keep, top_token = keep[:, None, :, None], top_token[:, None, :, None].expand(*k.shape[:2], 1, k.shape[3])
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        new = new.to(cache.dtype)
+        repeat = torch.where(writes, new.gather(2, top_token), cache[:, :, :1])  # [B, Hkv, 1, D]
+        cache.scatter_(2, index, torch.where(keep, new, repeat))
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -135,7 +135,8 @@ def _qkv_rope_kernel(
     sin2 = tl.load(SIN + angle + HALF, mask=d_ok, other=0.0).to(tl.float32)[None, :]
     y1 = tl.where(is_v[:, None], x1, x1 * cos1 - x2 * sin1).to(dtype)  # rotate_half: (-x2, x1)
     y2 = tl.where(is_v[:, None], x2, x2 * cos2 + x1 * sin2).to(dtype)
-    # Masked-off rows below compute out-of-range head offsets; they are never dereferenced.
+    # Masked-off rows below compute out-of-range head offsets (and a negative slot an address before the cache);
+    # they are never dereferenced.
     q_dst = Q + b * stride_qb + t * stride_qt + h[:, None] * stride_qh + d[None, :]
     k_dst = K + b * stride_kb + t * stride_kt + (h - num_heads)[:, None] * stride_kh + d[None, :]
     v_dst = (
@@ -149,15 +150,18 @@ def _qkv_rope_kernel(
     tl.store(v_dst + HALF, y2, mask=ok & is_v[:, None])
     if HAS_CACHE:  # the new K/V also go to the cache slot of this token (the write the attention would do)
         slot = tl.load(SLOTS + b * stride_sb + t * stride_st).to(tl.int64)
+        # A negative slot: this token writes nothing (e.g. a ring fill's padding). (A where: the CPU interpreter
+        # refuses a scalar condition `&` a block mask.)
+        written = tl.where(slot >= 0, ok, False)
         kc_dst = KC + b * stride_kcb + slot * stride_kct + (h - num_heads)[:, None] * stride_kch + d[None, :]
         vc_dst = (
             VC + b * stride_vcb + slot * stride_vct + (h - num_heads - num_kv_heads)[:, None] * stride_vch
             + d[None, :]
         )  # fmt: skip
-        tl.store(kc_dst, y1, mask=ok & is_k[:, None])
-        tl.store(kc_dst + HALF, y2, mask=ok & is_k[:, None])
-        tl.store(vc_dst, y1, mask=ok & is_v[:, None])
-        tl.store(vc_dst + HALF, y2, mask=ok & is_v[:, None])
+        tl.store(kc_dst, y1, mask=written & is_k[:, None])
+        tl.store(kc_dst + HALF, y2, mask=written & is_k[:, None])
+        tl.store(vc_dst, y1, mask=written & is_v[:, None])
+        tl.store(vc_dst + HALF, y2, mask=written & is_v[:, None])
 
 
 def qkv_rope(
@@ -176,7 +180,8 @@ def qkv_rope(
     """qkv [B, T, (H + 2 Hkv) * D], cos/sin [B, T, D] (batch stride 0 allowed) -> q [B, H, T, D], k and v
     [B, Hkv, T, D] (new contiguous tensors, or the buffers `out`); q/k normalised per head first when
     q_norm / k_norm [D] are given. cache = (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T] integer): k and v
-    are also written to slot slots[b, t] of row b (a KV cache's pending slots). One launch."""
+    are also written to slot slots[b, t] of row b (a KV cache's pending slots), rounded to the cache's dtype; a
+    token whose slot is negative writes nothing there (a masked store). One launch."""
     B, T, width = qkv.shape
     heads = num_heads + 2 * num_kv_heads
     D = width // heads
@@ -201,7 +206,7 @@ def qkv_rope(
             and k_cache.shape[3] == D
             and v_cache.shape == k_cache.shape
         )
-        assert k_cache.stride(-1) == v_cache.stride(-1) == 1 and k_cache.dtype == v_cache.dtype == qkv.dtype
+        assert k_cache.stride(-1) == v_cache.stride(-1) == 1 and k_cache.dtype == v_cache.dtype
         assert slots.shape == (B, T) and not slots.dtype.is_floating_point
     else:
         k_cache = v_cache = slots = k  # dummy pointers, never read or written (HAS_CACHE=False)
