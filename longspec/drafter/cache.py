@@ -105,7 +105,7 @@ class DrafterCache:
         if k.shape[2] > self.window:  # the dropped columns still count as appended (the ring order's clock)
             self.num_appended += (positions[:, : -self.window] >= 0).sum(1).to(self.num_appended.device)
             k, v, positions = k[:, :, -self.window :], v[:, :, -self.window :], positions[:, -self.window :]
-        write_kv(self.keys, self.values, self.claim_slots(positions, prefix=prefix), k, v)
+        write_kv(self.keys, self.values, self.claim_slots(positions, prefix=prefix), k, v, skip_negative=True)
 
     def move_rows(self, moves: list[tuple[int, int]], rows: int) -> None:
         """Row `to` takes what row `src` held, for each (to, src) in `moves` in order (an order that is safe in

@@ -211,7 +211,7 @@ class Drafter(nn.Module):
         if not self.packed:
             k, v = self._self_kv(self.self_attn_norm(h0), cos, sin)
             if cache is not None:
-                write_kv(*cache, k, v)
+                write_kv(*cache, k, v, skip_negative=True)
             return k, v
         # After `pack_weights`: the fused steps `tree_level` computes a node's K/V with (norm, the packed
         # projection's k/v rows, RoPE writing the cache: three launches on CUDA where the modules run ~20), so the
@@ -222,7 +222,9 @@ class Drafter(nn.Module):
         q_rows = cfg.num_heads * cfg.head_dim
         bias = self.packed_qkv_bias
         kv = linear(x, self.packed_qkv_weight[q_rows:], None if bias is None else bias[q_rows:])
-        _, k, v = qkv_rope(kv, cos, sin, 0, cfg.num_kv_heads, **self._norms(self.self_attn), cache=cache)
+        _, k, v = qkv_rope(
+            kv, cos, sin, 0, cfg.num_kv_heads, **self._norms(self.self_attn), cache=cache, skip_negative=True
+        )
         return k, v
 
     def fill_cache(

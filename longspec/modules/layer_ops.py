@@ -76,15 +76,19 @@ def qkv_rope(
     k_norm=None,
     eps: float = 1e-6,
     cache=None,
+    skip_negative: bool = False,
 ):
     """Packed qkv [B, T, (H + 2 Hkv) * D] -> q [B, H, T, D], k, v [B, Hkv, T, D], q and k rotated; with cache =
-    (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T]) k and v are also written to those cache slots (a negative
-    slot: not written)."""
+    (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T]) k and v are also written to those cache slots (slots >= 0;
+    with `skip_negative`, a negative slot is not written: `write_kv`)."""
     # The Triton kernel rotates whole heads; a partial rope (fewer cos / sin dims than the head's) runs the
     # reference, which splits each head.
     full = cos.shape[-1] * (num_heads + 2 * num_kv_heads) == qkv.shape[-1]
     fn = kernels.qkv_rope if _triton(qkv) and full else kernels.qkv_rope_naive
-    return fn(qkv, cos, sin, num_heads, num_kv_heads, q_norm=q_norm, k_norm=k_norm, eps=eps, cache=cache)
+    return fn(
+        qkv, cos, sin, num_heads, num_kv_heads, q_norm=q_norm, k_norm=k_norm, eps=eps, cache=cache,
+        skip_negative=skip_negative,
+    )  # fmt: skip
 
 
 def silu_mul(gate_up):

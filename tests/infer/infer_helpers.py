@@ -45,7 +45,7 @@ class OracleDrafter:
         shape = (input_ids.shape[0], self.config.num_kv_heads, input_ids.shape[1], self.config.head_dim)
         k, v = torch.zeros(shape), torch.zeros(shape)
         if cache is not None:
-            write_kv(*cache, k, v)
+            write_kv(*cache, k, v, skip_negative=True)
         return k, v
 
     def draft_nodes(self, cache, positions):

@@ -162,8 +162,8 @@ def test_qkv_rope_skips_negative_cache_slots(dtype, cache_dtype):
     before = k_cache.clone(), v_cache.clone()
     ref_caches = k_cache.clone(), v_cache.clone()
     out = (_nan(B, H, T, D, dtype=dtype), _nan(B, Hkv, T, D, dtype=dtype), _nan(B, Hkv, T, D, dtype=dtype))
-    got = qkv_rope(qkv, cos, sin, H, Hkv, out=out, cache=(k_cache, v_cache, slots))
-    ref = qkv_rope_naive(qkv, cos, sin, H, Hkv, cache=(*ref_caches, slots))
+    got = qkv_rope(qkv, cos, sin, H, Hkv, out=out, cache=(k_cache, v_cache, slots), skip_negative=True)
+    ref = qkv_rope_naive(qkv, cos, sin, H, Hkv, cache=(*ref_caches, slots), skip_negative=True)
     for g, r in zip(got, ref, strict=True):
         _close(g, r, dtype)
     for caches, (_, k, v) in zip(((k_cache, v_cache), ref_caches), (got, ref), strict=True):

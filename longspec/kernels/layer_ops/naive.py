@@ -38,11 +38,12 @@ def qkv_rope_naive(
     k_norm: torch.Tensor | None = None,
     eps: float = 1e-6,
     cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    skip_negative: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv [B, T, (H + 2 Hkv) * D] (the packed projection: q heads, then k heads, then v heads), cos/sin
     [B, T, R] (R = D, or fewer rotary dims: `rotate`) -> q [B, H, T, D], k [B, Hkv, T, D] rotated (after the per-head RMSNorm q_norm / k_norm [D] when
     given: Qwen3), v [B, Hkv, T, D]. cache = (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T]): k and v are
-    also written there, a token whose slot is negative writing nothing (`write_kv`)."""
+    also written there (`write_kv`; with `skip_negative`, a token whose slot is negative writes nothing)."""
     B, T, _ = qkv.shape
     D = qkv.shape[-1] // (num_heads + 2 * num_kv_heads)
     q, k, v = qkv.view(B, T, -1, D).split([num_heads, num_kv_heads, num_kv_heads], dim=2)
@@ -54,19 +55,32 @@ def qkv_rope_naive(
     k = rotate(k.transpose(1, 2), cos, sin)
     v = v.transpose(1, 2)
     if cache is not None:
-        write_kv(*cache, k, v)
+        write_kv(*cache, k, v, skip_negative=skip_negative)
     return q, k, v
 
 
 def write_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    skip_negative: bool = False,
 ) -> None:
     """k/v [B, Hkv, T, D] into k_cache / v_cache [B, Hkv, Tmax, D] (rounded to their dtype) at slots [B, T] (per
-    row, distinct within a row); a token whose slot is negative writes nothing (e.g. a ring fill's padding).
+    row, distinct within a row; >= 0 unless `skip_negative`, where a token whose slot is negative writes nothing:
+    a ring fill's padding). A target's slots never are: its write is one scatter per tensor, where the masked
+    write below takes ~13 launches.
 
-    Fixed shapes, no host sync (a CUDA graph replays it): a skipped token rewrites the slot of its row's
-    highest-slot token with that token's K/V, the same bytes, so the scatter's order cannot matter; in a row that
-    writes nothing, it rewrites slot 0 with what slot 0 holds."""
+    Fixed shapes, no host sync (a CUDA graph replays it): with `skip_negative` a skipped token rewrites the slot
+    of its row's highest-slot token with that token's K/V, the same bytes, so the scatter's order cannot matter;
+    in a row that writes nothing, it rewrites slot 0 with what slot 0 holds."""
+    if not skip_negative:
+        index = slots[:, None, :, None].expand_as(k)
+        k_cache.scatter_(2, index, k.to(k_cache.dtype))
+        v_cache.scatter_(2, index, v.to(v_cache.dtype))
+        return
     keep = slots >= 0  # [B, T]
     top, top_token = slots.max(1, keepdim=True)  # [B, 1]: each row's highest slot and the token writing it
     writes = (top >= 0)[:, None, :, None]  # [B, 1, 1, 1]: the row writes some token

@@ -176,12 +176,14 @@ def qkv_rope(
     eps: float = 1e-6,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    skip_negative: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """qkv [B, T, (H + 2 Hkv) * D], cos/sin [B, T, D] (batch stride 0 allowed) -> q [B, H, T, D], k and v
     [B, Hkv, T, D] (new contiguous tensors, or the buffers `out`); q/k normalised per head first when
     q_norm / k_norm [D] are given. cache = (k_cache, v_cache [B, Hkv, Tmax, D], slots [B, T] integer): k and v
     are also written to slot slots[b, t] of row b (a KV cache's pending slots), rounded to the cache's dtype; a
-    token whose slot is negative writes nothing there (a masked store). One launch."""
+    token whose slot is negative writes nothing there (a masked store, whatever `skip_negative` says: the flag
+    is the reference's, whose masked write costs launches). One launch."""
     B, T, width = qkv.shape
     heads = num_heads + 2 * num_kv_heads
     D = width // heads
