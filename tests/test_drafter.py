@@ -377,6 +377,35 @@ def test_cache_visible_mask():
     assert not cache.visible_mask(torch.tensor([[6]])).any()
 
 
+def test_draft_nodes_masks_equal_the_window_rule():
+    """The ring part of a draft's mask and `_near` (ranges and one comparison each) equal the rule written out:
+    filled, causal and `within_window`, for ring rows that wrapped, are partly empty or empty, and node
+    positions of a tree and of a chain (the tree's nodes also before a row's oldest slot)."""
+    from longspec.drafter.cache import DraftNodes
+    from longspec.modules.masks import within_window
+
+    window, gen = 8, torch.Generator().manual_seed(0)
+    cfg = _cfg(window=window)
+    cache = DrafterCache(cfg, 3)
+    kv = torch.zeros(3, cfg.num_kv_heads, 20, cfg.head_dim)
+    lengths = torch.tensor([20, 5, 0])  # wrapped, partly filled (-1 slots), empty
+    cache.append(kv, kv, torch.where(torch.arange(20) < 20 - lengths[:, None], -1, torch.arange(20)))
+    cache.append(kv[:, :, :3], kv[:, :, :3], torch.tensor([[20, 21, 22], [-1, 5, 6], [-1, -1, -1]]))
+    assert (cache.positions == -1).any() and cache.num_appended.tolist() == [23, 7, 0]
+    tree_depths = torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 4, 12])
+    for depths in (tree_depths, torch.arange(12)):  # a tree and a chain, each longer than the window
+        for roots in (torch.tensor([23, 7, 0]), torch.randint(0, 40, (3,), generator=gen)):
+            positions = roots[:, None] + depths  # [B, N]
+            N = positions.shape[1]
+            nodes = DraftNodes(cache, positions, torch.zeros(3, N, 4), torch.zeros(3, N, 4))
+            q, ring = positions[:, :, None], cache.positions[:, None, :]
+            expect = (ring >= 0) & (ring <= q) & within_window(q, ring, window)
+            assert torch.equal(nodes._mask[:, :, :window], expect)
+            assert torch.equal(cache.visible_mask(positions), expect)
+            assert torch.equal(nodes._near, within_window(q, positions[:, None, :], window))
+            assert expect.any() and not expect.all() and not nodes._near.all()
+
+
 def test_drafter_learns_a_fixed_batch_with_the_fused_loss():
     # Integration: target forward -> flash-noisy drafter forward -> fused CE; the block alone trains.
     from longspec.losses import fused_linear_cross_entropy

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from longspec.drafter.config import DrafterConfig
-from longspec.modules.attention import within_window
 from longspec.modules.constants import arange_once
 from longspec.modules.layer_ops import write_kv
+from longspec.modules.masks import window_start
 
 __all__ = ["DrafterCache", "DraftNodes"]
 
@@ -115,12 +115,24 @@ class DrafterCache:
                 tensor[to].copy_(tensor[src])
         self.use_rows(rows)
 
-    def visible_mask(self, query_positions: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        """query_positions [B,Tq] -> bool [B,Tq,W]: slot visible iff filled and within the query's window (written
-        into `out`, a view, when given: no copy)."""
+    def visible_mask(
+        self,
+        query_positions: torch.Tensor,
+        *,
+        start: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """query_positions [B,Tq] (>= 0, as a draft token's) -> bool [B,Tq,W]: slot visible iff filled and within
+        the query's window (written into `out`, a view, when given: no copy). `start`: `window_start` of the
+        query positions [B,Tq], when the caller has it."""
         pos = self.positions[:, None, :]  # [B,1,W]
-        q = query_positions.to(pos.device)[:, :, None]  # [B,Tq,1]
-        return torch.logical_and((pos >= 0) & (pos <= q), within_window(q, pos, self.window), out=out)
+        q = query_positions.to(pos.device)
+        start = window_start(q, self.window) if start is None else start.to(pos.device)
+        # Filled (>= 0), causal and within the window is one range, [max(start, 0), q] (not empty: q >= 0), which
+        # a clamp and an eq test (4 launches on CUDA with `start` and its clamp, where 3 comparisons, a
+        # subtraction and 2 ands took 6).
+        low = start.clamp(min=0)[:, :, None]  # [B,Tq,1]
+        return torch.eq(torch.clamp(pos, low, q[:, :, None]), pos, out=out)
 
 
 class DraftNodes:
@@ -156,8 +168,9 @@ class DraftNodes:
         # Rows padded to 16 bytes: the attention kernels read the mask in place (kernels.mask_layout). Left
         # unset: a level reads its rows' ring part (set here) and node part up to its own (set by the level).
         self._mask = torch.empty(B, N, -(-(W + N) // 16) * 16, dtype=torch.bool, device=positions.device)
-        cache.visible_mask(positions, out=self._mask[:, :, :W])
-        self._near = within_window(positions[:, :, None], positions[:, None, :], cache.window)  # [B,N,N]
+        start = window_start(positions, cache.window)  # [B,N], shared by the ring's mask and `_near`
+        cache.visible_mask(positions, start=start, out=self._mask[:, :, :W])
+        self._near = positions[:, None, :] >= start[:, :, None]  # [B,N,N]: node j within node i's window
 
     def self_attention(
         self, level: slice, node_mask: torch.Tensor
