@@ -115,7 +115,7 @@ class StaticKVCache:
     def sync_length(self) -> None:
         """Copy `lengths` to `lengths_t` before a ragged or static-shape step: a device fill when the rows agree,
         else one small host-to-device copy (no device value is read). Nothing when the device already holds
-        these lengths (a round's draft, verify and commit steps all start from the same ones), nor while the
+        these lengths (a round's step and the ring's catch-up start from the same ones), nor while the
         device leads (`device_leads`: decoding with rounds in flight)."""
         if self.device_leads or self._synced == self.lengths:
             return

@@ -26,12 +26,12 @@ class DraftStep:
     `TokenHistory` (shared with prompt lookup, which has no drafter), passed in.
 
     A drafting round's commit enters its accepted path into the ring (`fill_path`); a plain round ("no
-    speculation", tree="auto") only records its token in the history, inside its verify step, so it launches what
+    speculation", tree="auto") only records its token in the history, inside its round's step, so it launches what
     an AR step does, and a lookup round records its path there in its commit; before the next drafting round
     `catch_up` computes the ring's missing tokens from the history. Both read only device values (per-row
     lengths, the ring's own positions), so they run inside the rounds' static / captured steps with nothing
     settled first, at any batch size. A draft reads the target's committed cache through a `TargetStep`, whose
-    `static_step` holds the static / captured draft steps next to its verify steps."""
+    `static_step` holds the rounds' static / captured steps (a round drafts inside its own: `draft_tree`)."""
 
     def __init__(
         self,
@@ -96,7 +96,7 @@ class DraftStep:
 
     def fill_path(self, path_tokens: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor) -> None:
         """Each row's accepted path (root first) enters the ring buffer, from device values only (fixed shapes, no
-        host value: it runs inside the round's captured commit step): path_tokens [B, k] (padded), counts [B] how
+        host value: it runs inside the round's captured step): path_tokens [B, k] (padded), counts [B] how
         many each row keeps, starts [B] the position of each row's root. Self K/V depend only on token and
         position, so recomputing them for the k path tokens is cheaper than keeping them for every tree node."""
         steps = arange_once(path_tokens.shape[1], path_tokens.device)

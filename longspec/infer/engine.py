@@ -12,15 +12,15 @@ One round (docs/ALGORITHM.md §4), starting from the root = the last token emitt
              n-gram drafts from the device token history (`pld.device_lookup`), no drafter;
   2. verify: ONE target forward over the N nodes at positions n + depth; per layer the new K/V go to the cache's
              pending slots and attention = merge(cache part unmasked, tree part under the ancestor mask);
-  3. accept: greedy or lossless sampling (longspec.infer.accept), on the device with fixed shapes, inside the
-             verify's step (one captured graph with the forward) -> accepted path (padded) + its length + bonus
-             token;
+  3. accept: greedy or lossless sampling (longspec.infer.accept), on the device with fixed shapes -> accepted
+             path (padded) + its length + bonus token;
   4. commit: the path's K/V move into place for every layer (no re-feeding); the path's tokens enter the
              token history and the drafter's ring buffer takes their self-attention K/V (a plain or lookup round
              of tree="auto" only records them: the ring catches up from the history before the next draft); the
              committed lengths advance on the device; the bonus becomes the next root. The emitted tokens, the
              path and its length start ONE asynchronous copy to the host.
-Steps 1-4 read nothing on the host (`_launch`); the round settles (`_finish`: the round's one host sync) later.
+Steps 1-4 read nothing on the host (`_launch`): on static shapes they are ONE static step (with cuda_graphs, one
+graph launch per round); the round settles (`_finish`: the round's one host sync) later.
 On static shapes the next round is launched before the last one settles: the host's work between rounds
 (stats, stops, the tree policy) runs while the device computes.
 Every round of one tree shape has the same shapes (N fixed, padded), which is what CUDA-graph capture needs; with
@@ -851,7 +851,7 @@ class SpeculativeEngine:
         draft = self.draft_step
         grown |= draft is not None and draft.allocate(self.cache.keys.dtype, batch_size)
         if grown:
-            # the draft, lookup and commit steps read the old ring's / history's addresses
+            # the rounds' and catch-up's steps read the old ring's / history's addresses
             self.target_step.drop_steps()
 
     def _prefill(self, prompts: list[torch.Tensor], config: GenerationConfig, generator) -> torch.Tensor:

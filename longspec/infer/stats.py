@@ -16,9 +16,11 @@ class GenerationStats:
     accepted: list[int] = field(default_factory=list)  # per round: draft tokens accepted (bonus excluded)
     prefill_s: float = 0.0  # prompt forward(s) + drafter prefill; excluded from tokens/s
     decode_s: float = 0.0  # everything after the prefill
+    # The round's phases, eager: draft, verify + acceptance, commit + bookkeeping. On static shapes a round is one
+    # step (one graph launch with cuda_graphs) and its whole time is verify_s.
     draft_s: float = 0.0
     verify_s: float = 0.0
-    overhead_s: float = 0.0  # acceptance, commits, bookkeeping
+    overhead_s: float = 0.0
     # Acceptance per depth over the rounds that ran a draft tree: depth_reached[d - 1] = rounds whose tree was at
     # least d deep and whose depths 1..d-1 were all accepted; depth_accepted[d - 1] = those that accepted depth d
     # too. Their ratio is P(depth d accepted | depth d-1 was): the drafter's acceptance profile on this text.
