@@ -498,7 +498,7 @@ def test_fill_cache_is_the_per_token_ring_write(route, dtype, monkeypatch):
     """Drafter.fill_cache (slots from `DrafterCache.claim_slots`; on the packed path the RoPE step writes the K/V
     into the ring, skipping the padding's negative slots) leaves the ring, to the bit, as the per-token write of
     `self_kv`'s K/V of the last `window` columns: a batch of 3 ragged rows, left-padded (prefill, catch-up),
-    right-padded (a round's accepted paths, `prefix`), unpadded, more columns than the window, a row that enters
+    right-padded (as a round's accepted paths), unpadded, more columns than the window, a row that enters
     nothing, and rings that wrap."""
     target = make_tiny_target("llama")
     config = DrafterConfig.from_target_config(target.config, window=8)
@@ -510,18 +510,18 @@ def test_fill_cache_is_the_per_token_ring_write(route, dtype, monkeypatch):
     cache = DrafterCache(config, 3)
     reference = _PerTokenRing(cache)
     fills = [
-        ([[-1, -1, -1, 0, 1, 2], [0, 1, 2, 3, 4, 5], [-1, -1, -1, -1, -1, 0]], False),
-        ([[3, 4, -1, -1], [6, 7, 8, 9], [1, -1, -1, -1]], True),
-        ([list(range(5, 16)), [-1, -1, *range(10, 19)], [-1] * 11], False),
-        ([[16, 17, 18], [19, -1, -1], [2, 3, 4]], True),
-        ([[19, 20], [20, 21], [5, 6]], False),
+        [[-1, -1, -1, 0, 1, 2], [0, 1, 2, 3, 4, 5], [-1, -1, -1, -1, -1, 0]],
+        [[3, 4, -1, -1], [6, 7, 8, 9], [1, -1, -1, -1]],
+        [list(range(5, 16)), [-1, -1, *range(10, 19)], [-1] * 11],
+        [[16, 17, 18], [19, -1, -1], [2, 3, 4]],
+        [[19, 20], [20, 21], [5, 6]],
     ]
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for positions, prefix in fills:
+        for positions in fills:
             pos = torch.tensor(positions)
             ids = torch.randint(0, 300, pos.shape, generator=gen)
-            drafter.fill_cache(cache, ids, pos, prefix=prefix)
+            drafter.fill_cache(cache, ids, pos)
             ids, pos = ids[:, -config.window :], pos[:, -config.window :]
             reference.write(*drafter.self_kv(ids, pos.clamp(min=0)), pos)
             reference.assert_is(cache)

@@ -63,13 +63,14 @@ class DrafterCache:
         self.positions.fill_(-1)
         self.num_appended.zero_()
 
-    def claim_slots(self, positions: torch.Tensor, *, prefix: bool = False) -> torch.Tensor:
+    def claim_slots(self, positions: torch.Tensor) -> torch.Tensor:
         """Enter new entries at positions [B,n] (or [n]; n <= window) in the ring's bookkeeping (`positions`,
         `num_appended`) -> slots [B,n]: where each entry's K/V go, for the caller to write (`append`, or the RoPE
         step of `Drafter.fill_cache`). A row's valid entries take its next slots in ring order; entries with
         position < 0 are padding, skipped (their slot is their position: negative, where `write_kv` and
-        `qkv_rope` write nothing), so rows may append different numbers of tokens. `prefix`: every row's valid
-        entries come first (right-padded, as a round's accepted path): their ranks are their columns.
+        `qkv_rope` write nothing), so rows may append different numbers of tokens, padded on either side. (A
+        round's accepted path, right-padded, is entered by `kernels.path_commit` with the round's other
+        bookkeeping: the same slots.)
 
         Fixed shapes, no host sync (so a CUDA graph can replay it): every entry ranks distinctly in [0, n) -- a
         row's valid entries first, then its padding, whose slot's position is written back as it was."""
@@ -77,35 +78,25 @@ class DrafterCache:
         n = positions.shape[1]
         assert 0 < n <= self.window, f"{n} entries for a ring of {self.window} slots"
         valid = positions >= 0  # [B,n]
-        if prefix:
-            rank, num_valid = arange_once(n, valid.device), valid.sum(1)
-        else:
-            ahead = valid.cumsum(1)  # valid entries up to each column, itself included
-            num_valid = ahead[:, -1]
-            rank = torch.where(valid, ahead - 1, num_valid[:, None] + arange_once(n, valid.device) - ahead)
+        ahead = valid.cumsum(1)  # valid entries up to each column, itself included
+        num_valid = ahead[:, -1]
+        rank = torch.where(valid, ahead - 1, num_valid[:, None] + arange_once(n, valid.device) - ahead)
         slots = (self.num_appended[:, None] + rank) % self.window  # [B,n]
         self.positions.scatter_(1, slots, torch.where(valid, positions, self.positions.gather(1, slots)))
         self.num_appended += num_valid
         # Padding's own (negative) position, not a -1: on CUDA a where's scalar operand is one more launch (a fill).
         return torch.where(valid, slots, positions)
 
-    def append(
-        self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, *, prefix: bool = False
-    ) -> None:
+    def append(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
         """k/v [B,Hkv,n,D] at positions [B,n] (or [n]) into the ring, at the slots `claim_slots` gives (padding,
         position < 0, is skipped). Only the last `window` columns can survive in the ring: with n > window, rows
-        must be unpadded or left-padded, and the dropped columns still count as appended. `prefix` (right-padded
-        rows): at most `window` columns."""
+        must be unpadded or left-padded, and the dropped columns still count as appended."""
         if positions.dim() == 1:
             positions = positions.expand(k.shape[0], k.shape[2])
-        if prefix and k.shape[2] > self.window:
-            raise ValueError(
-                f"a right-padded append holds at most window={self.window} columns, got {k.shape[2]}"
-            )
         if k.shape[2] > self.window:  # the dropped columns still count as appended (the ring order's clock)
             self.num_appended += (positions[:, : -self.window] >= 0).sum(1).to(self.num_appended.device)
             k, v, positions = k[:, :, -self.window :], v[:, :, -self.window :], positions[:, -self.window :]
-        write_kv(self.keys, self.values, self.claim_slots(positions, prefix=prefix), k, v, skip_negative=True)
+        write_kv(self.keys, self.values, self.claim_slots(positions), k, v, skip_negative=True)
 
     def move_rows(self, moves: list[tuple[int, int]], rows: int) -> None:
         """Row `to` takes what row `src` held, for each (to, src) in `moves` in order (an order that is safe in

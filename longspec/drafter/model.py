@@ -232,18 +232,17 @@ class Drafter(nn.Module):
         cache: DrafterCache,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
-        *,
-        prefix: bool = False,
     ) -> None:
         """Append committed tokens' self-attention K/V to the ring, e.g. the prompt at prefill. Only the last
         `window` columns can survive in the ring, so only they are computed (no O(n^2) work over the prompt).
-        Rows must be unpadded or left-padded (padding has position -1), or right-padded with `prefix`
-        (`DrafterCache.claim_slots`). The K/V go straight into the ring's slots (the RoPE step writes them)."""
+        Rows may be padded (position -1) on either side, with at most `window` columns unless unpadded or
+        left-padded (`DrafterCache.claim_slots`). The K/V go straight into the ring's slots (the RoPE step writes
+        them)."""
         if position_ids.dim() == 1:
             position_ids = position_ids.expand(input_ids.shape[0], -1)
         ids, pos = input_ids[:, -cache.window :], position_ids[:, -cache.window :]
         # Padding's slot is negative: its K/V (RoPE at a negative position, finite) are computed, never written.
-        self.self_kv(ids, pos, cache=(cache.keys, cache.values, cache.claim_slots(pos, prefix=prefix)))
+        self.self_kv(ids, pos, cache=(cache.keys, cache.values, cache.claim_slots(pos)))
 
     def draft_nodes(self, cache: DrafterCache, positions: torch.Tensor) -> DraftNodes:
         """The per-draft layout (`DraftNodes`) of uncommitted tokens at `positions` [B,N] (or [N]) beside the

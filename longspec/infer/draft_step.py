@@ -25,7 +25,7 @@ class DraftStep:
     graphs keep its address). The committed tokens by position it catches up from are the engine's
     `TokenHistory` (shared with prompt lookup, which has no drafter), passed in.
 
-    A drafting round's commit enters its accepted path into the ring (`fill_path`); a plain round ("no
+    A drafting round's commit enters its accepted path into the ring (`write_path`); a plain round ("no
     speculation", tree="auto") only records its token in the history, inside its round's step, so it launches what
     an AR step does, and a lookup round records its path there in its commit; before the next drafting round
     `catch_up` computes the ring's missing tokens from the history. Both read only device values (per-row
@@ -94,14 +94,14 @@ class DraftStep:
         ids = self.history.tokens.gather(1, positions.clamp(min=0))
         self.drafter.fill_cache(self.cache, ids, positions.masked_fill(held, -1))  # -1: padding
 
-    def fill_path(self, path_tokens: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor) -> None:
-        """Each row's accepted path (root first) enters the ring buffer, from device values only (fixed shapes, no
-        host value: it runs inside the round's captured step): path_tokens [B, k] (padded), counts [B] how
-        many each row keeps, starts [B] the position of each row's root. Self K/V depend only on token and
-        position, so recomputing them for the k path tokens is cheaper than keeping them for every tree node."""
-        steps = arange_once(path_tokens.shape[1], path_tokens.device)
-        positions = (starts[:, None] + steps).masked_fill_(steps >= counts[:, None], -1)  # -1: padding
-        self.drafter.fill_cache(self.cache, path_tokens, positions, prefix=True)
+    def write_path(self, path_tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        """Each row's accepted path (root first) enters the ring buffer: path_tokens [B, k] at positions [B, k], their
+        K/V written into the ring `slots` [B, k] (-1: a column past the row's count, not written) that the round's
+        commit bookkeeping claimed (`kernels.path_commit`). Device values only (it runs inside the round's
+        captured step). Self K/V depend only on token and position, so recomputing them for the k path tokens is
+        cheaper than keeping them for every tree node."""
+        ring = self.cache
+        self.drafter.self_kv(path_tokens, positions, cache=(ring.keys, ring.values, slots))
 
     def draft(
         self,

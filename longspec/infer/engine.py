@@ -84,6 +84,7 @@ from longspec.infer.tree import (
     tree_name,
 )
 from longspec.kernels.chain_accept import greedy_chain_packed
+from longspec.kernels.path_commit import commit_path
 from longspec.kernels.row_argmax import row_argmax
 from longspec.modules.rope import exact_positions, longrope_long
 
@@ -540,11 +541,10 @@ class SpeculativeEngine:
         else:  # "ar", or longspec's "no speculation"
             depth, max_children = 0, 0
         shaping = _shaping(config) if drafted else None
-        # What the round commits besides the cache lengths: a plain round of a drafting method records its token
-        # in the drafter's history; every speculating round its path (a lookup reads it; the ring catches up from
-        # it); a drafter tree's round enters its path into the ring at once.
-        record = self.history if spec.needs_drafter and not widths else None
-        history = self.history if spec.drafts is not None and widths else None
+        # What the round commits besides the cache lengths: the token history takes the round's tokens wherever it
+        # is read (a lookup matches in it; the drafter's ring catches up from it, so a drafting method's plain
+        # rounds record their token too); a drafter tree's round enters its path into the ring at once.
+        history = self.history if spec.needs_drafter or (spec.drafts is not None and widths) else None
         ring = self.draft_step if drafted else None
         # The random draws are made here, outside the step, so a replayed graph gets fresh ones. A batch's rows
         # that run (a device tensor per pattern) are an input of every round of the batch, so a row that
@@ -575,7 +575,7 @@ class SpeculativeEngine:
             with phase("verify_s"):
                 logits = self.target_step.tree_logits(tree, static=static)
                 draws = given.get("draws")
-                packed, bonus = self._accept(logits, tree, config, depth, max_children, draws, record)
+                packed, bonus = accept_round(logits, tree, config, depth, max_children, draws)
             with phase("overhead_s"):
                 mask = given.get("mask")
                 counts = packed[:, -1] if mask is None else packed[:, -1] * mask
@@ -587,7 +587,7 @@ class SpeculativeEngine:
 
         inputs = (roots, *extras.values())
         if static:
-            key = self._round_key(widths, config, names, record, history, ring, capture)
+            key = self._round_key(widths, config, names, history, ring, capture)
             # A round's commit changes the caches for good: the step warms up once, on this round's inputs, and
             # that run is this round's (`TargetStep.static_step`).
             with clock.phase("verify_s"):
@@ -606,17 +606,17 @@ class SpeculativeEngine:
             self._every_row_masks[batch] = torch.ones(batch, dtype=torch.bool, device=self.device)
         return self._every_row_masks[batch]
 
-    def _round_key(self, widths, config, names, record, history, ring, capture: bool) -> tuple:
+    def _round_key(self, widths, config, names, history, ring, capture: bool) -> tuple:
         """What a round's static step depends on besides the batch (`TargetStep.static_step` adds it): the round's
         shape, the acceptance rule's and the drafter's sampling settings, the lookup's n-gram length, what it
-        commits (history, ring, a plain round's record) and which extra inputs it takes."""
+        commits (history, ring) and which extra inputs it takes."""
         shape = (
             ("lookup", widths.length, widths.branches, config.pld_max_ngram)
             if isinstance(widths, Lookup)
             else ("tree", tuple(widths))
         )
         sampling = (config.temperature, config.top_k, config.top_p) if config.temperature > 0 else ()
-        commits = (record is not None, history is not None, ring is not None)
+        commits = (history is not None, ring is not None)
         return (
             "round",
             shape,
@@ -669,23 +669,25 @@ class SpeculativeEngine:
         """The round's commit from device values only (paths [B, depth + 1], counts [B]: 0 for frozen rows), run
         inside the round's step: each row's accepted path moved in the target cache (`StaticKVCache.move_path`,
         the whole path width), unless it is `in_place` (a chain's: its accepted nodes are its first ones, already
-        at the committed slots; a plain round's one node too); with `history` (a speculating round of longspec or
-        pld) the path's tokens recorded in the token history (`TokenHistory.record`); with `ring` (a drafter
-        tree's round) entered into the drafter's ring buffer (`DraftStep.fill_path`); the committed lengths
-        advanced on the device. The host lengths follow when the round settles (`_finish`)."""
+        at the committed slots; a plain round's one node too); then one launch of bookkeeping
+        (`kernels.path_commit`): the committed lengths advance, the path's tokens enter the token `history` (when
+        given) and, with `ring` (a drafter tree's round), the ring's slots for them are claimed, whose K/V the
+        drafter's RoPE step then writes (`DraftStep.write_path`). The host lengths follow when the round settles
+        (`_finish`)."""
         cache = self.cache
         in_place |= paths.shape[1] == 1  # no drafts: the one node's K/V already sit at each row's length
-        starts = cache.lengths_t  # the committed lengths before this round
         if not in_place:
-            cache.move_path(paths, starts)
-        if history is not None or ring is not None:
-            # the path's tokens, root first (a chain's are its first nodes)
-            path_tokens = tokens[:, : paths.shape[1]] if in_place else tokens.gather(1, paths.clamp(min=0))
-            if history is not None:
-                history.record(path_tokens, starts)
-            if ring is not None:
-                ring.fill_path(path_tokens, counts, starts)
-        cache.advance(counts)
+            cache.move_path(paths, cache.lengths_t)
+        # the path's tokens, root first (a chain's are its first nodes)
+        path_tokens = tokens[:, : paths.shape[1]] if in_place else tokens.gather(1, paths.clamp(min=0))
+        ring_cache = None if ring is None else ring.cache
+        positions, slots = commit_path(
+            path_tokens, counts, cache.lengths_t, history=None if history is None else history.tokens,
+            ring_positions=None if ring is None else ring_cache.positions,
+            ring_appended=None if ring is None else ring_cache.num_appended,
+        )  # fmt: skip
+        if ring is not None:
+            ring.write_path(path_tokens, positions, slots)
 
     def _catch_up(self, *, static: bool, capture: bool) -> None:
         """The drafter's ring catches up to the device's committed lengths (`DraftStep.catch_up`), as one static
@@ -697,27 +699,6 @@ class SpeculativeEngine:
         self.target_step.static_step(
             ("catch_up", capture), draft.catch_up, (cache.lengths_t,), capture, effects=True
         )
-
-    def _accept(
-        self,
-        logits: torch.Tensor,
-        tree: DraftTree,
-        config: GenerationConfig,
-        depth: int,
-        max_children: int,
-        draws: torch.Tensor | None,
-        record: TokenHistory | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The acceptance rule on the verify's logits [B, N, V], inside the round's step (with graphs the logits
-        never leave the graph): returns (packed [B, 2 (depth + 1) + 1] = emitted tokens, path, count per row;
-        bonus [B]) on the device. A tree without `draft_probs` (a lookup chain, or deterministic candidates) is
-        accepted by the deterministic-candidate rule at T > 0, whatever `sampling_rule` says: exact for drafts
-        that are a function of the context. `record`: a plain round's token history, which receives the round's
-        token at each row's committed length."""
-        packed, bonus = accept_round(logits, tree, config, depth, max_children, draws)
-        if record is not None:
-            record.record(tree.tokens, self.cache.lengths_t)  # a plain tree: its one node is its path
-        return packed, bonus
 
     # ------------------------------------------------------------------ a round's pieces
     # Public so benchmarks/round_latency.py can time them one by one; `generate` strings them together.

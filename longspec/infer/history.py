@@ -1,7 +1,9 @@
 """The committed tokens by position, per row, on the device: what the drafter's ring catches up from
 (`DraftStep.catch_up`) and what prompt-lookup drafts are looked up in (`pld.device_lookup`).
 
-Shape legend: B sequences (rows), S slots per row (the target cache's), k a round's path width.
+Shape legend: B sequences (rows), S slots per row (the target cache's).
+
+A round's tokens enter it in the round's commit (`kernels.path_commit`).
 
 It belongs to no drafter: PLD has none and still needs it, so the engine owns one next to the target cache, sized
 like it (a position is a cache slot), and hands it to the drafter's side. Row b holds its committed text at
@@ -12,8 +14,6 @@ the padding of earlier paths, a frozen row's rejected drafts, a warm-up's tokens
 from __future__ import annotations
 
 import torch
-
-from longspec.modules.constants import arange_once
 
 __all__ = ["TokenHistory"]
 
@@ -54,12 +54,3 @@ class TokenHistory:
         """Each row's prompt at positions [0, len)."""
         for row, prompt in enumerate(prompts):
             self.tokens[row, : prompt.numel()] = prompt
-
-    def record(self, path_tokens: torch.Tensor, starts: torch.Tensor) -> None:
-        """A round's accepted path tokens [B, k] (root first, padded past each row's count) enter the history at
-        their positions: the root at its row's committed length starts [B]. The padding writes ahead of the
-        committed length, where the next rounds overwrite it before anything reads it. Device values only (a
-        static step)."""
-        steps = arange_once(path_tokens.shape[1], path_tokens.device)
-        positions = (starts[:, None] + steps).clamp(max=self.tokens.shape[1] - 1)
-        self.tokens.scatter_(1, positions, path_tokens)

@@ -745,12 +745,13 @@ def test_a_plain_round_of_longspec_launches_what_an_ar_step_does():
     assert result.stats.trees.get("ar", 0) >= 2 and len(result.stats.trees) > 1
     steps = engine.target_step.steps
     assert {key[0] for key in steps} == {"round", "catch_up"}
-    commits = {
-        key[1]: key[4] for key in steps if key[0] == "round"
-    }  # (record, history, ring) per round shape
-    assert commits.pop(("tree", ())) == (True, False, False)
-    for shape, value in commits.items():  # lookups record their path; drafter trees also fill the ring
-        assert value == (False, True, shape[0] == "tree"), shape
+    commits = {key[1]: key[4] for key in steps if key[0] == "round"}  # (history, ring) per round shape
+    assert commits.pop(("tree", ())) == (True, False)  # a plain round: its token into the history only
+    for (
+        shape,
+        value,
+    ) in commits.items():  # lookups enter their path in the history; drafter trees also the ring
+        assert value == (True, shape[0] == "tree"), shape
     assert any(shape[0] == "tree" for shape in commits)
     committed = engine.history.tokens[0, : engine.cache.lengths[0]]
     assert committed.tolist() == prompt.tolist() + result.tokens[: committed.numel() - prompt.numel()]
