@@ -441,10 +441,14 @@ def test_bf16_drafter_on_bf16_target_is_close_to_fp32():
 
 class _PerTokenRing:
     """The obvious ring write, from a ring's state: each valid token, in order, goes to slot
-    num_appended % window of its row; padding (-1) is skipped."""
+    num_appended % window of its row; padding (-1) is skipped. The ring's spare slots (set to a mark here) are
+    no slots of the ring: no write reaches them."""
 
     def __init__(self, cache: DrafterCache):
         self.window = cache.window
+        for storage in cache._storage[:2]:
+            storage[:, :, cache.window :] = 7.0
+        self.spare = [t[:, :, cache.window :].clone() for t in cache._storage[:2]]
         self.keys, self.values = cache.keys.clone(), cache.values.clone()
         self.positions, self.count = cache.positions.clone(), cache.num_appended.tolist()
 
@@ -461,13 +465,18 @@ class _PerTokenRing:
         assert cache.num_appended.tolist() == self.count
         assert torch.equal(cache.positions, self.positions)
         assert torch.equal(cache.keys, self.keys) and torch.equal(cache.values, self.values)
+        assert all(
+            torch.equal(t[:, :, self.window :], s)
+            for t, s in zip(cache._storage[:2], self.spare, strict=True)
+        )
 
 
-def test_ring_append_is_the_per_token_ring_write():
+@pytest.mark.parametrize("spare", [0, 3])  # with spare slots, the ring's keys/values are strided views
+def test_ring_append_is_the_per_token_ring_write(spare):
     """DrafterCache.append (fixed shapes, no host sync) against the obvious loop. Ragged rows, padding at the
     left (prefill), on the right (a round's shorter accepted path), wrap-around, and n > window."""
     config = DrafterConfig.from_target_config(make_tiny_target("llama").config, window=4)
-    cache = DrafterCache(config, 2)
+    cache = DrafterCache(config, 2, spare=spare)
     reference = _PerTokenRing(cache)
     gen = torch.Generator().manual_seed(0)
     calls = [
@@ -494,7 +503,8 @@ def test_ring_append_is_the_per_token_ring_write():
         pytest.param("packed, triton", torch.bfloat16, marks=needs_triton),  # into a float32 ring
     ],
 )
-def test_fill_cache_is_the_per_token_ring_write(route, dtype, monkeypatch):
+@pytest.mark.parametrize("spare", [0, 5])  # with spare slots, the ring's keys/values are strided views
+def test_fill_cache_is_the_per_token_ring_write(route, dtype, spare, monkeypatch):
     """Drafter.fill_cache (slots from `DrafterCache.claim_slots`; on the packed path the RoPE step writes the K/V
     into the ring, skipping the padding's negative slots) leaves the ring, to the bit, as the per-token write of
     `self_kv`'s K/V of the last `window` columns: a batch of 3 ragged rows, left-padded (prefill, catch-up),
@@ -507,7 +517,7 @@ def test_fill_cache_is_the_per_token_ring_write(route, dtype, monkeypatch):
         assert drafter.pack_weights()
     if route == "packed, triton":  # the CUDA route (fused Triton steps), in the CPU interpreter
         monkeypatch.setattr(layer_ops, "_triton", lambda x: True)
-    cache = DrafterCache(config, 3)
+    cache = DrafterCache(config, 3, spare=spare)
     reference = _PerTokenRing(cache)
     fills = [
         [[-1, -1, -1, 0, 1, 2], [0, 1, 2, 3, 4, 5], [-1, -1, -1, -1, -1, 0]],

@@ -2,7 +2,7 @@
 memory at any context length) and the uncommitted draft tokens a draft step sees beside it (`DraftNodes`).
 
 Shape legend: B batch, Hkv key/value heads, W window (ring-buffer slots), N draft nodes, Tq queries, n new tokens,
-D head dim.
+D head dim, S spare slots (scratch for a draft's nodes, after the ring's own).
 """
 
 from __future__ import annotations
@@ -22,7 +22,11 @@ class DrafterCache:
 
     Slot s of row b holds the token at `positions[b, s]` (-1 = empty). Tokens are written in order (`append`,
     or `claim_slots` and a fused K/V write), the newest overwriting the oldest; a query at position t sees the
-    slots with t - window <= position <= t."""
+    slots with t - window <= position <= t.
+
+    `spare`: slots each row's K/V storage holds after its W ring slots, never part of the ring (no position, no
+    bookkeeping, outside `keys`/`values`): a draft's nodes are written there (`DraftNodes`), so the ring and the
+    nodes are one key range without copying the ring each draft (`with_nodes`)."""
 
     def __init__(
         self,
@@ -30,25 +34,41 @@ class DrafterCache:
         batch_size: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        *,
+        spare: int = 0,
     ):
         W = config.window
-        self.window = W
-        shape = (batch_size, config.num_kv_heads, W, config.head_dim)
+        self.window, self.spare = W, spare
+        shape = (batch_size, config.num_kv_heads, W + spare, config.head_dim)
         # The storage: `batch_size` rows for good; the buffer works on its first `rows` (`use_rows`), views whose
         # addresses depend only on that number (what captured draft steps need when a batch shrinks).
         self._storage = (
-            torch.zeros(shape, dtype=dtype, device=device),  # keys [B,Hkv,W,D] post-RoPE
-            torch.zeros(shape, dtype=dtype, device=device),  # values [B,Hkv,W,D]
+            torch.zeros(shape, dtype=dtype, device=device),  # keys [B,Hkv,W+S,D] post-RoPE
+            torch.zeros(shape, dtype=dtype, device=device),  # values [B,Hkv,W+S,D]
             torch.full((batch_size, W), -1, dtype=torch.long, device=device),  # positions [B,W]
             torch.zeros(batch_size, dtype=torch.long, device=device),  # num_appended [B]: tokens ever written
         )
+        # The ring proper: keys/values [B,Hkv,W,D] are views of the storage's first W slots (strided across heads
+        # and rows when spare > 0; every reader and writer takes strides), so nothing that works on the ring
+        # (fills, masks, row moves) can reach a spare slot.
+        keys, values, positions, num_appended = self._storage
+        self._ring = (keys[:, :, :W], values[:, :, :W], positions, num_appended)
         self.use_rows(batch_size)
 
     def use_rows(self, rows: int) -> None:
         """Work on the first `rows` rows of the storage (at most `capacity`)."""
         if not 0 < rows <= self.capacity:
             raise ValueError(f"{rows} rows do not fit a ring buffer of {self.capacity}")
-        self.keys, self.values, self.positions, self.num_appended = (t[:rows] for t in self._storage)
+        self.keys, self.values, self.positions, self.num_appended = (t[:rows] for t in self._ring)
+
+    def with_nodes(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """keys, values [rows,Hkv,W+n,D]: the ring's W slots then the first n spare slots, views of the storage
+        (no copy), for a draft of n nodes to write its nodes into and attend over; None when n > spare. The
+        spare slots are scratch: whatever a draft leaves there is never read as a ring entry."""
+        if n > self.spare:
+            return None
+        rows = self.keys.shape[0]
+        return tuple(t[:rows, :, : self.window + n] for t in self._storage[:2])
 
     @property
     def capacity(self) -> int:
@@ -57,6 +77,7 @@ class DrafterCache:
 
     @property
     def nbytes(self) -> int:
+        """The storage's bytes, spare slots included."""
         return sum(t.numel() * t.element_size() for t in self._storage)
 
     def reset(self) -> None:
@@ -101,7 +122,7 @@ class DrafterCache:
     def move_rows(self, moves: list[tuple[int, int]], rows: int) -> None:
         """Row `to` takes what row `src` held, for each (to, src) in `moves` in order (an order that is safe in
         place: `longspec.infer.slots.compaction`), then the buffer works on the first `rows` rows."""
-        for tensor in self._storage:
+        for tensor in self._ring:  # the spare slots hold no row's state
             for to, src in moves:
                 tensor[to].copy_(tensor[src])
         self.use_rows(rows)
@@ -130,12 +151,17 @@ class DraftNodes:
     """What one draft's levels see beside the ring buffer, laid out once per draft so that a level is a few
     launches with no concatenation: the uncommitted draft tokens' (a tree's nodes, or a chain's) self-attention
     K/V in `keys`/`values` [B,Hkv,N,D] (filled slot range by slot range by `Drafter.tree_level`), stored right
-    after a copy of the ring, so [ring ++ nodes so far] is one view; every node's `positions` [B,N] (known up
-    front: the root's position + the node's depth in a tree, possibly a device tensor, no host value read) and
-    their rotary `cos`/`sin` [B,N,D]; and the self-attention mask's ring part (which filled slots each node's
-    window reaches), whose node part each level writes from the tree's ancestor mask.
+    after the ring (in its spare slots, or after a copy of it), so [ring ++ nodes so far] is one view; every
+    node's `positions` [B,N] (known up front: the root's position + the node's depth in a tree, possibly a
+    device tensor, no host value read) and their rotary `cos`/`sin` [B,N,D]; and the self-attention mask's ring
+    part (which filled slots each node's window reaches), whose node part each level writes from the tree's
+    ancestor mask.
 
-    Built by `Drafter.draft_nodes`, in the drafter's compute dtype (the ring is converted once if it differs)."""
+    Built by `Drafter.draft_nodes`, in the drafter's compute dtype. Where the ring is in that dtype and has N spare
+    slots (`DrafterCache.with_nodes`), the nodes are written into the ring's own storage after its slots and
+    [ring ++ nodes] is a view of it (`in_place`: no copy; the ring's slots and bookkeeping are only read); else
+    the ring is copied (and converted) once into fresh storage [B,Hkv,W+N,D] ahead of the node slots. Either way
+    the keys/values hold the same numbers, so a draft is the same bit for bit."""
 
     def __init__(
         self,
@@ -150,10 +176,15 @@ class DraftNodes:
         self.positions, self.cos, self.sin = positions, cos, sin  # [B, N], [B, N, D], [B, N, D]
         self.ring_slots = W
         dtype = cache.keys.dtype if dtype is None else dtype
-        storage = cache.keys.new_empty((2, B, Hkv, W + N, D), dtype=dtype)
-        self._keys, self._values = storage[0], storage[1]  # [B,Hkv,W+N,D]: ring ++ nodes
-        self._keys[:, :, :W] = cache.keys  # the ring, copied once per draft
-        self._values[:, :, :W] = cache.values
+        in_place = cache.with_nodes(N) if dtype == cache.keys.dtype else None
+        self.in_place = in_place is not None
+        if in_place is not None:  # [B,Hkv,W+N,D]: ring ++ nodes, views of the ring's storage
+            self._keys, self._values = in_place
+        else:  # a copy: the ring in another dtype, or with fewer spare slots than nodes
+            storage = cache.keys.new_empty((2, B, Hkv, W + N, D), dtype=dtype)
+            self._keys, self._values = storage[0], storage[1]  # [B,Hkv,W+N,D]: ring ++ nodes
+            self._keys[:, :, :W] = cache.keys  # the ring, copied once per draft
+            self._values[:, :, :W] = cache.values
         self.keys, self.values = self._keys[:, :, W:], self._values[:, :, W:]  # node slots [B,Hkv,N,D]
         self.slots = arange_once(N, positions.device).expand(B, N)  # node i -> slot i of `keys`
         # Rows padded to 16 bytes: the attention kernels read the mask in place (kernels.mask_layout). Left

@@ -313,10 +313,11 @@ class Drafter(nn.Module):
 
         input_ids [B,P] are the level's tokens, at positions `nodes.positions[:, level]`; their self K/V are
         written into `nodes` (slots `level`, by the RoPE step), so later levels reuse them. A query sees the
-        ring (as `nodes` copied it) within its window and node j iff node_mask[.., i, j] (the tree's ancestor mask over nodes
-        [0, level.stop), self included; [P, stop] or [B, P, stop]) and within the window (`DraftNodes`).
-        cross_len: the visible target prefix -- an int or [B] (the same for every query: all tree nodes see
-        the committed prefix) or [B,P] (per query, e.g. re-fed accepted tokens). The ring is NOT modified.
+        ring (as `nodes` lays it out) within its window and node j iff node_mask[.., i, j] (the tree's ancestor
+        mask over nodes [0, level.stop), self included; [P, stop] or [B, P, stop]) and within the window
+        (`DraftNodes`). cross_len: the visible target prefix -- an int or [B] (the same for every query: all tree
+        nodes see the committed prefix) or [B,P] (per query, e.g. re-fed accepted tokens). The ring is NOT
+        modified (its slots and bookkeeping: the nodes go to its spare slots, or after a copy of it).
 
         The residual stream is carried as (delta, residual) so that each add is fused into the next norm, as
         the target's packed layers do (`modules.layer_ops`; one launch per step on CUDA)."""

@@ -13,11 +13,19 @@ import torch
 from longspec.drafter import DrafterCache
 from longspec.infer.accept import target_distribution
 from longspec.infer.history import TokenHistory
+from longspec.infer.policy import DEFAULT_TREE_WIDTHS
 from longspec.infer.target_step import TargetStep
 from longspec.infer.tree import DraftTree, ForestParts, TreeLayout, beam_step, sample_step
 from longspec.modules.constants import arange_once
 
-__all__ = ["DraftStep"]
+__all__ = ["DraftStep", "RING_NODE_SLOTS"]
+
+# The spare slots the ring's storage holds after its own for a draft's nodes (`DrafterCache.with_nodes`): the
+# default tree's, the largest of tree="auto"'s candidates, so every default or auto draft views [ring ++ nodes]
+# in place. A larger fixed tree (the user's tree_widths) copies the ring into its own storage each draft, as
+# every draft once did: growing the ring on demand would reallocate it (its contents and every captured step
+# that reads it) at a call's first larger tree, for ~2 copies of W slots saved per draft.
+RING_NODE_SLOTS = 1 + sum(DEFAULT_TREE_WIDTHS)
 
 
 class DraftStep:
@@ -59,7 +67,9 @@ class DraftStep:
             self.cache.use_rows(batch_size)
             return False
         self.cache = None  # freed before the new one
-        self.cache = DrafterCache(self.drafter.config, batch_size, dtype=dtype, device=self.device)
+        self.cache = DrafterCache(
+            self.drafter.config, batch_size, dtype=dtype, device=self.device, spare=RING_NODE_SLOTS
+        )
         return True
 
     def move_rows(self, moves: list[tuple[int, int]], rows: int) -> None:

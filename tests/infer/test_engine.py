@@ -435,3 +435,52 @@ def test_prompts_outside_the_vocabulary_or_empty_are_one_error(llama):
         with pytest.raises(ValueError, match=match):
             engine.generate_batch(prompts, config)
     assert engine.generate([1, 2, vocab - 1], config).stats.num_new_tokens == 4
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("widths", [(2, 3, 2), (1, 1, 1, 1)])  # a tree, a chain
+@pytest.mark.parametrize("batch", [1, 3])
+def test_drafting_in_the_rings_spare_slots_equals_drafting_after_a_copy(
+    llama, batch, widths, temperature, static
+):
+    """The engine's ring holds spare slots after its own, where a draft writes its nodes (`DraftNodes.in_place`,
+    no copy of the ring); a ring without them is copied ahead of the nodes each draft. Same ring, same draft,
+    bit for bit (tokens and, sampled, q), and neither draft touches the ring's slots or bookkeeping."""
+    from longspec.drafter import DrafterCache
+
+    engine = SpeculativeEngine(llama, random_drafter(llama))
+    # Row 0's ring wrapped (catch-up appends past the window), row 1's partly empty (6 tokens), row 2's full.
+    prompts = [torch.randint(0, 256, (n,)) for n in (30, 6, 21)[:batch]]
+    config = GenerationConfig(temperature=temperature, max_new_tokens=4)
+    engine.reserve(64, batch)
+    engine.prefill(prompts, config)
+    engine.history.prefill(prompts)
+    engine.draft_step.prefill([p[:-3] for p in prompts])
+    engine.cache.sync_length()
+    engine.draft_step.catch_up(engine.cache.lengths_t)
+    ring = engine.drafter_cache
+    assert ring.num_appended[0] > WINDOW  # wrapped: its newest tokens sit in its first slots
+    layout = TreeLayout(widths)
+    assert ring.with_nodes(layout.num_nodes) is not None
+    copied = DrafterCache(engine.drafter.config, batch, ring.keys.dtype)  # no spare slots: the copy path
+    for got, held in zip(
+        (copied.keys, copied.values, copied.positions, copied.num_appended), ring._ring, strict=True
+    ):
+        got.copy_(held[:batch])
+    before = [t.clone() for t in (ring.keys, ring.values, ring.positions, ring.num_appended)]
+    roots = torch.randint(0, 256, (batch,))
+    trees = []
+    for cache in (ring, copied):
+        engine.draft_step.cache = cache
+        nodes = engine.drafter.draft_nodes(cache, torch.arange(layout.num_nodes))
+        assert nodes.in_place == (cache is ring)
+        generator = torch.Generator().manual_seed(1)
+        trees.append(engine.draft(roots, layout, static=static, config=config, generator=generator))
+        trees[-1] = (trees[-1].tokens.clone(), None if temperature == 0 else trees[-1].draft_probs.clone())
+    engine.draft_step.cache = ring
+    (tokens, probs), (want_tokens, want_probs) = trees
+    assert torch.equal(tokens, want_tokens)
+    assert probs is None if temperature == 0 else torch.equal(probs, want_probs)
+    after = (ring.keys, ring.values, ring.positions, ring.num_appended)
+    assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
