@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from longspec.modules.constants import arange_once
-
 __all__ = ["emitted_tokens", "greedy_chain_packed_naive", "greedy_chain_path"]
 
 
@@ -22,7 +20,7 @@ def greedy_chain_path(
     (0, 1, ..., depth: only the first `length` count), length [...] long, bonus [...] long."""
     match = (tokens[..., 1:] == target_argmax[..., :-1]) & valid[..., 1:]  # [..., depth]
     drafts = match.long().cumprod(-1).sum(-1)  # the leading run of matches
-    path = arange_once(depth + 1, tokens.device).expand(*tokens.shape[:-1], depth + 1)
+    path = torch.arange(depth + 1, device=tokens.device).expand(*tokens.shape[:-1], depth + 1)
     return path, drafts + 1, target_argmax.gather(-1, drafts[..., None])[..., 0]
 
 

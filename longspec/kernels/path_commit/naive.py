@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from longspec.modules.constants import arange_once
-
 __all__ = ["commit_path_naive"]
 
 
@@ -34,7 +32,7 @@ def commit_path_naive(
     Returns (positions [B, k] = lengths + i, every column; ring slots [B, k], -1 for a column past the count
     (its K/V must not be written), or None without a ring). Fixed shapes, device values only."""
     k = path_tokens.shape[1]
-    steps = arange_once(k, path_tokens.device)
+    steps = torch.arange(k, device=path_tokens.device)
     positions = lengths[:, None] + steps  # [B, k]
     if history is not None:
         history.scatter_(1, positions.clamp(max=history.shape[1] - 1), path_tokens)
