@@ -216,7 +216,7 @@ class Drafter(nn.Module):
         # After `pack_weights`: the fused steps `tree_level` computes a node's K/V with (norm, the packed
         # projection's k/v rows, RoPE writing the cache: three launches on CUDA where the modules run ~20), so the
         # ring holds exactly what the node held while drafting; every ring fill runs it (prefill, catch-up, each
-        # round's commit: `DraftStep.fill_path`).
+        # round's commit: `DraftStep.write_path`).
         cfg = self.config
         x, _ = add_rms_norm(h0, None, self.self_attn_norm.weight, self.self_attn_norm.eps)
         q_rows = cfg.num_heads * cfg.head_dim
