@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from longspec.kernels.bonus_sampling import inverse_cdf, sample_bonus_naive
-from longspec.kernels.chain_accept import emitted_tokens, greedy_chain_path  # (its reference arithmetic)
+from longspec.kernels.chain_accept import emitted_tokens, greedy_chain_path, sample_chain_decide
 from longspec.kernels.tree_sampling import child_table, sample_walk_naive
 from longspec.modules.constants import arange_once
 
@@ -280,23 +280,17 @@ def sample_chain_path(
     round's V-wide work is one draw from one row however long the chain (`kernels.bonus_sampling`: on CUDA two
     launches across the device, where its fifteen V-wide torch ops were most of a T=1 round's acceptance; the
     walk is one program per tree, which at a chain of one cost ~3x an AR step's sampling on an H200:
-    BENCHMARKS). A plain step (depth 0) draws from p at the root the same way."""
+    BENCHMARKS), and the decisions one launch (`kernels.chain_accept.sample_chain_decide`). A plain step
+    (depth 0) draws from p at the root the same way."""
     path = arange_once(depth + 1, tokens.device).expand(tokens.shape[0], depth + 1)
     if depth == 0:  # a plain step: the bonus comes from p at the root
         zero = torch.zeros_like(tokens[:, 0])
         bonus = _bonus_for(tokens.device)(target_probs, None, zero, zero.bool(), zero, draws[:, -1])
         return path, torch.ones_like(zero), bonus
-    drafts = tokens[:, 1:, None]  # [B, depth, 1]
-    p_draft = target_probs[:, :depth].gather(-1, drafts)[..., 0].double()  # p_i(x_(i+1))
+    threshold = None
     if draft_probs is None:
         threshold = target_probs[:, :depth].sum(-1, dtype=torch.float64)  # no float64 copy of the rows
-    else:
-        threshold = draft_probs[:, :depth].gather(-1, drafts)[..., 0].double()
-    accept = (draws[:, :depth] * threshold < p_draft) & valid[:, 1:]
-    stop = accept.long().cumprod(-1).sum(-1)  # [B]: the leading run of accepted drafts, the node it stops at
-    # Its child, if any, was rejected (a leaf has none; an invalid child was never tried).
-    rejected = (stop < depth) & valid.gather(1, (stop + 1).clamp(max=depth)[:, None])[:, 0]
-    token = tokens.gather(1, stop.clamp(max=depth - 1)[:, None] + 1)[:, 0]
+    stop, rejected, token = sample_chain_decide(tokens, valid, target_probs, draws, threshold, draft_probs)
     bonus = _bonus_for(tokens.device)(target_probs, draft_probs, stop, rejected, token, draws[:, -1])
     return path, stop + 1, bonus
 

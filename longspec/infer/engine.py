@@ -83,7 +83,7 @@ from longspec.infer.tree import (
     is_drafter_tree,
     tree_name,
 )
-from longspec.kernels.chain_accept import greedy_chain_packed
+from longspec.kernels.chain_accept import chain_packed, greedy_chain_packed
 from longspec.kernels.path_commit import commit_path
 from longspec.kernels.row_argmax import row_argmax
 from longspec.modules.rope import exact_positions, longrope_long
@@ -860,9 +860,9 @@ def accept_round(
     """The round's acceptance rule on the device, per sequence (the tree's fields [B, N], logits [B, N, V]; greedy
     at T = 0, else `sample_path` with the given uniform `draws` [B, ...], against the tree's `draft_probs` when
     its children were sampled): (packed [B, 2 (depth + 1) + 1] = emitted tokens, path (padded), count; bonus
-    [B]); nothing read on the host, fixed shapes. A tree that is one chain (one branch) has no walk: greedy, the
-    leading run of matches with its output in one launch (`kernels.chain_accept`); sampled,
-    `sample_chain_path`."""
+    [B]); nothing read on the host, fixed shapes. A tree that is one chain (one branch) has no walk
+    (`kernels.chain_accept`): greedy, the leading run of matches with its output in one launch; sampled,
+    `sample_chain_path` (its decisions in one launch, the bonus in two) and the output in one."""
     tokens, valid, chain = tree.tokens, tree.valid, tree.is_one_chain
     if config.temperature == 0:
         target_argmax = row_argmax(logits)
@@ -875,15 +875,13 @@ def accept_round(
         target_probs = target_distribution(
             logits, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
         )
-        if chain:
-            paths, lengths, bonus = sample_chain_path(
-                tokens, valid, target_probs, draws, depth, tree.draft_probs
-            )
-        else:
-            paths, lengths, bonus = sample_path(
-                tokens, tree.parents, valid, target_probs, draws, depth=depth, max_children=max_children,
-                draft_probs=tree.draft_probs,
-            )  # fmt: skip
+        if chain:  # the decisions, the bonus draw and the output: four launches on CUDA
+            _, lengths, bonus = sample_chain_path(tokens, valid, target_probs, draws, depth, tree.draft_probs)
+            return chain_packed(tokens, lengths, bonus), bonus
+        paths, lengths, bonus = sample_path(
+            tokens, tree.parents, valid, target_probs, draws, depth=depth, max_children=max_children,
+            draft_probs=tree.draft_probs,
+        )  # fmt: skip
     emitted = emitted_tokens(tokens, paths, lengths, bonus)
     return torch.cat([emitted, paths, lengths[:, None]], dim=1), bonus
 

@@ -85,3 +85,53 @@ def test_reference_equals_the_tree_walk(depth):
         assert packed[row, N : N + n].tolist() == path[row, :n].tolist()
         emitted = tokens[row, path[row, 1:n]].tolist() + [int(bonus[row])]
         assert packed[row, :n].tolist() == emitted
+
+
+@pytest.mark.parametrize("depth", [1, 3, 17])
+@pytest.mark.parametrize("rule", ["rrs", "deterministic"])
+def test_sample_chain_decisions_equal_reference(depth, rule, poisoned):
+    """Decisions of sampled chains: rows that stop at every depth (draws set against p / q), at an invalid draft,
+    and at the leaf; rrs reads q at the draft, the deterministic rule the given row sums."""
+    from longspec.kernels.chain_accept import sample_chain_decide_naive
+
+    gen = torch.Generator().manual_seed(depth)
+    B, N, V = depth + 3, depth + 1, 37
+    tokens = torch.randint(0, V, (B, N), generator=gen)
+    valid = torch.ones(B, N, dtype=torch.bool)
+    valid[0, 1:] = False  # a lookup's padding: nothing tried
+    p = torch.rand(B, N, V, generator=gen)
+    p = p / p.sum(-1, keepdim=True)
+    q = torch.rand(B, depth, V, generator=gen) if rule == "rrs" else None
+    q = None if q is None else q / q.sum(-1, keepdim=True)
+    threshold = None if q is not None else p[:, :depth].sum(-1, dtype=torch.float64)
+    draws = torch.rand(B, depth + 1, generator=gen)
+    draws[1:, :] = 0.0  # accepted wherever p(x) > 0 ...
+    for row in range(
+        1, B - 1
+    ):  # ... until row r's draft r - 1 meets a draw of 1: rejected (p / t <= 1 there)
+        if row - 1 < depth:
+            draws[row, row - 1] = 1.0
+    want = sample_chain_decide_naive(tokens, valid, p, draws, threshold, q)
+    got = kernels.sample_chain_decide_triton(
+        tokens.to(DEVICE), valid.to(DEVICE), p.to(DEVICE), draws.to(DEVICE),
+        None if threshold is None else threshold.to(DEVICE), None if q is None else q.to(DEVICE),
+    )  # fmt: skip
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g.cpu(), w), (g, w)
+    assert (
+        want[0][0] == 0 and not want[1][0]
+    )  # the row without valid drafts: stops at the root, nothing tried
+    assert want[0][-1] == depth and not want[1][-1]  # every draft accepted: the leaf
+
+
+@pytest.mark.parametrize("depth", [0, 1, 4])
+def test_chain_pack_equals_reference(depth, poisoned):
+    from longspec.kernels.chain_accept import chain_packed_naive
+
+    B, N = 4, depth + 1
+    tokens = torch.randint(0, 50, (B, N), generator=torch.Generator().manual_seed(3))
+    length = torch.tensor([1, N, min(2, N), max(1, N - 1)])
+    bonus = torch.tensor([7, 8, 9, 10])
+    want = chain_packed_naive(tokens, length, bonus)
+    got = kernels.chain_packed_triton(tokens.to(DEVICE), length.to(DEVICE), bonus.to(DEVICE))
+    assert torch.equal(got.cpu(), want)

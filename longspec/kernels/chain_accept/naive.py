@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["emitted_tokens", "greedy_chain_packed_naive", "greedy_chain_path"]
+__all__ = [
+    "chain_packed_naive",
+    "emitted_tokens",
+    "greedy_chain_packed_naive",
+    "greedy_chain_path",
+    "sample_chain_decide_naive",
+]
 
 
 def greedy_chain_path(
@@ -41,3 +47,39 @@ def greedy_chain_packed_naive(
     path, length, bonus = greedy_chain_path(tokens, target_argmax, valid, tokens.shape[-1] - 1)
     emitted = emitted_tokens(tokens, path, length, bonus)
     return torch.cat([emitted, path, length[:, None]], dim=1), bonus
+
+
+def chain_packed_naive(tokens: torch.Tensor, length: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
+    """A chain round's packed output row from its outcome: tokens [B, N] (root first), length [B] (the accepted
+    path's nodes, the root included), bonus [B] -> [B, 2N + 1] = emitted tokens (`emitted_tokens`), path
+    (0, 1, ..., N - 1), count."""
+    N = tokens.shape[1]
+    path = torch.arange(N, device=tokens.device).expand(tokens.shape[0], N)
+    return torch.cat([emitted_tokens(tokens, path, length, bonus), path, length[:, None]], dim=1)
+
+
+def sample_chain_decide_naive(
+    tokens: torch.Tensor,
+    valid: torch.Tensor,
+    target_probs: torch.Tensor,
+    draws: torch.Tensor,
+    threshold: torch.Tensor | None = None,
+    draft_probs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sampled chain's decisions (`infer.accept.sample_chain_path`, depth = N - 1 >= 1): draft i + 1 (if valid)
+    is accepted iff u_i t_i < p_i(x), float64, with t_i = q_i(x) (draft_probs [B, >= depth, V]: recursive
+    rejection sampling) or the given `threshold` [B, depth] float64 (the deterministic rule's sum of p_i); the
+    chain stops at the first draft not accepted. tokens / valid [B, N], target_probs [B, N, V], draws [B, >= depth]
+    -> (stop [B]: the node it stops at, rejected [B] bool: its child was tried and rejected, token [B]: that
+    child's token, clamped to the last draft where there is none)."""
+    depth = tokens.shape[1] - 1
+    drafts = tokens[:, 1:, None]  # [B, depth, 1]
+    p_draft = target_probs[:, :depth].gather(-1, drafts)[..., 0].double()  # p_i(x_(i+1))
+    if draft_probs is not None:
+        threshold = draft_probs[:, :depth].gather(-1, drafts)[..., 0].double()
+    accept = (draws[:, :depth] * threshold < p_draft) & valid[:, 1:]
+    stop = accept.long().cumprod(-1).sum(-1)  # [B]: the leading run of accepted drafts, the node it stops at
+    # Its child, if any, was rejected (a leaf has none; an invalid child was never tried).
+    rejected = (stop < depth) & valid.gather(1, (stop + 1).clamp(max=depth)[:, None])[:, 0]
+    token = tokens.gather(1, stop.clamp(max=depth - 1)[:, None] + 1)[:, 0]
+    return stop, rejected, token
