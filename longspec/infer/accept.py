@@ -22,6 +22,7 @@ import torch
 
 from longspec.kernels.bonus_sampling import inverse_cdf, sample_bonus_naive
 from longspec.kernels.chain_accept import emitted_tokens, greedy_chain_path, sample_chain_decide
+from longspec.kernels.row_softmax import row_softmax
 from longspec.kernels.tree_sampling import child_table, sample_walk_naive
 from longspec.modules.constants import arange_once
 
@@ -45,7 +46,9 @@ def target_distribution(
     """target_probs [..., V] (fp32) after temperature, then top-k, then top-p (nucleus) truncation.
 
     Both truncations keep at least the most likely token. Only the target's distribution is shaped this way:
-    the lossless guarantee is about sampling from exactly this distribution.
+    the lossless guarantee is about sampling from exactly this distribution. Its softmaxes are `row_softmax`
+    (on CUDA a Triton kernel summing in another order than torch.softmax: the last bits differ from torch's, the
+    same for every method, the AR baseline included).
     """
     if temperature <= 0:
         raise ValueError(
@@ -59,12 +62,12 @@ def target_distribution(
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and 0.0 < top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        sorted_probs = row_softmax(sorted_logits)
         # Drop a token when the mass strictly before it already reaches top_p (so the first token always stays).
         drop_sorted = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    return row_softmax(logits)
 
 
 def greedy_accept(
