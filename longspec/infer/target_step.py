@@ -29,8 +29,9 @@ MAX_CHAIN_TOKENS = 128
 
 class TargetStep:
     """Owns the target's static KV cache (allocated once, grown only on need) and the static / captured steps
-    that read its addresses: the verify forwards and, through `static_step`, the draft steps (the drafter
-    cross-attends to the cache's last layer). Growing the cache drops them all."""
+    that read its addresses (`static_step`): the engine's rounds (each drafts, verifies and commits in one), the
+    ring's catch-up, and the draft / verify pieces the benchmarks time alone (the drafter cross-attends to the
+    cache's last layer). Growing the cache drops them all."""
 
     def __init__(self, target):
         self.target = target
