@@ -680,12 +680,14 @@ class SpeculativeEngine:
             cache.move_path(paths, cache.lengths_t)
         # the path's tokens, root first (a chain's are its first nodes)
         path_tokens = tokens[:, : paths.shape[1]] if in_place else tokens.gather(1, paths.clamp(min=0))
-        ring_cache = None if ring is None else ring.cache
+        rings = (
+            {}
+            if ring is None
+            else dict(ring_positions=ring.cache.positions, ring_appended=ring.cache.num_appended)
+        )
         positions, slots = commit_path(
-            path_tokens, counts, cache.lengths_t, history=None if history is None else history.tokens,
-            ring_positions=None if ring is None else ring_cache.positions,
-            ring_appended=None if ring is None else ring_cache.num_appended,
-        )  # fmt: skip
+            path_tokens, counts, cache.lengths_t, history=None if history is None else history.tokens, **rings
+        )
         if ring is not None:
             ring.write_path(path_tokens, positions, slots)
 

@@ -44,9 +44,8 @@ def greedy_chain_packed_naive(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A greedy chain round's outcome per row: tokens (root first) / target_argmax / valid [B, N] ->
     (packed [B, 2N + 1] long = emitted tokens [N] (`emitted_tokens`), path [N], count; bonus [B])."""
-    path, length, bonus = greedy_chain_path(tokens, target_argmax, valid, tokens.shape[-1] - 1)
-    emitted = emitted_tokens(tokens, path, length, bonus)
-    return torch.cat([emitted, path, length[:, None]], dim=1), bonus
+    _, length, bonus = greedy_chain_path(tokens, target_argmax, valid, tokens.shape[-1] - 1)
+    return chain_packed_naive(tokens, length, bonus), bonus
 
 
 def chain_packed_naive(tokens: torch.Tensor, length: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
