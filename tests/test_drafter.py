@@ -296,7 +296,10 @@ def test_prefill_fills_only_the_window_and_matches_forward():
         full = drafter(ids, pos, tk, tv, lag=lag)
         cache = DrafterCache(drafter.config, B)
         drafter.fill_cache(cache, ids[:, :n], pos[:, :n])
-        assert cache.num_appended.tolist() == [WINDOW, WINDOW]
+        # every prompt token counted (the ring's clock, as `append`), the last `window` held
+        assert cache.num_appended.tolist() == [n, n]
+        held = [sorted(row.tolist()) for row in cache.positions]
+        assert held == [sorted(row.tolist()) for row in pos[:, n - WINDOW : n]]
         h, _, _ = _draft(drafter, ids[:, n : n + 1], pos[:, n : n + 1], cache, tk, tv, n + 1 - lag)
     torch.testing.assert_close(h[:, 0], full[:, n], atol=1e-5, rtol=1e-5)
 
@@ -507,7 +510,7 @@ def test_ring_append_is_the_per_token_ring_write(spare):
 def test_fill_cache_is_the_per_token_ring_write(route, dtype, spare, monkeypatch):
     """Drafter.fill_cache (slots from `DrafterCache.claim_slots`; on the packed path the RoPE step writes the K/V
     into the ring, skipping the padding's negative slots) leaves the ring, to the bit, as the per-token write of
-    `self_kv`'s K/V of the last `window` columns: a batch of 3 ragged rows, left-padded (prefill, catch-up),
+    `self_kv`'s K/V of every column: a batch of 3 ragged rows, left-padded (prefill, catch-up),
     right-padded (as a round's accepted paths), unpadded, more columns than the window, a row that enters
     nothing, and rings that wrap."""
     target = make_tiny_target("llama")
@@ -532,6 +535,7 @@ def test_fill_cache_is_the_per_token_ring_write(route, dtype, spare, monkeypatch
             pos = torch.tensor(positions)
             ids = torch.randint(0, 300, pos.shape, generator=gen)
             drafter.fill_cache(cache, ids, pos)
-            ids, pos = ids[:, -config.window :], pos[:, -config.window :]
+            # every column written token by token: those before the last `window` are overwritten in the ring,
+            # as fill_cache leaves them out (but counts them)
             reference.write(*drafter.self_kv(ids, pos.clamp(min=0)), pos)
             reference.assert_is(cache)

@@ -114,10 +114,18 @@ class DrafterCache:
         must be unpadded or left-padded, and the dropped columns still count as appended."""
         if positions.dim() == 1:
             positions = positions.expand(k.shape[0], k.shape[2])
-        if k.shape[2] > self.window:  # the dropped columns still count as appended (the ring order's clock)
-            self.num_appended += (positions[:, : -self.window] >= 0).sum(1).to(self.num_appended.device)
-            k, v, positions = k[:, :, -self.window :], v[:, :, -self.window :], positions[:, -self.window :]
+        drop = self.drop_older(positions)
+        k, v, positions = k[:, :, drop:], v[:, :, drop:], positions[:, drop:]
         write_kv(self.keys, self.values, self.claim_slots(positions), k, v, skip_negative=True)
+
+    def drop_older(self, positions: torch.Tensor) -> int:
+        """How many leading columns of positions [B,n] cannot survive in the ring (those before its last `window`:
+        unpadded or left-padded rows); they still count as appended (the ring order's clock), so the survivors
+        take the slots they would have had one by one. The caller enters only the columns after them."""
+        drop = max(positions.shape[1] - self.window, 0)
+        if drop:
+            self.num_appended += (positions[:, :drop] >= 0).sum(1).to(self.num_appended.device)
+        return drop
 
     def move_rows(self, moves: list[tuple[int, int]], rows: int) -> None:
         """Row `to` takes what row `src` held, for each (to, src) in `moves` in order (an order that is safe in

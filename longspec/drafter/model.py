@@ -240,7 +240,8 @@ class Drafter(nn.Module):
         them)."""
         if position_ids.dim() == 1:
             position_ids = position_ids.expand(input_ids.shape[0], -1)
-        ids, pos = input_ids[:, -cache.window :], position_ids[:, -cache.window :]
+        drop = cache.drop_older(position_ids)
+        ids, pos = input_ids[:, drop:], position_ids[:, drop:]
         # Padding's slot is negative: its K/V (RoPE at a negative position, finite) are computed, never written.
         self.self_kv(ids, pos, cache=(cache.keys, cache.values, cache.claim_slots(pos)))
 
