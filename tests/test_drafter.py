@@ -519,7 +519,7 @@ def test_fill_cache_is_the_per_token_ring_write(route, dtype, spare, monkeypatch
     if route != "unpacked":
         assert drafter.pack_weights()
     if route == "packed, triton":  # the CUDA route (fused Triton steps), in the CPU interpreter
-        monkeypatch.setattr(layer_ops, "_triton", lambda x: True)
+        monkeypatch.setattr(layer_ops, "use_triton", lambda x: True)
     cache = DrafterCache(config, 3, spare=spare)
     reference = _PerTokenRing(cache)
     fills = [

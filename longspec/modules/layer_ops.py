@@ -18,10 +18,20 @@ from longspec.kernels import HAS_TRITON, gemv
 from longspec.kernels import layer_ops as kernels
 from longspec.kernels.layer_ops import write_kv  # the unpacked layer's cache write: one scatter per tensor
 
-__all__ = ["add_rms_norm", "linear", "linear_silu_mul", "project", "qkv_rope", "silu_mul", "write_kv"]
+__all__ = [
+    "add_rms_norm",
+    "linear",
+    "linear_silu_mul",
+    "project",
+    "qkv_rope",
+    "silu_mul",
+    "use_triton",
+    "write_kv",
+]
 
 
-def _triton(x: torch.Tensor) -> bool:
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether a fused step on `x` takes its Triton kernel: CUDA, Triton present, no autograd (inference)."""
     # Only compiled Triton: the CPU interpreter is a test tool (orders of magnitude slower than PyTorch).
     return HAS_TRITON and x.is_cuda and not torch.is_grad_enabled()
 
@@ -29,7 +39,7 @@ def _triton(x: torch.Tensor) -> bool:
 def _gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     # Few rows of a 16-bit model: there cuBLAS streams some weights below the bytes rate (`kernels.gemv`).
     # float32 stays on cuBLAS: the dtype of exact comparisons, where one route for every row count is wanted.
-    if not (_triton(x) and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype):
+    if not (use_triton(x) and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype):
         return False
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     small = weight.numel() * weight.element_size() <= gemv.TWO_ROW_MAX_BYTES
@@ -60,7 +70,7 @@ def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def add_rms_norm(x, residual, weight, eps: float):
     """(rms_norm(x + residual) * weight, x + residual); residual None: (rms_norm(x) * weight, x)."""
-    if _triton(x) and weight.dtype == x.dtype:
+    if use_triton(x) and weight.dtype == x.dtype:
         return kernels.add_rms_norm(x, residual, weight, eps)
     return kernels.add_rms_norm_naive(x, residual, weight, eps)
 
@@ -84,7 +94,7 @@ def qkv_rope(
     # The Triton kernel rotates whole heads; a partial rope (fewer cos / sin dims than the head's) runs the
     # reference, which splits each head.
     full = cos.shape[-1] * (num_heads + 2 * num_kv_heads) == qkv.shape[-1]
-    fn = kernels.qkv_rope if _triton(qkv) and full else kernels.qkv_rope_naive
+    fn = kernels.qkv_rope if use_triton(qkv) and full else kernels.qkv_rope_naive
     return fn(
         qkv, cos, sin, num_heads, num_kv_heads, q_norm=q_norm, k_norm=k_norm, eps=eps, cache=cache,
         skip_negative=skip_negative,
@@ -93,4 +103,4 @@ def qkv_rope(
 
 def silu_mul(gate_up):
     """gate_up [..., 2F] -> silu(gate) * up [..., F]."""
-    return kernels.silu_mul(gate_up) if _triton(gate_up) else kernels.silu_mul_naive(gate_up)
+    return kernels.silu_mul(gate_up) if use_triton(gate_up) else kernels.silu_mul_naive(gate_up)

@@ -28,7 +28,7 @@ from torch import nn
 
 from longspec.kernels import rope_angles as angles
 from longspec.kernels.layer_ops.naive import rotate
-from longspec.modules.layer_ops import _triton
+from longspec.modules import layer_ops
 
 __all__ = [
     "RotaryEmbedding",
@@ -207,7 +207,7 @@ class RotaryEmbedding(nn.Module):
             reaches = int(position_ids.max()) + 1 > self.original_positions
             self.inv_freq.copy_(self.long_inv_freq if reaches else self.short_inv_freq)
         dtype = torch.float32 if dtype is None else dtype
-        fn = angles.rope_angles if _triton(position_ids) else angles.rope_angles_naive
+        fn = angles.rope_angles if layer_ops.use_triton(position_ids) else angles.rope_angles_naive
         # Autocast would run the reference's product in bf16 and wreck large positions; keep it in fp32.
         with torch.autocast(device_type=position_ids.device.type, enabled=False):
             return fn(position_ids, self.inv_freq.to(position_ids.device), self.attention_scaling, dtype)

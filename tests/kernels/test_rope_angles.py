@@ -141,7 +141,7 @@ def test_cos_sin_routes_to_the_kernel(monkeypatch, name):
         calls.append(args[1].clone())
         return rope_angles(*args)
 
-    monkeypatch.setattr(rope, "_triton", lambda x: True)
+    monkeypatch.setattr(rope.layer_ops, "use_triton", lambda x: True)
     monkeypatch.setattr(rope.angles, "rope_angles", kernel, raising=False)
     got = rotary.cos_sin(positions, dtype=torch.bfloat16)
     assert len(calls) == 1

@@ -15,7 +15,7 @@ from longspec.modules import layer_ops
 def routes(monkeypatch):
     """Every call on "CUDA" (the device test stubbed), the GEMVs recording their calls and computing F.linear."""
     calls = []
-    monkeypatch.setattr(layer_ops, "_triton", lambda x: True)
+    monkeypatch.setattr(layer_ops, "use_triton", lambda x: True)
 
     def fake_gemv(x, w, b=None):
         calls.append(("gemv", x.numel() // x.shape[-1]))
