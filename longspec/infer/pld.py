@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from longspec.infer.tree import DraftTree, Lookup
+from longspec.modules.constants import arange_once
 
 __all__ = ["LookupShadow", "ShadowReport", "device_lookup", "lookup_tree", "prompt_lookups"]
 
@@ -83,9 +84,9 @@ def device_lookup(
     context = history.scatter(1, lengths[:, None], roots[:, None])  # [B, S]
     last = lengths[:, None]  # the root's position: L - 1 in the reference's terms
     score = torch.full((batch, slots + 1), -1, dtype=torch.long, device=device)  # by match end, -1: none
-    ends = torch.arange(slots + 1, device=device)
+    ends = arange_once(slots + 1, device)
     for n in range(min_ngram, max_ngram + 1):
-        pattern = context.gather(1, (last - n + 1 + torch.arange(n, device=device)).clamp(min=0))
+        pattern = context.gather(1, (last - n + 1 + arange_once(n, device)).clamp(min=0))
         # [B, S - n + 1]: window s = [s, s + n) against the suffix, placed at its end s + n
         match = (context.unfold(1, n, 1) == pattern[:, None, :]).all(dim=2)
         match = torch.nn.functional.pad(match, (n, 0))  # [B, S + 1], index = the window's end
@@ -95,18 +96,20 @@ def device_lookup(
         score = torch.where(match, n * (slots + 1) + ends, score)  # n increasing: a longer match wins its end
     # The best `branches` scores, best first: repeated max (scores >= 0 are unique, -1 is none). One reduction
     # for PLD's single chain, as before forests; torch.topk on these int64 scores cost a radix select's ~30
-    # launches per round.
+    # launches per round. (The fills below are masked_fill's, not where's: on CUDA a where's scalar operand is a
+    # tensor made on the device first, one more launch each.)
     picks = []
     for i in range(branches):
         top = score.amax(dim=1)  # [B]
         picks.append(top)
         if i + 1 < branches:
-            score = torch.where(score == top[:, None], -1, score)
+            score = score.masked_fill(score == top[:, None], -1)
     top = torch.stack(picks, dim=1)  # [B, branches]
-    best = torch.where(top >= 0, top % (slots + 1), -1)
-    follow = (best[..., None] + torch.arange(num_draft, device=device)).clamp(0, slots - 1)
+    none = top < 0
+    best = (top % (slots + 1)).masked_fill_(none, -1)
+    follow = (best[..., None] + arange_once(num_draft, device)).clamp(0, slots - 1)
     drafts = context.gather(1, follow.flatten(1)).view(batch, branches, num_draft)
-    num_valid = torch.where(best >= 0, (last + 1 - best).clamp(max=num_draft), 0)
+    num_valid = (last + 1 - best).clamp(max=num_draft).masked_fill_(none, 0)
     return drafts, num_valid
 
 
@@ -128,7 +131,7 @@ def lookup_tree(
     )
     tokens = torch.cat([roots[:, None], drafts.transpose(1, 2).flatten(1)], dim=1)  # level by level
     # each node's chain (the root's: any, its depth 0 is always valid)
-    branch = ((torch.arange(tokens.shape[1], device=tokens.device) - 1) % lookup.branches).expand_as(tokens)
+    branch = ((arange_once(tokens.shape[1], tokens.device) - 1) % lookup.branches).expand_as(tokens)
     valid = depths <= num_valid.gather(1, branch)
     return DraftTree(tokens, parents, depths, ancestor_mask, valid, chain=True, branches=lookup.branches)
 
