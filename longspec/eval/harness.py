@@ -379,7 +379,13 @@ def _check_against_reference(methods: dict, dataset: str, reference: str, sample
         if divergence is None:
             continue
         record["divergence"] = divergence.to_dict()
-        log = logger.warning if divergence.near_tie else logger.error
+        if divergence.near_tie:
+            verdict = f"a near-tie (|gap| <= {divergence.tolerance:.3g}, {TIE_ULPS:g} ulp)"
+        elif divergence.reference_off:
+            verdict = f"NOT a near-tie, but this output's token is the target's argmax: {reference} left it"
+        else:
+            verdict = "NOT a near-tie"
+        log = logger.warning if divergence.explained else logger.error
         log(
             "%s %s sample %s differs from %s at token %d (%s vs %s): target logit gap %s, %s",
             dataset,
@@ -390,9 +396,7 @@ def _check_against_reference(methods: dict, dataset: str, reference: str, sample
             divergence.token,
             divergence.reference_token,
             "n/a" if divergence.gap is None else f"{divergence.gap:.4g}",
-            f"a near-tie (|gap| <= {divergence.tolerance:.3g}, {TIE_ULPS:g} ulp)"
-            if divergence.near_tie
-            else "NOT a near-tie",
+            verdict,
         )
 
 

@@ -175,19 +175,23 @@ def summarise(methods: dict[str, dict[str, list[dict]]], *, greedy: bool) -> dic
             records = methods[method][dataset]
             differing = [r for r in records if r["output_ids"] != ref_outputs.get(r["id"])]
             agg["identical_to_greedy"] = 1 - len(differing) / max(len(records), 1)
-            # A difference is explained only by an analysed near-tie (longspec.eval.divergence); one that
-            # was not analysed (no `divergence` entry) counts against the lossless check.
-            ties = [r["divergence"] for r in differing if (r.get("divergence") or {}).get("near_tie")]
+            # A difference is explained only by an analysis (longspec.eval.divergence): a near-tie, or the
+            # reference's own departure from the target's argmax (`reference_off`, absent from older results);
+            # one that was not analysed (no `divergence` entry) counts against the lossless check.
+            analysed = [r["divergence"] for r in differing if r.get("divergence")]
+            ties = [d for d in analysed if d["near_tie"]]
+            reference_off = [d for d in analysed if d.get("reference_off")]
             agg["near_ties"] = len(ties)
             agg["max_tie_gap"] = max((abs(t["gap"]) for t in ties), default=None)
-            agg["unexplained_divergences"] = len(differing) - len(ties)
-            # How far past the tolerance an analysed divergence is, in units in the last place of the top logit
-            # (the tolerance is 2 of them): a few ulps reads as rounding beyond the check's margin, thousands as
-            # a logic error. None: no analysed divergence with a gap (unanalysed, or one output stopped early).
-            analysed = [r["divergence"] for r in differing if r.get("divergence")]
+            agg["reference_divergences"] = len(reference_off)
+            agg["max_reference_gap"] = max((abs(d["gap"]) for d in reference_off), default=None)
+            agg["unexplained_divergences"] = len(differing) - len(ties) - len(reference_off)
+            # How far past the tolerance an unexplained divergence is, in units in the last place of the top
+            # logit (the tolerance is 2 of them): a few ulps reads as rounding beyond the check's margin,
+            # thousands as a logic error. None: none with a gap (unanalysed, or one output stopped early).
             agg["max_divergence_ulps"] = max(
                 (gap_ulps(d["gap"], d["tolerance"]) for d in analysed
-                 if not d["near_tie"] and d["gap"] is not None and d["tolerance"]),
+                 if not (d["near_tie"] or d.get("reference_off")) and d["gap"] is not None and d["tolerance"]),
                 default=None,
             )  # fmt: skip
         summary[dataset] = per_method
@@ -200,8 +204,9 @@ def greedy_reference(methods) -> str | None:
 
 
 def identical_text(agg: dict) -> str:
-    """'yes' / '50% (1 near-tie, logit gap <= 0.0625)' / '50% (1 NOT a near-tie, logit gap up to 4 ulp against a
-    tolerance of 2)' / 'n/a' (sampling). No pipe characters: the text goes into markdown table cells."""
+    """'yes' / '50% (1 near-tie, logit gap <= 0.0625)' / '50% (1 where the reference left the target's argmax,
+    by <= 0.5)' / '50% (1 NOT a near-tie, logit gap up to 4 ulp against a tolerance of 2)' / 'n/a' (sampling). No
+    pipe characters: the text goes into markdown table cells."""
     ident = agg.get("identical_to_greedy")
     if ident is None:
         return "n/a"
@@ -211,6 +216,11 @@ def identical_text(agg: dict) -> str:
     if agg["near_ties"]:
         plural = "s" if agg["near_ties"] > 1 else ""
         notes.append(f"{agg['near_ties']} near-tie{plural}, logit gap <= {agg['max_tie_gap']:.3g}")
+    if agg.get("reference_divergences"):
+        notes.append(
+            f"{agg['reference_divergences']} where the reference left the target's argmax, "
+            f"by <= {agg['max_reference_gap']:.3g}"
+        )
     if agg["unexplained_divergences"]:
         ulps = agg.get("max_divergence_ulps")
         gap = "" if ulps is None else f", logit gap up to {ulps:.3g} ulp against a tolerance of {TIE_ULPS:g}"

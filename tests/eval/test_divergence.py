@@ -44,9 +44,32 @@ def test_gap_is_the_targets_logit_difference_on_the_reference_prefix():
     assert (divergence.index, divergence.reference_token, divergence.token) == (3, reference[3], runner_up)
     assert divergence.gap == pytest.approx(float(logits[reference[3]] - logits[runner_up]), abs=1e-5)
     assert divergence.gap > divergence.tolerance and not divergence.near_tie  # fp32: a real difference
+    assert not divergence.reference_off and not divergence.explained  # the target's argmax is the reference's
     assert analyse_divergence(model, prompt, reference, reference) is None
     early = analyse_divergence(model, prompt, reference[:2], reference)
     assert early.index == 2 and early.token is None and not early.near_tie
+
+
+def test_a_reference_that_leaves_the_targets_argmax_is_the_references_divergence():
+    """The reference, not the checked output, takes a runner-up token: the gap is negative beyond the tolerance
+    and the output's token is the target's argmax there, so the difference does not count against the output."""
+    model = make_tiny_hf_model("llama")
+    prompt = [3, 17, 42, 9, 11, 5]
+    greedy = _greedy(model, prompt, 6)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + greedy[:2]])).logits[0, -1]
+    runner_up = int(logits.topk(2).indices[1])
+    reference = greedy[:2] + [runner_up] + greedy[3:]
+
+    divergence = analyse_divergence(model, prompt, greedy, reference)
+    assert (divergence.index, divergence.reference_token, divergence.token) == (2, runner_up, greedy[2])
+    assert divergence.gap < -divergence.tolerance and not divergence.near_tie
+    assert divergence.reference_off and divergence.explained
+    assert divergence.to_dict()["reference_off"] is True
+    # Both off the argmax (the output takes the third token): the output's own error, whatever the sign
+    third = int(logits.topk(3).indices[2])
+    both = analyse_divergence(model, prompt, greedy[:2] + [third] + greedy[3:], reference)
+    assert both.gap > 0 and not both.reference_off and not both.explained
 
 
 def test_an_exact_tie_is_a_near_tie():
@@ -97,6 +120,17 @@ def test_summary_counts_near_ties_apart_from_unexplained_differences():
     )
     assert identical_text(summary["pld"]) == "67% (1 NOT a near-tie)"
     assert identical_text(summarise(methods, greedy=False)["d"]["longspec"]) == "n/a"
+
+    # A difference where the reference left the target's argmax (`reference_off`) is counted apart, not against
+    # the output; a record from before the field existed reads as not reference_off.
+    off = {**real, "gap": -0.5, "reference_off": True}
+    methods["longspec"]["d"][2] = _record("c", [7, 1, 9], off)
+    spec = summarise(methods, greedy=True)["d"]["longspec"]
+    assert (spec["near_ties"], spec["reference_divergences"], spec["unexplained_divergences"]) == (1, 1, 0)
+    assert spec["max_reference_gap"] == 0.5 and spec["max_divergence_ulps"] is None
+    assert identical_text(spec) == (
+        "33% (1 near-tie, logit gap <= 0.0625; 1 where the reference left the target's argmax, by <= 0.5)"
+    )
 
     rows = [{"run": "t0", "temperature": 0.0, "dataset": "d", "method": m, "tau": 1.0, "tokens_per_s": 1.0,
              "speedup": {}, "identical": s["identical_to_greedy"], "identical_text": identical_text(s),
