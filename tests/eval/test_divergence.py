@@ -31,13 +31,22 @@ def _greedy(model, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt) :]
 
 
-def test_gap_is_the_targets_logit_difference_on_the_reference_prefix():
+PROMPT = [3, 17, 42, 9, 11, 5]
+
+
+def _greedy_and_ranked(index: int):
+    """A tiny model, its greedy continuation of PROMPT (6 tokens) and the target's tokens at position `index` of
+    it, best first."""
     model = make_tiny_hf_model("llama")
-    prompt = [3, 17, 42, 9, 11, 5]
-    reference = _greedy(model, prompt, 6)
+    greedy = _greedy(model, PROMPT, 6)
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + reference[:3]])).logits[0, -1]
-    runner_up = int(logits.topk(2).indices[1])
+        logits = model(torch.tensor([PROMPT + greedy[:index]])).logits[0, -1]
+    return model, greedy, logits, logits.argsort(descending=True).tolist()
+
+
+def test_gap_is_the_targets_logit_difference_on_the_reference_prefix():
+    model, reference, logits, ranked = _greedy_and_ranked(3)
+    prompt, runner_up = PROMPT, ranked[1]
     output = reference[:3] + [runner_up] + reference[4:]
 
     divergence = analyse_divergence(model, prompt, output, reference)
@@ -53,12 +62,8 @@ def test_gap_is_the_targets_logit_difference_on_the_reference_prefix():
 def test_a_reference_that_leaves_the_targets_argmax_is_the_references_divergence():
     """The reference, not the checked output, takes a runner-up token: the gap is negative beyond the tolerance
     and the output's token is the target's argmax there, so the difference does not count against the output."""
-    model = make_tiny_hf_model("llama")
-    prompt = [3, 17, 42, 9, 11, 5]
-    greedy = _greedy(model, prompt, 6)
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + greedy[:2]])).logits[0, -1]
-    runner_up = int(logits.topk(2).indices[1])
+    model, greedy, _, ranked = _greedy_and_ranked(2)
+    prompt, runner_up, third = PROMPT, ranked[1], ranked[2]
     reference = greedy[:2] + [runner_up] + greedy[3:]
 
     divergence = analyse_divergence(model, prompt, greedy, reference)
@@ -67,7 +72,6 @@ def test_a_reference_that_leaves_the_targets_argmax_is_the_references_divergence
     assert divergence.reference_off and divergence.explained
     assert divergence.to_dict()["reference_off"] is True
     # Both off the argmax (the output takes the third token): the output's own error, whatever the sign
-    third = int(logits.topk(3).indices[2])
     both = analyse_divergence(model, prompt, greedy[:2] + [third] + greedy[3:], reference)
     assert both.gap > 0 and not both.reference_off and not both.explained
 
