@@ -107,22 +107,32 @@ def killed_in_checkpoint(world) -> tuple[Path, subprocess.CompletedProcess]:
     """A single-process run SIGKILLed at a random point of writing a checkpoint, then rerun to the end."""
     run = world / "run_ckpt_kill"
     rng = random.Random()
-    save = rng.randint(1, STEPS - 1)  # which checkpoint write is interrupted
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "longspec.train", *_args(world, run.name)],
-        env=_env(),
-        cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    tmp = run / "checkpoints" / f".tmp-step_{save:08d}"
-    _wait_for(tmp.exists, proc, f"checkpoint {save} to start")
-    time.sleep(rng.uniform(0, 0.05))
-    assert proc.poll() is None, "the run finished before it could be killed"
-    proc.kill()
-    proc.wait()
-    # The killed trainer's lock normally stays behind and the rerun must take it over (the takeover rules are
-    # tested in-process below). Rarely (1 CI run in 4 here) it is already gone at this point; cause not found yet.
+    for _attempt in range(4):
+        save = rng.randint(1, STEPS - 1)  # which checkpoint write is interrupted
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "longspec.train", *_args(world, run.name)],
+            env=_env(),
+            cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        tmp = run / "checkpoints" / f".tmp-step_{save:08d}"
+        _wait_for(tmp.exists, proc, f"checkpoint {save} to start")
+        time.sleep(rng.uniform(0, 0.05))
+        assert proc.poll() is None, "the run finished before it could be killed"
+        proc.kill()
+        proc.wait()
+        # A kill that came after the run's last checkpoint and its lock's release (the rest of a 4-step run of
+        # this tiny model can take less than the random delay, and the process then still runs its interpreter's
+        # shutdown) interrupted nothing: the rerun found "step 4 of 4 already done" and no lock to take over, a CI
+        # failure in about 1 run in 4. Such an attempt is not this fixture's case: start over. A lock missing
+        # from a run that had not finished stays a failure (the test below).
+        finished = (run / "checkpoints" / f"step_{STEPS:08d}").exists()
+        if (run / LOCK_NAME).exists() or not finished:
+            break
+        shutil.rmtree(run)
+    else:
+        pytest.fail("every kill came after the run had finished: no checkpoint write was interrupted")
     rerun = _train(world, run.name)
     return run, rerun
 
