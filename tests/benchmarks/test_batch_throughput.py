@@ -27,6 +27,7 @@ def test_tiny_mode_writes_a_complete_table(batch_throughput, tmp_path, monkeypat
         assert row["vanilla_fa_tokens"] == 5
         # the script's own check: every sequence's longspec output == its ar output
         assert row["lossless"] == [True] * row["batch"] and row["longspec_matches_ar"]
+        assert row["divergences"] == [] and row["near_ties_only"] and row["explained_only"]
         assert row["tau"] == 2.0 and row["tokens_per_row"] == [8] * row["batch"]
     assert result["all_lossless"]
     out = capsys.readouterr().out
