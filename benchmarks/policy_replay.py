@@ -41,7 +41,7 @@ from collections import Counter
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from longspec.atomic import write_json_atomic  # noqa: E402
-from longspec.eval.datasets import load_samples  # noqa: E402
+from longspec.eval.datasets import recorded_prompts  # noqa: E402
 from longspec.infer.config import GenerationConfig  # noqa: E402
 from longspec.infer.pld import LookupShadow  # noqa: E402
 from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, AdaptivePolicy, FixedPolicy, MeasuredCosts  # noqa: E402
@@ -205,17 +205,10 @@ def main(argv=None) -> int:
         raise SystemExit("policy_replay replays an evaluation decoded one sample at a time (batch_size=1)")
     costs = cost_table(results)
     profile = _profile(args.accept_profile)
-    data = results["config"]["data"]
     tokenizer = load_tokenizer(args.tokenizer, args.gguf_file)
-    prompts = {}
-    for source in data["name"] if isinstance(data["name"], list) else [data["name"]]:
-        if args.data_dir is not None and os.path.isfile(source) is False:
-            source = os.path.join(args.data_dir, os.path.basename(source))
-        samples, _ = load_samples(
-            source, tokenizer, context_len=data["context_len"], min_prompt_tokens=data["min_prompt_tokens"],
-            context_margin=data["context_margin"], template=data.get("template"),
-        )  # fmt: skip
-        prompts.update({(s.dataset, s.id): s.prompt_ids for s in samples})
+    prompts = recorded_prompts(
+        results["config"]["data"], tokenizer, args.data_dir, context_len=results.get("context_len")
+    )
     measured = _measured_speedups(results, args.method)
 
     config = GenerationConfig()

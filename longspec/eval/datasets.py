@@ -26,6 +26,8 @@ __all__ = [
     "KNOWN_DATASETS",
     "load_samples",
     "read_jsonl",
+    "prompt_context_len",
+    "recorded_prompts",
     "encode_row",
 ]
 
@@ -332,3 +334,41 @@ def _no_samples_message(report: DataReport, minimum: int, maximum: int, *, too_l
     else:
         hint = "lower data.min_prompt_tokens (default 1200 for LongBench / JSONL) or data.context_margin"
     return f"data source {report.source!r} has no sample to evaluate ({counts}); {hint}"
+
+
+def prompt_context_len(context_len: int | None, hf_config) -> int | None:
+    """The context length prompts are fitted to (`load_samples`): the user's `data.context_len`, else the
+    target's max_position_embeddings or, where shorter, the range its rope rotates exactly; None if neither is
+    known."""
+    from longspec.modules.rope import exact_positions
+
+    bounds = [
+        n for n in (getattr(hf_config, "max_position_embeddings", None), exact_positions(hf_config)) if n
+    ]
+    return context_len or (min(bounds) if bounds else None)
+
+
+def recorded_prompts(
+    data: dict, tokenizer, data_dir: str | None = None, *, context_len: int | None = None
+) -> dict[tuple[str, str], list[int]]:
+    """(dataset, sample id) -> prompt ids of a recorded evaluation's samples (its results.json `config.data`),
+    tokenized again the way the evaluation did (`load_samples`), for tools that re-read a run without decoding it
+    again. `data_dir`: where its JSONL files are now, found by file name, when the recorded paths are gone (a run
+    made on another machine). `context_len`: the one the run used where `data` sets none (`prompt_context_len`)."""
+    context_len = data["context_len"] or context_len
+    if context_len is None:
+        raise ValueError("the evaluation set no data.context_len and none was given")
+    prompts = {}
+    if data.get("path"):  # it wins over `name` (DataEvalConfig.sources)
+        sources = [data["path"]]
+    else:
+        sources = data["name"] if isinstance(data["name"], list) else [data["name"]]
+    for source in sources:
+        if data_dir is not None and not os.path.isfile(source):
+            source = os.path.join(data_dir, os.path.basename(source))
+        samples, _ = load_samples(
+            source, tokenizer, context_len=context_len, min_prompt_tokens=data["min_prompt_tokens"],
+            context_margin=data["context_margin"], template=data.get("template"),
+        )  # fmt: skip
+        prompts.update({(s.dataset, str(s.id)): s.prompt_ids for s in samples})
+    return prompts

@@ -73,12 +73,14 @@ def gap_ulps(gap: float, tolerance: float) -> float:
 
 @torch.no_grad()
 def analyse_divergence(
-    hf_model, prompt_ids: list[int], output: list[int], reference: list[int]
+    hf_model, prompt_ids: list[int], output: list[int], reference: list[int], *, tie_dtype=None
 ) -> Divergence | None:
     """Compare `output` with the greedy `reference` (both continuations of `prompt_ids`) -> None when identical.
 
     One forward of the target (SDPA, its own dtype) over prompt + reference[:index] gives the logits both
-    tokens competed on at the first differing position."""
+    tokens competed on at the first differing position. `tie_dtype`: the dtype whose rounding the outputs were
+    computed in, which sets the near-tie tolerance (default: the model's). A bf16 run analysed with the target
+    in float32 measures the gap without bf16 rounding, and judges it against bf16's."""
     index = first_divergence(output, reference)
     if index is None:
         return None
@@ -91,7 +93,7 @@ def analyse_divergence(
     with using_attn_implementation(hf_model, "sdpa"):  # eager would materialise H x L x L scores
         logits = hf_model(ids, use_cache=False, logits_to_keep=1).logits[0, -1]
     gap = float(logits[ref_token].float() - logits[token].float())
-    tolerance = tie_tolerance(float(logits.float().max()), logits.dtype)
+    tolerance = tie_tolerance(float(logits.float().max()), tie_dtype or logits.dtype)
     near_tie = abs(gap) <= tolerance
     # a token tied with the argmax counts as the argmax (argmax's choice among equals is arbitrary)
     reference_off = not near_tie and float(logits[token]) == float(logits.max())

@@ -20,7 +20,7 @@ import torch
 from longspec.atomic import write_text_atomic
 from longspec.cli import UserError
 from longspec.eval.config import EvalConfig
-from longspec.eval.datasets import load_samples
+from longspec.eval.datasets import load_samples, prompt_context_len
 from longspec.eval.divergence import TIE_ULPS, analyse_divergence
 from longspec.eval.progress import EvalProgress, run_key
 from longspec.eval.report import greedy_reference, summarise, write_report
@@ -127,10 +127,8 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     # after the data checks, so a gpt2 target first asked for another data.context_margin, then was refused.
     _check_model_type(hf_config)
     check_tokenizer_fits(tokenizer, hf_config.vocab_size)  # the embedding's rows
-    max_positions = getattr(hf_config, "max_position_embeddings", None)
     # by default prompts fit the target's context, or the range its rope rotates exactly (`_check_positions`)
-    bounds = [n for n in (max_positions, exact_positions(hf_config)) if n is not None]
-    context_len = cfg.data.context_len or (min(bounds) if bounds else None)
+    context_len = prompt_context_len(cfg.data.context_len, hf_config)
     if context_len is None:
         raise UserError("the target's config has no max_position_embeddings: set data.context_len")
     gen_config = cfg.generation_config(eos_token_ids=_eos_ids(tokenizer, hf_config))
@@ -177,6 +175,7 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": git_commit(),
         "data": data_reports,
+        "context_len": context_len,  # what the prompts were fitted to (data.context_len, or the target's)
         "methods": {m: {} for m in methods},
     }
 

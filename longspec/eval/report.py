@@ -429,15 +429,24 @@ def write_report(results: dict, output_dir: str) -> None:
     write_text_atomic(os.path.join(output_dir, "report.md"), report_markdown(results))
 
 
-def rescore(results_path: str, output_dir: str | None = None) -> dict:
-    """Summarise an existing results.json again with this version's rules (quality guard, speedup baselines)
-    and rewrite its summary, report.md and plots: a recorded run is re-read, never re-measured."""
+def read_results(results_path: str) -> dict:
+    """A results.json written by `python -m longspec.eval`, checked to be one."""
     import json
 
     with open(results_path, encoding="utf-8") as f:
         results = json.load(f)
-    if "methods" not in results or "config" not in results:
+    if not isinstance(results, dict) or "methods" not in results or "config" not in results:
         raise ValueError(f"{results_path} is not a longspec.eval results.json (no methods / config)")
+    return results
+
+
+def rescore(results_path: str, output_dir: str | None = None, results: dict | None = None) -> dict:
+    """Summarise an existing results.json again with this version's rules (quality guard, speedup baselines,
+    the divergences' verdicts) and rewrite its summary, report.md and plots: a recorded run is re-read, never
+    re-measured. `results`: the file's content when the caller has read (and changed) it already."""
+    import json
+
+    results = read_results(results_path) if results is None else results
     output_dir = output_dir or os.path.dirname(os.path.abspath(results_path))
     os.makedirs(output_dir, exist_ok=True)
     results["summary"] = summarise(results["methods"], greedy=results["config"].get("temperature", 0) == 0)
@@ -478,7 +487,8 @@ def _main(argv: list[str] | None) -> None:
     from longspec.cli import ArgumentParser
 
     parser = ArgumentParser(
-        description="Re-summarise an eval results.json (quality guard, report.md, plots)."
+        description="Re-summarise an eval results.json (quality guard, report.md, plots; with --reanalyse, "
+        "its divergences first)."
     )
     parser.add_argument("results", help="a results.json written by python -m longspec.eval")
     parser.add_argument("--out", default=None, help="directory for the rewritten files (default: beside it)")
@@ -489,8 +499,39 @@ def _main(argv: list[str] | None) -> None:
         help="also write outputs.md: the target's output per sample, decoded with this tokenizer (a model dir, "
         "a .gguf file or pkg://PACKAGE/FILE.gguf)",
     )
+    parser.add_argument(
+        "--reanalyse",
+        metavar="TARGET",
+        default=None,
+        help="first run the divergence analysis again on every greedy output that differs from the reference, "
+        "with this target (its directory, or with --gguf-file a GGUF): the recorded outputs, the current rule",
+    )
+    parser.add_argument(
+        "--gguf-file", default=None, help="with --reanalyse: a GGUF file in TARGET (or a path)"
+    )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="with --reanalyse: the target's dtype (default: the evaluation's); float32 measures a bf16 flip's "
+        "gap without bf16 rounding (near-ties are judged in the evaluation's dtype either way)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="with --reanalyse: where the evaluation's JSONL files are now, by name",
+    )
     args = parser.parse_args(argv)
-    results = rescore(args.results, args.out)
+    results = read_results(args.results)
+    if args.reanalyse:
+        from longspec.eval.reanalyse import reanalyse
+        from longspec.target_source import load_causal_lm, load_tokenizer, resolve_dtype, resolve_source
+
+        source = resolve_source(args.reanalyse, args.gguf_file)
+        dtype = resolve_dtype(args.dtype or results.get("dtype") or "float32", argument="--dtype")
+        model = load_causal_lm(source, dtype=dtype).eval()
+        count = reanalyse(results, model, load_tokenizer(source), data_dir=args.data_dir)
+        print(f"re-analysed {count} divergence(s) with the target in {dtype}")
+    results = rescore(args.results, args.out, results)
     out = args.out or os.path.dirname(os.path.abspath(args.results))
     if args.show_outputs:
         from longspec.target_source import load_tokenizer

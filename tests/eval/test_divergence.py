@@ -54,6 +54,10 @@ def test_gap_is_the_targets_logit_difference_on_the_reference_prefix():
     assert divergence.gap == pytest.approx(float(logits[reference[3]] - logits[runner_up]), abs=1e-5)
     assert divergence.gap > divergence.tolerance and not divergence.near_tie  # fp32: a real difference
     assert not divergence.reference_off and not divergence.explained  # the target's argmax is the reference's
+    # judged in another dtype's rounding (a bf16 run analysed in float32): the same gap, bf16's tolerance
+    as_bf16 = analyse_divergence(model, prompt, output, reference, tie_dtype=torch.bfloat16)
+    assert as_bf16.gap == divergence.gap
+    assert as_bf16.tolerance == pytest.approx(tie_tolerance(float(logits.max()), torch.bfloat16))
     assert analyse_divergence(model, prompt, reference, reference) is None
     early = analyse_divergence(model, prompt, reference[:2], reference)
     assert early.index == 2 and early.token is None and not early.near_tie
