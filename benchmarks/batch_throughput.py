@@ -63,7 +63,7 @@ from round_latency import SHAPES, build_target, markdown_table  # noqa: E402
 
 from longspec.atomic import write_json_atomic  # noqa: E402
 from longspec.drafter import Drafter, DrafterConfig  # noqa: E402
-from longspec.eval.divergence import analyse_divergence  # noqa: E402
+from longspec.eval.divergence import analyse_divergence, explained  # noqa: E402
 from longspec.eval.report import pooled_acceptance_profile  # noqa: E402
 from longspec.infer.baselines import run_method_batch  # noqa: E402
 from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine  # noqa: E402
@@ -292,7 +292,7 @@ def bench_cell(engine, drafter, prompts, args, widths, capture: bool) -> tuple[d
     row["near_ties_only"] = all(d["near_tie"] for d in row["divergences"])
     # explained: near-ties, or batched AR's own departures from the target's argmax (`reference_off`: the target
     # run alone on the common prefix ranks longspec's token first)
-    row["explained_only"] = all(d["near_tie"] or d["reference_off"] for d in row["divergences"])
+    row["explained_only"] = all(map(explained, row["divergences"]))
     rounds = sum(s.stats.rounds for s in spec)
     row["tau"] = (sum(sum(s.stats.accepted) for s in spec) + rounds) / rounds if rounds else float("nan")
     row["tokens_per_row"] = [r.stats.num_new_tokens for r in spec]

@@ -24,7 +24,15 @@ import torch
 
 from longspec.infer.baselines import using_attn_implementation
 
-__all__ = ["TIE_ULPS", "Divergence", "analyse_divergence", "first_divergence", "gap_ulps", "tie_tolerance"]
+__all__ = [
+    "TIE_ULPS",
+    "Divergence",
+    "analyse_divergence",
+    "explained",
+    "first_divergence",
+    "gap_ulps",
+    "tie_tolerance",
+]
 
 # A near-tie: a logit gap within this many units in the last place of the top logit, in the model's dtype.
 TIE_ULPS = 2.0
@@ -44,11 +52,16 @@ class Divergence:
 
     @property
     def explained(self) -> bool:
-        """Whether the difference is no failure of the checked output: a near-tie, or the reference's own."""
-        return self.near_tie or self.reference_off
+        return explained(self.to_dict())
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def explained(divergence: dict) -> bool:
+    """Whether a recorded divergence (`Divergence.to_dict`) is no failure of the checked output: a near-tie, or
+    the reference's own departure (`reference_off`, absent from results recorded before it)."""
+    return divergence["near_tie"] or divergence.get("reference_off", False)
 
 
 def first_divergence(output: list[int], reference: list[int]) -> int | None:

@@ -7,7 +7,7 @@ import math
 import os
 
 from longspec.atomic import write_text_atomic
-from longspec.eval.divergence import TIE_ULPS, gap_ulps
+from longspec.eval.divergence import TIE_ULPS, explained, gap_ulps
 from longspec.eval.quality import MIN_DISTINCT_RATIO, assess
 from longspec.infer.stats import acceptance_profile
 
@@ -191,7 +191,7 @@ def summarise(methods: dict[str, dict[str, list[dict]]], *, greedy: bool) -> dic
             # thousands as a logic error. None: none with a gap (unanalysed, or one output stopped early).
             agg["max_divergence_ulps"] = max(
                 (gap_ulps(d["gap"], d["tolerance"]) for d in analysed
-                 if not (d["near_tie"] or d.get("reference_off")) and d["gap"] is not None and d["tolerance"]),
+                 if not explained(d) and d["gap"] is not None and d["tolerance"]),
                 default=None,
             )  # fmt: skip
         summary[dataset] = per_method
