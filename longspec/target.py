@@ -321,7 +321,7 @@ class TargetModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., Dm] -> [..., V]. Never on long training sequences: use longspec.losses' fused loss."""
-        return self.lm_head(hidden)
+        return layer_ops.head_logits(self.lm_head, hidden)
 
 
 class _PackedLayer(nn.Module):

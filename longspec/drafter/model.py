@@ -33,6 +33,7 @@ from longspec.fingerprint import fingerprint_mismatches, target_fingerprint
 from longspec.modules.attention import attention, cache_attention, tree_attention
 from longspec.modules.layer_ops import (
     add_rms_norm,
+    head_logits,
     linear,
     linear_silu_mul,
     project,
@@ -147,7 +148,7 @@ class Drafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., Dm] -> [..., V] through the target's LM head (no final norm)."""
-        return self.lm_head(hidden.to(self.lm_head.weight.dtype))
+        return head_logits(self.lm_head, hidden.to(self.lm_head.weight.dtype))
 
     # ---- pieces shared by training and inference ---------------------------------------------------------
     def _self_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The decoder layer's fused element-wise steps (residual add + RMSNorm, q/k norm + RoPE from the packed QKV
 projection, SiLU(gate) * up), each one Triton launch on CUDA and the plain-PyTorch reference elsewhere, and its
-projections (`linear`, `linear_silu_mul`): on CUDA in 16-bit dtypes, for the one or two rows of an AR step or a
-chain of one, a Triton GEMV (`kernels.gemv`, the MLP's SiLU x up fused into its gate/up projection); F.linear
+projections (`linear`, `linear_silu_mul`, `head_logits`): on CUDA in 16-bit dtypes, for the one or two rows of an AR
+step or a chain of one, a Triton GEMV (`kernels.gemv`, the MLP's SiLU x up fused into its gate/up projection); on
+the CPU, for up to 16 rows, the faster of two BLAS calls measured per shape (`modules.cpu_projection`); F.linear
 otherwise.
 
 The references (`longspec.kernels.layer_ops.naive`) use the HF modules' arithmetic, so off CUDA the packed
@@ -17,11 +18,13 @@ from torch import nn
 from longspec.kernels import HAS_TRITON, gemv
 from longspec.kernels import layer_ops as kernels
 from longspec.kernels.layer_ops import write_kv  # the unpacked layer's cache write: one scatter per tensor
+from longspec.modules.cpu_projection import few_rows_linear
 
 __all__ = [
     "add_rms_norm",
     "linear",
     "linear_silu_mul",
+    "head_logits",
     "project",
     "qkv_rope",
     "silu_mul",
@@ -50,14 +53,28 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """x [..., K] @ weight [N, K]^T (+ bias)."""
     if _gemv(x, weight):
         return gemv.gemv(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return _blas(x, weight, bias)
+
+
+def _blas(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear, or on the CPU for few rows its measured faster equivalent (`cpu_projection`)."""
+    out = few_rows_linear(x, weight, bias)
+    return F.linear(x, weight, bias) if out is None else out
 
 
 def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """SiLU(x @ gate^T) * (x @ up^T) for the packed gate_up [2F, K] (gate rows, then up rows)."""
     if _gemv(x, gate_up):
         return gemv.gemv_silu_mul(x, gate_up, bias)
-    return silu_mul(F.linear(x, gate_up, bias))
+    return silu_mul(_blas(x, gate_up, bias))
+
+
+def head_logits(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The LM head's logits, head(x): never the CUDA GEMV (cuBLAS streamed SmolLM2's head faster at one row, and
+    it ties at the 8B shape: docs/BENCHMARKS.md), the CPU's measured route for few rows, else the module itself."""
+    if type(head) is nn.Linear:
+        return _blas(x, head.weight, head.bias)
+    return head(x)
 
 
 def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
