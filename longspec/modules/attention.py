@@ -13,7 +13,9 @@ Backends (`backend=`):
 - "flash_attn": the flash-attn package (CUDA, fp16/bf16): causal, sliding window and GQA natively, with grads.
 - "torch_flash": PyTorch's own flash kernel `aten._scaled_dot_product_flash_attention` (CUDA, fp16/bf16), which
   returns the LSE but needs equal q/kv head counts: an unmasked query block folds the GQA group into the query
-  axis (no K/V copy); causal GQA repeats K/V. No sliding window.
+  axis (no K/V copy); causal GQA repeats K/V. No sliding window. In `cache_attention` also its CPU twin
+  (`_scaled_dot_product_flash_attention_for_cpu`, float32 / bf16, no autograd: decoding on the CPU), a causal
+  tail and a forest included, through an additive mask.
 - "triton": our forward-only kernels (`longspec.kernels`): `split_kv_attn` for the cache, `fused_mask_attn` for
   masks. CUDA, or CPU under TRITON_INTERPRET=1 (tests).
 - "math": plain PyTorch in float32 (any device, with grads): the reference every other backend is tested against.
@@ -21,7 +23,8 @@ Backends (`backend=`):
   `cache_attention` / `hybrid_attention` (few queries vs a long cache, inference): triton > flash_attn >
   torch_flash > math, because our split-KV kernel was measured 1.8-2.7x faster than the FA2-family kernel on
   this shape (docs/BENCHMARKS.md); a causal tail that is a forest (`cache_attention(branches=...)`) skips
-  flash_attn, which has no such mask. `tree_attention`: triton > math. It warns once when it falls back to math
+  flash_attn, which has no such mask; on the CPU, torch_flash with the length on the host (eager decoding),
+  math with a per-row length tensor. `tree_attention`: triton > math. It warns once when it falls back to math
   on a GPU.
 An explicitly requested backend that cannot run the call raises ValueError saying what to install or change.
 Gradients flow through `out` only (the LSE of the fast backends is not differentiable); "triton" is forward only.
@@ -69,7 +72,10 @@ BACKENDS = ("auto", "flash_attn", "torch_flash", "triton", "math")
 
 _INSTALL_HINT = {
     "flash_attn": "install it with `pip install 'longspec[flash]'` (needs a CUDA GPU and fp16/bf16 tensors)",
-    "torch_flash": "it needs a CUDA GPU, fp16/bf16 tensors and a head dim <= 256 that is a multiple of 8",
+    "torch_flash": (
+        "it needs a CUDA GPU, fp16/bf16 tensors and a head dim <= 256 that is a multiple of 8 (cache_attention: "
+        "or float32 / bf16 on the CPU without gradients)"
+    ),
     "triton": "it needs `pip install triton` and a CUDA GPU (or TRITON_INTERPRET=1 on CPU), and is forward only",
 }
 _warned: set[str] = set()
@@ -227,7 +233,9 @@ def cache_attention(
             backend = "triton"
         elif backends.flash_attn_ok(q) and not needs_grad(q, k_cache, v_cache) and not forest:
             backend = "flash_attn"
-        elif backends.torch_flash_ok(q) and not isinstance(cache_len, torch.Tensor) and not causal:
+        elif (backends.torch_flash_ok(q) and not isinstance(cache_len, torch.Tensor) and not causal) or (
+            backends.cpu_flash_ok(q, k_cache, v_cache) and not isinstance(cache_len, torch.Tensor)
+        ):
             backend = "torch_flash"
         else:
             if q.is_cuda:
@@ -245,6 +253,15 @@ def cache_attention(
             raise _cannot(backend, "Triton is unavailable for this device or gradients are required")
         return backends.triton_cache(
             q, k_cache, v_cache, cache_len, scale=scale, causal=causal, branches=branches
+        )
+    if backend == "torch_flash" and not q.is_cuda:
+        if not backends.cpu_flash_ok(q, k_cache, v_cache):
+            raise _cannot(backend, "on the CPU it needs float32 / bf16 and no gradients")
+        lengths = torch.as_tensor(cache_len).flatten().tolist()  # a CPU tensor: no device sync
+        if len(set(lengths)) != 1:
+            raise _cannot(backend, "per-batch cache lengths need a mask")
+        return backends.cpu_flash_cache(
+            q, k_cache, v_cache, lengths[0], causal=causal, branches=branches, scale=scale
         )
     if backend == "torch_flash":
         if not backends.torch_flash_ok(q):

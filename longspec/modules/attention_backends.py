@@ -8,6 +8,7 @@ Tmax static-cache slots. Layout is [B, H, T, D] everywhere; lse is [B, H, Tq] in
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -19,17 +20,20 @@ __all__ = [
     "HAS_FLASH_ATTN",
     "flash_attn_ok",
     "torch_flash_ok",
+    "cpu_flash_ok",
     "triton_ok",
     "triton_auto",
     "flash_attn_call",
     "flash_attn_cache",
     "torch_flash_call",
+    "cpu_flash_cache",
     "triton_masked",
     "triton_cache",
 ]
 
 HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
 HALF = (torch.float16, torch.bfloat16)
+HAS_CPU_FLASH = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
 def flash_attn_ok(q: torch.Tensor) -> bool:
@@ -39,6 +43,16 @@ def flash_attn_ok(q: torch.Tensor) -> bool:
 def torch_flash_ok(q: torch.Tensor) -> bool:
     d = q.shape[-1]
     return q.is_cuda and q.dtype in HALF and d <= 256 and d % 8 == 0
+
+
+def cpu_flash_ok(q: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """PyTorch's CPU flash kernel, for inference (no autograd) in float32 / bf16."""
+    return (
+        HAS_CPU_FLASH
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.bfloat16)
+        and not needs_grad(q, *tensors)
+    )
 
 
 def triton_ok(q: torch.Tensor, *tensors: torch.Tensor) -> bool:
@@ -120,6 +134,46 @@ def torch_flash_call(q, k, v, *, causal: bool, scale: float):
         :2
     ]
     return out, lse
+
+
+def cpu_flash_cache(q, k_cache, v_cache, cache_len: int, *, causal: bool, branches: int, scale: float):
+    """Few queries vs the first `cache_len` slots of a static cache on the CPU (`cache_attention`'s contract,
+    a causal tail and a forest included) through aten._scaled_dot_product_flash_attention_for_cpu. Each kv head's
+    group of query heads is folded into its query axis (no K/V copy: [B, Hkv, G * Tq, D]); a causal tail is an
+    additive mask over those rows (`_tail_mask`, made once per round shape and shared by the layers). On the
+    2-core CI machine an AR step's attention over 1.8K slots took 46 µs here against 132 in the math path, a
+    2-token tail 69 against 317 (the math path's five-dimensional broadcasts run at a fraction of the memory
+    speed; docs/BENCHMARKS.md)."""
+    B, H, Tq, D = q.shape
+    Hkv = k_cache.shape[1]
+    group = H // Hkv
+    if cache_len == 0:  # empty key set: the kernel rejects it, the answer is known
+        return q.new_zeros(q.shape), q.new_full((B, H, Tq), float("-inf"), dtype=torch.float32)
+    mask = _tail_mask(cache_len, Tq, group, branches, q.dtype) if causal else None
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.reshape(B, Hkv, group * Tq, D),
+        k_cache[:, :, :cache_len],
+        v_cache[:, :, :cache_len],
+        0.0,
+        False,
+        attn_mask=mask,
+        scale=scale,
+    )[:2]
+    return out.reshape(B, H, Tq, D), lse.reshape(B, H, Tq)
+
+
+@functools.lru_cache(maxsize=16)
+def _tail_mask(cache_len: int, tail: int, group: int, branches: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask [group * tail, cache_len] of a causal tail (`cache_attention`'s rule) over the folded
+    query rows (row g * tail + t: query t of the group's head g): 0 where visible, -inf elsewhere. Tail query t
+    sees every slot before the tail and tail slot j <= t -- with `branches` > 1 only the root (j = 0) and its own
+    chain ((t - j) % branches == 0). Shared, read only: a round's layers all take the one made for its shape."""
+    t = torch.arange(tail)[:, None]
+    j = torch.arange(tail)[None, :]
+    visible = (j <= t) & ((j == 0) | ((t - j) % branches == 0))
+    mask = torch.zeros(tail, cache_len, dtype=dtype)
+    mask[:, cache_len - tail :].masked_fill_(~visible, float("-inf"))
+    return mask.repeat(group, 1)
 
 
 def triton_masked(q, k, v, mask, *, scale: float):

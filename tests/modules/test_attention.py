@@ -169,12 +169,37 @@ def test_cache_attention_forest_errors(stand_in_flash_attn):
             cache_attention(q, k, v, 13, causal=True, branches=branches)
     with pytest.raises(ValueError, match="cannot run this call.*forest"):
         cache_attention(q, k, v, 13, causal=True, branches=2, backend="flash_attn")
-    # "auto" would pick flash_attn (the stand-in) for a chain here, but not for a forest.
+    # "auto" would pick flash_attn (the stand-in) for a chain here, but not for a forest (on the CPU: torch_flash).
     out, lse = cache_attention(q, k, v, 13, causal=True, branches=2)
     ref_out, ref_lse = cache_attention(q, k, v, 13, causal=True, branches=2, backend="math")
-    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(lse, ref_lse)
     chain = cache_attention(q, k, v, 13, causal=True)
     assert not torch.allclose(chain[1], ref_lse)
+
+
+@pytest.mark.parametrize("Tq, branches", [(1, 1), (2, 1), (9, 1), (9, 4), (5, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_torch_flash_cache_matches_math(Tq, branches, dtype):
+    """cache_attention's CPU flash path (torch_flash off CUDA: aten's CPU flash kernel, GQA folded, a causal tail or
+    forest as an additive mask) == the math reference, causal or not, with a GQA group of 3; an empty cache is
+    out 0, lse -inf; it refuses autograd and per-row lengths; "auto" takes it for host lengths on the CPU."""
+    q, k, v = _qkv(B=1, H=6, Hkv=2, Tq=Tq, Tk=40, D=32, dtype=dtype)
+    tol = {} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for causal in (True, False):
+        kw = dict(causal=causal, branches=branches if causal else 1)
+        out, lse = cache_attention(q, k, v, 31, backend="torch_flash", **kw)
+        ref_out, ref_lse = cache_attention(q, k, v, 31, backend="math", **kw)
+        torch.testing.assert_close(out, ref_out, **tol)
+        torch.testing.assert_close(lse, ref_lse, **tol)
+        auto = cache_attention(q, k, v, 31, **kw)
+        assert torch.equal(auto[0], out) and torch.equal(auto[1], lse)
+    out, lse = cache_attention(q, k, v, 0, backend="torch_flash")
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    with pytest.raises(ValueError, match="per-batch cache lengths"):
+        cache_attention(*_qkv(Tq=Tq, Tk=40), torch.tensor([31, 20]), backend="torch_flash")
+    with torch.enable_grad(), pytest.raises(ValueError, match="no gradients"):
+        cache_attention(q.float().requires_grad_(), k.float(), v.float(), 31, backend="torch_flash")
 
 
 def test_tree_attention_matches_definition():
