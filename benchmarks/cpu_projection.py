@@ -29,6 +29,7 @@ SHAPES = {
 }  # fmt: skip
 
 
+@torch.no_grad()  # the engine's routes are for inference (a global switch would leak into the caller)
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -41,7 +42,6 @@ def main(argv=None) -> list[dict]:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
     generator = torch.Generator().manual_seed(0)
     records = []
     for shape in args.shapes:

@@ -3,6 +3,8 @@ the kept route follows the module's margin rule, and the JSON holds what it prin
 
 import json
 
+import torch
+
 from longspec.modules import cpu_projection
 
 
@@ -17,5 +19,6 @@ def test_routes_agree_are_timed_and_kept_by_the_margin(load_benchmark, tmp_path,
         assert row["linear_us"] > 0 and row["weight_left_us"] > 0
         wins = row["linear_us"] >= cpu_projection.MARGIN * row["weight_left_us"]
         assert row["kept"] == ("weight_left" if wins else "linear")
+    assert torch.is_grad_enabled()  # no global switch left behind
     written = json.loads((tmp_path / "cpu_projection.json").read_text())
     assert written["rows"] == json.loads(json.dumps(rows)) and written["threads"] >= 1
