@@ -43,8 +43,8 @@ depth d > 1 takes depth d-1's estimate as its prior (hierarchical): deep levels 
 a fixed optimistic prior there overstated a big tree's yield (the first policy kept the full tree at 0.73x of
 plain decoding on the GPU, docs/BENCHMARKS.md), while acceptance per level, given the level above was accepted,
 changes little with depth. While "no speculation" wins the drafter is not observed: every `explore_every`-th
-such round since the drafter last ran (lookup rounds between them neither count nor restart the count) explores
-instead (the drafter's cheapest round, see above), so the policy can come back; an exploration after which "no speculation" still wins doubles the interval (up to MAX_EXPLORE_EVERY; each call
+such round explores instead (the drafter's cheapest round, see above), so the policy can come back; an
+exploration after which "no speculation" still wins doubles the interval (up to MAX_EXPLORE_EVERY; each call
 starts again from `explore_every`), one that changes the decision resets it, so a drafter that cannot help costs
 ever less (at most one chain round in 64: ~1% of the time where a chain round costs 1.5 plain steps). The interval
 never drops below what keeps the explorations' extra cost within EXPLORE_BUDGET of plain decoding's, at the round
@@ -676,11 +676,6 @@ class AdaptivePolicy:
             else min(lookups, key=lambda t: t.length, default=None)
         )
         self._plain_streak = 0
-        # Plain rounds since the drafter last ran (a tree, or an exploration): what the exploration schedule counts.
-        # Lookup rounds in between do not reset it: on the real SmolLM2 on the CPU (qmsum_2k, T=0) plain rounds
-        # and lookup rounds alternated, no plain streak reached 16, and in 6 samples the drafter never ran once
-        # (its estimate stayed at the prior, just under plain decoding's rate).
-        self._unexplored = 0
         self._interval = explore_every  # grows while explorations fail (see the module docstring)
         self._exploring = False
         self._decision: tuple | None = None  # (context bucket, best, floor) of the last check
@@ -706,8 +701,7 @@ class AdaptivePolicy:
         self.lookup_calibration.discount(CARRY_OVER)
         self._repeating = False
         self._ring_behind = False  # a call's ring starts complete (its prefill)
-        self._plain_streak, self._unexplored, self._interval, self._exploring, self._decision = (
-            0,
+        self._plain_streak, self._interval, self._exploring, self._decision = (
             0,
             self.explore_every,
             False,
@@ -811,10 +805,9 @@ class AdaptivePolicy:
         return best
 
     def choose(self, context_len: int) -> Candidate:
-        """`best`, except where it is no speculation: every `_interval`-th such round since the drafter last ran
-        (at least the budget's floor, `_floor`; lookup rounds between them do not count, nor restart the count)
-        explores, with the drafter's cheapest round (`_explore`). In a plain streak the decision is re-checked
-        every RECHECK_EVERY rounds or when the context bucket changes."""
+        """`best`, except where it is no speculation: every `_interval`-th consecutive such round (at least the
+        budget's floor, `_floor`) explores, with the drafter's cheapest round (`_explore`). In a plain streak the
+        decision is re-checked every RECHECK_EVERY rounds or when the context bucket changes."""
         bucket = context_bucket(context_len)
         if self._decision is None or self._decision[0] != bucket or self._plain_streak % RECHECK_EVERY == 0:
             best = self.best(context_len)
@@ -824,16 +817,13 @@ class AdaptivePolicy:
             self._plain_streak = 0
         else:
             self._plain_streak += 1
-            self._unexplored += 1
             if (
                 self.explore_every
                 and self._explore is not None
-                and self._unexplored % max(self._interval, floor) == 0
+                and self._plain_streak % max(self._interval, floor) == 0
             ):
                 self._exploring = True
                 best = self._explore
-        if is_drafter_tree(best):
-            self._unexplored = 0
         self._ring_behind = not is_drafter_tree(best)
         return best
 
@@ -864,7 +854,7 @@ class AdaptivePolicy:
             self.lookup_calibration.discount(PLAIN_AGING)
         if self._exploring:
             self._exploring = False
-            self._plain_streak = self._unexplored = 0
+            self._plain_streak = 0
             self._decision = None
             pays = bool(ranks) if context_len is None else bool(self.best(context_len))
             self._interval = self.explore_every if pays else min(2 * self._interval, MAX_EXPLORE_EVERY)

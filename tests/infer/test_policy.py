@@ -2,7 +2,6 @@
 (lossless with the tree changing between rounds, eager and static shapes; the round's one host copy)."""
 
 import dataclasses
-import itertools
 import math
 import random
 
@@ -868,29 +867,6 @@ def test_explorations_run_the_drafter_and_lookups_come_back_through_the_shadow()
     assert sum(isinstance(c, Lookup) for c in chosen[-100:]) >= 90
 
 
-def test_lookup_rounds_between_plain_ones_do_not_starve_the_drafter(monkeypatch):
-    """Plain and lookup rounds alternating (a text that quotes its document now and then): the plain rounds since
-    the drafter last ran are counted across the lookup rounds, so the drafter's chain still explores every
-    `_interval`-th of them (before, each lookup round restarted the count: on the real SmolLM2 on the CPU, plain
-    and lookup rounds alternated and the drafter never ran in 6 samples)."""
-    policy = AdaptivePolicy(NodeCosts(), AUTO_TREES + AUTO_LOOKUPS, explore_every=4)
-    floor = policy._floor(4096)
-    decisions = itertools.cycle([(), (), Lookup(4)])  # what `best` says, round after round
-    monkeypatch.setattr(policy, "best", lambda context_len: next(decisions))
-    chosen = []
-    for _ in range(3 * 4 * floor):
-        policy._decision = None  # decide every round (the stubbed best changes every round)
-        widths = policy.choose(4096)
-        chosen.append(widths)
-        policy.observe(widths, [], 4096)  # nothing accepted: the interval backs off
-    explored = [i for i, widths in enumerate(chosen) if widths == (1,)]
-    assert explored and all(
-        isinstance(chosen[i], Lookup) or chosen[i] in ((), (1,)) for i in range(len(chosen))
-    )
-    plain_before_first = sum(1 for widths in chosen[: explored[0]] if widths == ())
-    assert plain_before_first == max(4, floor) - 1  # the exploring round is the count's max(4, floor)-th
-
-
 def test_lookup_costs_are_monotone_within_their_family_and_learned_like_the_trees():
     """A shorter lookup chain never costs more than a longer one, nor less than a plain step; lookup chains and
     drafter trees do not bound each other (different work). Learned times calibrate unseen lookups too."""
@@ -1186,11 +1162,11 @@ def test_one_lookup_hit_does_not_start_a_burst_of_lookup_rounds(monkeypatch):
     enough to pay a lookup round). A plain streak decides again at each accept (`_hit`), so what one hit does to
     the lookups' estimate is acted on at once. With the lookup family's own priors (LOOKUP_PRIOR_FIRST,
     LOOKUP_CALIBRATION_PRIOR) lookup rounds stay under 12% of rounds; with the drafter's (a depth-1 prior of 0.5,
-    one pseudo-draft of calibration: a single hit multiplied the estimate several-fold) they take about a fifth
-    (0.19 since the drafter is explored across lookup rounds too; 0.2+ before), and tokens per second are lower."""
+    one pseudo-draft of calibration: a single hit multiplied the estimate several-fold) they take over 20%, and
+    tokens per second are lower."""
     share, speed = _rare_one_token_lookups(monkeypatch, lookup_priors=True)
     control_share, control_speed = _rare_one_token_lookups(monkeypatch, lookup_priors=False)
-    assert share <= 0.12 and control_share >= 0.16, (share, control_share)
+    assert share <= 0.12 and control_share >= 0.2, (share, control_share)
     assert speed > control_speed + 0.03, (speed, control_speed)
 
 
