@@ -520,15 +520,27 @@ def _main(argv: list[str] | None) -> None:
         default=None,
         help="with --reanalyse: where the evaluation's JSONL files are now, by name",
     )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="with --reanalyse: where the target runs (default cpu; e.g. cuda for a large target)",
+    )
     args = parser.parse_args(argv)
     results = read_results(args.results)
     if args.reanalyse:
         from longspec.eval.reanalyse import reanalyse
-        from longspec.target_source import load_causal_lm, load_tokenizer, resolve_dtype, resolve_source
+        from longspec.target_source import (
+            load_causal_lm,
+            load_tokenizer,
+            resolve_device,
+            resolve_dtype,
+            resolve_source,
+        )
 
         source = resolve_source(args.reanalyse, args.gguf_file)
         dtype = resolve_dtype(args.dtype or results.get("dtype") or "float32", argument="--dtype")
-        model = load_causal_lm(source, dtype=dtype).eval()
+        device = resolve_device(args.device, argument="--device")  # checked before any weight is read
+        model = load_causal_lm(source, dtype=dtype, device_map=str(device)).eval()
         count = reanalyse(results, model, load_tokenizer(source), data_dir=args.data_dir)
         print(f"re-analysed {count} divergence(s) with the target in {dtype}")
     results = rescore(args.results, args.out, results)

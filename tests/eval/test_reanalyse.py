@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from longspec.eval.__main__ import main as eval_main
@@ -58,3 +59,14 @@ def test_a_prompt_that_is_not_the_evaluations_is_one_error(eval_overrides, tiny_
         json.dump(results, f)
     assert report_main([path, "--reanalyse", tiny_target_dir]) != 0
     assert "the prompt is not the evaluation's" in capsys.readouterr().err
+
+
+def test_a_device_this_machine_lacks_is_one_error_before_loading(
+    eval_overrides, tiny_target_dir, tmp_path, capsys
+):
+    """--device names where the target runs; one this machine does not have is one error naming the flag."""
+    _, path = _recorded_run(eval_overrides, tmp_path)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert report_main([path, "--reanalyse", tiny_target_dir, "--device", "cuda"]) != 0
+    assert "--device 'cuda'" in capsys.readouterr().err
