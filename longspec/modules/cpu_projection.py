@@ -4,8 +4,8 @@ fastest, measured once per shape on the machine that runs them.
 Inference multiplies few rows by each weight: one for an AR step, a round's verified tokens for a verify (2-17 in
 the rounds tree="auto" runs most). F.linear hands BLAS x @ W^T with M as the GEMM's rows, and for few rows some
 builds run that product on one core, or through a GEMV that streams a tall weight slowly. On this project's 2-core
-CI machine (AMD EPYC, torch's CPU build with MKL), F.linear at 2-4 rows cost 2-5x its one-row time, so a verify of
-two tokens cost 1.4x an AR step and no speculation paid there (docs/BENCHMARKS.md). The same product computed as
+CI machine (AMD EPYC, torch's CPU build with MKL), F.linear at 2-4 rows cost 2-5x its one-row time, so a round
+verifying 2-3 tokens cost 1.6-1.8 plain steps and no speculation paid there (docs/BENCHMARKS.md). The same product computed as
 (W @ x^T)^T -- the weight as the GEMM's left operand, N its rows -- runs on every core: `weight_left`. For one
 row, x is repeated to two columns (a GEMM, not the GEMV; half its output is dropped): on that machine a
 576 x 49152 LM head (SmolLM2's) took a third of the GEMV's time that way.
@@ -15,9 +15,9 @@ shapes), so nothing is assumed: the first call of each (shape, rows, dtype, thre
 its own operands and keeps `weight_left` only where it is at least MARGIN faster, so a route never flips
 between runs on a near tie. Each timed call starts from cold caches (EVICT_BYTES written first): in a decode
 step the weight was evicted by the layers before it, and a weight served from cache favours another route (the
-code target's 8192 x 256 LM head: F.linear 0.21 ms warm, 0.92 ms in a round). Both compute the same sums of products; float32 roundings may differ in the last
-bits, as F.linear's own kernels already differ between row counts. Only inference takes a route (no autograd;
-training's products have thousands of rows).
+code target's 8192 x 256 LM head: F.linear 0.21 ms warm, 0.92 ms in a round). Both compute the same sums of
+products; float32 roundings may differ in the last bits, as F.linear's own kernels already differ between row
+counts. Only inference takes a route (no autograd; training's products have thousands of rows).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ __all__ = [
     "weight_left",
 ]
 
-# Past ~16 rows F.linear's GEMM threads over the rows as well (measured: no route wins by MARGIN there).
+# Past ~16 rows F.linear's GEMM threads over the rows as well (measured at 9-16 rows: mostly within MARGIN).
 MAX_ROWS = 16
 # Smaller weights take F.linear unmeasured: below ~1 MiB both routes cost the same few µs (the code target's
 # 256 x 384 qkv: 23 / 24 µs at 3 rows), and the tests' tiny models need no timing.
