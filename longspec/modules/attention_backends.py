@@ -140,10 +140,10 @@ def cpu_flash_cache(q, k_cache, v_cache, cache_len: int, *, causal: bool, branch
     """Few queries vs the first `cache_len` slots of a static cache on the CPU (`cache_attention`'s contract,
     a causal tail and a forest included) through aten._scaled_dot_product_flash_attention_for_cpu. Each kv head's
     group of query heads is folded into its query axis (no K/V copy: [B, Hkv, G * Tq, D]); a causal tail is an
-    additive mask over those rows (`_tail_mask`, made once per round shape and shared by the layers). On the
-    2-core CI machine an AR step's attention over 1.8K slots took 46 µs here against 132 in the math path, a
-    2-token tail 69 against 317 (the math path's five-dimensional broadcasts run at a fraction of the memory
-    speed; docs/BENCHMARKS.md)."""
+    additive mask over those rows (`_tail_mask`, made once per round shape and shared by the layers). The math
+    path's five-dimensional broadcasts ran at a fraction of the memory speed: with this path the engine's plain
+    step at 2K on the 2-core CI machine went from 5.63 to 4.14 ms, a lookup2 round from 7.50 to 5.68
+    (docs/BENCHMARKS.md)."""
     B, H, Tq, D = q.shape
     Hkv = k_cache.shape[1]
     group = H // Hkv
