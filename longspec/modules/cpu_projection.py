@@ -14,8 +14,9 @@ Which route wins depends on the BLAS, the core count and the shape (with one thr
 shapes), so nothing is assumed: the first call of each (shape, rows, dtype, threads, bias) times both routes on
 its own operands and keeps `weight_left` only where it is at least MARGIN faster, so a route never flips
 between runs on a near tie. Each timed call starts from cold caches (EVICT_BYTES written first): in a decode
-step the weight was evicted by the layers before it, and a weight served from cache favours another route (the
-code target's 8192 x 256 LM head: F.linear 0.21 ms warm, 0.92 ms in a round). Both compute the same sums of
+step the weight was evicted by the layers before it, and a weight served from cache favours another route (timed
+warm, F.linear won the code target's 8192 x 256 LM head at one row; cold it took 1041 µs against weight-left's
+336, `benchmarks/cpu_projection.py`). Both compute the same sums of
 products; float32 roundings may differ in the last bits, as F.linear's own kernels already differ between row
 counts. Only inference takes a route (no autograd; training's products have thousands of rows).
 """
@@ -40,8 +41,8 @@ __all__ = [
 
 # Past ~16 rows F.linear's GEMM threads over the rows as well (measured at 9-16 rows: mostly within MARGIN).
 MAX_ROWS = 16
-# Smaller weights take F.linear unmeasured: below ~1 MiB both routes cost the same few µs (the code target's
-# 256 x 384 qkv: 23 / 24 µs at 3 rows), and the tests' tiny models need no timing.
+# Smaller weights take F.linear unmeasured: below ~1 MiB the routes differ by a few µs either way (the code
+# target's qkv / o / down, 0.26-0.66 MB), and the tests' tiny models need no timing.
 MIN_WEIGHT_BYTES = 1 << 20
 MARGIN = 1.25
 ROUTES = ("linear", "weight_left")
