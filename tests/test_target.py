@@ -55,7 +55,9 @@ def test_mistral_window_is_applied(anchor_ids):
     windowed = target(ids, pos).hidden
     target.layer_windows = [None, None]
     full = target(ids, pos).hidden
-    assert torch.equal(windowed[:, :16], full[:, :16])  # no token yet has anything outside the window
+    # no token yet has anything outside the window (the two run different kernels: the windowed layers the math
+    # path, the full ones the CPU flash kernel, so equal up to float32 rounding)
+    torch.testing.assert_close(windowed[:, :16], full[:, :16])
     assert not torch.allclose(windowed[:, 16:], full[:, 16:])
 
 

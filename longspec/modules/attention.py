@@ -13,13 +13,14 @@ Backends (`backend=`):
 - "flash_attn": the flash-attn package (CUDA, fp16/bf16): causal, sliding window and GQA natively, with grads.
 - "torch_flash": PyTorch's own flash kernel `aten._scaled_dot_product_flash_attention` (CUDA, fp16/bf16), which
   returns the LSE but needs equal q/kv head counts: an unmasked query block folds the GQA group into the query
-  axis (no K/V copy); causal GQA repeats K/V. No sliding window. In `cache_attention` also its CPU twin
-  (`_scaled_dot_product_flash_attention_for_cpu`, float32 / bf16, no autograd: decoding on the CPU), a causal
-  tail and a forest included, through an additive mask.
+  axis (no K/V copy); causal GQA repeats K/V. No sliding window. Off CUDA its CPU twin
+  (`_scaled_dot_product_flash_attention_for_cpu`, float32 / bf16, no autograd: inference on the CPU), in
+  `cache_attention` a causal tail and a forest included, through an additive mask.
 - "triton": our forward-only kernels (`longspec.kernels`): `split_kv_attn` for the cache, `fused_mask_attn` for
   masks. CUDA, or CPU under TRITON_INTERPRET=1 (tests).
 - "math": plain PyTorch in float32 (any device, with grads): the reference every other backend is tested against.
-- "auto": the fastest one that supports the call, by case. `attention`: flash_attn > torch_flash > triton > math.
+- "auto": the fastest one that supports the call, by case. `attention`: flash_attn > torch_flash > triton > math
+  (on the CPU without autograd: torch_flash where it fits, else math).
   `cache_attention` / `hybrid_attention` (few queries vs a long cache, inference): triton > flash_attn >
   torch_flash > math, because our split-KV kernel was measured 1.8-2.7x faster than the FA2-family kernel on
   this shape (docs/BENCHMARKS.md); a causal tail that is a forest (`cache_attention(branches=...)`) skips
@@ -131,8 +132,13 @@ def attention(
         raise ValueError(f"window must be >= 0 (or None), got {window}")
     scale = default_scale(q, scale)
     Tq, Tk = q.shape[2], k.shape[2]
-    # PyTorch's flash kernel has no window, and its causal mask is only unambiguous for square blocks.
-    torch_flash_fits = window is None and (not causal or Tq == Tk) and backends.torch_flash_ok(q)
+    # PyTorch's flash kernel has no window, and its causal mask is only unambiguous for square blocks. On the CPU
+    # its twin serves inference (a prefill's first chunk: O(T) memory where the math path's mask is O(T^2)).
+    torch_flash_fits = (
+        window is None
+        and (not causal or Tq == Tk)
+        and (backends.torch_flash_ok(q) or backends.cpu_flash_ok(q, k, v))
+    )
 
     if backend == "auto":
         if backends.flash_attn_ok(q):
@@ -158,7 +164,9 @@ def attention(
     if backend == "torch_flash":
         if not torch_flash_fits:
             raise _cannot(
-                backend, "no sliding window and no non-square causal block in PyTorch's flash kernel"
+                backend,
+                "no sliding window and no non-square causal block in PyTorch's flash kernel (and on the CPU "
+                "float32 / bf16 without gradients)",
             )
         return backends.torch_flash_call(q, k, v, causal=causal, scale=scale)
     if backend == "math" and window is not None and causal and Tq == Tk and Tq > 2 * window_block(window):

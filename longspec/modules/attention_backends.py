@@ -112,8 +112,18 @@ def flash_attn_cache(q, k_cache, v_cache, cache_len, *, scale: float, causal: bo
     return out.transpose(1, 2), _flash_lse(lse)
 
 
+def _flash(q, k, v, causal: bool, scale: float):
+    """PyTorch's flash kernel on q's device -> (out, lse): CUDA's, or its CPU twin (inference: `cpu_flash_ok`)."""
+    if q.is_cuda:
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[
+            :2
+        ]
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)[:2]
+
+
 def torch_flash_call(q, k, v, *, causal: bool, scale: float):
-    """aten._scaled_dot_product_flash_attention with equal head counts (GQA folded or repeated)."""
+    """aten._scaled_dot_product_flash_attention (or, on the CPU, its CPU twin) with equal head counts (GQA folded
+    or repeated)."""
     B, H, Tq, D = q.shape
     Hkv = k.shape[1]
     group = H // Hkv
@@ -121,19 +131,13 @@ def torch_flash_call(q, k, v, *, causal: bool, scale: float):
         return q.new_zeros(q.shape), q.new_full((B, H, Tq), float("-inf"), dtype=torch.float32)
     if group > 1 and not causal:
         # Every query sees the same keys, so the group's queries can share one kv head: [B, Hkv, G*Tq, D].
-        qf = q.reshape(B, Hkv, group * Tq, D)
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
-            qf, k, v, 0.0, False, False, scale=scale
-        )[:2]
+        out, lse = _flash(q.reshape(B, Hkv, group * Tq, D), k, v, False, scale)
         return out.reshape(B, H, Tq, D), lse.reshape(B, H, Tq)
     if group > 1:
         # Causal masks differ per query position, so folding would break alignment: repeat K/V instead.
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[
-        :2
-    ]
-    return out, lse
+    return _flash(q, k, v, causal, scale)
 
 
 def cpu_flash_cache(q, k_cache, v_cache, cache_len: int, *, causal: bool, branches: int, scale: float):

@@ -178,6 +178,26 @@ def test_cache_attention_forest_errors(stand_in_flash_attn):
     assert not torch.allclose(chain[1], ref_lse)
 
 
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_torch_flash_attention_matches_math(group, dtype):
+    """attention()'s CPU flash path (inference: a prefill's first chunk) == math, causal (square) or not, with GQA;
+    "auto" takes it without autograd and keeps math with it."""
+    q, k, v = _qkv(B=2, H=2 * group, Hkv=2, Tq=37, Tk=37, D=32, dtype=dtype)
+    tol = {} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for causal in (True, False):
+        out, lse = attention(q, k, v, causal=causal, backend="torch_flash")
+        ref_out, ref_lse = attention(q, k, v, causal=causal, backend="math")
+        torch.testing.assert_close(out, ref_out, **tol)
+        torch.testing.assert_close(lse, ref_lse, **tol)
+        auto = attention(q, k, v, causal=causal)
+        assert torch.equal(auto[0], out)
+    q32 = q.float().requires_grad_()
+    out, _ = attention(q32, k.float(), v.float())  # autograd: the math path, gradients flow
+    out.sum().backward()
+    assert q32.grad is not None
+
+
 @pytest.mark.parametrize("Tq, branches", [(1, 1), (2, 1), (9, 1), (9, 4), (5, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_torch_flash_cache_matches_math(Tq, branches, dtype):
@@ -283,7 +303,8 @@ def test_bad_arguments_raise_value_error():
     with pytest.raises(ValueError, match="multiple of key/value heads"):
         attention(q, k[:, :1].expand(-1, 3, -1, -1), v[:, :1].expand(-1, 3, -1, -1))
     with pytest.raises(ValueError, match="torch_flash"):
-        attention(q, k, v, backend="torch_flash")  # CPU tensors
+        attention(q.requires_grad_(), k, v, backend="torch_flash")  # CPU tensors with autograd
+    q = q.detach()
     with pytest.raises(ValueError, match="no arbitrary-mask"):
         tree_attention(q, k, v, torch.ones(6, 9, dtype=torch.bool), backend="torch_flash")
     with pytest.raises(ValueError, match="mask must be bool"):
