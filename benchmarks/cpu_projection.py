@@ -58,9 +58,7 @@ def main(argv=None) -> list[dict]:
                     )
                     for route in cpu_projection.ROUTES
                 }
-                keep = (
-                    "weight_left" if us["linear"] >= cpu_projection.MARGIN * us["weight_left"] else "linear"
-                )
+                keep = cpu_projection.faster_route(us)  # the engine's rule
                 records.append(
                     {"shape": shape, "projection": name, "in": k, "out": n, "rows": rows,
                      "linear_us": us["linear"], "weight_left_us": us["weight_left"], "kept": keep, "max_abs_diff": diff}

@@ -148,16 +148,16 @@ def cpu_flash_cache(q, k_cache, v_cache, cache_len: int, *, causal: bool, branch
     path's five-dimensional broadcasts ran at a fraction of the memory speed: with this path the engine's plain
     step at 2K on the 2-core CI machine went from 5.63 to 4.14 ms, a lookup2 round from 7.50 to 5.68
     (docs/BENCHMARKS.md)."""
-    B, H, Tq, D = q.shape
-    Hkv = k_cache.shape[1]
-    group = H // Hkv
-    if cache_len == 0:  # empty key set: the kernel rejects it, the answer is known
-        return q.new_zeros(q.shape), q.new_full((B, H, Tq), float("-inf"), dtype=torch.float32)
-    mask = _tail_mask(cache_len, Tq, group, branches, q.dtype) if causal else None
+    k, v = k_cache[:, :, :cache_len], v_cache[:, :, :cache_len]
+    if not causal:  # every query sees the same keys: the unmasked call (an empty cache included)
+        return torch_flash_call(q, k, v, causal=False, scale=scale)
+    B, H, Tq, D = q.shape  # a causal tail: its keys are in the cache, so cache_len >= Tq > 0
+    group = H // k_cache.shape[1]
+    mask = _tail_mask(cache_len, Tq, group, branches, q.dtype)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.reshape(B, Hkv, group * Tq, D),
-        k_cache[:, :, :cache_len],
-        v_cache[:, :, :cache_len],
+        q.reshape(B, H // group, group * Tq, D),
+        k,
+        v,
         0.0,
         False,
         attn_mask=mask,

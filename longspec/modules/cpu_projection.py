@@ -35,6 +35,7 @@ __all__ = [
     "MIN_WEIGHT_BYTES",
     "ROUTES",
     "chosen_routes",
+    "faster_route",
     "few_rows_linear",
     "weight_left",
 ]
@@ -83,9 +84,15 @@ def _median_seconds(route: str, fn: Callable[[], object], reps: int = _REPS) -> 
     return sorted(times)[reps // 2]
 
 
-def _choose(x, weight, bias, timer: Timer) -> str:
-    seconds = {route: timer(route, lambda route=route: _run(route, x, weight, bias)) for route in ROUTES}
+def faster_route(seconds: dict[str, float]) -> str:
+    """The route kept from each route's measured seconds: weight-left only where it is >= MARGIN faster."""
     return "weight_left" if seconds["linear"] >= MARGIN * seconds["weight_left"] else "linear"
+
+
+def _choose(x, weight, bias, timer: Timer) -> str:
+    return faster_route(
+        {route: timer(route, lambda route=route: _run(route, x, weight, bias)) for route in ROUTES}
+    )
 
 
 def few_rows_linear(
