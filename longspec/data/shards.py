@@ -16,7 +16,7 @@ import bisect
 import glob
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -40,11 +40,15 @@ def _write_array_atomic(path: str, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def prepare_output_dir(directory: str | os.PathLike, *, overwrite: bool) -> str:
+def prepare_output_dir(
+    directory: str | os.PathLike, *, overwrite: bool, lock: Callable[[], None] | None = None
+) -> str:
     """Make `directory` ready for a fresh prep.
 
     A finished prep (complete manifest) is kept unless `overwrite`; leftovers of an interrupted prep (shards,
-    temp files, an incomplete manifest) are removed so the prep restarts from the beginning."""
+    temp files, an incomplete manifest) are removed so the prep restarts from the beginning. `lock` is called
+    once the directory exists, before anything in it is removed: a data prep takes its lock there (a second prep
+    on the same directory removed the first's shards while it wrote them)."""
     directory = os.fspath(directory)
     manifest = manifest_path(directory)
     if os.path.isfile(manifest) and not overwrite:
@@ -55,6 +59,8 @@ def prepare_output_dir(directory: str | os.PathLike, *, overwrite: bool) -> str:
         else:
             raise FileExistsError(f"{directory!r} already holds a finished prep; pass --overwrite to redo it")
     os.makedirs(directory, exist_ok=True)
+    if lock is not None:
+        lock()
     stale = set(glob.glob(os.path.join(directory, "shard_*")) + glob.glob(os.path.join(directory, "*.tmp-*")))
     for path in sorted(stale):
         if os.path.isdir(path):

@@ -32,11 +32,12 @@ import sys
 import time
 
 from longspec.cli import ArgumentParser, UserError, run_cli
+from longspec.lifetime import RunLock
 from longspec.pipeline.plan import plan
+from longspec.pipeline.preflight import check_plan
 from longspec.pipeline.presets import load_preset, preset_names
 from longspec.pipeline.report import eval_rows, fmt, lossless_check, results_table, write_report
 from longspec.pipeline.runner import RUN_RECORD_NAME, RunRecord, run_pipeline
-from longspec.train.runlock import RunLock
 
 PIPELINE_LOCK = "pipeline.lock"  # in OUT, held while the steps run
 
@@ -132,6 +133,9 @@ def _main(argv: list[str]) -> int:
         run_pipeline(steps, out, dry_run=True, force=args.force, keep_going=args.keep_going)
         return 0
     else:
+        # Every step's config, the target and the run directories' locks, before anything is written: a bad eval
+        # setting failed at the last step, after all the preparation and training.
+        check_plan(preset, steps)
         # One pipeline per --out: a second one (a job requeued while the first still runs) removed the live
         # training run's directory before restarting it and overwrote the first's run record and exports.
         os.makedirs(out, exist_ok=True)

@@ -10,10 +10,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from data_prep.common import prep_lock_path
 from data_prep.prefix_prompts import write_prefix_prompts
 from longspec.atomic import write_text_atomic
+from longspec.config import check
 from longspec.data.manifest import manifest_path
 from longspec.export import default_out_dir, export_marker
+from longspec.lifetime import LOCK_NAME, refuse_if_held
 from longspec.pipeline.presets import PipelineConfig, StagePlan
 from longspec.train.checkpoint import checkpoints_root, done_marker, latest_checkpoint
 from longspec.train.config import load_config
@@ -41,6 +44,8 @@ class Step:
     needs: list[str] = field(default_factory=list)  # inputs made by earlier steps
     # --keep-going: used in order when `needs` are missing
     alternatives: list[Step] = field(default_factory=list)
+    # lock files its process holds while it writes (longspec.lifetime): a live one refuses the run up front
+    locks: list[str] = field(default_factory=list)
 
     @property
     def command(self) -> str:
@@ -61,6 +66,10 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
     train_jsonl = os.path.join(corpus, "train.jsonl")
     steps: list[Step] = []
     if data is None and preset.uses_corpus:
+        check(
+            preset.lcc_max_context_chars >= 1,
+            f"lcc_max_context_chars must be >= 1 when the corpus is built (no --data), got {preset.lcc_max_context_chars}",
+        )
         steps.append(
             Step(
                 name="corpus",
@@ -107,12 +116,14 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
            "--seq-len", str(_seq_len(preset.stage1)), *common]  # fmt: skip
     if preset.stage1_max_rows:
         cmd += ["--max-rows", str(preset.stage1_max_rows)]
-    data_steps = [Step(name="data_stage1", cmd=cmd, outputs=[manifest_path(s1)])]
+    data_steps = [Step(name="data_stage1", cmd=cmd, outputs=[manifest_path(s1)], locks=[prep_lock_path(s1)])]
     cmd = [py, "-m", "data_prep.stage2", *_sources(stage2_sources), "--out", s2, "--seq-len",
            str(_seq_len(preset.stage2)), "--min-tokens", str(preset.stage2_min_tokens), *common]  # fmt: skip
     if preset.stage2_max_rows:
         cmd += ["--max-rows", str(preset.stage2_max_rows)]
-    data_steps.append(Step(name="data_stage2", cmd=cmd, outputs=[manifest_path(s2)]))
+    data_steps.append(
+        Step(name="data_stage2", cmd=cmd, outputs=[manifest_path(s2)], locks=[prep_lock_path(s2)])
+    )
     if convert is not None and tokenizer != target:  # joined when the conversion ends
         for step in data_steps:
             step.background = True
@@ -140,7 +151,12 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
                      "--out", regenerated, "--template", preset.stage3_template,
                      "--max-new-tokens", str(preset.regen_max_new_tokens), "--max-rows", str(preset.num_prompts),
                      "--batch-size", str(preset.regen_batch_size), "--no-progress"]  # fmt: skip
-        regenerate = Step(name="stage3_regenerate", cmd=regen_cmd, outputs=[regenerated])
+        regenerate = Step(
+            name="stage3_regenerate",
+            cmd=regen_cmd,
+            outputs=[regenerated],
+            locks=[prep_lock_path(regenerated, file=True)],
+        )
         regenerate.fn = _prepare_partial_output(regenerated, regenerate.command)
     data_stage3 = Step(
         name="data_stage3",
@@ -148,6 +164,7 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
              "--template", preset.stage3_template,
              "--max-len", str(_seq_len(preset.stage3)), *unfinished, *common],
         outputs=[manifest_path(s3)],
+        locks=[prep_lock_path(s3)],
     )  # fmt: skip
 
     overrides = target_overrides(preset, target)
@@ -278,6 +295,7 @@ def stage_steps(
         # trainer exited 0 (the run record) and left its checkpoints.
         outputs=[done_marker(run_dir, stage.num_steps) if stage.num_steps else checkpoints_root(run_dir)],
         needs=[manifest_path(data_path), *([init_from] if init_from else [])],
+        locks=[os.path.join(run_dir, LOCK_NAME)],
     )  # fmt: skip
     train.fn = _prepare_run_dir(run_dir, train.command, resumable)
     export = Step(
@@ -329,6 +347,8 @@ def _prepare_run_dir(run_dir: str, command: str, resumable: bool) -> Callable[[]
     marker = os.path.join(run_dir, COMMAND_MARKER)
 
     def prepare() -> None:
+        # A live run (its lock held: a killed pipeline's orphan, another launch) is neither continued nor removed
+        refuse_if_held(os.path.join(run_dir, LOCK_NAME), "trainer")
         if resumable and _same_command(marker, command) and latest_checkpoint(run_dir) is not None:
             return
         if os.path.isdir(run_dir):
@@ -345,6 +365,7 @@ def _prepare_partial_output(path: str, command: str) -> Callable[[], None]:
     marker = f"{path}{COMMAND_MARKER}"
 
     def prepare() -> None:
+        refuse_if_held(prep_lock_path(path, file=True), "data prep")  # a live one's output is not removed
         if _same_command(marker, command):
             return
         if os.path.exists(path):

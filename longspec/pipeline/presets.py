@@ -12,6 +12,7 @@ field or a bad value is one ValueError. `longspec.pipeline.plan` turns the valid
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -48,19 +49,21 @@ class StagePlan(Schema):
         default_factory=list
     )  # further training overrides (stage.position_ids=plain, ...)
 
+    RANGES = {  # a class constant, not a field
+        "seq_len": ">= 2",
+        "num_steps": ">= 1",
+        "global_batch_size": ">= 1",
+        "micro_batch_size": ">= 1",
+        "lr": "> 0",
+        "save_every": ">= 1",
+    }
+
     def validate(self) -> None:
         check(bool(self.config), "a stage plan needs config= (a stage YAML name)")
         # Here, not at the training step: a misspelt name ran the corpus and data preps (hours at paper scale)
         # before the trainer refused it.
         _check_group("stage", self.config, "config")
-        check(self.num_steps is None or self.num_steps >= 1, f"{self.config}: num_steps must be >= 1")
-        check(self.seq_len is None or self.seq_len >= 2, f"{self.config}: seq_len must be >= 2")
-        check(
-            self.micro_batch_size is None or self.micro_batch_size >= 1,
-            f"{self.config}: micro_batch_size >= 1",
-        )
-        check(self.lr is None or self.lr > 0, f"{self.config}: lr must be > 0, got {self.lr}")
-        check(self.save_every is None or self.save_every >= 1, f"{self.config}: save_every must be >= 1")
+        check_ranges(self, f"{self.config}: ")
 
     def overrides(self) -> list[str]:
         """The training overrides of this stage (the fields set, then `extra`)."""
@@ -93,12 +96,13 @@ class EvalPlan(Schema):
     extra: list[str] = field(default_factory=list)  # further eval overrides (cuda_graphs=true, ...)
     required: bool = True  # a failed optional run is reported but does not stop the pipeline
 
+    RANGES = {"temperature": ">= 0", "max_samples": ">= 1"}
+
     def validate(self) -> None:
         check(bool(self.methods), f"eval plan {self.name!r}: methods must name at least one method")
         unknown = [m for m in self.methods if m not in ALL_METHODS]
         check(not unknown, f"eval plan {self.name!r}: unknown method(s) {unknown}; choose from {ALL_METHODS}")
-        check(self.temperature >= 0, f"eval plan {self.name!r}: temperature must be >= 0")
-        check(self.max_samples is None or self.max_samples >= 1, f"eval plan {self.name!r}: max_samples >= 1")
+        check_ranges(self, f"eval plan {self.name!r}: ")
 
 
 @dataclass(kw_only=True)
@@ -160,18 +164,34 @@ class PipelineConfig(Schema):
     # the corpus (when the evaluation reads it), the target's conversion and the evaluations.
     drafter_path: str | None = None
 
+    # 0 = unused in lcc_max_context_chars (no corpus built: plan checks it when it is), num_prompts, prompt_chars
+    # and regen_max_new_tokens (stage-3 rows given: validate checks them when the target answers prompts)
+    RANGES = {
+        "anchor_max_len": ">= 1",
+        "lcc_max_context_chars": ">= 0",
+        "num_procs": ">= 1",
+        "window": ">= 1",
+        "distill_weight": ">= 0",
+        "stage1_max_rows": ">= 1",
+        "stage2_max_rows": ">= 1",
+        "stage2_min_tokens": ">= 1",
+        "num_prompts": ">= 0",
+        "prompt_chars": ">= 0",
+        "regen_max_new_tokens": ">= 0",
+        "regen_batch_size": ">= 1",
+        "eval_max_new_tokens": ">= 1",
+        "eval_max_samples": ">= 1",
+        "eval_min_prompt_tokens": ">= 0",
+        "eval_context_len": ">= 1",
+    }
+
     def validate(self) -> None:
         check(
             self.target_path is None or self.target_gguf is None,
             "a pipeline preset takes one of target_path= (a model dir) and target_gguf= (or neither: target_config)",
         )
         _check_group("target", self.target_config, "target_config")  # as the stage names (StagePlan)
-        check(self.num_procs >= 1, f"num_procs must be >= 1, got {self.num_procs}")
-        check(self.window >= 1, f"window must be >= 1, got {self.window}")
-        check(
-            self.anchor_max_len is None or self.anchor_max_len >= 1,
-            f"anchor_max_len must be >= 1, got {self.anchor_max_len}",
-        )
+        check_ranges(self)
         check(
             self.stage3_template in ("plain", "chat"),
             f"stage3_template must be plain or chat, got {self.stage3_template!r}",
@@ -188,6 +208,10 @@ class PipelineConfig(Schema):
             self.stage3_source is not None or (self.num_prompts >= 1 and self.regen_max_new_tokens >= 1),
             "no stage-3 data: set stage3_source=FILE (SFT rows), or num_prompts and regen_max_new_tokens >= 1 for "
             "the target to write the answers",
+        )
+        check(
+            self.stage3_source is not None or self.stage3_prompts is not None or self.prompt_chars >= 1,
+            f"prompt_chars must be >= 1 when the stage-3 prompts are cut from the corpus, got {self.prompt_chars}",
         )
         names = [ev.name for ev in self.evals]
         check(len(set(names)) == len(names), f"eval plan names must differ, got {names}")
@@ -219,6 +243,23 @@ class PipelineConfig(Schema):
             except FileNotFoundError as e:
                 raise ValueError(f"target_path: {e}") from None
         return os.path.abspath(self.target_path)
+
+
+def check_ranges(schema, prefix: str = "") -> None:
+    """Every field named in `schema.RANGES` ("FIELD": ">= 1" | "> 0") is null or a finite number in its range (a
+    bool is no number). The ranges list every numeric field of the pipeline's schemas (tests/faults)."""
+    for name, rule in schema.RANGES.items():
+        value = getattr(schema, name)
+        if value is None:
+            continue
+        op, bound = rule.split()
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (value >= float(bound) if op == ">=" else value > float(bound))
+        )
+        check(ok, f"{prefix}{name} must be {rule}, got {value!r}")
 
 
 def _check_group(group: str, name: str, field_name: str) -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+from longspec.lifetime import child_env, child_preexec
 from longspec.pipeline.plan import Step
 
 __all__ = ["RUN_RECORD_NAME", "RunRecord", "run_pipeline"]
@@ -79,7 +80,11 @@ def _start(step: Step, log_path: str) -> subprocess.Popen:
     with open(log_path, "w") as log:
         log.write(f"$ {step.command}\n")
         log.flush()
-        return subprocess.Popen(step.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # The step dies with the pipeline, SIGKILL included (torchrun takes its workers with it): a rerun never
+        # finds the killed run's step still writing (longspec.lifetime).
+        return subprocess.Popen(
+            step.cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(env), preexec_fn=child_preexec()
+        )
 
 
 def _watch(proc: subprocess.Popen, log_path: str, bar) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from longspec.train.launcher import die_with_launcher
+from longspec.lifetime import die_with_launcher
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from longspec.cli import USER_ERRORS
 from longspec.data.loader import IGNORE_INDEX, StepSampler
 from longspec.data.shards import ShardReader
+from longspec.lifetime import RunLock, exit_if_orphaned
 from longspec.positions import anchor_offset_position_ids
 from longspec.train.build import build_engine, build_model, load_target_tokenizer
 from longspec.train.checkpoint import CheckpointManager
@@ -40,7 +41,6 @@ from longspec.train.metrics import (
     truncate_metrics,
 )
 from longspec.train.preflight import check_data, check_data_ids, check_inputs, check_resume
-from longspec.train.runlock import RunLock
 
 __all__ = ["Trainer"]
 
@@ -227,6 +227,7 @@ class Trainer:
         if self.step >= last:
             log.info("nothing to do: step %d of %d already done", self.step, last)
         while self.step < last:
+            exit_if_orphaned()  # a launcher of ours gone: stop (the parent-death signal's fallback)
             self.train_step()
             if self.step % self.cfg.checkpoint.save_every == 0 or self.step == last:
                 self.save()

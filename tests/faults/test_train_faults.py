@@ -24,10 +24,10 @@ import pytest
 from fault_helpers import REPO_ROOT, assert_one_line_error, assert_only_changed, run_module, tree_checksums
 from safetensors.torch import load_file
 
+from longspec.lifetime import LOCK_NAME, RunLock, RunLockedError, start_ticks
 from longspec.testing import child_pids, pid_running
 from longspec.train.checkpoint import CheckpointError, verify_checkpoint
 from longspec.train.metrics import truncate_metrics
-from longspec.train.runlock import LOCK_NAME, RunLock, RunLockedError, _start_ticks
 
 pytestmark = [pytest.mark.slow]
 
@@ -204,7 +204,7 @@ def test_a_live_trainer_holds_the_run_directory(world, killed_in_checkpoint):
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": 0,
-        "start_ticks": _start_ticks(os.getpid()),
+        "start_ticks": start_ticks(os.getpid()),
     }
     (run / LOCK_NAME).write_text(json.dumps(lock))  # this test process is alive: as good as a running trainer
     try:

@@ -121,8 +121,8 @@ def test_sigterm_stops_the_step_and_says_so_in_one_line(tmp_path):
 def test_a_second_pipeline_on_the_same_out_is_refused_before_any_step(tmp_path, capsys):
     """A second run on a live run's --out (a requeued job) removed the live training run's directory and
     overwrote its run record; it is refused while the first holds OUT/pipeline.lock, and a dead one's is taken."""
+    from longspec.lifetime import RunLock
     from longspec.pipeline.__main__ import PIPELINE_LOCK
-    from longspec.train.runlock import RunLock
 
     out = tmp_path / "out"
     out.mkdir()
