@@ -279,7 +279,7 @@ def stage_steps(
         outputs=[done_marker(run_dir, stage.num_steps) if stage.num_steps else checkpoints_root(run_dir)],
         needs=[manifest_path(data_path), *([init_from] if init_from else [])],
     )  # fmt: skip
-    train.fn = _prepare_run_dir(run_dir, train.command, resumable)
+    train.fn = _prepare_run_dir(run_dir, train.command, resumable, overrides)
     export = Step(
         name=f"export_{name}",
         cmd=[py, "-m", "longspec.export", run_dir, default_out_dir(run_dir), "--overwrite"],
@@ -322,14 +322,22 @@ def _same_command(marker: str, command: str) -> bool:
         return f.read() == command
 
 
-def _prepare_run_dir(run_dir: str, command: str, resumable: bool) -> Callable[[], None]:
+def _prepare_run_dir(run_dir: str, command: str, resumable: bool, overrides: list[str]) -> Callable[[], None]:
     """Before a training step: a resumable stage keeps a run dir that its own command left with a complete
-    checkpoint (the trainer resumes from the latest: a run stopped by a job's time limit loses at most
-    save_every steps); otherwise the dir is removed and the stage starts from scratch."""
+    checkpoint trained on the same inputs (the trainer resumes from the latest: a run stopped by a job's time
+    limit loses at most save_every steps); otherwise the dir is removed and the stage starts from scratch (data
+    re-prepared with other rows under the same command: `runner.restart_on_changed_inputs` says so)."""
     marker = os.path.join(run_dir, COMMAND_MARKER)
 
     def prepare() -> None:
-        if resumable and _same_command(marker, command) and latest_checkpoint(run_dir) is not None:
+        from longspec.pipeline.runner import restart_on_changed_inputs  # runner imports this module
+
+        if (
+            resumable
+            and _same_command(marker, command)
+            and latest_checkpoint(run_dir) is not None
+            and not restart_on_changed_inputs(run_dir, overrides)
+        ):
             return
         if os.path.isdir(run_dir):
             shutil.rmtree(run_dir)

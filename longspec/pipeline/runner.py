@@ -13,7 +13,7 @@ import time
 
 from longspec.pipeline.plan import Step
 
-__all__ = ["RUN_RECORD_NAME", "RunRecord", "run_pipeline"]
+__all__ = ["RUN_RECORD_NAME", "RunRecord", "restart_on_changed_inputs", "run_pipeline"]
 
 # The file name predates the package (it was longspec/e2e.py): kept so that a rerun continues an earlier run.
 RUN_RECORD_NAME = "e2e_manifest.json"
@@ -63,6 +63,36 @@ class RunRecord:
     def seconds(self, name: str) -> float | None:
         record = self.data["steps"].get(name)
         return None if record is None else record.get("seconds")
+
+
+def restart_on_changed_inputs(run_dir: str, train_overrides: list[str]) -> bool:
+    """Before a training step that would resume `run_dir`: True, after one line saying what changed, when its
+    latest checkpoint was trained on other inputs than the step's (`longspec.train.inputs`: the data re-prepared
+    with other rows, another target, another trained config field); the caller then restarts the stage from
+    scratch. A checkpoint whose state does not verify or records no inputs is kept: the trainer refuses it by
+    name, and nothing is deleted on a guess."""
+    from longspec.train.checkpoint import (
+        STATE_NAME,
+        CheckpointError,
+        latest_checkpoint,
+        read_trainer_state,
+        verify_checkpoint,
+    )
+    from longspec.train.config import load_config
+    from longspec.train.inputs import input_changes, run_inputs
+
+    latest = latest_checkpoint(run_dir)
+    try:
+        verify_checkpoint(latest, [STATE_NAME])
+        saved = read_trainer_state(latest).get("inputs")
+    except CheckpointError:
+        return False
+    if not isinstance(saved, dict):
+        return False
+    changes = input_changes(saved, run_inputs(load_config(train_overrides)))
+    if changes:
+        print(f"  {run_dir}: trained on other inputs ({'; '.join(changes)}): the stage restarts from scratch")
+    return bool(changes)
 
 
 # A training line "step 12/60 | ..." or a tqdm bar "| 3/8 [": progress of the running step.
