@@ -25,8 +25,10 @@ import sys
 from longspec.atomic import umask_file_mode
 from longspec.cli import ArgumentParser, UserError, run_cli
 from longspec.drafter import CONFIG_NAME, WEIGHTS_NAME, DrafterConfig
+from longspec.drafter.weights import check_finite
 from longspec.train.checkpoint import (
     CHECKSUMS_NAME,
+    STATE_NAME,
     checkpoints_root,
     drafter_dir,
     list_checkpoints,
@@ -195,20 +197,18 @@ def export_drafter(
     if os.path.isfile(os.path.join(checkpoint, CHECKSUMS_NAME)):
         # The drafter's files against the sums the trainer wrote: a changed byte inside the weights still parses
         # as safetensors and was exported as if whole. (A checkpoint of an older version has no sums: not checked.)
+        # The trainer state too: it is parsed only once its checksum matched.
         rel = os.path.relpath(source, checkpoint)
-        verify_checkpoint(
-            checkpoint, [os.path.join(rel, CONFIG_NAME), os.path.join(rel, WEIGHTS_NAME)], purpose="export it"
-        )
+        files = [os.path.join(rel, CONFIG_NAME), os.path.join(rel, WEIGHTS_NAME), STATE_NAME]
+        verify_checkpoint(checkpoint, files, purpose="export it")
+    state = read_trainer_state(checkpoint)  # one line naming the file when it is missing or malformed
     try:
         with open(config_path) as f:
             config = json.load(f)
-        state = read_trainer_state(checkpoint)
     except json.JSONDecodeError as e:
         raise UserError(f"{checkpoint}: unreadable JSON ({e}); the checkpoint is corrupt") from e
-    if not isinstance(config, dict) or not isinstance(state, dict):  # valid JSON, not ours: an AttributeError
-        raise UserError(
-            f"{checkpoint}: {CONFIG_NAME} or the trainer state is not a JSON object; the checkpoint is corrupt"
-        )
+    if not isinstance(config, dict):  # valid JSON, not ours: an AttributeError
+        raise UserError(f"{config_path} is not a JSON object; the checkpoint is corrupt")
     if not config.get("target_fingerprint"):
         raise ValueError(
             f"{config_path} has no target fingerprint; refusing to export an unverifiable drafter"
@@ -227,6 +227,7 @@ def export_drafter(
         raise UserError(
             f"{weights_path} is not a readable safetensors file ({e}); the checkpoint is corrupt"
         ) from e
+    check_finite(weights, weights_path, purpose="export")
     shared = [k for k in keys if k.startswith(_SHARED_PREFIXES)]
     assert not shared, (
         f"drafter checkpoint holds target weights {shared[:3]}: save_pretrained must store the block only"
@@ -235,6 +236,7 @@ def export_drafter(
         import torch
 
         weights = {k: v.to(getattr(torch, dtype)) for k, v in weights.items()}
+        check_finite(weights, f"{weights_path} cast to {dtype}", purpose="export")  # a value past its range
 
     out_dir = out_dir.rstrip(os.sep) or out_dir
     _remove_stale_temps(out_dir)

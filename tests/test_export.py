@@ -83,7 +83,7 @@ def test_export_mistakes_are_clear(tmp_path):
     export_drafter(str(run), str(tmp_path / "done"))
     export_drafter(str(run), str(tmp_path / "done"), overwrite=True)  # a previous export is replaced
     empty = tmp_path / "empty_run"
-    (empty / "checkpoints" / "step_00000001").mkdir(parents=True)  # no trainer_state.json: incomplete
+    (empty / "checkpoints" / ".tmp-step_00000001").mkdir(parents=True)  # a save in flight: not a checkpoint
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
         find_checkpoint(str(empty))
 

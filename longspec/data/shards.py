@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import glob
+import hashlib
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -126,12 +127,24 @@ class ShardWriter:
         base = os.path.join(self.directory, name)
         lengths = np.fromiter((r.size for r in self._rows), dtype=np.int64, count=len(self._rows))
         offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
-        _write_array_atomic(f"{base}.tokens.bin", np.concatenate(self._rows))
+        # The shard's bytes, hashed in memory as they are written: the manifest then changes with the data, and its
+        # hash is what a training resume compares (longspec.train.inputs).
+        digest = hashlib.sha256()
+        arrays = [("tokens", np.concatenate(self._rows))]
         if self.has_loss_mask:
-            _write_array_atomic(f"{base}.mask.bin", np.concatenate(self._masks))
-        # Offsets last: a shard is listed in the manifest only after all its files are in place.
-        _write_array_atomic(f"{base}.offsets.bin", offsets)
-        self.shards.append({"name": name, "num_rows": len(self._rows), "num_tokens": int(offsets[-1])})
+            arrays.append(("mask", np.concatenate(self._masks)))
+        arrays.append(("offsets", offsets))  # last: a shard is listed only after all its files are in place
+        for kind, array in arrays:
+            digest.update(array.tobytes())
+            _write_array_atomic(f"{base}.{kind}.bin", array)
+        self.shards.append(
+            {
+                "name": name,
+                "num_rows": len(self._rows),
+                "num_tokens": int(offsets[-1]),
+                "sha256": digest.hexdigest(),
+            }
+        )
         self._rows, self._masks, self._buffered = [], [], 0
 
     def finish(self, manifest: Manifest) -> Manifest:

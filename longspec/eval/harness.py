@@ -25,6 +25,7 @@ from longspec.eval.divergence import TIE_ULPS, analyse_divergence
 from longspec.eval.progress import EvalProgress, run_key
 from longspec.eval.report import greedy_reference, summarise, write_report
 from longspec.eval.session import EvalSession
+from longspec.fingerprint import target_fingerprint
 from longspec.infer.baselines import reserve_hf_compiled, run_method, run_method_batch
 from longspec.infer.graphs import no_gc
 from longspec.infer.methods import BATCH_RUNNERS, get_method
@@ -222,7 +223,14 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
 
     reference = greedy_reference(methods) if cfg.temperature == 0 else None
     # Each finished chunk goes to disk as it completes; a rerun of a stopped run reads them back (progress.py).
-    progress = EvalProgress(cfg.output_dir, run_key(results["config"], _drafter_dir(cfg)))
+    key = run_key(
+        results["config"],
+        datasets,
+        target=target_fingerprint(hf_config),
+        target_path=model_source.gguf_path or model_source.repo,
+        drafter_dir=_drafter_dir(cfg),
+    )
+    progress = EvalProgress(cfg.output_dir, key)
     resumed = {}
     for dataset, samples in datasets:
         bar = tqdm(total=len(samples), desc=dataset, unit="sample", dynamic_ncols=True)

@@ -18,6 +18,7 @@ from longspec.data.manifest import manifest_path
 from longspec.export import default_out_dir, export_marker
 from longspec.lifetime import LOCK_NAME, refuse_if_held
 from longspec.pipeline.presets import PipelineConfig, StagePlan
+from longspec.pipeline.resume import restart_on_changed_inputs
 from longspec.train.checkpoint import checkpoints_root, done_marker, latest_checkpoint
 from longspec.train.config import load_config
 
@@ -297,7 +298,7 @@ def stage_steps(
         needs=[manifest_path(data_path), *([init_from] if init_from else [])],
         locks=[os.path.join(run_dir, LOCK_NAME)],
     )  # fmt: skip
-    train.fn = _prepare_run_dir(run_dir, train.command, resumable)
+    train.fn = _prepare_run_dir(run_dir, train.command, resumable, overrides)
     export = Step(
         name=f"export_{name}",
         cmd=[py, "-m", "longspec.export", run_dir, default_out_dir(run_dir), "--overwrite"],
@@ -340,16 +341,22 @@ def _same_command(marker: str, command: str) -> bool:
         return f.read() == command
 
 
-def _prepare_run_dir(run_dir: str, command: str, resumable: bool) -> Callable[[], None]:
+def _prepare_run_dir(run_dir: str, command: str, resumable: bool, overrides: list[str]) -> Callable[[], None]:
     """Before a training step: a resumable stage keeps a run dir that its own command left with a complete
-    checkpoint (the trainer resumes from the latest: a run stopped by a job's time limit loses at most
-    save_every steps); otherwise the dir is removed and the stage starts from scratch."""
+    checkpoint trained on the same inputs (the trainer resumes from the latest: a run stopped by a job's time
+    limit loses at most save_every steps); otherwise the dir is removed and the stage starts from scratch (data
+    re-prepared with other rows under the same command: `resume.restart_on_changed_inputs` says so)."""
     marker = os.path.join(run_dir, COMMAND_MARKER)
 
     def prepare() -> None:
         # A live run (its lock held: a killed pipeline's orphan, another launch) is neither continued nor removed
         refuse_if_held(os.path.join(run_dir, LOCK_NAME), "trainer")
-        if resumable and _same_command(marker, command) and latest_checkpoint(run_dir) is not None:
+        if (
+            resumable
+            and _same_command(marker, command)
+            and latest_checkpoint(run_dir) is not None
+            and not restart_on_changed_inputs(run_dir, overrides)
+        ):
             return
         if os.path.isdir(run_dir):
             shutil.rmtree(run_dir)

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from longspec.cli import USER_ERRORS, one_line
     from longspec.train.config import load_config
-    from longspec.train.trainer import Trainer
+    from longspec.train.trainer import Trainer, TrainingStopped
 
     # Only set-up is a user's mistake (config, inputs, run directory); an error inside the training loop is a bug
     # and keeps its traceback, which is why this is not `run_cli` around the whole of main.
@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> None:
                 f.write(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
             os.replace(f.name, path)
         trainer.train()
+    except TrainingStopped as e:  # a run that diverged: one line, like a user error (its fix is the user's)
+        if trainer.rank == 0:
+            print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     finally:
         trainer.close()
 

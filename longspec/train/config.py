@@ -297,10 +297,16 @@ class TrainConfig(Schema):
         -1
     )  # end this launch after this step (checkpointed), schedule unchanged: time-limited jobs
     seed: int = 0  # data order, anchor offsets, noisy lags and drafter init
+    # stop the run (exit 2) after this many consecutive steps whose loss or gradient norm is NaN / inf: a
+    # transient one (a bad batch) is logged and passes, a diverged run ends instead of training on nan
+    max_nonfinite_steps: int = 3
 
     def validate(self) -> None:
         check(
             self.max_steps == -1 or self.max_steps >= 1, f"max_steps must be -1 or >= 1, got {self.max_steps}"
+        )
+        check(
+            self.max_nonfinite_steps >= 1, f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}"
         )
         check(
             self.stop_at_step == -1 or self.stop_at_step >= 1,
