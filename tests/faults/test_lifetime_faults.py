@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -27,6 +26,7 @@ from fault_helpers import (
     assert_one_line_error,
     assert_only_changed,
     run_in_process,
+    tiny_train_world,
     tree_checksums,
 )
 
@@ -43,8 +43,6 @@ from longspec.lifetime import (
     start_ticks,
 )
 from longspec.testing import child_pids, pid_running
-
-WORDS = "def class return import self value list dict for while if else print data model token".split()
 
 
 def _dead_pid() -> int:
@@ -162,21 +160,7 @@ def test_a_child_dies_with_its_sigkilled_parent(tmp_path):
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    """A tiny target and stage-1 data (as tests/faults/test_train_faults.py)."""
-    from data_prep.common import load_tokenizer
-    from data_prep.stage1 import prepare_stage1
-    from longspec.testing import save_tiny_target
-
-    tmp = tmp_path_factory.mktemp("lifetime")
-    target = save_tiny_target("llama", tmp / "tiny_llama")
-    rng = random.Random(0)
-    rows = (" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 60))) for _ in range(120))
-    (tmp / "short.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in rows))
-    prepare_stage1(
-        source=str(tmp / "short.jsonl"), tokenizer=load_tokenizer(target), out=str(tmp / "d1"), seq_len=64,
-        progress=False,
-    )  # fmt: skip
-    return tmp
+    return tiny_train_world(tmp_path_factory.mktemp("lifetime"))
 
 
 def _train_args(world: Path, run: str) -> list[str]:
