@@ -60,12 +60,21 @@ class RunLockedError(ValueError):
 
 
 # ---- processes: alive, and which ---------------------------------------------------------------------------------
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux /proc), to tell a reused pid from the holder."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (Linux), or None."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux /proc), to tell a reused pid from the holder."""
+    fields = _stat(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (ValueError, IndexError):
         return None
 
 
@@ -76,7 +85,8 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:  # exists, owned by someone else
         return True
-    return True
+    fields = _stat(pid)
+    return fields is None or fields[0] != "Z"  # a zombie (killed, not yet reaped) runs no more
 
 
 def _alive(pid: int, ticks: int | None) -> bool:

@@ -16,7 +16,9 @@ Presets are YAML files of one schema (longspec/configs/pipeline/<name>.yaml, sch
 `longspec.pipeline.presets.PipelineConfig`), composed by Hydra like the training and eval configs. The positional
 arguments after the flags are Hydra overrides of the preset's fields (`stage1.num_steps=5`, `tree_widths=[2,2]`,
 `evals.0.methods=[ar]`); `--set FIELD=VALUE` is an alias that appends one to the same list. An unknown field or a bad
-value is one line on stderr and exit status 2.
+value is one line on stderr and exit status 2, before the first step: the preset's fields, the target, the locks of
+the directories the steps write and each training / eval step's config (longspec/pipeline/preflight.py). Every
+step's process dies with the pipeline, SIGKILL included (longspec/lifetime.py).
 
 `cpu` drafts for the shipped code target (longspec/assets/code_target) with small stage lengths sized for
 a 2-core machine; `smollm2` drafts for the real SmolLM2-135M-Instruct (its GGUF, de-quantized once) on one GPU, from

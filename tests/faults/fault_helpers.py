@@ -6,7 +6,9 @@ Imported by the test files as `from fault_helpers import ...` (pytest puts this 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -93,3 +95,25 @@ def run_in_process(main, argv: list[str], capsys) -> tuple[int, str]:
     capsys.readouterr()
     status = main(argv)
     return status, capsys.readouterr().err
+
+
+def tiny_train_world(tmp: Path) -> Path:
+    """What the training fault cases train on: a tiny target `tmp/tiny_llama` and stage-1 data of 64-token rows
+    `tmp/d1` (120 short documents of code words, seeded). Returns `tmp`."""
+    from data_prep.common import load_tokenizer
+    from data_prep.stage1 import prepare_stage1
+    from longspec.testing import save_tiny_target
+
+    words = "def class return import self value list dict for while if else print data model token".split()
+    target = save_tiny_target("llama", tmp / "tiny_llama")
+    rng = random.Random(0)
+    rows = (" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) for _ in range(120))
+    (tmp / "short.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in rows))
+    prepare_stage1(
+        source=str(tmp / "short.jsonl"),
+        tokenizer=load_tokenizer(target),
+        out=str(tmp / "d1"),
+        seq_len=64,
+        progress=False,
+    )
+    return tmp

@@ -21,7 +21,14 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_helpers import REPO_ROOT, assert_one_line_error, assert_only_changed, run_module, tree_checksums
+from fault_helpers import (
+    REPO_ROOT,
+    assert_one_line_error,
+    assert_only_changed,
+    run_module,
+    tiny_train_world,
+    tree_checksums,
+)
 from safetensors.torch import load_file
 
 from longspec.lifetime import LOCK_NAME, RunLock, RunLockedError, start_ticks
@@ -32,28 +39,11 @@ from longspec.train.metrics import truncate_metrics
 pytestmark = [pytest.mark.slow]
 
 STEPS = 4
-WORDS = "def class return import self value list dict for while if else print data model token".split()
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    from data_prep.common import load_tokenizer
-    from data_prep.stage1 import prepare_stage1
-    from longspec.testing import save_tiny_target
-
-    tmp = tmp_path_factory.mktemp("train_faults")
-    target = save_tiny_target("llama", tmp / "tiny_llama")
-    rng = random.Random(0)
-    rows = (" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 60))) for _ in range(120))
-    (tmp / "short.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in rows))
-    prepare_stage1(
-        source=str(tmp / "short.jsonl"),
-        tokenizer=load_tokenizer(target),
-        out=str(tmp / "d1"),
-        seq_len=64,
-        progress=False,
-    )
-    return tmp
+    return tiny_train_world(tmp_path_factory.mktemp("train_faults"))
 
 
 def _args(world: Path, out: str, *extra: str) -> list[str]:
