@@ -1,10 +1,10 @@
-"""Typed schema of `python -m longspec.eval` (composed by Hydra from longspec/configs/eval.yaml, converted once in
+"""Typed schema of `python -m longspec.eval` (composed by Hydra from configs/eval.yaml, converted once in
 main).
 
     python -m longspec.eval target=llama31_8b drafter.path=runs/llama31_8b/export data.name=gov_report \
         method=[longspec,vanilla_fa,pld] output_dir=outputs/eval/llama31_8b
 
-The `target` group is the training configs' (longspec/configs/target/*.yaml, schema longspec.config.TargetConfig).
+The `target` group is the training configs' (configs/target/*.yaml, schema longspec.config.TargetConfig).
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ class EvalConfig(Schema):
 def load_eval_config(
     overrides: list[str] | None = None, *, config_name: str = "eval", config_dir: str | None = None
 ) -> EvalConfig:
-    """Compose longspec/configs/<config_name>.yaml (eval.yaml, or a preset such as eval/math_qwq) with Hydra
+    """Compose configs/<config_name>.yaml (eval.yaml, or a preset such as eval/math_qwq) with Hydra
     overrides and validate it into an EvalConfig."""
     return compose(
         EvalConfig,
