@@ -198,6 +198,12 @@ def summarise(methods: dict[str, dict[str, list[dict]]], *, greedy: bool) -> dic
     return summary
 
 
+def recorded_generation(config: dict) -> dict:
+    """The decode settings a results.json records: its config's `generation` (a flat config in files written
+    before the eval nested GenerationConfig)."""
+    return config.get("generation", config)
+
+
 def greedy_reference(methods) -> str | None:
     """The target-only method whose output the others are checked against (None: the run has none)."""
     return next((m for m in GREEDY_REFERENCES if m in methods), None)
@@ -238,11 +244,13 @@ def report_markdown(results: dict) -> str:
     methods = list(results["methods"])
     main_base = next((b for b in BASELINES if any(b in summary[d] for d in datasets)), None)
     cfg = results["config"]
+    generation = recorded_generation(cfg)
     lines = [
         "# LongSpec evaluation",
         "",
         f"target `{cfg['target']['path']}` · device {results['device']} · {results['dtype']} · "
-        f"temperature {cfg['temperature']} · max_new_tokens {cfg['max_new_tokens']} · started {results['started']}"
+        f"temperature {generation['temperature']} · max_new_tokens {generation['max_new_tokens']} · started "
+        f"{results['started']}"
         + (f" · commit {results['commit']}" if results.get("commit") else ""),
         "",
     ]
@@ -449,7 +457,7 @@ def rescore(results_path: str, output_dir: str | None = None, results: dict | No
     results = read_results(results_path) if results is None else results
     output_dir = output_dir or os.path.dirname(os.path.abspath(results_path))
     os.makedirs(output_dir, exist_ok=True)
-    results["summary"] = summarise(results["methods"], greedy=results["config"].get("temperature", 0) == 0)
+    results["summary"] = summarise(results["methods"], greedy=recorded_generation(results["config"]).get("temperature", 0) == 0)
     write_text_atomic(os.path.join(output_dir, "results.json"), json.dumps(results, indent=1))
     write_report(results, output_dir)
     return results
