@@ -16,6 +16,7 @@ from typing import Any
 
 from longspec.config import Schema, TargetConfig, check, compose, drafter_window
 from longspec.eval.datasets import KNOWN_DATASETS
+from longspec.eval.summary import MAX_TIMING_SPREAD
 from longspec.infer.config import GenerationConfig
 from longspec.infer.methods import ALL_METHODS
 
@@ -119,6 +120,9 @@ class EvalConfig(Schema):
     # machine whose timing spread between identical runs is larger than the differences measured (a shared
     # 2-core VM: +-25%, docs/BENCHMARKS.md); 1 = one run.
     timing_repeats: int = 1
+    # With timing_repeats > 1: a sample whose runs of one method spread more than this (slowest / fastest decode
+    # time) marks its cells' speedups unstable; the report prints none from them.
+    max_timing_spread: float = MAX_TIMING_SPREAD
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16
     output_dir: str = "outputs/eval"  # results.json, report.md, *.png
@@ -135,6 +139,7 @@ class EvalConfig(Schema):
         )
         check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         check(self.timing_repeats >= 1, f"timing_repeats must be >= 1, got {self.timing_repeats}")
+        check(self.max_timing_spread >= 1, f"max_timing_spread must be >= 1, got {self.max_timing_spread}")
         check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
         self._check_device()
         self._check_output_dir()

@@ -23,8 +23,9 @@ from longspec.eval.config import EvalConfig
 from longspec.eval.datasets import load_samples, prompt_context_len
 from longspec.eval.divergence import TIE_ULPS, analyse_divergence
 from longspec.eval.progress import EvalProgress, run_key
-from longspec.eval.report import greedy_reference, summarise, write_report
+from longspec.eval.report import write_report
 from longspec.eval.session import EvalSession
+from longspec.eval.summary import greedy_reference, summarise
 from longspec.infer.baselines import reserve_hf_compiled, run_method, run_method_batch
 from longspec.infer.graphs import no_gc
 from longspec.infer.methods import BATCH_RUNNERS, get_method
@@ -200,7 +201,9 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
         if "longspec" in methods and gen_config.fixed_tree is None:
             # tree=auto: every candidate's round cost on this device, per context bucket of the run.
             shortest = min((s.prompt_len for _, samples in datasets for s in samples), default=16)
-            costs = engine.measure_round_costs(gen_config, [shortest, longest + cfg.generation.max_new_tokens])
+            costs = engine.measure_round_costs(
+                gen_config, [shortest, longest + cfg.generation.max_new_tokens]
+            )
             results["round_costs_s"] = costs.to_dict()
         batched = [m for m in methods if get_method(m).runner == "engine"] if cfg.batch_size > 1 else []
         if batched:  # the batch's cache, and its static steps / graphs (keyed by batch size), set up untimed
@@ -255,7 +258,9 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     clock.mark("samples")
     results["phases_s"] = clock.seconds
     logger.info("phases: %s", ", ".join(f"{name} {sec:.1f} s" for name, sec in clock.seconds.items()))
-    results["summary"] = summarise(results["methods"], greedy=cfg.generation.temperature == 0)
+    results["summary"] = summarise(
+        results["methods"], greedy=cfg.generation.temperature == 0, max_spread=cfg.max_timing_spread
+    )
     os.makedirs(cfg.output_dir, exist_ok=True)
     write_text_atomic(
         os.path.join(cfg.output_dir, "results.json"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from longspec.eval.datasets import prompt_context_len, recorded_prompts
 from longspec.eval.divergence import analyse_divergence
-from longspec.eval.report import greedy_reference, recorded_generation
+from longspec.eval.summary import greedy_reference, recorded_generation
 from longspec.target_source import resolve_dtype
 
 __all__ = ["reanalyse"]
