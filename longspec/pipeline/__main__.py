@@ -12,7 +12,7 @@ steps whose record matches and whose outputs exist, so an interrupted run contin
 preset reruns from the first changed step on). At the end the evaluation's τ, tokens/s, speedup and lossless check
 are printed and OUT/report.md (+ training_loss.png, the eval's plots) is written.
 
-Presets are YAML files of one schema (longspec/configs/pipeline/<name>.yaml, schema
+Presets are YAML files of one schema (configs/pipeline/<name>.yaml, schema
 `longspec.pipeline.presets.PipelineConfig`), composed by Hydra like the training and eval configs. The positional
 arguments after the flags are Hydra overrides of the preset's fields (`stage1.num_steps=5`, `tree_widths=[2,2]`,
 `evals.0.methods=[ar]`); `--set FIELD=VALUE` is an alias that appends one to the same list. An unknown field or a bad

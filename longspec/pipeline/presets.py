@@ -1,6 +1,6 @@
 """Pipeline presets: the typed schema (`PipelineConfig`) of what the end-to-end run varies between machines.
 
-The presets themselves are YAML files shipped in the package, longspec/configs/pipeline/<name>.yaml (each headed by
+The presets themselves are YAML files shipped with the package, configs/pipeline/<name>.yaml (each headed by
 the command that launches it and explaining its numbers), composed by Hydra through the same
 `longspec.config.compose` as the training and eval configs:
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from longspec.config import CONFIG_DIR, Schema, check, compose
+from longspec.config import Schema, check, compose, config_root
 from longspec.infer.methods import ALL_METHODS
 from longspec.target_source import PACKAGE_SCHEME, resolve_package_file
 
@@ -28,7 +28,7 @@ __all__ = ["CODE_TARGET", "StagePlan", "EvalPlan", "PipelineConfig", "preset_nam
 CODE_TARGET = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "code_target"
 )
-PRESET_GROUP = "pipeline"  # longspec/configs/pipeline/<preset>.yaml
+PRESET_GROUP = "pipeline"  # configs/pipeline/<preset>.yaml
 
 
 @dataclass(kw_only=True)
@@ -263,23 +263,23 @@ def check_ranges(schema, prefix: str = "") -> None:
 
 
 def _check_group(group: str, name: str, field_name: str) -> None:
-    """`name` is a YAML of the training / eval config group `group` (longspec/configs/<group>/<name>.yaml), which
-    the steps compose from the package's configs."""
-    directory = os.path.join(CONFIG_DIR, group)
+    """`name` is a YAML of the training / eval config group `group` (configs/<group>/<name>.yaml), which
+    the steps compose."""
+    directory = os.path.join(config_root(), group)
     names = sorted(n[: -len(".yaml")] for n in os.listdir(directory) if n.endswith(".yaml"))
     check(name in names, f"{field_name}={name!r} is not a {group} config; choose from {', '.join(names)}")
 
 
 def preset_names(config_dir: str | None = None) -> list[str]:
-    """The presets shipped (longspec/configs/pipeline/*.yaml), sorted."""
-    directory = os.path.join(config_dir or CONFIG_DIR, PRESET_GROUP)
+    """The presets shipped (configs/pipeline/*.yaml), sorted."""
+    directory = os.path.join(config_dir or config_root(), PRESET_GROUP)
     return sorted(name[: -len(".yaml")] for name in os.listdir(directory) if name.endswith(".yaml"))
 
 
 def load_preset(
     name: str, overrides: list[str] | None = None, *, config_dir: str | None = None
 ) -> PipelineConfig:
-    """Compose longspec/configs/pipeline/<name>.yaml with Hydra overrides (`stage1.num_steps=5`) and validate it
+    """Compose configs/pipeline/<name>.yaml with Hydra overrides (`stage1.num_steps=5`) and validate it
     into a PipelineConfig; a bad override, unknown field or failed rule is a ValueError."""
     names = preset_names(config_dir)
     if name not in names:

@@ -1,4 +1,4 @@
-"""Typed schemas of the training config (composed by Hydra from longspec/configs/, converted once in `main`).
+"""Typed schemas of the training config (composed by Hydra from configs/, converted once in `main`).
 
     python -m longspec.train target=llama31_8b stage=stage1_slimpajama data.path=data/stage1 output_dir=runs/s1
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from longspec.config import CONFIG_DIR, Schema, TargetConfig, check, compose, drafter_window
+from longspec.config import Schema, TargetConfig, check, compose, drafter_window
 
 __all__ = [
     "TargetConfig",
@@ -29,10 +29,9 @@ __all__ = [
     "ResumeConfig",
     "LoggingConfig",
     "TrainConfig",
-    "CONFIG_DIR",
     "load_config",
 ]
-# TargetConfig and CONFIG_DIR live in longspec.config (shared with eval); re-exported here for existing imports.
+# TargetConfig lives in longspec.config (shared with eval); re-exported here for existing imports.
 
 
 @dataclass(kw_only=True)
@@ -333,7 +332,7 @@ class TrainConfig(Schema):
 
 
 def load_config(overrides: list[str] | None = None, *, config_name: str = "train") -> TrainConfig:
-    """Compose longspec/configs/<config_name>.yaml with Hydra overrides and validate it into a TrainConfig."""
+    """Compose configs/<config_name>.yaml with Hydra overrides and validate it into a TrainConfig."""
     return compose(
         TrainConfig,
         schema_name="train_schema",
