@@ -141,7 +141,9 @@ def test_no_package_of_the_suite_reaches_a_training_stage(corpus, tokenizer, tmp
                   min_prompt_tokens=1000, num_prompts=6)  # fmt: skip
     bundle = tmp_path / "bundle"
     build_bundle(corpus=split, tokenizer=tokenizer, out=bundle, long_docs=tmp_path / "long.jsonl",
-                 prompts=tmp_path / "prompts.jsonl", suite=suite, stage1_tokens=10**9)  # fmt: skip
+                 prompts=tmp_path / "prompts.jsonl", suite=suite, stage1_tokens=10**9, gzip_suite=True)  # fmt: skip
+    with gzip.open(bundle / "suite" / "repobench-p_4k.jsonl.gz", "rt") as f:  # the suite gzip'd as it was written
+        assert f.read() == (suite / "repobench-p_4k.jsonl").read_text()
     trained = set()
     for path in (tmp_path / "long.jsonl", tmp_path / "prompts.jsonl"):
         trained |= {json.loads(line)["source"] for line in path.read_text().splitlines()}
