@@ -191,18 +191,22 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
             step.background = True
         steps += [*prepare, *training[0], data_stage3, *training[1], *training[2]]
 
-    if preset.eval_suite:
-        if data is None:
-            raise ValueError(f"preset {preset.name!r} evaluates a prepared suite: pass --data DIR")
-        data_overrides = eval_data_overrides(preset, [os.path.join(data, name) for name in preset.eval_suite])
-    else:
-        data_overrides = eval_data_overrides(preset, [os.path.join(corpus, "heldout_lcc.jsonl")])
+    if preset.eval_suite and data is None:
+        raise ValueError(f"preset {preset.name!r} evaluates a prepared suite: pass --data DIR")
+
+    def data_overrides_of(ev) -> list[str]:
+        if preset.eval_suite:
+            return eval_data_overrides(preset, [os.path.join(data, name) for name in ev.suite or preset.eval_suite])
+        return eval_data_overrides(preset, [os.path.join(corpus, "heldout_lcc.jsonl")])
+
     exports = [default_out_dir(os.path.join(out, "runs", f"stage{i}")) for i in (3, 2, 1)]
     given = os.path.abspath(preset.drafter_path) if preset.drafter_path else None
     for ev in preset.evals:
         eval_dir = os.path.join(out, f"eval_{ev.name}" if ev.name else "eval")
 
-        def eval_step(drafter: str | None, ev=ev, eval_dir=eval_dir) -> Step | None:
+        data_overrides = data_overrides_of(ev)
+
+        def eval_step(drafter: str | None, ev=ev, eval_dir=eval_dir, data_overrides=data_overrides) -> Step | None:
             methods = [m for m in ev.methods if drafter is not None or m != "longspec"]
             if not methods:
                 return None

@@ -94,6 +94,9 @@ class EvalPlan(Schema):
     temperature: float = 0.0  # 0 = greedy, lossless-checked against the target's greedy output
     max_samples: int | None = None  # samples per data source; null: the preset's eval_max_samples
     extra: list[str] = field(default_factory=list)  # further eval overrides (cuda_graphs=true, ...)
+    # the preset's eval_suite files this run reads ([]: all). One run per context bucket keeps each run short
+    # enough for a time-limited job: a run that finished is skipped when the pipeline is run again.
+    suite: list[str] = field(default_factory=list)
     required: bool = True  # a failed optional run is reported but does not stop the pipeline
 
     RANGES = {"temperature": ">= 0", "max_samples": ">= 1"}
@@ -215,6 +218,9 @@ class PipelineConfig(Schema):
         )
         names = [ev.name for ev in self.evals]
         check(len(set(names)) == len(names), f"eval plan names must differ, got {names}")
+        for ev in self.evals:
+            unknown = [name for name in ev.suite if name not in self.eval_suite]
+            check(not unknown, f"eval plan {ev.name!r}: suite file(s) {unknown} are not in eval_suite")
         check(all(w >= 1 for w in self.tree_widths), f"tree_widths must be positive, got {self.tree_widths}")
         check(
             self.drafter_path is None or os.path.isfile(os.path.join(self.drafter_path, "config.json")),
