@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,8 +13,9 @@ from data_prep.prefix_prompts import write_prefix_prompts
 from longspec.atomic import write_text_atomic
 from longspec.data.manifest import manifest_path
 from longspec.export import default_out_dir, export_marker
+from longspec.ownership import NotOursError, remove_owned, write_marker
 from longspec.pipeline.presets import PipelineConfig, StagePlan
-from longspec.train.checkpoint import checkpoints_root, done_marker, latest_checkpoint
+from longspec.train.checkpoint import RUN_KIND, checkpoints_root, done_marker, latest_checkpoint
 from longspec.train.config import load_config
 
 __all__ = ["Step", "eval_data_overrides", "eval_runs_command", "plan", "stage_steps", "target_overrides"]
@@ -325,15 +325,18 @@ def _same_command(marker: str, command: str) -> bool:
 def _prepare_run_dir(run_dir: str, command: str, resumable: bool) -> Callable[[], None]:
     """Before a training step: a resumable stage keeps a run dir that its own command left with a complete
     checkpoint (the trainer resumes from the latest: a run stopped by a job's time limit loses at most
-    save_every steps); otherwise the dir is removed and the stage starts from scratch."""
+    save_every steps); otherwise the dir is removed and the stage starts from scratch. Only a run dir a trainer
+    or the pipeline marked as a training run is removed (longspec.ownership), never one reached through a symlink
+    below the pipeline's OUT (run dirs are OUT/runs/NAME)."""
     marker = os.path.join(run_dir, COMMAND_MARKER)
 
     def prepare() -> None:
         if resumable and _same_command(marker, command) and latest_checkpoint(run_dir) is not None:
             return
-        if os.path.isdir(run_dir):
-            shutil.rmtree(run_dir)
+        out = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+        remove_owned(run_dir, RUN_KIND, root=out, what="run directory")
         os.makedirs(run_dir)
+        write_marker(run_dir, RUN_KIND, command=command)
         write_text_atomic(marker, command)
 
     return prepare
@@ -347,7 +350,13 @@ def _prepare_partial_output(path: str, command: str) -> Callable[[], None]:
     def prepare() -> None:
         if _same_command(marker, command):
             return
-        if os.path.exists(path):
+        if os.path.lexists(path):
+            if not os.path.isfile(marker) or os.path.islink(
+                path
+            ):  # no marker of ours beside it: a user's file
+                raise NotOursError(
+                    f"{path!r} was not written by the pipeline: move it away or choose another --out"
+                )
             os.remove(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         write_text_atomic(marker, command)
