@@ -138,6 +138,39 @@ def test_convert_gguf_replaces_its_own_output_through_a_symlink(tmp_path, gguf_f
     assert_only_changed(tmp_path, before)
 
 
+def test_convert_gguf_onto_another_kind_of_output_is_refused(tmp_path, gguf_file, capsys):
+    run = _user_folder(tmp_path / "run", ["train.log", "checkpoints/step_00000001/trainer_state.json"])
+    write_marker(run, RUN_KIND)
+    before = tree_checksums(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        convert_main([str(gguf_file), str(run), "--overwrite"])
+    assert exit_info.value.code == 2
+    assert_one_line_error(
+        capsys.readouterr().err, r"holds another longspec output \(training run, not converted"
+    )
+    assert_only_changed(tmp_path, before)
+
+
+def test_code_target_training_never_replaces_a_users_folder(tmp_path, capsys):
+    """`python -m longspec.pipeline.code_target --out CKPT` replaced CKPT whole after training: now refused first."""
+    from longspec.pipeline.code_target.__main__ import main as code_target_main
+
+    home = _user_folder(tmp_path / "ckpt", ["config.json", "notes.md"])
+    argv = [
+        "--tokenizer",
+        str(tmp_path / "tok"),
+        "--tokens-dir",
+        str(tmp_path / "tokens"),
+        "--out",
+        str(home),
+    ]
+    before = tree_checksums(tmp_path)
+    status, err = run_in_process(code_target_main, argv, capsys)
+    assert status == 2
+    assert_one_line_error(err, "--out .*" + NOT_OURS)
+    assert_only_changed(tmp_path, before)
+
+
 # ---- data_prep ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_stage1_never_deletes_a_users_shards_temps_or_manifest(tmp_path, target_dir, capsys, overwrite):
