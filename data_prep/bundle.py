@@ -24,6 +24,7 @@ from data_prep.common import batched, load_tokenizer
 from data_prep.doc_tasks import ordered
 from data_prep.instruct_suite import read_rows
 from longspec.cli import ArgumentParser
+from longspec.ownership import claim_output_dir
 
 
 def count_tokens(tokenizer, texts) -> int:
@@ -65,7 +66,7 @@ def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts
         )
     train = read_rows(corpus / "train.jsonl")
     heldout = read_rows(corpus / "heldout.jsonl")
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, "bundle", what="--out")
     manifest: dict = {"corpus_tokens": {}, "corpus_files": {}, "parts": {}}
     for split, rows in (("train", train), ("heldout", heldout)):
         manifest["corpus_files"][split] = len(rows)

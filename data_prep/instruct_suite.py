@@ -37,6 +37,7 @@ from data_prep.repo_tasks import PackageIndex, cut_repo_task
 from longspec.cli import ArgumentParser
 from longspec.eval.datasets import encode_row
 from longspec.eval.prompts import NO_CHAT_TASKS
+from longspec.ownership import claim_output_dir
 
 # file stem (the LongBench task each imitates; the eval names results by file) -> (row `dataset`, doc_tasks task).
 # Summary / QA rows are not `gov_report` / `qmsum` rows: those LongBench templates speak of government reports and
@@ -133,7 +134,7 @@ def build_suite(*, corpus: Path, tokenizer, out: Path, buckets: list[int], per_b
             f"{corpus / 'heldout.jsonl'}: no held-out document ({len(docs)} read) fills any bucket "
             f"{sorted(buckets)}; build a larger corpus or use smaller --buckets"
         )
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, "suite", what="--out")
     for name, rows in suite.items():
         with open(out / name, "w", encoding="utf-8") as f:
             for row in rows:

@@ -13,15 +13,15 @@ complete; the manifest, renamed last, lists the shards. Readers memory-map the f
 from __future__ import annotations
 
 import bisect
-import glob
 import hashlib
 import os
-import shutil
+import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from longspec.data.manifest import Manifest, manifest_path
+from longspec.ownership import check_output_dir, claim_output_dir
 
 __all__ = ["ShardWriter", "ShardReader", "token_dtype_for", "prepare_output_dir"]
 
@@ -33,12 +33,23 @@ def token_dtype_for(vocab_size: int) -> str:
 
 
 def _write_array_atomic(path: str, array: np.ndarray) -> None:
+    # f.write, not ndarray.tofile: tofile reports a full disk as "N requested and M written", without the errno.
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        array.tofile(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise OSError(e.errno, e.strerror, e.filename or path) from None
+
+
+# What a prep writes in its directory: only these are removed when a prep restarts there (and only in a
+# directory marked as a data output, longspec.ownership).
+_PREP_FILE = re.compile(r"^shard_\d{5}\.(tokens|offsets|mask)\.bin(\.tmp-\d+)?$|^manifest\.json(\.tmp-\d+)?$")
 
 
 def prepare_output_dir(
@@ -46,12 +57,14 @@ def prepare_output_dir(
 ) -> str:
     """Make `directory` ready for a fresh prep.
 
-    A finished prep (complete manifest) is kept unless `overwrite`; leftovers of an interrupted prep (shards,
-    temp files, an incomplete manifest) are removed so the prep restarts from the beginning. `lock` is called
-    once the directory exists, before anything in it is removed: a data prep takes its lock there (a second prep
-    on the same directory removed the first's shards while it wrote them)."""
+    A directory this project did not write is refused (`overwrite` or not); a finished prep (complete manifest) is
+    kept unless `overwrite`; leftovers of an interrupted prep (its shards, temp files, manifest) are removed so the
+    prep restarts from the beginning. Nothing else in the directory is touched. `lock` is called once the
+    directory is claimed, before anything in it is removed: a data prep takes its lock there (a second prep on the
+    same directory must not remove the first's shards while it writes them)."""
     directory = os.fspath(directory)
     manifest = manifest_path(directory)
+    check_output_dir(directory, "data", what="--out")
     if os.path.isfile(manifest) and not overwrite:
         try:
             Manifest.load(directory)
@@ -59,17 +72,13 @@ def prepare_output_dir(
             pass  # interrupted or stale: restart below
         else:
             raise FileExistsError(f"{directory!r} already holds a finished prep; pass --overwrite to redo it")
-    os.makedirs(directory, exist_ok=True)
+    claim_output_dir(directory, "data", what="--out")
     if lock is not None:
         lock()
-    stale = set(glob.glob(os.path.join(directory, "shard_*")) + glob.glob(os.path.join(directory, "*.tmp-*")))
-    for path in sorted(stale):
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        else:
-            os.remove(path)
-    if os.path.exists(manifest):
-        os.remove(manifest)
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if _PREP_FILE.match(name) and (os.path.islink(path) or os.path.isfile(path)):
+            os.remove(path)  # a symlink is removed itself, never what it points to
     return directory
 
 

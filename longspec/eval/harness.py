@@ -31,6 +31,7 @@ from longspec.infer.baselines import reserve_hf_compiled, run_method, run_method
 from longspec.infer.graphs import no_gc
 from longspec.infer.methods import BATCH_RUNNERS, get_method
 from longspec.modules.rope import exact_positions, longrope_long, longrope_original
+from longspec.ownership import check_output_dir, claim_output_dir
 from longspec.provenance import git_commit
 from longspec.target import _check_model_type
 
@@ -39,6 +40,9 @@ __all__ = ["log_summary", "run_eval"]
 logger = logging.getLogger("longspec.eval")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+EVAL_KIND = "evaluation"  # the ownership marker's kind of an output_dir (longspec.ownership)
 
 
 def _device_and_dtype(cfg: EvalConfig) -> tuple[torch.device, torch.dtype]:
@@ -120,6 +124,7 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     # Where an evaluation's time goes besides decoding (logged, and kept in results.json as phases_s): what
     # showed that the suite's evaluations, 320 s as seven processes on the GPU, were worth one process.
     clock = _Phases()
+    check_output_dir(cfg.output_dir, EVAL_KIND, what="output_dir")  # a user's folder: refused before any load
     device, dtype = _device_and_dtype(cfg)
     methods = cfg.methods
     trust = cfg.target.trust_remote_code
@@ -227,6 +232,7 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
 
     reference = greedy_reference(methods) if cfg.generation.temperature == 0 else None
     # Each finished chunk goes to disk as it completes; a rerun of a stopped run reads them back (progress.py).
+    claim_output_dir(cfg.output_dir, EVAL_KIND, what="output_dir")
     key = run_key(
         results["config"],
         datasets,

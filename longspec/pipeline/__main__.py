@@ -35,6 +35,7 @@ import time
 
 from longspec.cli import ArgumentParser, UserError, run_cli
 from longspec.lifetime import RunLock
+from longspec.ownership import check_output_dir, claim_output_dir
 from longspec.pipeline.plan import plan
 from longspec.pipeline.preflight import check_plan
 from longspec.pipeline.presets import load_preset, preset_names
@@ -42,6 +43,7 @@ from longspec.pipeline.report import eval_rows, fmt, lossless_check, results_tab
 from longspec.pipeline.runner import RUN_RECORD_NAME, RunRecord, run_pipeline
 
 PIPELINE_LOCK = "pipeline.lock"  # in OUT, held while the steps run
+PIPELINE_KIND = "pipeline"  # OUT's ownership marker (longspec.ownership)
 
 __all__ = ["main"]
 
@@ -118,6 +120,9 @@ def _main(argv: list[str]) -> int:
     # neither the flag nor what to do.
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out!r} exists and is not a directory")
+    # A folder the pipeline did not write (no ownership marker) is refused: its runs/, data/ and report.md would
+    # be the user's files.
+    check_output_dir(args.out, PIPELINE_KIND, what="--out")
     if args.report_only and not os.path.isfile(os.path.join(args.out, RUN_RECORD_NAME)):
         raise UserError(
             f"--report-only: {args.out!r} holds no pipeline run ({RUN_RECORD_NAME}); run the pipeline there first"
@@ -140,7 +145,7 @@ def _main(argv: list[str]) -> int:
         check_plan(preset, steps)
         # One pipeline per --out: a second one (a job requeued while the first still runs) removed the live
         # training run's directory before restarting it and overwrote the first's run record and exports.
-        os.makedirs(out, exist_ok=True)
+        claim_output_dir(out, PIPELINE_KIND, what="--out")
         lock = RunLock(out, name=PIPELINE_LOCK, user="pipeline run", dir_option="--out", force_option=None)
         lock.acquire()
         try:

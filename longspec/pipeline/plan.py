@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,9 +16,10 @@ from longspec.config import check
 from longspec.data.manifest import manifest_path
 from longspec.export import default_out_dir, export_marker
 from longspec.lifetime import LOCK_NAME, refuse_if_held
+from longspec.ownership import NotOursError, remove_owned, write_marker
 from longspec.pipeline.presets import PipelineConfig, StagePlan
 from longspec.pipeline.resume import restart_on_changed_inputs
-from longspec.train.checkpoint import checkpoints_root, done_marker, latest_checkpoint
+from longspec.train.checkpoint import RUN_KIND, checkpoints_root, done_marker, latest_checkpoint
 from longspec.train.config import load_config
 
 __all__ = ["Step", "eval_data_overrides", "eval_runs_command", "plan", "stage_steps", "target_overrides"]
@@ -349,7 +349,9 @@ def _prepare_run_dir(run_dir: str, command: str, resumable: bool, overrides: lis
     """Before a training step: a resumable stage keeps a run dir that its own command left with a complete
     checkpoint trained on the same inputs (the trainer resumes from the latest: a run stopped by a job's time
     limit loses at most save_every steps); otherwise the dir is removed and the stage starts from scratch (data
-    re-prepared with other rows under the same command: `resume.restart_on_changed_inputs` says so)."""
+    re-prepared with other rows under the same command: `resume.restart_on_changed_inputs` says so). Only a run
+    dir a trainer or the pipeline marked as a training run is removed (longspec.ownership), never one reached
+    through a symlink below the pipeline's OUT (run dirs are OUT/runs/NAME)."""
     marker = os.path.join(run_dir, COMMAND_MARKER)
 
     def prepare() -> None:
@@ -362,9 +364,10 @@ def _prepare_run_dir(run_dir: str, command: str, resumable: bool, overrides: lis
             and not restart_on_changed_inputs(run_dir, overrides)
         ):
             return
-        if os.path.isdir(run_dir):
-            shutil.rmtree(run_dir)
+        out = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+        remove_owned(run_dir, RUN_KIND, root=out, what="run directory")
         os.makedirs(run_dir)
+        write_marker(run_dir, RUN_KIND, command=command)
         write_text_atomic(marker, command)
 
     return prepare
@@ -379,7 +382,13 @@ def _prepare_partial_output(path: str, command: str) -> Callable[[], None]:
         refuse_if_held(prep_lock_path(path, file=True), "data prep")  # a live one's output is not removed
         if _same_command(marker, command):
             return
-        if os.path.exists(path):
+        if os.path.lexists(path):
+            if not os.path.isfile(marker) or os.path.islink(
+                path
+            ):  # no marker of ours beside it: a user's file
+                raise NotOursError(
+                    f"{path!r} was not written by the pipeline: move it away or choose another --out"
+                )
             os.remove(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         write_text_atomic(marker, command)

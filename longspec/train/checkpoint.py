@@ -36,9 +36,11 @@ import torch
 import torch.distributed as dist
 
 from longspec.atomic import write_json_atomic
+from longspec.cli import write_failure
 
 __all__ = [
     "CheckpointManager",
+    "RUN_KIND",
     "CHECKSUMS_NAME",
     "CheckpointError",
     "RESUME_KEYS",
@@ -59,6 +61,7 @@ log = logging.getLogger("longspec.train")
 CHECKPOINTS_NAME = "checkpoints"
 STATE_NAME = "trainer_state.json"
 CHECKSUMS_NAME = "checksums.json"
+RUN_KIND = "training run"  # the ownership marker's kind of a run directory (longspec.ownership)
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 # What a resume reads from trainer_state.json (and so requires, as integers).
 RESUME_KEYS = ("step", "tokens_seen", "total_steps", "world_size")
@@ -273,15 +276,23 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(os.path.join(tmp, "rng"))
         _barrier()
-        engine.save_checkpoint(tmp, tag="ds", save_latest=False, exclude_frozen_parameters=True)
-        save_drafter(drafter_dir(tmp))
-        with open(os.path.join(tmp, "rng", f"rank_{self.rank:05d}.json"), "w") as f:
-            json.dump(rng_state(), f)
-        _barrier()
+        try:
+            engine.save_checkpoint(tmp, tag="ds", save_latest=False, exclude_frozen_parameters=True)
+            save_drafter(drafter_dir(tmp))
+            with open(os.path.join(tmp, "rng", f"rank_{self.rank:05d}.json"), "w") as f:
+                json.dump(rng_state(), f)
+            _barrier()
+            if self.rank == 0:
+                write_json_atomic(os.path.join(tmp, STATE_NAME), {"step": step, **trainer_state})
+                write_checksums(tmp)
+                _fsync_dir(tmp)
+        except Exception as e:  # a full disk, a read-only folder: no half checkpoint left, the cause named
+            shutil.rmtree(tmp, ignore_errors=True)
+            cause = write_failure(e, self.root)
+            if cause is not e:
+                raise cause from None
+            raise
         if self.rank == 0:
-            write_json_atomic(os.path.join(tmp, STATE_NAME), {"step": step, **trainer_state})
-            write_checksums(tmp)
-            _fsync_dir(tmp)
             if os.path.exists(final):  # the same step saved by an earlier, interrupted attempt
                 os.rename(final, os.path.join(self.root, f".tmp-old-{name}"))
                 shutil.rmtree(os.path.join(self.root, f".tmp-old-{name}"))

@@ -23,14 +23,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from longspec.cli import USER_ERRORS
+from longspec.cli import USER_ERRORS, os_error_line
 from longspec.data.loader import IGNORE_INDEX, StepSampler
 from longspec.data.shards import ShardReader
 from longspec.drafter.weights import nonfinite_counts
 from longspec.lifetime import RunLock, exit_if_orphaned
+from longspec.ownership import claim_output_dir
 from longspec.positions import anchor_offset_position_ids
 from longspec.train.build import build_engine, build_model, load_target_tokenizer
-from longspec.train.checkpoint import CheckpointManager, latest_checkpoint, verify_checkpoint
+from longspec.train.checkpoint import RUN_KIND, CheckpointManager, latest_checkpoint, verify_checkpoint
 from longspec.train.config import TrainConfig
 from longspec.train.deepspeed_config import build_deepspeed_config, resolve_precision
 from longspec.train.distributed import DistInfo, init_distributed
@@ -165,8 +166,10 @@ class Trainer:
         if self.rank == 0:
             try:
                 outcome[0] = check()
-            except USER_ERRORS as e:  # a bad path, config, lock or checkpoint
-                outcome[1] = str(e)
+            except (*USER_ERRORS, OSError) as e:  # a bad path, config, lock or checkpoint; a read-only folder
+                if not isinstance(e, USER_ERRORS) and os_error_line(e) is None:
+                    raise
+                outcome[1] = os_error_line(e) or str(e)
         if self.world_size > 1:
             dist.broadcast_object_list(outcome, src=0)
         if outcome[1] is not None:
@@ -176,7 +179,9 @@ class Trainer:
     def _check_and_lock(self) -> None:
         """Rank 0: inputs whole, then the run directory locked for this run (released in close())."""
         check_inputs(self.cfg)
-        os.makedirs(self.run_dir, exist_ok=True)
+        claim_output_dir(
+            self.run_dir, RUN_KIND, what="output_dir"
+        )  # a user's folder is refused, not written into
         lock = RunLock(self.run_dir)
         lock.acquire(force=self.cfg.resume.force)
         self.lock = lock

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.export import EXPORT_FILES, export_drafter, main
+from longspec.ownership import MARKER_NAME
 from longspec.testing import make_tiny_target
 from longspec.train.checkpoint import write_checksums
 
@@ -89,7 +90,7 @@ def test_overwrite_replaces_only_a_previous_export(tmp_path, runs, capsys):
     before = tree_checksums(tmp_path)
     status, err = run_in_process(main, [str(runs / "stage1"), str(home), "--overwrite"], capsys)
     assert status == 2
-    assert_one_line_error(err, r"previous export only.*\['notes'\]")
+    assert_one_line_error(err, r"home' is not empty and was not written by longspec \(no \.longspec marker\)")
     assert_only_changed(tmp_path, before)
 
 
@@ -146,7 +147,7 @@ def test_real_cli_is_one_line_and_debug_gives_the_traceback(tmp_path, runs):
 
 def _export_is_whole(out) -> float:
     """OUT holds exactly a complete export; -> the step its filler tensor came from."""
-    assert sorted(os.listdir(out)) == sorted(EXPORT_FILES)
+    assert sorted(os.listdir(out)) == sorted(EXPORT_FILES | {MARKER_NAME})
     json.loads((out / "config.json").read_text())
     return float(load_file(out / "model.safetensors")["block.filler"][0])
 
