@@ -108,7 +108,9 @@ class EvalProgress:
         except json.JSONDecodeError:
             header = {}
         if header.get("key") != self.key:
-            logger.warning("%s was written by another configuration or drafter: starting over", self.path)
+            logger.warning(
+                "%s was written for another configuration, data, target or drafter: starting over", self.path
+            )
             return
         kept = 1
         for line in lines[1:]:

@@ -182,3 +182,25 @@ def test_sigkill_mid_export_leaves_the_old_or_the_new_export(tmp_path):
     leftovers = [p for p in os.listdir(tmp_path) if ".tmp-" in p or ".old-" in p]
     assert not leftovers, [(p, os.listdir(tmp_path / p)) for p in leftovers]
     assert_only_changed(run, run_before)  # the run itself was never written
+
+
+@pytest.mark.parametrize(
+    "value, extra", [(float("nan"), []), (1e10, ["--dtype", "float16"])], ids=["nan", "cast"]
+)
+def test_weights_that_are_not_numbers_are_not_exported(tmp_path, runs, capsys, value, extra):
+    """A NaN in the checkpoint's weights, or a value the requested dtype turns into inf: one line naming the file
+    and the tensor, no OUT_DIR (a NaN drafter loaded silently and proposed nothing, τ 1.00)."""
+    weights_path = runs / "stage1" / "checkpoints" / "step_00000002" / "drafter" / "model.safetensors"
+    weights = load_file(weights_path)
+    name = sorted(weights)[0]
+    weights[name].view(-1)[0] = value
+    save_file(weights, weights_path, metadata={"format": "pt"})
+    before = tree_checksums(tmp_path)
+    status, err = run_in_process(main, [str(runs / "stage1"), str(tmp_path / "out"), *extra], capsys)
+    assert status == 2
+    cast = r" cast to float16" if extra else ""
+    assert_one_line_error(
+        err,
+        rf"model\.safetensors{cast}: tensor '{name}' holds 1 NaN/inf value\(s\) of \d+: refusing to export",
+    )
+    assert_only_changed(tmp_path, before)

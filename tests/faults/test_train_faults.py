@@ -212,7 +212,7 @@ def test_a_live_trainer_holds_the_run_directory(world, killed_in_checkpoint):
     [
         (
             "stage.name=tiny_stage2",
-            r"holds another run \(step 4\): stage 'tiny_stage1' -> 'tiny_stage2'; pass resume",
+            r"holds another run \(step 4\): stage.name 'tiny_stage1' -> 'tiny_stage2'; pass resume",
         ),
         ("target.name=tiny_qwen2", r"target.name 'tiny_llama' -> 'tiny_qwen2'; pass resume.force=true"),
         ("data.path=COPY", r"data.path '.*/d1' -> '.*/d1_copy'; pass resume.force=true"),
@@ -239,7 +239,8 @@ def test_resume_force_resumes_another_stage_with_a_warning(world, killed_in_chec
     )  # all steps done: loads, stops
     assert result.returncode == 0, result.stderr[-3000:]
     assert (
-        "resume.force=true: resuming" in result.stderr and "stage 'tiny_stage1' -> 'renamed'" in result.stderr
+        "resume.force=true: resuming" in result.stderr
+        and "stage.name 'tiny_stage1' -> 'renamed'" in result.stderr
     )
     assert_only_changed(world, before, allowed=[f"{run.name}/train.log", f"{run.name}/config.yaml"])
 
