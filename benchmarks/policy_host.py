@@ -29,10 +29,10 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from longspec.atomic import write_json_atomic
+from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, Lookup, is_drafter_tree
 from longspec.infer.graphs import no_gc
-from longspec.infer.pld import ShadowReport
-from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, AdaptivePolicy, MeasuredCosts
-from longspec.infer.tree import Lookup, is_drafter_tree
+from longspec.infer.policy import AdaptivePolicy, MeasuredCosts
+from longspec.infer.policy.shadow import ShadowReport
 from longspec.provenance import run_info
 
 CANDIDATES = AUTO_TREES + AUTO_LOOKUPS

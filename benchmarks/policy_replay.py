@@ -42,10 +42,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from longspec.atomic import write_json_atomic  # noqa: E402
 from longspec.eval.datasets import recorded_prompts  # noqa: E402
+from longspec.infer.candidates import (  # noqa: E402  # noqa: E402
+    AUTO_LOOKUPS,
+    AUTO_TREES,
+    Lookup,
+    candidate_order,
+    parse_candidate,
+    tree_name,
+)
 from longspec.infer.config import GenerationConfig  # noqa: E402
-from longspec.infer.pld import LookupShadow  # noqa: E402
-from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, AdaptivePolicy, FixedPolicy, MeasuredCosts  # noqa: E402
-from longspec.infer.tree import Lookup, candidate_order, parse_candidate, tree_name  # noqa: E402
+from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts  # noqa: E402
+from longspec.infer.policy.shadow import LookupShadow  # noqa: E402
 from longspec.provenance import run_info  # noqa: E402
 from longspec.target_source import load_tokenizer  # noqa: E402
 

@@ -112,6 +112,7 @@ class EvalConfig(Schema):
     tree_widths: list[int] | None = None
     # tree=auto also weighs prompt-lookup chains (GenerationConfig.auto_lookup); false: drafter trees only
     auto_lookup: bool = True
+    remeasure_costs: bool = False  # tree=auto: measure the round costs again, not from the on-disk cache
     sampling_rule: str = "rrs"  # T > 0: rrs (children sampled from the drafter's q) | deterministic (top-k)
     prefill_chunk: int = 4096  # target prefill tokens per forward
     cuda_graphs: bool = False  # capture each round's target forward in a CUDA graph (CUDA only)
@@ -201,6 +202,7 @@ class EvalConfig(Schema):
             tree=self.tree,
             tree_widths=None if self.tree_widths is None else tuple(self.tree_widths),
             auto_lookup=self.auto_lookup,
+            remeasure_costs=self.remeasure_costs,
             sampling_rule=self.sampling_rule,
             prefill_chunk=self.prefill_chunk,
             seed=self.seed,

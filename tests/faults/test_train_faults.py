@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 from fault_helpers import REPO_ROOT, assert_one_line_error, assert_only_changed, run_module, tree_checksums
+from process_helpers import child_pids, pid_running
 from safetensors.torch import load_file
 
-from longspec.testing import child_pids, pid_running
 from longspec.train.checkpoint import CheckpointError, verify_checkpoint
 from longspec.train.metrics import truncate_metrics
 from longspec.train.runlock import LOCK_NAME, RunLock, RunLockedError, _start_ticks
