@@ -1,4 +1,4 @@
-"""tree="auto"'s host work made cheap (longspec/infer/policy.py: counts decayed through a running scale, hazards
+"""tree="auto"'s host work made cheap (longspec/infer/policy/: counts decayed through a running scale, hazards
 and expected tokens computed once per observation and only as far as read, round costs recomputed by index) decides
 as the straightforward policy did. The reference here is that policy as first written, kept in this test only:
 every count decayed at every observation, every depth's hazards and every candidate's rate and cost recomputed at

@@ -80,7 +80,9 @@ def measure_round_costs(
     static = config.static
     mode = cost_mode(config, batch_size)
     if mode not in engine.cost_tables:  # this process's first call in the mode: the table on disk, if any
-        stored = None if config.remeasure_costs else cost_cache.load_costs(cost_cache.cache_path(engine, mode))
+        stored = (
+            None if config.remeasure_costs else cost_cache.load_costs(cost_cache.cache_path(engine, mode))
+        )
         engine.cost_tables[mode] = stored or MeasuredCosts()
     costs = engine.cost_tables[mode]
     low, high = context_bucket(min(context_lens)), context_bucket(max(context_lens))
