@@ -29,6 +29,7 @@ from fault_helpers import (
     tiny_train_world,
     tree_checksums,
 )
+from process_helpers import child_pids, pid_running
 
 from longspec import lifetime
 from longspec.lifetime import (
@@ -43,7 +44,6 @@ from longspec.lifetime import (
     start_ticks,
 )
 from longspec.ownership import write_marker
-from longspec.testing import child_pids, pid_running
 
 
 def _dead_pid() -> int:
