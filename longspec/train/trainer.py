@@ -243,8 +243,17 @@ class Trainer:
             log.info("nothing to do: step %d of %d already done", self.step, last)
         while self.step < last:
             self.train_step()
-            if self.step % self.cfg.checkpoint.save_every == 0 or self.step == last:
+            if self.step % self.cfg.checkpoint.save_every != 0 and self.step != last:
+                continue
+            if self.nonfinite_steps == 0:
                 self.save()
+            elif self.step == last:
+                raise TrainingStopped(
+                    f"training stopped at step {self.step}, the last: its loss or gradient norm is not finite; not "
+                    f"saved, the latest checkpoint is {self._latest_name()}: lower optim.lr or check the data"
+                )
+            else:  # the latest checkpoint stays one from before the run went non-finite
+                log.warning("step %d: not saved: its loss or gradient norm is not finite", self.step)
 
     def close(self) -> None:
         """Release the engine's hooks and buffers (several runs in one process: tests) and the run's lock."""
