@@ -337,7 +337,7 @@ class Trainer:
 
     def _latest_name(self) -> str:
         latest = self.checkpoints.latest()
-        return os.path.basename(latest) if latest else "none (the run restarts from step 0)"
+        return os.path.basename(latest) if latest else "none (a rerun starts over)"
 
     def _check_weights_finite(self) -> None:
         """Collective, before a checkpoint is written: refuse to save a drafter whose weights hold NaN / inf
@@ -398,7 +398,8 @@ class Trainer:
         return self.checkpoints.save(self.step, self.engine, self._save_drafter, state)
 
     def _resume(self, path: str) -> None:
-        # World size, target, data and stage were compared in __init__ (check_resume), before the model loaded.
+        # World size and the run's inputs (data, target, trained config) were compared in __init__ (check_resume),
+        # before the model loaded.
         state = self.checkpoints.load(path, self.engine)
         if state["total_steps"] != self.total_steps:
             log.warning(

@@ -267,6 +267,10 @@ DAMAGES = {
         _state_without("world_size"),
         r"trainer_state.json has no integer 'world_size'; the checkpoint",
     ),
+    "no_inputs": (
+        _state_without("inputs"),
+        r"the checkpoint records no inputs \(written by an older longspec\); pass",
+    ),
     "no_state_anywhere": (
         _no_state(1, 2),
         r"step_00000002/trainer_state.json is missing \(listed in checksums",
@@ -289,7 +293,7 @@ def test_a_damaged_state_is_refused_by_name_and_nothing_changes(world, run, case
     _assert_refused(world, copy.name, pattern)
 
 
-@pytest.mark.parametrize("case", ["garbage", "list", "no_bytes", "no_world_size"])
+@pytest.mark.parametrize("case", ["garbage", "list", "no_bytes", "no_world_size", "no_inputs"])
 def test_a_malformed_state_file_is_one_error_naming_it(world, run, case):
     damage, pattern = DAMAGES[case]
     copy = _copy(run, "run_malformed")
