@@ -249,8 +249,17 @@ class Trainer:
         while self.step < last:
             exit_if_orphaned()  # a launcher of ours gone: stop (the parent-death signal's fallback)
             self.train_step()
-            if self.step % self.cfg.checkpoint.save_every == 0 or self.step == last:
+            if self.step % self.cfg.checkpoint.save_every != 0 and self.step != last:
+                continue
+            if self.nonfinite_steps == 0:
                 self.save()
+            elif self.step == last:
+                raise TrainingStopped(
+                    f"training stopped at step {self.step}, the last: its loss or gradient norm is not finite; not "
+                    f"saved, the latest checkpoint is {self._latest_name()}: lower optim.lr or check the data"
+                )
+            else:  # the latest checkpoint stays one from before the run went non-finite
+                log.warning("step %d: not saved: its loss or gradient norm is not finite", self.step)
 
     def close(self) -> None:
         """Release the engine's hooks and buffers (several runs in one process: tests) and the run's lock."""
@@ -334,7 +343,7 @@ class Trainer:
 
     def _latest_name(self) -> str:
         latest = self.checkpoints.latest()
-        return os.path.basename(latest) if latest else "none (the run restarts from step 0)"
+        return os.path.basename(latest) if latest else "none (a rerun starts over)"
 
     def _check_weights_finite(self) -> None:
         """Collective, before a checkpoint is written: refuse to save a drafter whose weights hold NaN / inf
@@ -395,7 +404,8 @@ class Trainer:
         return self.checkpoints.save(self.step, self.engine, self._save_drafter, state)
 
     def _resume(self, path: str) -> None:
-        # World size, target, data and stage were compared in __init__ (check_resume), before the model loaded.
+        # World size and the run's inputs (data, target, trained config) were compared in __init__ (check_resume),
+        # before the model loaded.
         state = self.checkpoints.load(path, self.engine)
         if state["total_steps"] != self.total_steps:
             log.warning(

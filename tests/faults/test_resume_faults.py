@@ -267,6 +267,10 @@ DAMAGES = {
         _state_without("world_size"),
         r"trainer_state.json has no integer 'world_size'; the checkpoint",
     ),
+    "no_inputs": (
+        _state_without("inputs"),
+        r"the checkpoint records no inputs \(written by an older longspec\); pass",
+    ),
     "no_state_anywhere": (
         _no_state(1, 2),
         r"step_00000002/trainer_state.json is missing \(listed in checksums",
@@ -289,7 +293,7 @@ def test_a_damaged_state_is_refused_by_name_and_nothing_changes(world, run, case
     _assert_refused(world, copy.name, pattern)
 
 
-@pytest.mark.parametrize("case", ["garbage", "list", "no_bytes", "no_world_size"])
+@pytest.mark.parametrize("case", ["garbage", "list", "no_bytes", "no_world_size", "no_inputs"])
 def test_a_malformed_state_file_is_one_error_naming_it(world, run, case):
     damage, pattern = DAMAGES[case]
     copy = _copy(run, "run_malformed")
@@ -319,18 +323,19 @@ def test_init_from_a_nan_drafter_is_refused_before_the_target_loads(world, run):
 
 
 def test_a_diverging_run_stops_after_max_nonfinite_steps(world, run):
-    """lr 1e30: the first update throws the weights to 1e30, every later loss is inf / nan. No checkpoint is due
-    before step 6, so it is the loss that stops the run, at the third such step, without a checkpoint."""
+    """lr 1e30: the first update throws the weights to 1e30, every later loss is inf / nan. The run saves every
+    step, but not one whose loss is not finite: it stops at the third such step, with one line, and its latest
+    checkpoint is step 1's, from before it diverged."""
     out = world / "run_diverged"
-    result = _train(world, out.name, "optim.lr=1e30", "max_steps=8", "checkpoint.save_every=6")
+    result = _train(world, out.name, "optim.lr=1e30", "max_steps=8")
     assert result.returncode == 2, result.stderr[-3000:]
     assert_one_line_error(
         result.stderr,
         r"training stopped at step 4: the loss or gradient norm was not finite for 3 consecutive steps .*the latest "
-        r"checkpoint is none",
+        r"checkpoint is step_00000001: lower optim.lr",
         exclusive=False,  # the run's own log lines come first
     )
-    assert not (out / "checkpoints").exists() or not os.listdir(out / "checkpoints")
+    assert os.listdir(out / "checkpoints") == ["step_00000001"]
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 4  # every step it ran is logged
 
 
