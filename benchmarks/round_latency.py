@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> dict:
             round_costs[f"T={temperature:g}"] = {k: v * 1e3 for k, v in costs.to_dict().items()}
         # The drafter ring's catch-up, which the first drafting round after plain or lookup rounds runs first
         # (fixed shapes: the window's K/V whatever is missing, so one figure; its graph was built above).
-        catch_up_ms = timer(lambda: engine._catch_up(static=True, capture=capture))
+        catch_up_ms = timer(lambda: engine.runner.catch_up(static=True, capture=capture))
 
     result = {
         **run_info(device=device, argv=argv),

@@ -11,7 +11,7 @@ from infer_helpers import prefill_drafter, random_drafter, reference_greedy
 from test_engine import sampling_marginals, sampling_target
 from test_policy import _common_prefix, _ring_by_position
 
-from longspec.infer import pld
+from longspec.infer.policy import shadow as shadow_module
 from longspec.infer.candidates import AUTO_LOOKUPS, Lookup, tree_name
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.pld import device_lookup, prompt_lookups
@@ -517,7 +517,9 @@ def test_the_shadow_indexes_a_prompt_as_appending_it_token_by_token(vocab):
 
 def test_the_shadow_tells_apart_prompt_n_grams_whose_keys_collide(monkeypatch):
     """A key is a hash: n-grams sharing one are told apart by their tokens."""
-    monkeypatch.setattr(pld, "_PromptGrams", type("Colliding", (pld._PromptGrams,), {"MULTIPLIER": 0}))
+    monkeypatch.setattr(
+        shadow_module, "_PromptGrams", type("Colliding", (shadow_module._PromptGrams,), {"MULTIPLIER": 0})
+    )
     prompt = [5, 1, 7, 5, 1, 9, 3, 1, 4, 5, 1]
     shadow = LookupShadow(prompt, 8, 2, 4)  # a key is now the n-gram's last token: "3 1" shares "5 1"'s
     expected = [
