@@ -56,6 +56,8 @@ def fit_prefix(text: str, ends: list[int], count: Callable[[str], int], budget: 
     """The longest text[:end] over `ends` with count(prefix) <= budget (binary search: count is monotone in the
     prefix). None when even the shortest prefix does not fit."""
     lo, hi = 0, len(ends) - 1
+    if count(text[: ends[-1]]) <= budget:  # the whole text fits: no search (a document under its budget)
+        return text[: ends[-1]]
     if count(text[: ends[0]]) > budget:
         return None
     while lo < hi:

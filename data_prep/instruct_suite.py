@@ -46,6 +46,7 @@ SUITE_TASKS = {"lcc": ("lcc", "code"), "gov_report": ("doc_summary", "summary"),
                "repobench-p": ("repobench-p", "repo")}  # fmt: skip
 DEFAULT_TASKS = ("lcc", "gov_report", "qmsum")
 MIN_FILL = 0.8  # a prompt fills at least this share of its budget
+INSTRUCTION_ROOM = 64  # tokens an instruction or question adds at most to a document's prompt
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -107,6 +108,10 @@ def build_suite(*, corpus: Path, tokenizer, out: Path, buckets: list[int], per_b
                 # Too few characters for the bucket's lower bound (~2 chars a token at the densest): skip early
                 # (a repository row's context is other files: its own file may be short).
                 if doc_key(doc) in used or (task != "repo" and len(doc["text"]) < 2 * MIN_FILL * budget):
+                    continue
+                # One tokenization of the whole document (instruction room aside) rules out most documents that
+                # no prefix of can fill the bucket, before the binary search over its prefixes.
+                if task != "repo" and count(doc["text"], "") + INSTRUCTION_ROOM < MIN_FILL * budget:
                     continue
                 if task == "repo":
                     if doc["source"] not in packages:

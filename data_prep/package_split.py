@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from longspec.cli import ArgumentParser, UserError
+from longspec.ownership import claim_output_dir
 
 __all__ = ["split_by_package", "SPLIT_RULE"]
 
@@ -39,7 +40,7 @@ def split_by_package(*, corpus: Path, heldout_packages: list[str], out: Path) ->
                         f"{', '.join(known)}")  # fmt: skip
     if set(heldout_packages) == set(known):
         raise UserError("--heldout-packages names every package of the corpus: nothing would train")
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, "corpus", what="--out")  # a corpus directory, as registry_corpus writes one
     files: Counter = Counter()
     per_package: dict[str, Counter] = {}
     with open(out / "train.jsonl.part", "w", encoding="utf-8") as train, \

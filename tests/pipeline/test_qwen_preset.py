@@ -60,7 +60,7 @@ def test_one_evaluation_per_bucket_over_its_own_files(steps, tmp_path):
             (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / path).touch()
         cfg = load_eval_config(cmd[cmd.index("longspec.eval") + 1 :])
-        assert cfg.data.context_len == 32768 and cfg.max_new_tokens == preset.eval_max_new_tokens
+        assert cfg.data.context_len == 32768 and cfg.generation.max_new_tokens == preset.eval_max_new_tokens
     assert seen == {str(tmp_path / "data" / name) for name in preset.eval_suite}
     for bucket in BUCKETS:  # T=0 with every method, and T=1, at every bucket
         assert {"longspec", "ar", "vanilla_fa", "pld"} <= set(preset_eval(preset, f"t0_{bucket}").methods)
