@@ -64,7 +64,7 @@ from round_latency import SHAPES, build_target, markdown_table  # noqa: E402
 from longspec.atomic import write_json_atomic  # noqa: E402
 from longspec.drafter import Drafter, DrafterConfig  # noqa: E402
 from longspec.eval.divergence import analyse_divergence, explained  # noqa: E402
-from longspec.eval.report import pooled_acceptance_profile  # noqa: E402
+from longspec.eval.summary import pooled_acceptance_profile  # noqa: E402
 from longspec.infer.baselines import run_method_batch  # noqa: E402
 from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine  # noqa: E402
 from longspec.infer.policy import named_by_bucket  # noqa: E402

@@ -2,11 +2,12 @@
 stage-3 prompts and the eval suite, gzip'd where the prep tools read gzip (issue 9).
 
     python -m data_prep.bundle --corpus DIR --tokenizer T --out DIR --long-docs long.jsonl \
-        --prompts prompts.jsonl --suite SUITE_DIR [--stage1-tokens 10000000]
+        --prompts prompts.jsonl --suite SUITE_DIR [--stage1-tokens 10000000] [--gzip-suite]
 
 The layout is the one `python -m longspec.pipeline --preset smollm2 --data DIR` reads, gzip'd: corpus/train.jsonl.gz
 (train-split rows in a stable hash order up to --stage1-tokens tokens), corpus/long_docs.jsonl.gz (stage 2),
-stage3_prompts.jsonl.gz, suite/*.jsonl (plain) and manifest.json (files, bytes, token counts of every corpus split
+stage3_prompts.jsonl.gz, suite/*.jsonl (plain; gzip'd with --gzip-suite: a 32K-token suite is ~10 MB of text) and
+manifest.json (files, bytes, token counts of every corpus split
 and of each bundled part). `gunzip -r DIR` restores plain JSONL; data_prep.stage1 / stage2 also read the .gz files
 as they are.
 """
@@ -23,6 +24,7 @@ from data_prep.common import batched, load_tokenizer
 from data_prep.doc_tasks import ordered
 from data_prep.instruct_suite import read_rows
 from longspec.cli import ArgumentParser
+from longspec.ownership import claim_output_dir
 
 
 def count_tokens(tokenizer, texts) -> int:
@@ -48,7 +50,7 @@ def _read_part(path: Path, flag: str, tool: str) -> list[dict]:
 
 
 def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts: Path, suite: Path,
-                 stage1_tokens: int = 10_000_000) -> dict:  # fmt: skip
+                 stage1_tokens: int = 10_000_000, gzip_suite: bool = False) -> dict:  # fmt: skip
     # Every part is checked before the first write: a missing suite directory, an empty part or a token budget
     # of 0 made a bundle with exit 0 that the pipeline then failed on, a step or a GPU job later.
     if stage1_tokens < 1:
@@ -64,7 +66,7 @@ def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts
         )
     train = read_rows(corpus / "train.jsonl")
     heldout = read_rows(corpus / "heldout.jsonl")
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, "bundle", what="--out")
     manifest: dict = {"corpus_tokens": {}, "corpus_files": {}, "parts": {}}
     for split, rows in (("train", train), ("heldout", heldout)):
         manifest["corpus_files"][split] = len(rows)
@@ -97,7 +99,10 @@ def build_bundle(*, corpus: Path, tokenizer, out: Path, long_docs: Path, prompts
     }
     (out / "suite").mkdir(exist_ok=True)
     for path in sorted(suite.glob("*.json*")):
-        shutil.copy(path, out / "suite" / path.name)
+        if gzip_suite and path.name.endswith(".jsonl"):
+            _gzip_copy(path, out / "suite" / f"{path.name}.gz")
+        else:
+            shutil.copy(path, out / "suite" / path.name)
     manifest["bytes"] = {  # not this manifest: a rerun counted the previous one's bytes
         p.relative_to(out).as_posix(): p.stat().st_size
         for p in sorted(out.rglob("*"))
@@ -117,10 +122,11 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--prompts", type=Path, required=True, help="data_prep.instruct_prompts output")
     p.add_argument("--suite", type=Path, required=True, help="data_prep.instruct_suite output dir")
     p.add_argument("--stage1-tokens", type=int, default=10_000_000)
+    p.add_argument("--gzip-suite", action="store_true", help="gzip the suite's JSONL files too (gunzip -r restores)")
     args = p.parse_args(argv)
     manifest = build_bundle(corpus=args.corpus, tokenizer=load_tokenizer(args.tokenizer), out=args.out,
                             long_docs=args.long_docs, prompts=args.prompts, suite=args.suite,
-                            stage1_tokens=args.stage1_tokens)  # fmt: skip
+                            stage1_tokens=args.stage1_tokens, gzip_suite=args.gzip_suite)  # fmt: skip
     print(json.dumps({k: manifest[k] for k in ("corpus_tokens", "parts", "total_bytes")}))
     return 0
 

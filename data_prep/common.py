@@ -14,6 +14,7 @@ import gzip
 import json
 import logging
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from tqdm import tqdm
 
 from longspec.data.manifest import Manifest, RowStats, tokenizer_fingerprint
 from longspec.data.shards import ShardWriter, prepare_output_dir, token_dtype_for
+from longspec.lifetime import RunLock
 
 __all__ = [
     "TEXT_EXTENSIONS",
@@ -35,6 +37,9 @@ __all__ = [
     "load_tokenizer",
     "Packer",
     "PrepRun",
+    "PREP_LOCK",
+    "prep_lock",
+    "prep_lock_path",
     "add_common_args",
 ]
 
@@ -253,8 +258,33 @@ def batched(rows: Iterable, size: int) -> Iterator[list]:
         yield batch
 
 
+PREP_LOCK = "prep.lock"  # in a prep's --out while it writes there (longspec.lifetime)
+
+
+def prep_lock_path(out: str, *, file: bool = False) -> str:
+    """Where a data prep's lock on its --out lies: `<out>/prep.lock`, or `<out>.lock` beside an output file."""
+    return f"{os.path.abspath(out)}.lock" if file else os.path.join(out, PREP_LOCK)
+
+
+def prep_lock(out: str, *, file: bool = False) -> RunLock:
+    """The lock a data prep holds on its --out (prep_lock_path) while it writes there."""
+    path = prep_lock_path(out, file=file)
+    if file and not os.path.isdir(os.path.dirname(path)):
+        raise FileNotFoundError(f"--out {out!r}: the directory {os.path.dirname(path)!r} does not exist")
+    return RunLock(
+        os.path.dirname(path),
+        name=os.path.basename(path),
+        user="data prep",
+        dir_option="--out",
+        force_option=None,
+    )
+
+
 class PrepRun:
-    """One prep run: output directory, shard writer, row statistics, progress bar and the final manifest."""
+    """One prep run: output directory, shard writer, row statistics, progress bar and the final manifest.
+
+    It holds the --out's lock from before anything there is removed until the manifest is written (finish); a run
+    that fails releases it when the run is collected, or at the interpreter's exit."""
 
     def __init__(
         self,
@@ -270,7 +300,13 @@ class PrepRun:
         shard_tokens: int,
         progress: bool = True,
     ):
-        self.out = prepare_output_dir(out, overwrite=overwrite)
+        lock = prep_lock(out)
+        self._release = weakref.finalize(self, lock.release)
+        try:
+            self.out = prepare_output_dir(out, overwrite=overwrite, lock=lock.acquire)
+        except BaseException:
+            self._release()
+            raise
         self.stage, self.source, self.seq_len, self.packed = stage, source, seq_len, packed
         self.tokenizer = tokenizer
         self.stats = RowStats()
@@ -315,6 +351,7 @@ class PrepRun:
             extra=extra,
         )
         manifest = self.writer.finish(manifest)
+        self._release()
         log.info(
             "%s: %s; wrote %d rows, %d tokens in %d shard(s) to %s",
             self.stage,

@@ -33,6 +33,7 @@ from data_prep.archive_text import TextFilter, extract_text, iter_archive
 from data_prep.registry_sources import DEBIAN_MIRROR, PYPI_INDEX, fetch, load_sources, metadata_licence
 from data_prep.stdlib_corpus import default_stdlib_root, iter_python_files, split_of
 from longspec.cli import USER_ERRORS, ArgumentParser, one_line
+from longspec.ownership import claim_output_dir
 
 log = logging.getLogger("data_prep")
 
@@ -91,7 +92,7 @@ class _Writer:
     read in their listed order, the stdlib last)."""
 
     def __init__(self, out: Path, heldout_frac: float):
-        out.mkdir(parents=True, exist_ok=True)
+        claim_output_dir(out, "corpus", what="--out")
         self.files = {s: open(out / f"{s}.jsonl", "w", encoding="utf-8") for s in ("train", "heldout")}
         self.heldout_frac = heldout_frac
         self.seen: set[bytes] = set()

@@ -27,7 +27,7 @@ import torch
 from jinja2 import TemplateError
 from tqdm import tqdm
 
-from data_prep.common import batched, iter_source, limit, load_tokenizer
+from data_prep.common import batched, iter_source, limit, load_tokenizer, prep_lock
 from data_prep.stage3_sft import TEMPLATES, check_template, render_prompt, user_content
 from longspec.cli import ArgumentParser, UserError, run_cli
 from longspec.data.manifest import RowStats
@@ -221,23 +221,24 @@ def _main(argv: list[str]) -> None:
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    regenerate(
-        source=args.source,
-        target=args.target,
-        out=args.out,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        template=args.template,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_rows=args.max_rows,
-        seed=args.seed,
-        device=args.device,
-        dtype=args.dtype,
-        trust_remote_code=args.trust_remote_code,
-        progress=not args.no_progress,
-    )
+    with prep_lock(args.out, file=True):  # one writer per --out: a second one would append the same answers
+        regenerate(
+            source=args.source,
+            target=args.target,
+            out=args.out,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            template=args.template,
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_rows=args.max_rows,
+            seed=args.seed,
+            device=args.device,
+            dtype=args.dtype,
+            trust_remote_code=args.trust_remote_code,
+            progress=not args.no_progress,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from longspec.cli import ArgumentParser, run_cli
+from longspec.ownership import claim_output_dir
 
 # Directories never walked: installed third-party packages and bytecode caches are not the stdlib.
 SKIP_DIR_NAMES = frozenset({"site-packages", "dist-packages", "__pycache__"})
@@ -190,7 +191,7 @@ def build_corpus(cfg: CorpusConfig, *, progress: bool = True) -> dict:
     files = list(iter_python_files(root))
     if not files:  # an empty corpus wrote exit 0 and failed two steps later, at the first prep
         raise ValueError(f"corpus root {root} holds no .py file (pass --root PATH to a Python source tree)")
-    cfg.out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(cfg.out, "corpus", what="--out")
     stats = CorpusStats()
     num_lcc = 0
     with (

@@ -18,6 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from longspec.cli import ArgumentParser, run_cli
+from longspec.ownership import claim_output_dir
 
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 SPECIAL_TOKENS = [BOS, EOS, PAD, UNK]  # ids 0..3 in this order
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     sample = list(iter_texts(heldout if heldout.is_file() else args.corpus))[:50]
     if bad := round_trip_failures(tokenizer, sample):
         raise RuntimeError(f"decode(encode(x)) != x for {len(bad)} of {len(sample)} sample files")
+    claim_output_dir(args.out, "tokenizer", what="--out")
     tokenizer.save_pretrained(args.out)
     n_bytes = sum(len(t.encode("utf-8")) for t in sample)
     n_tokens = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in sample)

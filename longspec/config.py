@@ -1,9 +1,11 @@
 """What training and evaluation configs share: the shipped YAML directory, the `target` schema and one
 compose-and-validate helper.
 
-The YAMLs live inside the package (`longspec/configs/`: train.yaml, eval.yaml and the `target`, `stage`, `eval`
-groups) so a wheel install composes the same configs as a source checkout. `longspec.train.config` (TrainConfig)
-and `longspec.eval.config` (EvalConfig) build their schemas on `TargetConfig` and load through `compose`.
+The YAMLs live at the top of the repository (`configs/`: train.yaml, eval.yaml and the `target`, `stage`, `eval`,
+`pipeline` groups) and ship inside the wheel as `longspec/configs`; `config_root` finds them either way, so a
+wheel install composes the same configs as a source checkout, from any working directory. `longspec.train.config`
+(TrainConfig) and `longspec.eval.config` (EvalConfig) build their schemas on `TargetConfig` and load through
+`compose`.
 """
 
 from __future__ import annotations
@@ -14,10 +16,22 @@ from typing import TypeVar
 
 from omegaconf import MISSING
 
-__all__ = ["CONFIG_DIR", "MOVED_KEYS", "TargetConfig", "compose", "check", "Schema", "drafter_window"]
+__all__ = ["config_root", "MOVED_KEYS", "TargetConfig", "compose", "check", "Schema", "drafter_window"]
 
-# The YAMLs shipped in the package; LONGSPEC_CONFIG_DIR points at a directory of your own instead.
-CONFIG_DIR = os.environ.get("LONGSPEC_CONFIG_DIR", os.path.join(os.path.dirname(__file__), "configs"))
+
+def config_root() -> str:
+    """The directory of the YAML configs, absolute whatever the working directory: $LONGSPEC_CONFIG_DIR if set (a
+    directory of your own), else a source checkout's configs/ beside the package (a checkout or an editable
+    install), else the copy an installed wheel ships inside the package (longspec/configs)."""
+    if os.environ.get("LONGSPEC_CONFIG_DIR"):
+        return os.path.abspath(os.environ["LONGSPEC_CONFIG_DIR"])
+    package = os.path.dirname(os.path.abspath(__file__))
+    checkout = os.path.dirname(package)
+    # pyproject.toml beside it: the checkout's own configs/, never a stray top-level `configs` of site-packages.
+    if os.path.isfile(os.path.join(checkout, "pyproject.toml")) and os.path.isdir(os.path.join(checkout, "configs")):
+        return os.path.join(checkout, "configs")
+    return os.path.join(package, "configs")
+
 
 T = TypeVar("T")
 
@@ -124,7 +138,7 @@ def compose(
     config_dir: str | None = None,
     what: str = "config",
 ) -> T:
-    """Compose `<config_dir>/<config_name>.yaml` (default: the shipped CONFIG_DIR) with Hydra overrides and
+    """Compose `<config_dir>/<config_name>.yaml` (default: `config_root()`) with Hydra overrides and
     validate it into `schema`. The YAML's defaults list names `schema_name`, under which `schema` is registered.
 
     Hydra's compose API rather than @hydra.main, so launchers' extra arguments, cwd and logging stay ours. A bad
@@ -143,7 +157,7 @@ def compose(
     ConfigStore.instance().store(name=schema_name, node=schema)
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base=None):
+        with initialize_config_dir(config_dir=os.path.abspath(config_dir or config_root()), version_base=None):
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []))
         cfg = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as e:

@@ -7,7 +7,8 @@ are what transformers de-quantizes (Q4_1 etc. -> float32), then cast to --dtype;
 from the file's metadata, so `target.path=OUT` and `target.gguf_file=SRC` give the same model, the same ids and
 the same target fingerprint.
 
-OUT is written as OUT.tmp-PID and renamed at the end: it appears whole or not at all.
+OUT is written as OUT.tmp-PID and renamed at the end: it appears whole or not at all. An existing OUT is replaced
+(--overwrite) only if an earlier conversion wrote it (longspec.ownership); any other folder is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,19 @@ import os
 import shutil
 import sys
 
+from longspec.cli import write_failure
+from longspec.ownership import (
+    MARKER_NAME,
+    check_output_dir,
+    remove_owned,
+    resolve_output,
+    swap_in,
+    write_marker,
+)
+
 __all__ = ["convert_gguf", "main"]
+
+TARGET_KIND = "converted target"  # the ownership marker's kind of the directories it writes
 
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -32,12 +45,11 @@ def convert_gguf(src: str, out: str, *, dtype: str = "bfloat16", overwrite: bool
     if dtype not in _DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     source = resolve_source(None, src)
-    out = os.path.abspath(os.path.expanduser(out))
+    out = resolve_output(os.path.abspath(os.path.expanduser(out)))  # a symlink: its target is replaced
     if os.path.realpath(out) == os.path.realpath(source.repo):
         raise ValueError(f"OUT {out!r} is the directory that holds {source}: choose another directory")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise FileExistsError(f"OUT {out!r} exists and is not a directory")
-    if os.path.isdir(out) and os.listdir(out) and not overwrite:
+    # Only a directory an earlier conversion wrote (its ownership marker, nothing added since) is replaced.
+    if check_output_dir(out, TARGET_KIND, what="OUT", whole=True) and not overwrite:
         raise FileExistsError(f"OUT {out!r} exists and is not empty; pass --overwrite to replace it")
     if os.path.realpath(source.gguf_path).startswith(os.path.realpath(out) + os.sep):
         raise ValueError(f"OUT {out!r} contains the source {source}: replacing it would delete the source")
@@ -58,16 +70,22 @@ def convert_gguf(src: str, out: str, *, dtype: str = "bfloat16", overwrite: bool
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = f"{out.rstrip(os.sep)}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_owned(tmp, TARGET_KIND)  # a leftover of an earlier process with this pid, if marked ours
     try:
+        os.makedirs(tmp)
+        write_marker(tmp, TARGET_KIND)  # first: a leftover of a killed conversion is provably ours
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         _load_as_written(os.path.join(tmp, "tokenizer_config.json"))
-        if os.path.isdir(out):
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        write_marker(tmp, TARGET_KIND, files=[n for n in os.listdir(tmp) if n != MARKER_NAME])
+        swap_in(tmp, out, TARGET_KIND)
+    except BaseException as e:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp)  # this process's own temp dir
+        cause = write_failure(e, os.path.dirname(tmp))
+        if cause is not e:
+            raise cause from None
+        raise
     return out
 
 
@@ -85,7 +103,7 @@ def _load_as_written(tokenizer_config: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from longspec.cli import USER_ERRORS, ArgumentParser, one_line
+    from longspec.cli import USER_ERRORS, ArgumentParser, one_line, os_error_line
 
     # longspec.cli's parser: a usage error is one line like any other (plain argparse printed its usage block)
     parser = ArgumentParser(prog="python -m longspec.convert_gguf", description=__doc__.split("\n\n")[0])
@@ -103,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     except (*USER_ERRORS, OSError) as e:
         if "--debug" in argv:
             raise
-        print(f"error: {one_line(e)}", file=sys.stderr)
+        print(f"error: {os_error_line(e) or one_line(e)}", file=sys.stderr)
         raise SystemExit(2) from None
     print(f"wrote {out}")
 

@@ -23,10 +23,13 @@ import shutil
 import sys
 
 from longspec.atomic import umask_file_mode
-from longspec.cli import ArgumentParser, UserError, run_cli
+from longspec.cli import ArgumentParser, UserError, run_cli, write_failure
 from longspec.drafter import CONFIG_NAME, WEIGHTS_NAME, DrafterConfig
+from longspec.drafter.weights import check_finite
+from longspec.ownership import check_output_dir, is_ours, remove_owned, resolve_output, swap_in, write_marker
 from longspec.train.checkpoint import (
     CHECKSUMS_NAME,
+    STATE_NAME,
     checkpoints_root,
     drafter_dir,
     list_checkpoints,
@@ -47,8 +50,8 @@ __all__ = [
 _SHARED_PREFIXES = ("embed_tokens", "lm_head", "model.", "target.")
 _DTYPES = ("float32", "bfloat16", "float16")
 CARD_NAME = "README.md"
-# Everything an export directory holds: `--overwrite` replaces a directory of these names only, never anything else.
-EXPORT_FILES = frozenset((CONFIG_NAME, WEIGHTS_NAME, CARD_NAME))
+EXPORT_FILES = frozenset((CONFIG_NAME, WEIGHTS_NAME, CARD_NAME))  # what an export directory holds
+EXPORT_KIND = "export"  # its ownership marker's kind: `--overwrite` replaces only a directory marked so
 
 
 def default_out_dir(run_dir: str) -> str:
@@ -119,8 +122,8 @@ def check_out_dir(run_dir: str, out_dir: str, *, overwrite: bool) -> None:
 
     OUT_DIR may not be RUN_DIR, contain it, or lie inside its checkpoints/ (the weights being exported);
     RUN_DIR/export, the documented place, is fine. An existing non-empty OUT_DIR needs --overwrite, and even then
-    only a previous export (config.json, model.safetensors, README.md) is replaced, so a mistyped OUT_DIR such as
-    a home directory is never deleted."""
+    only a previous export (marked so by longspec.ownership, holding only what the export wrote) is replaced, so a
+    mistyped OUT_DIR such as a home directory is never deleted."""
     run, out = os.path.realpath(run_dir), os.path.realpath(out_dir)
     if _inside(run, out):
         raise UserError(
@@ -129,33 +132,26 @@ def check_out_dir(run_dir: str, out_dir: str, *, overwrite: bool) -> None:
         )
     if _inside(out, checkpoints_root(run)):
         raise UserError(f"OUT_DIR {out_dir!r} lies inside {run_dir!r}/checkpoints: choose another OUT_DIR")
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UserError(f"OUT_DIR {out_dir!r} exists and is not a directory")
-    if not os.path.isdir(out_dir) or not os.listdir(out_dir):
-        return
-    if not overwrite:
+    out = resolve_output(out_dir)  # a symlink: its target is replaced, the link kept
+    if os.path.isdir(out) and os.listdir(out) and not overwrite:
+        check_output_dir(out, EXPORT_KIND, what="OUT_DIR")  # someone else's folder: say so, not "--overwrite"
         raise FileExistsError(f"{out_dir!r} exists and is not empty; pass --overwrite to replace it")
-    foreign = sorted(set(os.listdir(out_dir)) - EXPORT_FILES)
-    if foreign:
-        raise UserError(
-            f"--overwrite replaces a previous export only, and {out_dir!r} also holds {foreign[:5]}: "
-            "choose another OUT_DIR or empty it yourself"
-        )
+    check_output_dir(out, EXPORT_KIND, what="OUT_DIR", whole=True)
 
 
 def _remove_stale_temps(out_dir: str) -> None:
     """Temp / old-export dirs next to OUT_DIR left by an export that was killed (its pid no longer runs). Only a
-    directory holding export files (and safetensors' own `.tmp*` files) is ours to remove."""
+    directory marked as an export (or still empty) is ours to remove."""
     prefix = glob.escape(out_dir)
     for path in glob.glob(prefix + ".tmp-*") + glob.glob(prefix + ".old-*"):
         m = re.search(r"\.(?:tmp|old)-(\d+)$", path)
-        if not m or not os.path.isdir(path):
+        if not m or os.path.islink(path) or not os.path.isdir(path):
             continue
-        if any(name not in EXPORT_FILES and not name.startswith(".tmp") for name in os.listdir(path)):
+        if os.listdir(path) and not is_ours(path, EXPORT_KIND):
             continue
         if int(m.group(1)) != os.getpid() and _pid_alive(int(m.group(1))):
             continue  # another export into the same OUT_DIR is running
-        shutil.rmtree(path, ignore_errors=True)
+        remove_owned(path, EXPORT_KIND)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -195,20 +191,18 @@ def export_drafter(
     if os.path.isfile(os.path.join(checkpoint, CHECKSUMS_NAME)):
         # The drafter's files against the sums the trainer wrote: a changed byte inside the weights still parses
         # as safetensors and was exported as if whole. (A checkpoint of an older version has no sums: not checked.)
+        # The trainer state too: it is parsed only once its checksum matched.
         rel = os.path.relpath(source, checkpoint)
-        verify_checkpoint(
-            checkpoint, [os.path.join(rel, CONFIG_NAME), os.path.join(rel, WEIGHTS_NAME)], purpose="export it"
-        )
+        files = [os.path.join(rel, CONFIG_NAME), os.path.join(rel, WEIGHTS_NAME), STATE_NAME]
+        verify_checkpoint(checkpoint, files, purpose="export it")
+    state = read_trainer_state(checkpoint)  # one line naming the file when it is missing or malformed
     try:
         with open(config_path) as f:
             config = json.load(f)
-        state = read_trainer_state(checkpoint)
     except json.JSONDecodeError as e:
         raise UserError(f"{checkpoint}: unreadable JSON ({e}); the checkpoint is corrupt") from e
-    if not isinstance(config, dict) or not isinstance(state, dict):  # valid JSON, not ours: an AttributeError
-        raise UserError(
-            f"{checkpoint}: {CONFIG_NAME} or the trainer state is not a JSON object; the checkpoint is corrupt"
-        )
+    if not isinstance(config, dict):  # valid JSON, not ours: an AttributeError
+        raise UserError(f"{config_path} is not a JSON object; the checkpoint is corrupt")
     if not config.get("target_fingerprint"):
         raise ValueError(
             f"{config_path} has no target fingerprint; refusing to export an unverifiable drafter"
@@ -227,6 +221,7 @@ def export_drafter(
         raise UserError(
             f"{weights_path} is not a readable safetensors file ({e}); the checkpoint is corrupt"
         ) from e
+    check_finite(weights, weights_path, purpose="export")
     shared = [k for k in keys if k.startswith(_SHARED_PREFIXES)]
     assert not shared, (
         f"drafter checkpoint holds target weights {shared[:3]}: save_pretrained must store the block only"
@@ -235,13 +230,14 @@ def export_drafter(
         import torch
 
         weights = {k: v.to(getattr(torch, dtype)) for k, v in weights.items()}
+        check_finite(weights, f"{weights_path} cast to {dtype}", purpose="export")  # a value past its range
 
-    out_dir = out_dir.rstrip(os.sep) or out_dir
+    out_dir = resolve_output(out_dir)
     _remove_stale_temps(out_dir)
-    tmp, old = f"{out_dir}.tmp-{os.getpid()}", f"{out_dir}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = f"{out_dir}.tmp-{os.getpid()}"
     try:
         os.makedirs(tmp)
+        write_marker(tmp, EXPORT_KIND)  # first: a temp dir left by a killed export is provably ours
         save_file(weights, os.path.join(tmp, WEIGHTS_NAME), metadata={"format": "pt"})
         umask_file_mode(os.path.join(tmp, WEIGHTS_NAME))
         shutil.copyfile(config_path, os.path.join(tmp, CONFIG_NAME))
@@ -250,16 +246,15 @@ def export_drafter(
             f.write(_model_card(config, state, num_params))
         for name in EXPORT_FILES:
             _fsync_file(os.path.join(tmp, name))
-        # Swap by renames: at every instant OUT_DIR is the old export, absent, or the new one; never partial.
-        if os.path.exists(out_dir):
-            os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if os.path.isdir(old) and not os.path.exists(out_dir):
-            os.rename(old, out_dir)  # put the previous export back
+        write_marker(tmp, EXPORT_KIND, files=sorted(EXPORT_FILES))
+        swap_in(tmp, out_dir, EXPORT_KIND)  # OUT_DIR is the old export, absent, or the new one; never partial
+    except BaseException as e:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp)  # this process's own temp dir
+        cause = write_failure(e, os.path.dirname(os.path.abspath(tmp)))
+        if cause is not e:
+            raise cause from None
         raise
-    shutil.rmtree(old, ignore_errors=True)
     return out_dir
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "resolve_source",
     "load_config",
     "load_causal_lm",
+    "check_safe_weights",
     "load_tokenizer",
     "check_tokenizer_fits",
     "resolve_dtype",
@@ -258,6 +259,29 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
     return config
 
 
+# Weight files that are pickles: loading one runs whatever code it holds, so a target comes only from safetensors
+# (or a GGUF).
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def check_safe_weights(source: ModelSource) -> None:
+    """Refuse a local target directory whose weights are only pickle checkpoints (pytorch_model.bin, ...), with
+    the way to convert them, before transformers is asked to load anything."""
+    if source.gguf_file is not None or not os.path.isdir(source.repo):
+        return
+    names = os.listdir(source.repo)
+    if any(n.endswith((".safetensors", ".safetensors.index.json")) for n in names):
+        return
+    pickles = sorted(n for n in names if n.endswith(_PICKLE_SUFFIXES) or n.endswith(".bin.index.json"))
+    if pickles:
+        raise ValueError(
+            f"target {source.repo!r} holds only pickle weights ({', '.join(pickles[:3])}), which longspec does not "
+            "load (unpickling runs code): convert them once where you trust the file, e.g. "
+            "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True), or use "
+            "the model's safetensors or GGUF release"
+        )
+
+
 def load_causal_lm(source: ModelSource, *, config=None, dtype=None, device_map=None, trust_remote_code=False):
     """The HF causal LM (`dtype`: a torch dtype, or None = "auto": the checkpoint's dtype; a GGUF is
     de-quantized to float32). Any failure inside transformers' GGUF reader becomes one GGUFError."""
@@ -268,10 +292,11 @@ def load_causal_lm(source: ModelSource, *, config=None, dtype=None, device_map=N
     if source.gguf_file is None:
         from safetensors import SafetensorError
 
+        check_safe_weights(source)
         try:
             with _named_if_not_on_hub(source, "weights"):
-                return AutoModelForCausalLM.from_pretrained(
-                    source.repo, trust_remote_code=trust_remote_code, **kwargs
+                return AutoModelForCausalLM.from_pretrained(  # never a pickle, from a directory or the hub
+                    source.repo, trust_remote_code=trust_remote_code, use_safetensors=True, **kwargs
                 )
         except SafetensorError as e:  # raised by the Rust reader, naming no file
             raise ValueError(

@@ -1,4 +1,4 @@
-"""Every YAML under longspec/configs/ composes and validates; the overrides users and scripts rely on work; mistakes give
+"""Every YAML under configs/ composes and validates; the overrides users and scripts rely on work; mistakes give
 clear errors; the DeepSpeed JSON follows from the typed fields."""
 
 from __future__ import annotations
@@ -11,15 +11,27 @@ from pathlib import Path
 
 import pytest
 
-from longspec.config import CONFIG_DIR, compose
+from longspec.config import compose, config_root
 from longspec.train.config import TrainConfig, load_config
 from longspec.train.deepspeed_config import build_deepspeed_config
 
-CONFIGS = Path(CONFIG_DIR)
+CONFIGS = Path(config_root())
 ALL_YAMLS = sorted(CONFIGS.rglob("*.yaml"))
 TARGETS = sorted(p.stem for p in (CONFIGS / "target").glob("*.yaml"))
 STAGES = sorted(p.stem for p in (CONFIGS / "stage").glob("*.yaml"))
 LAUNCH_PREFIXES = ("# python -m ", "# bash launch/", "# torchrun ", "# deepspeed ")
+
+
+def test_the_configs_are_the_checkouts_top_level_dir_from_any_cwd(tmp_path, monkeypatch):
+    """A checkout reads configs/ at the top of the repository (a wheel ships it as longspec/configs:
+    tests/test_wheel.py), whatever the working directory; LONGSPEC_CONFIG_DIR names a directory of your own."""
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LONGSPEC_CONFIG_DIR", raising=False)
+    assert Path(config_root()) == root / "configs" and not (root / "longspec" / "configs").exists()
+    assert load_config([f"data.path={tmp_path}"]).target.name == "llama31_8b"
+    monkeypatch.setenv("LONGSPEC_CONFIG_DIR", "own")
+    assert config_root() == str(tmp_path / "own")
 
 
 def test_the_expected_groups_exist():
@@ -170,7 +182,7 @@ def test_anchor_max_len_explicit_derived_or_too_large(tmp_path):
 
 
 def test_every_pipeline_preset_composes():
-    """The pipeline presets (longspec/configs/pipeline/*.yaml) are configs of one schema, PipelineConfig."""
+    """The pipeline presets (configs/pipeline/*.yaml) are configs of one schema, PipelineConfig."""
     from longspec.pipeline.presets import PipelineConfig, load_preset
 
     presets = sorted(p.stem for p in (CONFIGS / "pipeline").glob("*.yaml"))

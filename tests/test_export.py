@@ -47,7 +47,12 @@ def test_export_round_trip_and_wrong_target(tmp_path):
     run, drafters = _fake_run(tmp_path, target, tokenizer)
     out = tmp_path / "export"
     main([str(run), str(out)])
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".longspec",
+        "README.md",
+        "config.json",
+        "model.safetensors",
+    ]
     assert "tiny_llama" in (out / "README.md").read_text()
     assert json.loads((out / "config.json").read_text())["target_fingerprint"]["tokenizer_sha256"]
     weights = load_file(out / "model.safetensors")
@@ -75,15 +80,14 @@ def test_export_mistakes_are_clear(tmp_path):
         find_checkpoint(str(run), 7)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "file").write_text("x")
-    with pytest.raises(FileExistsError, match="--overwrite"):
-        export_drafter(str(run), str(tmp_path / "busy"))
-    with pytest.raises(UserError, match="previous export only"):  # not an export: never deleted
-        export_drafter(str(run), str(tmp_path / "busy"), overwrite=True)
+    for overwrite in (False, True):  # not an export: never deleted
+        with pytest.raises(FileExistsError, match="not written by longspec"):
+            export_drafter(str(run), str(tmp_path / "busy"), overwrite=overwrite)
     assert (tmp_path / "busy" / "file").read_text() == "x"
     export_drafter(str(run), str(tmp_path / "done"))
     export_drafter(str(run), str(tmp_path / "done"), overwrite=True)  # a previous export is replaced
     empty = tmp_path / "empty_run"
-    (empty / "checkpoints" / "step_00000001").mkdir(parents=True)  # no trainer_state.json: incomplete
+    (empty / "checkpoints" / ".tmp-step_00000001").mkdir(parents=True)  # a save in flight: not a checkpoint
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
         find_checkpoint(str(empty))
 

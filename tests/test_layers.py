@@ -40,6 +40,8 @@ CROSS_CUTTING = {
     "longspec": -1,  # the package __init__
     "longspec.atomic": -1,  # temp + fsync + rename writes: data manifests, checkpoints, eval results
     "longspec.cli": -1,
+    "longspec.lifetime": -1,  # run locks and dying with the launcher: trainer, data_prep, pipeline
+    "longspec.ownership": 0,  # output markers: delete only what longspec wrote (imports longspec.atomic alone)
     "longspec.provenance": -1,
     "longspec.testing": 2,  # builds tiny random targets and drafters for tests and the demo
 }

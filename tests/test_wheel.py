@@ -1,5 +1,6 @@
-"""A wheel install composes the shipped configs: build the wheel from a copy of the sources, extract it (nothing is
-installed) and load a training and an eval config with only the extracted package on the path."""
+"""A wheel install composes the shipped configs: build the wheel from a copy of the sources (the top-level configs/
+ships as longspec/configs), extract it (nothing is installed) and load a training and an eval config with only the
+extracted package on the path."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from longspec.config import CONFIG_DIR
+from longspec.config import config_root
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "longspec", "data_prep")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "longspec", "data_prep", "configs")
 
 
 def compose_both(tmp: str):
@@ -43,10 +44,10 @@ def compose_both(tmp: str):
 PROBE = """
 import json, runpy, sys
 import longspec
-from longspec.config import CONFIG_DIR
+from longspec.config import config_root
 
 compose_both = runpy.run_path(sys.argv[1])["compose_both"]
-print(json.dumps({"package": longspec.__file__, "config_dir": CONFIG_DIR, **compose_both(sys.argv[2])}))
+print(json.dumps({"package": longspec.__file__, "config_dir": config_root(), **compose_both(sys.argv[2])}))
 """
 
 
@@ -85,7 +86,7 @@ def test_wheel_ships_the_configs_and_composes_them(tmp_path):
         }
         site = tmp_path / "site"
         zf.extractall(site)
-    expected = {p.relative_to(CONFIG_DIR).as_posix() for p in Path(CONFIG_DIR).rglob("*.yaml")}
+    expected = {p.relative_to(config_root()).as_posix() for p in Path(config_root()).rglob("*.yaml")}
     assert {
         "train.yaml",
         "eval.yaml",

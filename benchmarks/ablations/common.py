@@ -1,7 +1,7 @@
 """Shared pieces of the ablations: the target and preset the runs use, steps that build their data, metrics
 reading, result files. The runs go through the same CLIs and resumable runner as `python -m longspec.pipeline`.
 
-By default the quickstart's CPU preset (longspec/configs/pipeline/cpu.yaml) and its shipped code target. On a GPU,
+By default the quickstart's CPU preset (configs/pipeline/cpu.yaml) and its shipped code target. On a GPU,
 any HF target directory, e.g. SmolLM2-135M-Instruct converted from its GGUF:
 
     python -m longspec.convert_gguf SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smol

@@ -83,7 +83,8 @@ class Manifest:
     has_loss_mask: bool  # True: a per-token mask says which tokens are trained on (SFT responses)
     token_dtype: str  # "uint16" | "uint32"
     tokenizer: dict[str, Any]  # tokenizer_fingerprint(...)
-    shards: list[dict[str, Any]] = field(default_factory=list)  # [{"name", "num_rows", "num_tokens"}]
+    # [{"name", "num_rows", "num_tokens", "sha256"}]: sha256 of the shard's bytes (older preps lack it)
+    shards: list[dict[str, Any]] = field(default_factory=list)
     rows: dict[str, Any] = field(default_factory=dict)  # RowStats.to_dict()
     num_tokens: int = 0  # tokens stored over all shards
     extra: dict[str, Any] = field(default_factory=dict)  # stage-specific facts (tail tokens dropped, filters)

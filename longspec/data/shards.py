@@ -13,14 +13,15 @@ complete; the manifest, renamed last, lists the shards. Readers memory-map the f
 from __future__ import annotations
 
 import bisect
-import glob
+import hashlib
 import os
-import shutil
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from longspec.data.manifest import Manifest, manifest_path
+from longspec.ownership import check_output_dir, claim_output_dir
 
 __all__ = ["ShardWriter", "ShardReader", "token_dtype_for", "prepare_output_dir"]
 
@@ -32,21 +33,38 @@ def token_dtype_for(vocab_size: int) -> str:
 
 
 def _write_array_atomic(path: str, array: np.ndarray) -> None:
+    # f.write, not ndarray.tofile: tofile reports a full disk as "N requested and M written", without the errno.
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        array.tofile(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise OSError(e.errno, e.strerror, e.filename or path) from None
 
 
-def prepare_output_dir(directory: str | os.PathLike, *, overwrite: bool) -> str:
+# What a prep writes in its directory: only these are removed when a prep restarts there (and only in a
+# directory marked as a data output, longspec.ownership).
+_PREP_FILE = re.compile(r"^shard_\d{5}\.(tokens|offsets|mask)\.bin(\.tmp-\d+)?$|^manifest\.json(\.tmp-\d+)?$")
+
+
+def prepare_output_dir(
+    directory: str | os.PathLike, *, overwrite: bool, lock: Callable[[], None] | None = None
+) -> str:
     """Make `directory` ready for a fresh prep.
 
-    A finished prep (complete manifest) is kept unless `overwrite`; leftovers of an interrupted prep (shards,
-    temp files, an incomplete manifest) are removed so the prep restarts from the beginning."""
+    A directory this project did not write is refused (`overwrite` or not); a finished prep (complete manifest) is
+    kept unless `overwrite`; leftovers of an interrupted prep (its shards, temp files, manifest) are removed so the
+    prep restarts from the beginning. Nothing else in the directory is touched. `lock` is called once the
+    directory is claimed, before anything in it is removed: a data prep takes its lock there (a second prep on the
+    same directory must not remove the first's shards while it writes them)."""
     directory = os.fspath(directory)
     manifest = manifest_path(directory)
+    check_output_dir(directory, "data", what="--out")
     if os.path.isfile(manifest) and not overwrite:
         try:
             Manifest.load(directory)
@@ -54,15 +72,13 @@ def prepare_output_dir(directory: str | os.PathLike, *, overwrite: bool) -> str:
             pass  # interrupted or stale: restart below
         else:
             raise FileExistsError(f"{directory!r} already holds a finished prep; pass --overwrite to redo it")
-    os.makedirs(directory, exist_ok=True)
-    stale = set(glob.glob(os.path.join(directory, "shard_*")) + glob.glob(os.path.join(directory, "*.tmp-*")))
-    for path in sorted(stale):
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        else:
-            os.remove(path)
-    if os.path.exists(manifest):
-        os.remove(manifest)
+    claim_output_dir(directory, "data", what="--out")
+    if lock is not None:
+        lock()
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if _PREP_FILE.match(name) and (os.path.islink(path) or os.path.isfile(path)):
+            os.remove(path)  # a symlink is removed itself, never what it points to
     return directory
 
 
@@ -120,12 +136,24 @@ class ShardWriter:
         base = os.path.join(self.directory, name)
         lengths = np.fromiter((r.size for r in self._rows), dtype=np.int64, count=len(self._rows))
         offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
-        _write_array_atomic(f"{base}.tokens.bin", np.concatenate(self._rows))
+        # The shard's bytes, hashed in memory as they are written: the manifest then changes with the data, and its
+        # hash is what a training resume compares (longspec.train.inputs).
+        digest = hashlib.sha256()
+        arrays = [("tokens", np.concatenate(self._rows))]
         if self.has_loss_mask:
-            _write_array_atomic(f"{base}.mask.bin", np.concatenate(self._masks))
-        # Offsets last: a shard is listed in the manifest only after all its files are in place.
-        _write_array_atomic(f"{base}.offsets.bin", offsets)
-        self.shards.append({"name": name, "num_rows": len(self._rows), "num_tokens": int(offsets[-1])})
+            arrays.append(("mask", np.concatenate(self._masks)))
+        arrays.append(("offsets", offsets))  # last: a shard is listed only after all its files are in place
+        for kind, array in arrays:
+            digest.update(array.tobytes())
+            _write_array_atomic(f"{base}.{kind}.bin", array)
+        self.shards.append(
+            {
+                "name": name,
+                "num_rows": len(self._rows),
+                "num_tokens": int(offsets[-1]),
+                "sha256": digest.hexdigest(),
+            }
+        )
         self._rows, self._masks, self._buffered = [], [], 0
 
     def finish(self, manifest: Manifest) -> Manifest:

@@ -2,7 +2,8 @@
 
 - `model.py`: the block (`Drafter`): training forward, the inference step (`tree_level`), save / load;
 - `config.py`: its shapes, copied from the target (`DrafterConfig`);
-- `cache.py`: its inference-time self-attention K/V (`DrafterCache` ring buffer, `DraftNodes`).
+- `cache.py`: its inference-time self-attention K/V (`DrafterCache` ring buffer, `DraftNodes`);
+- `weights.py`: weights that are numbers (a NaN / inf tensor is refused at load, export and checkpoint).
 """
 
 from longspec.drafter.cache import DrafterCache, DraftNodes

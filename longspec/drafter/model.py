@@ -29,6 +29,7 @@ from torch import nn
 from longspec.atomic import umask_file_mode
 from longspec.drafter.cache import DrafterCache, DraftNodes
 from longspec.drafter.config import DrafterConfig
+from longspec.drafter.weights import check_finite
 from longspec.fingerprint import fingerprint_mismatches, target_fingerprint
 from longspec.modules.attention import attention, cache_attention, tree_attention
 from longspec.modules.layer_ops import (
@@ -455,6 +456,7 @@ class Drafter(nn.Module):
                 f"{weights_path} is not a readable safetensors file ({e}): truncated or damaged; copy or export "
                 "the drafter again"
             ) from e
+        check_finite(state, weights_path, purpose="load")
         if dtype == "auto":
             dtype = next(iter(state.values())).dtype if state else None
         drafter = cls(config, target.embed_tokens, target.lm_head)

@@ -1,24 +1,29 @@
-"""Typed schema of `python -m longspec.eval` (composed by Hydra from longspec/configs/eval.yaml, converted once in
+"""Typed schema of `python -m longspec.eval` (composed by Hydra from configs/eval.yaml, converted once in
 main).
 
     python -m longspec.eval target=llama31_8b drafter.path=runs/llama31_8b/export data.name=gov_report \
         method=[longspec,vanilla_fa,pld] output_dir=outputs/eval/llama31_8b
 
-The `target` group is the training configs' (longspec/configs/target/*.yaml, schema longspec.config.TargetConfig).
+The `target` group is the training configs' (configs/target/*.yaml, schema longspec.config.TargetConfig).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from longspec.config import Schema, TargetConfig, check, compose, drafter_window
 from longspec.eval.datasets import KNOWN_DATASETS
-from longspec.infer.engine import GenerationConfig
+from longspec.eval.summary import MAX_TIMING_SPREAD
+from longspec.infer.config import GenerationConfig
 from longspec.infer.methods import ALL_METHODS
 
-__all__ = ["EvalConfig", "DrafterEvalConfig", "DataEvalConfig", "load_eval_config", "split_config_name"]
+__all__ = [
+    "EvalConfig", "DrafterEvalConfig", "DataEvalConfig", "GENERATION_FIELDS", "load_eval_config", "nest_generation",
+    "split_config_name",
+]  # fmt: skip
 
 
 @dataclass(kw_only=True)
@@ -100,21 +105,11 @@ class EvalConfig(Schema):
     drafter: DrafterEvalConfig = field(default_factory=DrafterEvalConfig)
     data: DataEvalConfig = field(default_factory=DataEvalConfig)
     method: Any = field(default_factory=lambda: ["longspec", "vanilla_fa"])  # one of ALL_METHODS or a list
-    temperature: float = 0.0  # 0 = greedy (outputs are then checked against the target's greedy output)
-    top_p: float | None = None  # nucleus truncation of the target distribution (T > 0)
-    top_k: int | None = None  # top-k truncation of the target distribution (T > 0)
-    max_new_tokens: int = 1024  # the paper's LongBench setting (math: 32K)
+    # How to decode: the engine's own schema (longspec.infer.config.GenerationConfig), so every decode setting
+    # has one home and one check. A flat override naming one of its fields sets it here (temperature=1 is
+    # generation.temperature=1: `load_eval_config`). eos_token_ids come from the target's tokenizer.
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
     max_samples: int | None = None  # per data source, after the length filter
-    # longspec's tree: auto = adaptive per round (measured round costs, learned acceptance); or one round shape
-    # every round, by name: level widths "4-16-16", a lookup chain "lookup16" or forest "lookup16x4"
-    tree: str = "auto"
-    # fixed dynamic-beam level widths (e.g. longspec.infer.policy.DEFAULT_TREE_WIDTHS); wins over tree
-    tree_widths: list[int] | None = None
-    # tree=auto also weighs prompt-lookup chains (GenerationConfig.auto_lookup); false: drafter trees only
-    auto_lookup: bool = True
-    sampling_rule: str = "rrs"  # T > 0: rrs (children sampled from the drafter's q) | deterministic (top-k)
-    prefill_chunk: int = 4096  # target prefill tokens per forward
-    cuda_graphs: bool = False  # capture each round's target forward in a CUDA graph (CUDA only)
     # samples decoded together: by the engine methods (longspec, ar, pld: `SpeculativeEngine.generate_batch`) and
     # the HF baselines vanilla_hf / vanilla_fa (left-padded, `baselines.hf_generate_batch`); hf_compile runs one
     # sample at a time. 1 = one at a time
@@ -125,9 +120,11 @@ class EvalConfig(Schema):
     # machine whose timing spread between identical runs is larger than the differences measured (a shared
     # 2-core VM: +-25%, docs/BENCHMARKS.md); 1 = one run.
     timing_repeats: int = 1
+    # With timing_repeats > 1: a sample whose runs of one method spread more than this (slowest / fastest decode
+    # time) marks its cells' speedups unstable; the report prints none from them.
+    max_timing_spread: float = MAX_TIMING_SPREAD
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16
-    seed: int = 0  # sampling seed (T > 0)
     output_dir: str = "outputs/eval"  # results.json, report.md, *.png
 
     def validate(self) -> None:
@@ -136,24 +133,20 @@ class EvalConfig(Schema):
         unknown = [m for m in methods if m not in ALL_METHODS]
         check(not unknown, f"unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}")
         check(len(set(methods)) == len(methods), f"method lists a method twice: {methods}")
-        check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
-        check(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         check(
             self.max_samples is None or self.max_samples >= 1,
             f"max_samples must be >= 1, got {self.max_samples}",
         )
         check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         check(self.timing_repeats >= 1, f"timing_repeats must be >= 1, got {self.timing_repeats}")
+        check(self.max_timing_spread >= 1, f"max_timing_spread must be >= 1, got {self.max_timing_spread}")
         check(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
         self._check_device()
         self._check_output_dir()
         check(
-            self.sampling_rule in ("rrs", "deterministic"),
-            f"sampling_rule must be rrs or deterministic, got {self.sampling_rule!r}",
+            not self.generation.eos_token_ids,
+            "generation.eos_token_ids come from the target's tokenizer: drop the override",
         )
-        # The decoding fields exactly as the engine will check them, but now: before a target (minutes for a
-        # 32B one) is loaded.
-        self.generation_config(eos_token_ids=())
         if "longspec" in methods and self.drafter.init == "pretrained":
             check(
                 bool(self.drafter.path),
@@ -191,37 +184,46 @@ class EvalConfig(Schema):
         )
 
     def generation_config(self, *, eos_token_ids: tuple[int, ...]) -> GenerationConfig:
-        """The engine's GenerationConfig of this run (raises ValueError for a bad field)."""
-        return GenerationConfig(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            eos_token_ids=eos_token_ids,
-            tree=self.tree,
-            tree_widths=None if self.tree_widths is None else tuple(self.tree_widths),
-            auto_lookup=self.auto_lookup,
-            sampling_rule=self.sampling_rule,
-            prefill_chunk=self.prefill_chunk,
-            seed=self.seed,
-            cuda_graphs=self.cuda_graphs,
-        )
+        """The engine's GenerationConfig of this run: `generation` with the tokenizer's stop tokens."""
+        return dataclasses.replace(self.generation, eos_token_ids=eos_token_ids)
 
     @property
     def methods(self) -> list[str]:
         return [self.method] if isinstance(self.method, str) else [str(m) for m in self.method]
 
 
+# The decode settings keep their flat override names (temperature=1, tree_widths=[4,16,16,16,16], tree=lookup16):
+# a key whose first part is one of these is that field of `generation`.
+GENERATION_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationConfig))
+
+
+def nest_generation(overrides: list[str]) -> list[str]:
+    """`overrides` with each flat decode setting spelt as its field of `generation` (`+top_k=5` ->
+    `+generation.top_k=5`); one setting given both ways is a ValueError (neither would silently win)."""
+    nested, spellings = [], {}
+    for override in overrides:
+        rest = override.lstrip("+~")
+        prefix, (key, sep, value) = override[: len(override) - len(rest)], rest.partition("=")
+        if key.split(".", 1)[0] in GENERATION_FIELDS:
+            key = f"generation.{key}"
+        spellings.setdefault(key, set()).add(rest.partition("=")[0])
+        nested.append(f"{prefix}{key}{sep}{value}")
+    twice = sorted(min(names) for names in spellings.values() if len(names) > 1)
+    check(not twice, f"invalid eval config: {', '.join(twice)} given twice (X= is generation.X=); keep one")
+    return nested
+
+
 def load_eval_config(
     overrides: list[str] | None = None, *, config_name: str = "eval", config_dir: str | None = None
 ) -> EvalConfig:
-    """Compose longspec/configs/<config_name>.yaml (eval.yaml, or a preset such as eval/math_qwq) with Hydra
-    overrides and validate it into an EvalConfig."""
+    """Compose configs/<config_name>.yaml (eval.yaml, or a preset such as eval/math_qwq) with Hydra
+    overrides (the decode settings by their flat names or as generation.X: `nest_generation`) and validate it
+    into an EvalConfig."""
     return compose(
         EvalConfig,
         schema_name="eval_schema",
         config_name=config_name,
-        overrides=overrides,
+        overrides=nest_generation(list(overrides or [])),
         config_dir=config_dir,
         what="eval config",
     )

@@ -23,12 +23,15 @@ from longspec.eval.config import EvalConfig
 from longspec.eval.datasets import load_samples, prompt_context_len
 from longspec.eval.divergence import TIE_ULPS, analyse_divergence
 from longspec.eval.progress import EvalProgress, run_key
-from longspec.eval.report import greedy_reference, summarise, write_report
+from longspec.eval.report import write_report
 from longspec.eval.session import EvalSession
+from longspec.eval.summary import greedy_reference, summarise
+from longspec.fingerprint import target_fingerprint
 from longspec.infer.baselines import reserve_hf_compiled, run_method, run_method_batch
 from longspec.infer.graphs import no_gc
 from longspec.infer.methods import BATCH_RUNNERS, get_method
 from longspec.modules.rope import exact_positions, longrope_long, longrope_original
+from longspec.ownership import check_output_dir, claim_output_dir
 from longspec.provenance import git_commit
 from longspec.target import _check_model_type
 
@@ -37,6 +40,9 @@ __all__ = ["log_summary", "run_eval"]
 logger = logging.getLogger("longspec.eval")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+EVAL_KIND = "evaluation"  # the ownership marker's kind of an output_dir (longspec.ownership)
 
 
 def _device_and_dtype(cfg: EvalConfig) -> tuple[torch.device, torch.dtype]:
@@ -65,13 +71,14 @@ def _check_positions(cfg: EvalConfig, hf_config, datasets: list[tuple[str, list]
     the run where its frequencies start changing (`rope.exact_positions`); a longrope one needs each call on one
     side of its original context (`SpeculativeEngine._fix_longrope`)."""
     longest_prompt = max(s.prompt_len for _, samples in datasets for s in samples)
+    max_new_tokens = cfg.generation.max_new_tokens
     max_positions = getattr(hf_config, "max_position_embeddings", None)
     exact = exact_positions(hf_config)
     if exact is not None and (max_positions is None or exact < max_positions):
-        reach = longest_prompt + cfg.max_new_tokens
+        reach = longest_prompt + max_new_tokens
         if reach > exact:
             raise UserError(
-                f"the longest prompt ({longest_prompt} tokens) + max_new_tokens={cfg.max_new_tokens} = {reach} "
+                f"the longest prompt ({longest_prompt} tokens) + max_new_tokens={max_new_tokens} = {reach} "
                 f"tokens, past the {exact} positions within which this target's "
                 f"{hf_config.rope_parameters['rope_type']} rope keeps fixed frequencies (past them HF changes them "
                 f"with the length, which the engine does not follow): set data.context_len <= {exact}"
@@ -81,10 +88,10 @@ def _check_positions(cfg: EvalConfig, hf_config, datasets: list[tuple[str, list]
         for name, samples in datasets:
             for start in range(0, len(samples), cfg.batch_size):
                 lengths = [s.prompt_len for s in samples[start : start + cfg.batch_size]]
-                if longrope_long(lengths, cfg.max_new_tokens, original) is None:
+                if longrope_long(lengths, max_new_tokens, original) is None:
                     raise UserError(
                         f"{name}: prompts of {min(lengths)}-{max(lengths)} tokens (+ max_new_tokens="
-                        f"{cfg.max_new_tokens}) cross this target's original context ({original} tokens), where "
+                        f"{max_new_tokens}) cross this target's original context ({original} tokens), where "
                         "its longrope rope switches factors mid-sequence: keep every prompt above it (e.g. "
                         f"data.min_prompt_tokens={original + 1}) or every prompt + max_new_tokens within it"
                     )
@@ -94,10 +101,10 @@ def _check_positions(cfg: EvalConfig, hf_config, datasets: list[tuple[str, list]
         raise UserError(
             f"data.context_len={cfg.data.context_len} exceeds the target's max_position_embeddings={max_positions}"
         )
-    reach = longest_prompt + cfg.max_new_tokens
+    reach = longest_prompt + max_new_tokens
     if reach > max_positions:
         raise UserError(
-            f"the longest prompt ({longest_prompt} tokens) + max_new_tokens={cfg.max_new_tokens} = {reach} tokens, "
+            f"the longest prompt ({longest_prompt} tokens) + max_new_tokens={max_new_tokens} = {reach} tokens, "
             f"past the target's max_position_embeddings={max_positions}: lower max_new_tokens, or set "
             f"data.context_margin >= max_new_tokens so that prompts leave room for the output"
         )
@@ -117,6 +124,7 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     # Where an evaluation's time goes besides decoding (logged, and kept in results.json as phases_s): what
     # showed that the suite's evaluations, 320 s as seven processes on the GPU, were worth one process.
     clock = _Phases()
+    check_output_dir(cfg.output_dir, EVAL_KIND, what="output_dir")  # a user's folder: refused before any load
     device, dtype = _device_and_dtype(cfg)
     methods = cfg.methods
     trust = cfg.target.trust_remote_code
@@ -183,9 +191,9 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     # cuda_graphs, a re-capture) inside its timed decode; then warm every method up untimed.
     engine.reserve_for([longest], gen_config)
     if "hf_compile" in methods:  # the same for HF's static cache: one compilation, in the warm-up
-        reserve_hf_compiled(target.model, longest + cfg.max_new_tokens)
+        reserve_hf_compiled(target.model, longest + cfg.generation.max_new_tokens)
     if cfg.warmup:
-        warm = dataclasses.replace(gen_config, max_new_tokens=min(8, cfg.max_new_tokens))
+        warm = dataclasses.replace(gen_config, max_new_tokens=min(8, cfg.generation.max_new_tokens))
         # On a GPU, kernel selection is per shape (cuDNN attention plans, Triton autotuning by context length):
         # measured on the H200, the first 64 tokens at a new context length ran 6x slower for SDPA decoding
         # (benchmarks/decode_methods.py). Warm up at each data source's first prompt, not at a toy length.
@@ -199,7 +207,9 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
         if "longspec" in methods and gen_config.fixed_tree is None:
             # tree=auto: every candidate's round cost on this device, per context bucket of the run.
             shortest = min((s.prompt_len for _, samples in datasets for s in samples), default=16)
-            costs = engine.measure_round_costs(gen_config, [shortest, longest + cfg.max_new_tokens])
+            costs = engine.measure_round_costs(
+                gen_config, [shortest, longest + cfg.generation.max_new_tokens]
+            )
             results["round_costs_s"] = costs.to_dict()
         batched = [m for m in methods if get_method(m).runner == "engine"] if cfg.batch_size > 1 else []
         if batched:  # the batch's cache, and its static steps / graphs (keyed by batch size), set up untimed
@@ -220,9 +230,17 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
                     run_method_batch(method, [prompt] * cfg.batch_size, warm, target=target)
     clock.mark("warm_up")
 
-    reference = greedy_reference(methods) if cfg.temperature == 0 else None
+    reference = greedy_reference(methods) if cfg.generation.temperature == 0 else None
     # Each finished chunk goes to disk as it completes; a rerun of a stopped run reads them back (progress.py).
-    progress = EvalProgress(cfg.output_dir, run_key(results["config"], _drafter_dir(cfg)))
+    claim_output_dir(cfg.output_dir, EVAL_KIND, what="output_dir")
+    key = run_key(
+        results["config"],
+        datasets,
+        target=target_fingerprint(hf_config),
+        target_path=model_source.gguf_path or model_source.repo,
+        drafter_dir=_drafter_dir(cfg),
+    )
+    progress = EvalProgress(cfg.output_dir, key)
     resumed = {}
     for dataset, samples in datasets:
         bar = tqdm(total=len(samples), desc=dataset, unit="sample", dynamic_ncols=True)
@@ -254,7 +272,9 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     clock.mark("samples")
     results["phases_s"] = clock.seconds
     logger.info("phases: %s", ", ".join(f"{name} {sec:.1f} s" for name, sec in clock.seconds.items()))
-    results["summary"] = summarise(results["methods"], greedy=cfg.temperature == 0)
+    results["summary"] = summarise(
+        results["methods"], greedy=cfg.generation.temperature == 0, max_spread=cfg.max_timing_spread
+    )
     os.makedirs(cfg.output_dir, exist_ok=True)
     write_text_atomic(
         os.path.join(cfg.output_dir, "results.json"),

@@ -7,8 +7,10 @@ flushed to disk. A rerun with the same configuration reads those chunks back ins
 continues with the rest; results.json then holds all of them (`resumed` counts those read back: their times were
 measured by the earlier process). The file is removed once results.json is written.
 
-The first line is the run's key: a hash of the eval config and of the drafter directory's files (names, sizes,
-modification times). A file with another key (another config, a re-exported drafter) is discarded, not mixed in.
+The first line is the run's key (`run_key`): a hash of the eval config, of the samples (their ids and prompt
+token ids: the data's content, whatever file or dataset it came from), of the target (its fingerprint and its
+files' names, sizes and modification times) and of the drafter's files (their content). A file with another key
+(another config, a changed data file, a replaced target, a re-exported drafter) is discarded, not mixed in.
 A line cut short by a kill mid-write is ignored, with the lines after it.
 """
 
@@ -19,6 +21,8 @@ import json
 import logging
 import os
 
+import numpy as np
+
 __all__ = ["PARTIAL_NAME", "EvalProgress", "run_key"]
 
 logger = logging.getLogger("longspec.eval")
@@ -26,15 +30,58 @@ logger = logging.getLogger("longspec.eval")
 PARTIAL_NAME = "results.partial.jsonl"
 
 
-def run_key(config: dict, drafter_dir: str | None) -> str:
-    """What must not change between a stopped run and its continuation: the eval config (as results.json
-    records it) and the drafter's files."""
-    files = []
-    if drafter_dir and os.path.isdir(drafter_dir):
-        for name in sorted(os.listdir(drafter_dir)):
-            stat = os.stat(os.path.join(drafter_dir, name))
-            files.append([name, stat.st_size, stat.st_mtime_ns])
-    blob = json.dumps({"config": config, "drafter_files": files}, sort_keys=True, default=str)
+def _files(path: str | None, *, content: bool) -> list[list]:
+    """[name, size, mtime_ns] of each file of a directory (or of one file), or [name, sha256] when `content`;
+    [] for a path that is not local (a hub id)."""
+    if not path or not os.path.exists(path):
+        return []
+    if os.path.isdir(path):
+        root, names = path, sorted(os.listdir(path))
+    else:
+        root, name = os.path.split(path)
+        names = [name]
+    found = []
+    for name in names:
+        full = os.path.join(root, name)
+        if not os.path.isfile(full):
+            continue
+        if content:
+            with open(full, "rb") as f:
+                found.append([name, hashlib.file_digest(f, "sha256").hexdigest()])
+        else:
+            stat = os.stat(full)
+            found.append([name, stat.st_size, stat.st_mtime_ns])
+    return found
+
+
+def run_key(
+    config: dict,
+    datasets: list[tuple[str, list]],
+    *,
+    target: dict,
+    target_path: str | None,
+    drafter_dir: str | None,
+) -> str:
+    """What must not change between a stopped run and its continuation: the eval config (as results.json records
+    it), the samples (`datasets`: (name, [Sample])), the target (`target`: its fingerprint; `target_path`: its
+    directory or GGUF file) and the drafter's files (their bytes: a drafter is one block, cheap to hash; a
+    target is not, so its files count by size and modification time)."""
+    data = hashlib.sha256()
+    for name, samples in datasets:
+        for sample in samples:
+            data.update(json.dumps([name, sample.id]).encode())
+            data.update(np.asarray(sample.prompt_ids, dtype=np.int64).tobytes())
+    blob = json.dumps(
+        {
+            "config": config,
+            "data_sha256": data.hexdigest(),
+            "target": target,
+            "target_files": _files(target_path, content=False),
+            "drafter_files": _files(drafter_dir, content=True),
+        },
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -61,7 +108,9 @@ class EvalProgress:
         except json.JSONDecodeError:
             header = {}
         if header.get("key") != self.key:
-            logger.warning("%s was written by another configuration or drafter: starting over", self.path)
+            logger.warning(
+                "%s was written for another configuration, data, target or drafter: starting over", self.path
+            )
             return
         kept = 1
         for line in lines[1:]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from longspec.eval.datasets import prompt_context_len, recorded_prompts
 from longspec.eval.divergence import analyse_divergence
-from longspec.eval.report import greedy_reference
+from longspec.eval.summary import greedy_reference, recorded_generation
 from longspec.target_source import resolve_dtype
 
 __all__ = ["reanalyse"]
@@ -20,7 +20,7 @@ def reanalyse(results: dict, model, tokenizer, *, data_dir: str | None = None) -
     -> how many were analysed. `model`: the target (an HF causal LM), `tokenizer`: its tokenizer, which must
     tokenize the evaluation's prompts as the evaluation did (checked by each prompt's length)."""
     config = results["config"]
-    if config.get("temperature", 0) != 0:
+    if recorded_generation(config).get("temperature", 0) != 0:
         raise ValueError("only a greedy (temperature 0) evaluation has divergences to analyse")
     methods = results["methods"]
     reference = greedy_reference(methods)

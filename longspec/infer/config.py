@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ class GenerationConfig:
     # `tree_widths` given by the user wins over `tree`. At T > 0 every tree samples the target's distribution
     # exactly, but with "auto" the trees chosen depend on measured round times (and on what earlier calls
     # learned), so a seed does not pin the sample: fix the tree for reproducible sampling.
-    tree: str | tuple[int, ...] | Lookup = "auto"
+    tree: Any = "auto"  # str | tuple[int, ...] | Lookup, typed Any so the eval config can nest this schema
     tree_widths: tuple[int, ...] | None = None
     # tree="auto" also weighs prompt-lookup chains (policy.AUTO_LOOKUPS: n-gram drafts from the sequence's own
     # text, pld_max_ngram long) against the drafter's trees and a plain step each round; False: drafter trees and

@@ -4,7 +4,7 @@ stages -> export -> evaluation -> report, as a plan of the real CLI steps run by
     python -m longspec.pipeline --preset cpu --out outputs/quickstart
 
 - presets: the `PipelineConfig` schema (`StagePlan`, `EvalPlan`) and `load_preset()`, which composes a preset YAML
-  (longspec/configs/pipeline/) with Hydra overrides
+  (configs/pipeline/) with Hydra overrides
 - plan: `Step`, `plan()` (a preset -> ordered steps), `stage_steps()` / `target_overrides()` (one training stage),
   `eval_data_overrides()` (the eval's data as the preset evaluates it),
   `eval_runs_command()` (the evaluation steps as one `python -m longspec.eval.runs` process)

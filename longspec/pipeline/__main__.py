@@ -12,11 +12,13 @@ steps whose record matches and whose outputs exist, so an interrupted run contin
 preset reruns from the first changed step on). At the end the evaluation's τ, tokens/s, speedup and lossless check
 are printed and OUT/report.md (+ training_loss.png, the eval's plots) is written.
 
-Presets are YAML files of one schema (longspec/configs/pipeline/<name>.yaml, schema
+Presets are YAML files of one schema (configs/pipeline/<name>.yaml, schema
 `longspec.pipeline.presets.PipelineConfig`), composed by Hydra like the training and eval configs. The positional
 arguments after the flags are Hydra overrides of the preset's fields (`stage1.num_steps=5`, `tree_widths=[2,2]`,
 `evals.0.methods=[ar]`); `--set FIELD=VALUE` is an alias that appends one to the same list. An unknown field or a bad
-value is one line on stderr and exit status 2.
+value is one line on stderr and exit status 2, before the first step: the preset's fields, the target, the locks of
+the directories the steps write and each training / eval step's config (longspec/pipeline/preflight.py). Every
+step's process dies with the pipeline, SIGKILL included (longspec/lifetime.py).
 
 `cpu` drafts for the shipped code target (longspec/assets/code_target) with small stage lengths sized for
 a 2-core machine; `smollm2` drafts for the real SmolLM2-135M-Instruct (its GGUF, de-quantized once) on one GPU, from
@@ -32,13 +34,16 @@ import sys
 import time
 
 from longspec.cli import ArgumentParser, UserError, run_cli
+from longspec.lifetime import RunLock
+from longspec.ownership import check_output_dir, claim_output_dir
 from longspec.pipeline.plan import plan
+from longspec.pipeline.preflight import check_plan
 from longspec.pipeline.presets import load_preset, preset_names
 from longspec.pipeline.report import eval_rows, fmt, lossless_check, results_table, write_report
 from longspec.pipeline.runner import RUN_RECORD_NAME, RunRecord, run_pipeline
-from longspec.train.runlock import RunLock
 
 PIPELINE_LOCK = "pipeline.lock"  # in OUT, held while the steps run
+PIPELINE_KIND = "pipeline"  # OUT's ownership marker (longspec.ownership)
 
 __all__ = ["main"]
 
@@ -115,6 +120,9 @@ def _main(argv: list[str]) -> int:
     # neither the flag nor what to do.
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out!r} exists and is not a directory")
+    # A folder the pipeline did not write (no ownership marker) is refused: its runs/, data/ and report.md would
+    # be the user's files.
+    check_output_dir(args.out, PIPELINE_KIND, what="--out")
     if args.report_only and not os.path.isfile(os.path.join(args.out, RUN_RECORD_NAME)):
         raise UserError(
             f"--report-only: {args.out!r} holds no pipeline run ({RUN_RECORD_NAME}); run the pipeline there first"
@@ -132,9 +140,12 @@ def _main(argv: list[str]) -> int:
         run_pipeline(steps, out, dry_run=True, force=args.force, keep_going=args.keep_going)
         return 0
     else:
+        # Every step's config, the target and the run directories' locks, before anything is written: a bad eval
+        # setting failed at the last step, after all the preparation and training.
+        check_plan(preset, steps)
         # One pipeline per --out: a second one (a job requeued while the first still runs) removed the live
         # training run's directory before restarting it and overwrote the first's run record and exports.
-        os.makedirs(out, exist_ok=True)
+        claim_output_dir(out, PIPELINE_KIND, what="--out")
         lock = RunLock(out, name=PIPELINE_LOCK, user="pipeline run", dir_option="--out", force_option=None)
         lock.acquire()
         try:

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from data_prep.common import prep_lock_path
 from data_prep.prefix_prompts import write_prefix_prompts
 from longspec.atomic import write_text_atomic
+from longspec.config import check
 from longspec.data.manifest import manifest_path
 from longspec.export import default_out_dir, export_marker
+from longspec.lifetime import LOCK_NAME, refuse_if_held
+from longspec.ownership import NotOursError, remove_owned, write_marker
 from longspec.pipeline.presets import PipelineConfig, StagePlan
-from longspec.train.checkpoint import checkpoints_root, done_marker, latest_checkpoint
+from longspec.pipeline.resume import restart_on_changed_inputs
+from longspec.train.checkpoint import RUN_KIND, checkpoints_root, done_marker, latest_checkpoint
 from longspec.train.config import load_config
 
 __all__ = ["Step", "eval_data_overrides", "eval_runs_command", "plan", "stage_steps", "target_overrides"]
@@ -41,6 +45,8 @@ class Step:
     needs: list[str] = field(default_factory=list)  # inputs made by earlier steps
     # --keep-going: used in order when `needs` are missing
     alternatives: list[Step] = field(default_factory=list)
+    # lock files its process holds while it writes (longspec.lifetime): a live one refuses the run up front
+    locks: list[str] = field(default_factory=list)
 
     @property
     def command(self) -> str:
@@ -61,6 +67,10 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
     train_jsonl = os.path.join(corpus, "train.jsonl")
     steps: list[Step] = []
     if data is None and preset.uses_corpus:
+        check(
+            preset.lcc_max_context_chars >= 1,
+            f"lcc_max_context_chars must be >= 1 when the corpus is built (no --data), got {preset.lcc_max_context_chars}",
+        )
         steps.append(
             Step(
                 name="corpus",
@@ -107,12 +117,14 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
            "--seq-len", str(_seq_len(preset.stage1)), *common]  # fmt: skip
     if preset.stage1_max_rows:
         cmd += ["--max-rows", str(preset.stage1_max_rows)]
-    data_steps = [Step(name="data_stage1", cmd=cmd, outputs=[manifest_path(s1)])]
+    data_steps = [Step(name="data_stage1", cmd=cmd, outputs=[manifest_path(s1)], locks=[prep_lock_path(s1)])]
     cmd = [py, "-m", "data_prep.stage2", *_sources(stage2_sources), "--out", s2, "--seq-len",
            str(_seq_len(preset.stage2)), "--min-tokens", str(preset.stage2_min_tokens), *common]  # fmt: skip
     if preset.stage2_max_rows:
         cmd += ["--max-rows", str(preset.stage2_max_rows)]
-    data_steps.append(Step(name="data_stage2", cmd=cmd, outputs=[manifest_path(s2)]))
+    data_steps.append(
+        Step(name="data_stage2", cmd=cmd, outputs=[manifest_path(s2)], locks=[prep_lock_path(s2)])
+    )
     if convert is not None and tokenizer != target:  # joined when the conversion ends
         for step in data_steps:
             step.background = True
@@ -140,7 +152,12 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
                      "--out", regenerated, "--template", preset.stage3_template,
                      "--max-new-tokens", str(preset.regen_max_new_tokens), "--max-rows", str(preset.num_prompts),
                      "--batch-size", str(preset.regen_batch_size), "--no-progress"]  # fmt: skip
-        regenerate = Step(name="stage3_regenerate", cmd=regen_cmd, outputs=[regenerated])
+        regenerate = Step(
+            name="stage3_regenerate",
+            cmd=regen_cmd,
+            outputs=[regenerated],
+            locks=[prep_lock_path(regenerated, file=True)],
+        )
         regenerate.fn = _prepare_partial_output(regenerated, regenerate.command)
     data_stage3 = Step(
         name="data_stage3",
@@ -148,6 +165,7 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
              "--template", preset.stage3_template,
              "--max-len", str(_seq_len(preset.stage3)), *unfinished, *common],
         outputs=[manifest_path(s3)],
+        locks=[prep_lock_path(s3)],
     )  # fmt: skip
 
     overrides = target_overrides(preset, target)
@@ -173,18 +191,22 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
             step.background = True
         steps += [*prepare, *training[0], data_stage3, *training[1], *training[2]]
 
-    if preset.eval_suite:
-        if data is None:
-            raise ValueError(f"preset {preset.name!r} evaluates a prepared suite: pass --data DIR")
-        data_overrides = eval_data_overrides(preset, [os.path.join(data, name) for name in preset.eval_suite])
-    else:
-        data_overrides = eval_data_overrides(preset, [os.path.join(corpus, "heldout_lcc.jsonl")])
+    if preset.eval_suite and data is None:
+        raise ValueError(f"preset {preset.name!r} evaluates a prepared suite: pass --data DIR")
+
+    def data_overrides_of(ev) -> list[str]:
+        if preset.eval_suite:
+            return eval_data_overrides(preset, [os.path.join(data, name) for name in ev.suite or preset.eval_suite])
+        return eval_data_overrides(preset, [os.path.join(corpus, "heldout_lcc.jsonl")])
+
     exports = [default_out_dir(os.path.join(out, "runs", f"stage{i}")) for i in (3, 2, 1)]
     given = os.path.abspath(preset.drafter_path) if preset.drafter_path else None
     for ev in preset.evals:
         eval_dir = os.path.join(out, f"eval_{ev.name}" if ev.name else "eval")
 
-        def eval_step(drafter: str | None, ev=ev, eval_dir=eval_dir) -> Step | None:
+        data_overrides = data_overrides_of(ev)
+
+        def eval_step(drafter: str | None, ev=ev, eval_dir=eval_dir, data_overrides=data_overrides) -> Step | None:
             methods = [m for m in ev.methods if drafter is not None or m != "longspec"]
             if not methods:
                 return None
@@ -278,8 +300,9 @@ def stage_steps(
         # trainer exited 0 (the run record) and left its checkpoints.
         outputs=[done_marker(run_dir, stage.num_steps) if stage.num_steps else checkpoints_root(run_dir)],
         needs=[manifest_path(data_path), *([init_from] if init_from else [])],
+        locks=[os.path.join(run_dir, LOCK_NAME)],
     )  # fmt: skip
-    train.fn = _prepare_run_dir(run_dir, train.command, resumable)
+    train.fn = _prepare_run_dir(run_dir, train.command, resumable, overrides)
     export = Step(
         name=f"export_{name}",
         cmd=[py, "-m", "longspec.export", run_dir, default_out_dir(run_dir), "--overwrite"],
@@ -322,18 +345,29 @@ def _same_command(marker: str, command: str) -> bool:
         return f.read() == command
 
 
-def _prepare_run_dir(run_dir: str, command: str, resumable: bool) -> Callable[[], None]:
+def _prepare_run_dir(run_dir: str, command: str, resumable: bool, overrides: list[str]) -> Callable[[], None]:
     """Before a training step: a resumable stage keeps a run dir that its own command left with a complete
-    checkpoint (the trainer resumes from the latest: a run stopped by a job's time limit loses at most
-    save_every steps); otherwise the dir is removed and the stage starts from scratch."""
+    checkpoint trained on the same inputs (the trainer resumes from the latest: a run stopped by a job's time
+    limit loses at most save_every steps); otherwise the dir is removed and the stage starts from scratch (data
+    re-prepared with other rows under the same command: `resume.restart_on_changed_inputs` says so). Only a run
+    dir a trainer or the pipeline marked as a training run is removed (longspec.ownership), never one reached
+    through a symlink below the pipeline's OUT (run dirs are OUT/runs/NAME)."""
     marker = os.path.join(run_dir, COMMAND_MARKER)
 
     def prepare() -> None:
-        if resumable and _same_command(marker, command) and latest_checkpoint(run_dir) is not None:
+        # A live run (its lock held: a killed pipeline's orphan, another launch) is neither continued nor removed
+        refuse_if_held(os.path.join(run_dir, LOCK_NAME), "trainer")
+        if (
+            resumable
+            and _same_command(marker, command)
+            and latest_checkpoint(run_dir) is not None
+            and not restart_on_changed_inputs(run_dir, overrides)
+        ):
             return
-        if os.path.isdir(run_dir):
-            shutil.rmtree(run_dir)
+        out = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+        remove_owned(run_dir, RUN_KIND, root=out, what="run directory")
         os.makedirs(run_dir)
+        write_marker(run_dir, RUN_KIND, command=command)
         write_text_atomic(marker, command)
 
     return prepare
@@ -345,9 +379,16 @@ def _prepare_partial_output(path: str, command: str) -> Callable[[], None]:
     marker = f"{path}{COMMAND_MARKER}"
 
     def prepare() -> None:
+        refuse_if_held(prep_lock_path(path, file=True), "data prep")  # a live one's output is not removed
         if _same_command(marker, command):
             return
-        if os.path.exists(path):
+        if os.path.lexists(path):
+            if not os.path.isfile(marker) or os.path.islink(
+                path
+            ):  # no marker of ours beside it: a user's file
+                raise NotOursError(
+                    f"{path!r} was not written by the pipeline: move it away or choose another --out"
+                )
             os.remove(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         write_text_atomic(marker, command)

@@ -1,6 +1,6 @@
 """Pipeline presets: the typed schema (`PipelineConfig`) of what the end-to-end run varies between machines.
 
-The presets themselves are YAML files shipped in the package, longspec/configs/pipeline/<name>.yaml (each headed by
+The presets themselves are YAML files shipped with the package, configs/pipeline/<name>.yaml (each headed by
 the command that launches it and explaining its numbers), composed by Hydra through the same
 `longspec.config.compose` as the training and eval configs:
 
@@ -12,12 +12,13 @@ field or a bad value is one ValueError. `longspec.pipeline.plan` turns the valid
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from longspec.config import CONFIG_DIR, Schema, check, compose
+from longspec.config import Schema, check, compose, config_root
 from longspec.infer.methods import ALL_METHODS
 from longspec.target_source import PACKAGE_SCHEME, resolve_package_file
 
@@ -27,7 +28,7 @@ __all__ = ["CODE_TARGET", "StagePlan", "EvalPlan", "PipelineConfig", "preset_nam
 CODE_TARGET = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "code_target"
 )
-PRESET_GROUP = "pipeline"  # longspec/configs/pipeline/<preset>.yaml
+PRESET_GROUP = "pipeline"  # configs/pipeline/<preset>.yaml
 
 
 @dataclass(kw_only=True)
@@ -48,19 +49,21 @@ class StagePlan(Schema):
         default_factory=list
     )  # further training overrides (stage.position_ids=plain, ...)
 
+    RANGES = {  # a class constant, not a field
+        "seq_len": ">= 2",
+        "num_steps": ">= 1",
+        "global_batch_size": ">= 1",
+        "micro_batch_size": ">= 1",
+        "lr": "> 0",
+        "save_every": ">= 1",
+    }
+
     def validate(self) -> None:
         check(bool(self.config), "a stage plan needs config= (a stage YAML name)")
         # Here, not at the training step: a misspelt name ran the corpus and data preps (hours at paper scale)
         # before the trainer refused it.
         _check_group("stage", self.config, "config")
-        check(self.num_steps is None or self.num_steps >= 1, f"{self.config}: num_steps must be >= 1")
-        check(self.seq_len is None or self.seq_len >= 2, f"{self.config}: seq_len must be >= 2")
-        check(
-            self.micro_batch_size is None or self.micro_batch_size >= 1,
-            f"{self.config}: micro_batch_size >= 1",
-        )
-        check(self.lr is None or self.lr > 0, f"{self.config}: lr must be > 0, got {self.lr}")
-        check(self.save_every is None or self.save_every >= 1, f"{self.config}: save_every must be >= 1")
+        check_ranges(self, f"{self.config}: ")
 
     def overrides(self) -> list[str]:
         """The training overrides of this stage (the fields set, then `extra`)."""
@@ -91,14 +94,18 @@ class EvalPlan(Schema):
     temperature: float = 0.0  # 0 = greedy, lossless-checked against the target's greedy output
     max_samples: int | None = None  # samples per data source; null: the preset's eval_max_samples
     extra: list[str] = field(default_factory=list)  # further eval overrides (cuda_graphs=true, ...)
+    # the preset's eval_suite files this run reads ([]: all). One run per context bucket keeps each run short
+    # enough for a time-limited job: a run that finished is skipped when the pipeline is run again.
+    suite: list[str] = field(default_factory=list)
     required: bool = True  # a failed optional run is reported but does not stop the pipeline
+
+    RANGES = {"temperature": ">= 0", "max_samples": ">= 1"}
 
     def validate(self) -> None:
         check(bool(self.methods), f"eval plan {self.name!r}: methods must name at least one method")
         unknown = [m for m in self.methods if m not in ALL_METHODS]
         check(not unknown, f"eval plan {self.name!r}: unknown method(s) {unknown}; choose from {ALL_METHODS}")
-        check(self.temperature >= 0, f"eval plan {self.name!r}: temperature must be >= 0")
-        check(self.max_samples is None or self.max_samples >= 1, f"eval plan {self.name!r}: max_samples >= 1")
+        check_ranges(self, f"eval plan {self.name!r}: ")
 
 
 @dataclass(kw_only=True)
@@ -160,18 +167,34 @@ class PipelineConfig(Schema):
     # the corpus (when the evaluation reads it), the target's conversion and the evaluations.
     drafter_path: str | None = None
 
+    # 0 = unused in lcc_max_context_chars (no corpus built: plan checks it when it is), num_prompts, prompt_chars
+    # and regen_max_new_tokens (stage-3 rows given: validate checks them when the target answers prompts)
+    RANGES = {
+        "anchor_max_len": ">= 1",
+        "lcc_max_context_chars": ">= 0",
+        "num_procs": ">= 1",
+        "window": ">= 1",
+        "distill_weight": ">= 0",
+        "stage1_max_rows": ">= 1",
+        "stage2_max_rows": ">= 1",
+        "stage2_min_tokens": ">= 1",
+        "num_prompts": ">= 0",
+        "prompt_chars": ">= 0",
+        "regen_max_new_tokens": ">= 0",
+        "regen_batch_size": ">= 1",
+        "eval_max_new_tokens": ">= 1",
+        "eval_max_samples": ">= 1",
+        "eval_min_prompt_tokens": ">= 0",
+        "eval_context_len": ">= 1",
+    }
+
     def validate(self) -> None:
         check(
             self.target_path is None or self.target_gguf is None,
             "a pipeline preset takes one of target_path= (a model dir) and target_gguf= (or neither: target_config)",
         )
         _check_group("target", self.target_config, "target_config")  # as the stage names (StagePlan)
-        check(self.num_procs >= 1, f"num_procs must be >= 1, got {self.num_procs}")
-        check(self.window >= 1, f"window must be >= 1, got {self.window}")
-        check(
-            self.anchor_max_len is None or self.anchor_max_len >= 1,
-            f"anchor_max_len must be >= 1, got {self.anchor_max_len}",
-        )
+        check_ranges(self)
         check(
             self.stage3_template in ("plain", "chat"),
             f"stage3_template must be plain or chat, got {self.stage3_template!r}",
@@ -189,8 +212,15 @@ class PipelineConfig(Schema):
             "no stage-3 data: set stage3_source=FILE (SFT rows), or num_prompts and regen_max_new_tokens >= 1 for "
             "the target to write the answers",
         )
+        check(
+            self.stage3_source is not None or self.stage3_prompts is not None or self.prompt_chars >= 1,
+            f"prompt_chars must be >= 1 when the stage-3 prompts are cut from the corpus, got {self.prompt_chars}",
+        )
         names = [ev.name for ev in self.evals]
         check(len(set(names)) == len(names), f"eval plan names must differ, got {names}")
+        for ev in self.evals:
+            unknown = [name for name in ev.suite if name not in self.eval_suite]
+            check(not unknown, f"eval plan {ev.name!r}: suite file(s) {unknown} are not in eval_suite")
         check(all(w >= 1 for w in self.tree_widths), f"tree_widths must be positive, got {self.tree_widths}")
         check(
             self.drafter_path is None or os.path.isfile(os.path.join(self.drafter_path, "config.json")),
@@ -221,24 +251,41 @@ class PipelineConfig(Schema):
         return os.path.abspath(self.target_path)
 
 
+def check_ranges(schema, prefix: str = "") -> None:
+    """Every field named in `schema.RANGES` ("FIELD": ">= 1" | "> 0") is null or a finite number in its range (a
+    bool is no number). The ranges list every numeric field of the pipeline's schemas (tests/faults)."""
+    for name, rule in schema.RANGES.items():
+        value = getattr(schema, name)
+        if value is None:
+            continue
+        op, bound = rule.split()
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (value >= float(bound) if op == ">=" else value > float(bound))
+        )
+        check(ok, f"{prefix}{name} must be {rule}, got {value!r}")
+
+
 def _check_group(group: str, name: str, field_name: str) -> None:
-    """`name` is a YAML of the training / eval config group `group` (longspec/configs/<group>/<name>.yaml), which
-    the steps compose from the package's configs."""
-    directory = os.path.join(CONFIG_DIR, group)
+    """`name` is a YAML of the training / eval config group `group` (configs/<group>/<name>.yaml), which
+    the steps compose."""
+    directory = os.path.join(config_root(), group)
     names = sorted(n[: -len(".yaml")] for n in os.listdir(directory) if n.endswith(".yaml"))
     check(name in names, f"{field_name}={name!r} is not a {group} config; choose from {', '.join(names)}")
 
 
 def preset_names(config_dir: str | None = None) -> list[str]:
-    """The presets shipped (longspec/configs/pipeline/*.yaml), sorted."""
-    directory = os.path.join(config_dir or CONFIG_DIR, PRESET_GROUP)
+    """The presets shipped (configs/pipeline/*.yaml), sorted."""
+    directory = os.path.join(config_dir or config_root(), PRESET_GROUP)
     return sorted(name[: -len(".yaml")] for name in os.listdir(directory) if name.endswith(".yaml"))
 
 
 def load_preset(
     name: str, overrides: list[str] | None = None, *, config_dir: str | None = None
 ) -> PipelineConfig:
-    """Compose longspec/configs/pipeline/<name>.yaml with Hydra overrides (`stage1.num_steps=5`) and validate it
+    """Compose configs/pipeline/<name>.yaml with Hydra overrides (`stage1.num_steps=5`) and validate it
     into a PipelineConfig; a bad override, unknown field or failed rule is a ValueError."""
     names = preset_names(config_dir)
     if name not in names:

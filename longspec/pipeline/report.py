@@ -11,7 +11,7 @@ import sys
 import time
 
 from longspec.eval.divergence import TIE_ULPS
-from longspec.eval.report import BASELINES, identical_text, policy_view
+from longspec.eval.summary import BASELINES, MAX_TIMING_SPREAD, identical_text, policy_view, unstable_note
 from longspec.pipeline.plan import Step
 from longspec.pipeline.presets import PipelineConfig
 from longspec.pipeline.runner import RunRecord
@@ -36,7 +36,9 @@ def eval_rows(out: str, preset: PipelineConfig) -> list[dict]:
         if not os.path.isfile(path):
             continue
         with open(path) as f:
-            summary = json.load(f)["summary"]
+            results = json.load(f)
+        summary = results["summary"]
+        max_spread = results.get("config", {}).get("max_timing_spread", MAX_TIMING_SPREAD)
         for dataset, per_method in summary.items():
             # The headline excludes samples whose target output is degenerate; when none is left, the figures
             # over all samples are shown, marked (they measure the target's loop, not the drafter).
@@ -45,20 +47,25 @@ def eval_rows(out: str, preset: PipelineConfig) -> list[dict]:
             # A batched method's rate is its batch's throughput (every row shares the batch's decode time, so a
             # row's own tokens / that time says how long the row was, not how fast the batch ran).
             rate = {m: f.get("batch_tokens_per_s") or f.get("tokens_per_s") for m, f in figures.items()}
+            # a method with a sample whose interleaved runs spread past the eval's limit: no speedup from it
+            unstable = {m for m, f in figures.items() if f.get("unstable_samples")}
             for method, s in per_method.items():
                 f = figures[method]
-                speedup = {
-                    base: rate[method] / rate[base]
+                bases = [
+                    base
                     for base in BASELINES
                     if base != method
                     and base in figures
                     and (rate[base] or 0) > 0
                     and rate[method] is not None
-                }
+                ]
+                unstable_vs = [b for b in bases if {method, b} & unstable]
+                speedup = {b: rate[method] / rate[b] for b in bases if b not in unstable_vs}
                 rows.append({
                     "run": ev.name or "eval", "temperature": ev.temperature, "dataset": dataset, "method": method,
                     "tau": f.get("mean_accept_length"), "tokens_per_s": rate[method],
-                    "speedup": speedup, "identical": s.get("identical_to_greedy"),
+                    "speedup": speedup, "unstable_vs": unstable_vs, "identical": s.get("identical_to_greedy"),
+                    "max_timing_spread": max_spread,
                     "identical_text": identical_text(s), "unexplained": s.get("unexplained_divergences"),
                     "prompt_len": f.get("mean_prompt_len"), "num_samples": s.get("num_samples"),
                     "num_degenerate": s.get("num_degenerate", 0), "degenerate_figures": all_degenerate,
@@ -97,7 +104,10 @@ def lossless_check(rows: list[dict]) -> bool:
 
 def results_table(rows: list[dict]) -> str:
     """Markdown table: τ, tokens/s, speedup vs each baseline, identical to the target's greedy output."""
-    baselines = [b for b in ("vanilla_hf", "vanilla_fa", "ar") if any(b in r["speedup"] for r in rows)]
+    baselines = [
+        b for b in ("vanilla_hf", "vanilla_fa", "ar")
+        if any(b in r["speedup"] or b in r.get("unstable_vs", ()) for r in rows)
+    ]  # fmt: skip
     head = ["run", "T", "dataset", "prompt tokens", "method", "samples", "τ", "tokens/s"]
     head += [f"speedup vs {b}" for b in baselines] + ["identical to greedy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -109,8 +119,10 @@ def results_table(rows: list[dict]) -> str:
         cells = [r["run"], f"{r['temperature']:g}", r["dataset"], fmt(r["prompt_len"], ".0f"), r["method"], samples,
                  fmt(r["tau"], ".2f") + mark, fmt(r["tokens_per_s"], ".1f") + mark]  # fmt: skip
         cells += [
-            fmt(r["speedup"].get(b), ".2f") + ("x" if b in r["speedup"] else "") + mark for b in baselines
-        ]
+            "unstable" if b in r.get("unstable_vs", ())
+            else fmt(r["speedup"].get(b), ".2f") + ("x" if b in r["speedup"] else "") + mark
+            for b in baselines
+        ]  # fmt: skip
         cells.append(r["identical_text"])
         lines.append("| " + " | ".join(cells) + " |")
     for r in rows:  # a slower longspec says why, in one line
@@ -119,9 +131,12 @@ def results_table(rows: list[dict]) -> str:
         others = [o for o in rows if o["run"] == r["run"] and o["dataset"] == r["dataset"]
                   and o["method"] in TARGET_ONLY and o["tokens_per_s"] is not None]  # fmt: skip
         best = max(others, key=lambda o: o["tokens_per_s"], default=None)
-        if best is not None and r["tokens_per_s"] < best["tokens_per_s"]:
+        unstable = best is not None and best["method"] in r.get("unstable_vs", ())  # no ratio from that
+        if best is not None and not unstable and r["tokens_per_s"] < best["tokens_per_s"]:
             lines.append("")
             lines.append(f"{r['run']} / {r['dataset']}: {_why_slower(r, best)}")
+    if unstable := [r for r in rows if r.get("unstable_vs")]:
+        lines += ["", unstable_note(max(r["max_timing_spread"] for r in unstable))]
     if any(r.get("degenerate_figures") for r in rows):
         lines.append("")
         lines.append(

@@ -11,6 +11,9 @@ import subprocess
 import sys
 import time
 
+from longspec.atomic import write_text_atomic
+from longspec.lifetime import child_env, child_preexec
+from longspec.ownership import NotOursError
 from longspec.pipeline.plan import Step
 
 __all__ = ["RUN_RECORD_NAME", "RunRecord", "run_pipeline"]
@@ -55,10 +58,7 @@ class RunRecord:
             "seconds": round(seconds, 1),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.data, f, indent=1)
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, json.dumps(self.data, indent=1))  # a full disk leaves no temp file
 
     def seconds(self, name: str) -> float | None:
         record = self.data["steps"].get(name)
@@ -79,7 +79,11 @@ def _start(step: Step, log_path: str) -> subprocess.Popen:
     with open(log_path, "w") as log:
         log.write(f"$ {step.command}\n")
         log.flush()
-        return subprocess.Popen(step.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # The step dies with the pipeline, SIGKILL included (torchrun takes its workers with it): a rerun never
+        # finds the killed run's step still writing (longspec.lifetime).
+        return subprocess.Popen(
+            step.cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(env), preexec_fn=child_preexec()
+        )
 
 
 def _watch(proc: subprocess.Popen, log_path: str, bar) -> int:
@@ -297,6 +301,8 @@ def _run_foreground(step: Step, log_path: str, tqdm) -> int:
             log.write(step.command + "\n")
         step.fn()
         return 0
+    except NotOursError:  # a step's output is a user's folder: refused with one line, nothing removed
+        raise
     except Exception as e:  # a failed glue step or an unstartable command: report like a failed command
         with open(log_path, "a") as log:
             log.write(f"{type(e).__name__}: {e}\n")

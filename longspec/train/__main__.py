@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from longspec.train.launcher import die_with_launcher
+from longspec.lifetime import die_with_launcher
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,9 +29,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     from omegaconf import OmegaConf
 
-    from longspec.cli import USER_ERRORS, one_line
+    from longspec.atomic import write_text_atomic
+    from longspec.cli import USER_ERRORS, one_line, os_error_line
     from longspec.train.config import load_config
-    from longspec.train.trainer import Trainer
+    from longspec.train.trainer import Trainer, TrainingStopped
 
     # Only set-up is a user's mistake (config, inputs, run directory); an error inside the training loop is a bug
     # and keeps its traceback, which is why this is not `run_cli` around the whole of main.
@@ -42,16 +43,26 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         if os.environ.get("RANK", "0") == "0":  # every rank fails alike; one line is enough
-            print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+            print(f"error: {os_error_line(e) or one_line(e)}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     try:
         if trainer.rank == 0:
-            path = os.path.join(trainer.run_dir, "config.yaml")
-            with open(f"{path}.tmp-{os.getpid()}", "w") as f:  # atomic: a resume never finds half a config
-                f.write(f"# python -m longspec.train {' '.join(overrides)}\n")
-                f.write(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-            os.replace(f.name, path)
+            write_text_atomic(  # a resume never finds half a config; a failed write leaves no temp file
+                os.path.join(trainer.run_dir, "config.yaml"),
+                f"# python -m longspec.train {' '.join(overrides)}\n"
+                + OmegaConf.to_yaml(OmegaConf.structured(cfg)),
+            )
         trainer.train()
+    except TrainingStopped as e:  # a run that diverged: one line, like a user error (its fix is the user's)
+        if trainer.rank == 0:
+            print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    except OSError as e:  # a full disk or a read-only folder while saving: one line, not a traceback
+        if debug or os_error_line(e) is None:
+            raise
+        if trainer.rank == 0:
+            print(f"error: {os_error_line(e)}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     finally:
         trainer.close()
 

@@ -4,11 +4,13 @@ Layout of <run_dir>/checkpoints/step_00000200/:
     ds/                      DeepSpeed engine state: drafter weights, optimizer, LR scheduler (frozen target excluded)
     drafter/                 Drafter.save_pretrained of the weights at this step (what `longspec.export` ships)
     rng/rank_00000.json      every rank's torch / CUDA / numpy / python RNG states
-    trainer_state.json       step, tokens seen, data position, ... (what `preflight` compares on resume)
+    trainer_state.json       step, tokens seen, the run's inputs (`inputs.run_inputs`: what `preflight` compares)
     checksums.json           sha256 and size of every other file -- written last
 All ranks write into `.tmp-step_00000200`; after a barrier rank 0 renames it into place (atomic on POSIX), so a
 directory named step_* is always complete and a run killed mid-save (even by SIGKILL) resumes from the previous
-one. Old checkpoints are renamed to a temp name before deletion for the same reason.
+one. Old checkpoints are renamed to a temp name before deletion for the same reason. A step_* directory that is not
+whole was damaged after it was written: it is listed as a checkpoint all the same, so that a resume or an export
+refuses it by name instead of silently taking an older one (or none, and starting over the run's metrics).
 
 Trust: the RNG states and trainer state are JSON, the drafter weights safetensors, but DeepSpeed's `ds/*.pt`
 are pickles that `engine.load_checkpoint` unpickles (torch.load(weights_only=False)). Before anything is
@@ -34,11 +36,15 @@ import torch
 import torch.distributed as dist
 
 from longspec.atomic import write_json_atomic
+from longspec.cli import write_failure
 
 __all__ = [
     "CheckpointManager",
+    "RUN_KIND",
     "CHECKSUMS_NAME",
     "CheckpointError",
+    "RESUME_KEYS",
+    "STATE_NAME",
     "checkpoints_root",
     "checkpoint_dir",
     "done_marker",
@@ -55,7 +61,10 @@ log = logging.getLogger("longspec.train")
 CHECKPOINTS_NAME = "checkpoints"
 STATE_NAME = "trainer_state.json"
 CHECKSUMS_NAME = "checksums.json"
+RUN_KIND = "training run"  # the ownership marker's kind of a run directory (longspec.ownership)
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+# What a resume reads from trainer_state.json (and so requires, as integers).
+RESUME_KEYS = ("step", "tokens_seen", "total_steps", "world_size")
 
 
 # ---- the layout: the one place that knows it (export, preflight and the pipeline call these) ----------------
@@ -81,28 +90,44 @@ def drafter_dir(checkpoint: str) -> str:
 
 
 def list_checkpoints(run_dir: str) -> list[tuple[int, str]]:
-    """(step, path) of every complete checkpoint of `run_dir`, oldest first ([] when there is none)."""
+    """(step, path) of every checkpoint of `run_dir` (every step_* directory: whole when written, see the module
+    docstring), oldest first ([] when there is none)."""
     root = checkpoints_root(run_dir)
     if not os.path.isdir(root):
         return []
     found = []
     for name in os.listdir(root):
         match = _STEP_DIR.match(name)
-        if match and os.path.isfile(os.path.join(root, name, STATE_NAME)):
+        if match and os.path.isdir(os.path.join(root, name)):
             found.append((int(match.group(1)), os.path.join(root, name)))
     return sorted(found)
 
 
 def latest_checkpoint(run_dir: str) -> str | None:
-    """The newest complete checkpoint dir of `run_dir`, or None."""
+    """The newest checkpoint dir of `run_dir`, or None."""
     found = list_checkpoints(run_dir)
     return found[-1][1] if found else None
 
 
-def read_trainer_state(checkpoint: str) -> dict[str, Any]:
-    """The trainer state (step, tokens seen, target, data, stage, world size, ...) a checkpoint dir was saved with."""
-    with open(os.path.join(checkpoint, STATE_NAME)) as f:
-        return json.load(f)
+def read_trainer_state(checkpoint: str, required: tuple[str, ...] = ("step",)) -> dict[str, Any]:
+    """The trainer state (step, tokens seen, target, data, stage, world size, ...) a checkpoint dir was saved with.
+    A missing or malformed file, or one without an integer for each of `required`, is a CheckpointError naming it
+    (read it only after `verify_checkpoint`, where the checkpoint has checksums)."""
+    path = os.path.join(checkpoint, STATE_NAME)
+    fix = f"the checkpoint is corrupt: remove {checkpoint} to resume from the one before it"
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing; {fix}") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise CheckpointError(f"{path} is not valid JSON ({e}); {fix}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a JSON object; {fix}")
+    for key in required:
+        if not isinstance(state.get(key), int) or isinstance(state.get(key), bool):
+            raise CheckpointError(f"{path} has no integer {key!r}; {fix}")
+    return state
 
 
 def rng_state() -> dict[str, Any]:
@@ -190,6 +215,15 @@ def verify_checkpoint(path: str, only: list[str] | None = None, *, purpose: str 
         raise CheckpointError(f"{manifest_path} is not a valid checksum manifest ({e})") from None
     if not isinstance(listed, dict):
         raise CheckpointError(f"{manifest_path} is not a valid checksum manifest (no files table)")
+    for rel, entry in listed.items():
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("bytes"), int)
+            and isinstance(entry.get("sha256"), str)
+        ):
+            raise CheckpointError(
+                f"{manifest_path} is not a valid checksum manifest (the entry of {rel!r} lacks 'bytes' or 'sha256')"
+            )
     present = _files_under(path)
     if only is not None:
         unlisted = [rel for rel in only if rel not in listed]
@@ -242,15 +276,23 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(os.path.join(tmp, "rng"))
         _barrier()
-        engine.save_checkpoint(tmp, tag="ds", save_latest=False, exclude_frozen_parameters=True)
-        save_drafter(drafter_dir(tmp))
-        with open(os.path.join(tmp, "rng", f"rank_{self.rank:05d}.json"), "w") as f:
-            json.dump(rng_state(), f)
-        _barrier()
+        try:
+            engine.save_checkpoint(tmp, tag="ds", save_latest=False, exclude_frozen_parameters=True)
+            save_drafter(drafter_dir(tmp))
+            with open(os.path.join(tmp, "rng", f"rank_{self.rank:05d}.json"), "w") as f:
+                json.dump(rng_state(), f)
+            _barrier()
+            if self.rank == 0:
+                write_json_atomic(os.path.join(tmp, STATE_NAME), {"step": step, **trainer_state})
+                write_checksums(tmp)
+                _fsync_dir(tmp)
+        except Exception as e:  # a full disk, a read-only folder: no half checkpoint left, the cause named
+            shutil.rmtree(tmp, ignore_errors=True)
+            cause = write_failure(e, self.root)
+            if cause is not e:
+                raise cause from None
+            raise
         if self.rank == 0:
-            write_json_atomic(os.path.join(tmp, STATE_NAME), {"step": step, **trainer_state})
-            write_checksums(tmp)
-            _fsync_dir(tmp)
             if os.path.exists(final):  # the same step saved by an earlier, interrupted attempt
                 os.rename(final, os.path.join(self.root, f".tmp-old-{name}"))
                 shutil.rmtree(os.path.join(self.root, f".tmp-old-{name}"))
@@ -267,28 +309,10 @@ class CheckpointManager:
             os.rename(path, doomed)  # atomic: never a half-deleted step_* dir
             shutil.rmtree(doomed)
 
-    def verify(self, path: str) -> None:
-        """Collective: rank 0 checks the checksums of `path` (one reader, not world-size many), every rank raises
-        the same CheckpointError on a mismatch."""
-        error = None
-        if self.rank == 0:
-            try:
-                verify_checkpoint(path)
-            except CheckpointError as e:
-                error = str(e)
-        if dist.is_initialized():
-            box = [error]
-            dist.broadcast_object_list(box, src=0)
-            error = box[0]
-        if error is not None:
-            raise CheckpointError(error)
-
-    def load(self, path: str, engine, *, verified: bool = False) -> dict[str, Any]:
-        """Restore engine state and this rank's RNG from a checkpoint dir; returns the trainer state. The
-        checksums are verified first (DeepSpeed's ds/*.pt are pickles) unless the caller already did (`verified`:
-        the Trainer checks before it loads the model, under the run lock, so nothing rewrites them in between)."""
-        if not verified:
-            self.verify(path)
+    def load(self, path: str, engine) -> dict[str, Any]:
+        """Restore engine state and this rank's RNG from a checkpoint dir; returns the trainer state. The caller
+        has verified the checksums (`verify_checkpoint`: DeepSpeed's ds/*.pt are pickles): the Trainer checks
+        before it loads the model, under the run lock, so nothing rewrites them in between."""
         load_path, _ = engine.load_checkpoint(
             path,
             tag="ds",
@@ -305,4 +329,4 @@ class CheckpointManager:
             )
         with open(rng_path) as f:
             set_rng_state(json.load(f))
-        return read_trainer_state(path)
+        return read_trainer_state(path, RESUME_KEYS)

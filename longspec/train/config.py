@@ -1,4 +1,4 @@
-"""Typed schemas of the training config (composed by Hydra from longspec/configs/, converted once in `main`).
+"""Typed schemas of the training config (composed by Hydra from configs/, converted once in `main`).
 
     python -m longspec.train target=llama31_8b stage=stage1_slimpajama data.path=data/stage1 output_dir=runs/s1
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from longspec.config import CONFIG_DIR, Schema, TargetConfig, check, compose, drafter_window
+from longspec.config import Schema, TargetConfig, check, compose, drafter_window
 
 __all__ = [
     "TargetConfig",
@@ -29,10 +29,9 @@ __all__ = [
     "ResumeConfig",
     "LoggingConfig",
     "TrainConfig",
-    "CONFIG_DIR",
     "load_config",
 ]
-# TargetConfig and CONFIG_DIR live in longspec.config (shared with eval); re-exported here for existing imports.
+# TargetConfig lives in longspec.config (shared with eval); re-exported here for existing imports.
 
 
 @dataclass(kw_only=True)
@@ -297,10 +296,16 @@ class TrainConfig(Schema):
         -1
     )  # end this launch after this step (checkpointed), schedule unchanged: time-limited jobs
     seed: int = 0  # data order, anchor offsets, noisy lags and drafter init
+    # stop the run (exit 2) after this many consecutive steps whose loss or gradient norm is NaN / inf: a
+    # transient one (a bad batch) is logged and passes, a diverged run ends instead of training on nan
+    max_nonfinite_steps: int = 3
 
     def validate(self) -> None:
         check(
             self.max_steps == -1 or self.max_steps >= 1, f"max_steps must be -1 or >= 1, got {self.max_steps}"
+        )
+        check(
+            self.max_nonfinite_steps >= 1, f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}"
         )
         check(
             self.stop_at_step == -1 or self.stop_at_step >= 1,
@@ -327,7 +332,7 @@ class TrainConfig(Schema):
 
 
 def load_config(overrides: list[str] | None = None, *, config_name: str = "train") -> TrainConfig:
-    """Compose longspec/configs/<config_name>.yaml with Hydra overrides and validate it into a TrainConfig."""
+    """Compose configs/<config_name>.yaml with Hydra overrides and validate it into a TrainConfig."""
     return compose(
         TrainConfig,
         schema_name="train_schema",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from longspec.train.launcher import die_with_launcher
+from longspec.lifetime import die_with_launcher
 
 __all__ = ["DistInfo", "init_distributed"]
 

@@ -14,8 +14,10 @@ from typing import Any
 
 from longspec.data.manifest import Manifest, tokenizer_fingerprint
 from longspec.drafter import WEIGHTS_NAME
-from longspec.train.checkpoint import checkpoints_root, latest_checkpoint, read_trainer_state
+from longspec.drafter.weights import check_finite
+from longspec.train.checkpoint import RESUME_KEYS, checkpoints_root, latest_checkpoint, read_trainer_state
 from longspec.train.config import TrainConfig
+from longspec.train.inputs import input_changes
 
 __all__ = [
     "check_safetensors",
@@ -23,7 +25,6 @@ __all__ = [
     "check_inputs",
     "check_data",
     "check_data_ids",
-    "resume_mismatches",
     "check_resume",
 ]
 
@@ -61,11 +62,18 @@ def check_model_dir(directory: str, what: str) -> None:
     """Every safetensors file of a local model directory is whole."""
     for path in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
         check_safetensors(path)
-    if what == "init_from" and not os.path.isfile(os.path.join(directory, WEIGHTS_NAME)):
-        raise FileNotFoundError(
-            f"init_from={directory!r} has no {WEIGHTS_NAME}; pass a drafter exported with "
-            "`python -m longspec.export RUN_DIR OUT_DIR`"
-        )
+    if what == "init_from":
+        weights = os.path.join(directory, WEIGHTS_NAME)
+        if not os.path.isfile(weights):
+            raise FileNotFoundError(
+                f"init_from={directory!r} has no {WEIGHTS_NAME}; pass a drafter exported with "
+                "`python -m longspec.export RUN_DIR OUT_DIR`"
+            )
+        from safetensors.torch import load_file
+
+        # Before the target loads (Drafter.from_pretrained checks again when it builds the drafter): a NaN
+        # drafter trained every step at loss nan.
+        check_finite(load_file(weights), weights, purpose="start from")
 
 
 def check_inputs(cfg: TrainConfig) -> None:
@@ -131,41 +139,26 @@ def check_data_ids(manifest: Manifest, cfg: TrainConfig, embedding_rows: int) ->
         )
 
 
-def resume_mismatches(state: dict[str, Any], cfg: TrainConfig) -> list[str]:
-    """What differs between the run that wrote `state` (trainer_state.json) and this config: target, data, stage."""
-    diffs = []
-
-    def differ(field: str, old: Any, new: Any) -> None:
-        if old != new:
-            diffs.append(f"{field} {old!r} -> {new!r}")
-
-    target = state.get("target", {})
-    differ("target.name", target.get("name"), cfg.target.name)
-    differ("target.path", _norm(target.get("path")), _norm(cfg.target.path))
-    differ("target.gguf_file", target.get("gguf_file"), cfg.target.gguf_file)
-    differ("data.path", _norm(state.get("data", {}).get("path")), _norm(cfg.data.path))
-    differ("stage", state.get("stage"), cfg.stage.name)
-    return diffs
-
-
-def check_resume(checkpoint: str, cfg: TrainConfig, world_size: int) -> list[str]:
-    """Refuse (ValueError, one line) to resume `checkpoint` with another world size, or with another target, data
-    or stage unless resume.force; returns the forced differences (for a warning)."""
-    state = read_trainer_state(checkpoint)
-    if state.get("world_size") != world_size:
+def check_resume(checkpoint: str, cfg: TrainConfig, world_size: int, inputs: dict[str, Any]) -> list[str]:
+    """Refuse (ValueError, one line) to resume `checkpoint` with another world size, or on other inputs
+    (`inputs.run_inputs`: data, target, the config fields that decide what is trained) unless resume.force;
+    returns the forced differences (for a warning). Call it after `verify_checkpoint`: the state file is parsed
+    only once its checksum matched."""
+    state = read_trainer_state(checkpoint, RESUME_KEYS)
+    if state["world_size"] != world_size:
         # Not forcible: the optimizer state is sharded per rank, DeepSpeed cannot re-split it.
         raise ValueError(
-            f"{checkpoint} was written by {state.get('world_size')} processes, this launch has {world_size}: "
-            f"relaunch with {state.get('world_size')}, or start a new output_dir with init_from= an exported drafter"
+            f"{checkpoint} was written by {state['world_size']} processes, this launch has {world_size}: "
+            f"relaunch with {state['world_size']}, or start a new output_dir with init_from= an exported drafter"
         )
-    diffs = resume_mismatches(state, cfg)
+    saved = state.get("inputs")
+    if isinstance(saved, dict):
+        diffs = input_changes(saved, inputs)
+    else:
+        diffs = ["the checkpoint records no inputs (written by an older longspec)"]
     if diffs and not cfg.resume.force:
         raise ValueError(
-            f"output_dir {cfg.output_dir!r} holds another run (step {state.get('step')}): {'; '.join(diffs)}; "
+            f"output_dir {cfg.output_dir!r} holds another run (step {state['step']}): {'; '.join(diffs)}; "
             "pass resume.force=true to resume it anyway, or choose another output_dir"
         )
     return diffs
-
-
-def _norm(path: Any) -> Any:
-    return os.path.abspath(path) if isinstance(path, str) and os.path.exists(path) else path

@@ -11,6 +11,7 @@ repeats an uninterrupted one exactly.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import resource
 import time
@@ -22,15 +23,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from longspec.cli import USER_ERRORS
+from longspec.cli import USER_ERRORS, os_error_line
 from longspec.data.loader import IGNORE_INDEX, StepSampler
 from longspec.data.shards import ShardReader
+from longspec.drafter.weights import nonfinite_counts
+from longspec.lifetime import RunLock, exit_if_orphaned
+from longspec.ownership import claim_output_dir
 from longspec.positions import anchor_offset_position_ids
 from longspec.train.build import build_engine, build_model, load_target_tokenizer
-from longspec.train.checkpoint import CheckpointManager
+from longspec.train.checkpoint import RUN_KIND, CheckpointManager, latest_checkpoint, verify_checkpoint
 from longspec.train.config import TrainConfig
 from longspec.train.deepspeed_config import build_deepspeed_config, resolve_precision
 from longspec.train.distributed import DistInfo, init_distributed
+from longspec.train.inputs import run_inputs
 from longspec.train.metrics import (
     METRICS_NAME,
     JsonlSink,
@@ -40,11 +45,14 @@ from longspec.train.metrics import (
     truncate_metrics,
 )
 from longspec.train.preflight import check_data, check_data_ids, check_inputs, check_resume
-from longspec.train.runlock import RunLock
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "TrainingStopped"]
 
 log = logging.getLogger("longspec.train")
+
+
+class TrainingStopped(ValueError):
+    """A run that cannot go on without training on numbers that are not numbers (one line, exit status 2)."""
 
 
 class Trainer:
@@ -54,28 +62,36 @@ class Trainer:
         self.rank, self.world_size, self.device = self.dist.rank, self.dist.world_size, self.dist.device
         self.run_dir = os.path.abspath(cfg.output_dir)
         self.lock: RunLock | None = None
+        self.nonfinite_steps = 0  # consecutive steps with a NaN / inf loss or gradient norm
         # Everything that can be a user error is checked here, before any model is loaded, by rank 0 (one reader
         # of the file system, one message), and every rank raises the same one-line error.
         self._agree(self._check_and_lock)
         try:
-            self._build()
+            self.resume_from, self.inputs, forced = self._agree(self._check_resume)
+            self._build(forced)
         except BaseException:
             self._release_lock()
             raise
 
-    def _build(self) -> None:
+    def _check_resume(self) -> tuple[str | None, dict[str, Any], list[str]]:
+        """Rank 0, under the lock: the run's inputs (`inputs.run_inputs`, saved in every checkpoint), and the
+        checkpoint to resume from, its checksums verified before any of its files is parsed (DeepSpeed's ds/*.pt
+        are pickles) and its inputs compared with this run's -> (checkpoint or None, inputs, forced changes)."""
+        cfg = self.cfg
+        inputs = run_inputs(cfg)
+        resume_from = latest_checkpoint(self.run_dir) if cfg.checkpoint.resume == "auto" else None
+        if resume_from is None:
+            return None, inputs, []
+        verify_checkpoint(resume_from)
+        return resume_from, inputs, check_resume(resume_from, cfg, self.world_size, inputs)
+
+    def _build(self, forced: list[str]) -> None:
         cfg = self.cfg
         setup_logging(self.run_dir, self.rank)
+        if forced:
+            log.warning("resume.force=true: resuming %s although %s", self.resume_from, "; ".join(forced))
         self.checkpoints = CheckpointManager(self.run_dir, keep_last=cfg.checkpoint.keep_last, rank=self.rank)
         self.checkpoints.remove_partial()
-        resume_from = self.checkpoints.latest() if cfg.checkpoint.resume == "auto" else None
-        if resume_from is not None:
-            forced = self._agree(lambda: check_resume(resume_from, cfg, self.world_size))
-            if forced:
-                log.warning("resume.force=true: resuming %s although %s", resume_from, "; ".join(forced))
-            self.checkpoints.verify(
-                resume_from
-            )  # before the model loads: a refusal costs seconds, not minutes
         self.zero3 = cfg.deepspeed.zero_stage == 3
         self.precision = resolve_precision(cfg.deepspeed.precision)
         self.dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
@@ -111,8 +127,8 @@ class Trainer:
 
         self.step = 0
         self.tokens_seen = 0
-        if resume_from is not None:
-            self._resume(resume_from)
+        if self.resume_from is not None:
+            self._resume(self.resume_from)
         self.metrics = self._build_metrics()
         target_params = list(self.model.target.parameters())
         full = sum(getattr(p, "ds_numel", p.numel()) for p in target_params)
@@ -150,8 +166,10 @@ class Trainer:
         if self.rank == 0:
             try:
                 outcome[0] = check()
-            except USER_ERRORS as e:  # a bad path, config, lock or checkpoint
-                outcome[1] = str(e)
+            except (*USER_ERRORS, OSError) as e:  # a bad path, config, lock or checkpoint; a read-only folder
+                if not isinstance(e, USER_ERRORS) and os_error_line(e) is None:
+                    raise
+                outcome[1] = os_error_line(e) or str(e)
         if self.world_size > 1:
             dist.broadcast_object_list(outcome, src=0)
         if outcome[1] is not None:
@@ -161,7 +179,9 @@ class Trainer:
     def _check_and_lock(self) -> None:
         """Rank 0: inputs whole, then the run directory locked for this run (released in close())."""
         check_inputs(self.cfg)
-        os.makedirs(self.run_dir, exist_ok=True)
+        claim_output_dir(
+            self.run_dir, RUN_KIND, what="output_dir"
+        )  # a user's folder is refused, not written into
         lock = RunLock(self.run_dir)
         lock.acquire(force=self.cfg.resume.force)
         self.lock = lock
@@ -227,6 +247,7 @@ class Trainer:
         if self.step >= last:
             log.info("nothing to do: step %d of %d already done", self.step, last)
         while self.step < last:
+            exit_if_orphaned()  # a launcher of ours gone: stop (the parent-death signal's fallback)
             self.train_step()
             if self.step % self.cfg.checkpoint.save_every == 0 or self.step == last:
                 self.save()
@@ -278,12 +299,13 @@ class Trainer:
         self.tokens_seen += int(num_tokens)
         elapsed = time.perf_counter() - start
         num_valid = max(num_valid, 1.0)
+        grad_norm = self.engine.get_global_grad_norm()  # None where DeepSpeed has not computed one
         record = {
             "loss": (ce + cfg.loss.distill_weight * kl) / num_valid,
             "ce": ce / num_valid,
             "kl": kl / num_valid if cfg.loss.distill_weight > 0 else None,
             "acc": correct / num_valid if count_correct else None,
-            "grad_norm": _as_float(self.engine.get_global_grad_norm()),
+            "grad_norm": _as_float(grad_norm),
             "lr": self.engine.get_lr()[0],
             "tokens": int(num_tokens),
             "valid_tokens": int(num_valid),
@@ -296,7 +318,40 @@ class Trainer:
         }
         if self.rank == 0:
             self.metrics.log(self.step, {k: v for k, v in record.items() if v is not None})
+        # Checked here, where the loss and the norm are host numbers already (the step's one sync above; the norm
+        # is read for the metrics line), so the check adds no sync of its own. Every rank sees the same reduced
+        # loss and global norm, so every rank stops at the same step.
+        finite = math.isfinite(record["loss"]) and (grad_norm is None or math.isfinite(record["grad_norm"]))
+        self.nonfinite_steps = 0 if finite else self.nonfinite_steps + 1
+        if self.nonfinite_steps >= cfg.max_nonfinite_steps:
+            raise TrainingStopped(
+                f"training stopped at step {self.step}: the loss or gradient norm was not finite for "
+                f"{self.nonfinite_steps} consecutive steps (loss {record['loss']}, grad norm {record['grad_norm']}); "
+                f"nothing of these steps was saved, the latest checkpoint is {self._latest_name()}: lower optim.lr "
+                "or check the data, then resume (max_nonfinite_steps sets how many steps are tolerated)"
+            )
         return record
+
+    def _latest_name(self) -> str:
+        latest = self.checkpoints.latest()
+        return os.path.basename(latest) if latest else "none (the run restarts from step 0)"
+
+    def _check_weights_finite(self) -> None:
+        """Collective, before a checkpoint is written: refuse to save a drafter whose weights hold NaN / inf
+        (one count per tensor of this rank's share, summed over the ranks: under ZeRO-3 each holds a shard)."""
+        named = list(self.model.drafter.named_parameters())
+        local = [p.ds_tensor if hasattr(p, "ds_tensor") else p for _, p in named]
+        counts = nonfinite_counts(local).to(self.device)
+        if self.zero3 and self.world_size > 1:
+            dist.all_reduce(counts)
+        # The one host sync of a save (not of a step).
+        bad = [(name, n) for (name, _), n in zip(named, counts.tolist(), strict=True) if n]
+        if bad:
+            raise TrainingStopped(
+                f"training stopped at step {self.step}: the drafter's weights hold NaN/inf values (tensor "
+                f"{bad[0][0]!r}: {bad[0][1]}); not saved, the latest checkpoint is {self._latest_name()}: lower "
+                "optim.lr or check the data, then resume"
+            )
 
     def _memory_gb(self) -> float:
         if self.device.type == "cuda":
@@ -333,13 +388,15 @@ class Trainer:
             },
             "init_from": self.cfg.init_from,
             "seed": self.cfg.seed,
+            "inputs": self.inputs,  # what a resume compares (check_resume)
         }
+        self._check_weights_finite()
         self.metrics.sync()  # the checkpoint's steps are in metrics.jsonl on disk before it is committed
         return self.checkpoints.save(self.step, self.engine, self._save_drafter, state)
 
     def _resume(self, path: str) -> None:
         # World size, target, data and stage were compared in __init__ (check_resume), before the model loaded.
-        state = self.checkpoints.load(path, self.engine, verified=True)
+        state = self.checkpoints.load(path, self.engine)
         if state["total_steps"] != self.total_steps:
             log.warning(
                 "%s was trained towards %d steps, this run towards %d: the LR schedule changes from here on",

@@ -130,7 +130,7 @@ def test_the_profile_is_measured_from_an_eval_results_file(batch_throughput, tmp
     whose reference is real text; a looping sample (which a drafter predicts perfectly) does not count."""
     import random
 
-    from longspec.eval.report import summarise
+    from longspec.eval.summary import summarise
 
     real = random.Random(0).sample(range(1000), 100)  # 100 distinct tokens: real text to the quality guard
 

@@ -8,21 +8,15 @@ from registry_fixtures import module, prose
 
 from data_prep.doc_tasks import boundaries, cut_task, fit_prefix, headings, question
 from data_prep.instruct_prompts import build_prompts
-from data_prep.instruct_suite import SUITE_TASKS, build_suite
+from data_prep.instruct_suite import DEFAULT_TASKS, SUITE_TASKS, build_suite
 from data_prep.long_documents import build_long_documents
 from data_prep.stage2 import prepare_stage2
 from data_prep.stage3_sft import render_prompt
 from longspec.eval.datasets import encode_row, load_samples
-from longspec.testing import build_byte_tokenizer
 
 
 def _write(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_byte_tokenizer()
 
 
 @pytest.fixture()
@@ -71,7 +65,8 @@ def test_suite_respects_buckets_uses_only_heldout_and_reads_back(corpus, tokeniz
     manifest = build_suite(corpus=corpus, tokenizer=tokenizer, out=out, buckets=[2048, 4096], per_bucket=2,
                            gen_room=512)  # fmt: skip
     assert not manifest["shortfalls"]
-    for stem, (dataset, _) in SUITE_TASKS.items():
+    for stem in DEFAULT_TASKS:
+        dataset = SUITE_TASKS[stem][0]
         for bucket in (2048, 4096):
             path = out / f"{stem}_{bucket // 1024}k.jsonl"
             rows = [json.loads(line) for line in path.read_text().splitlines()]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from longspec.eval.divergence import analyse_divergence, first_divergence, tie_tolerance
-from longspec.eval.report import identical_text, summarise
+from longspec.eval.summary import identical_text, summarise
 from longspec.pipeline import results_table
 from longspec.testing import make_tiny_hf_model
 

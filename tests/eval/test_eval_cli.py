@@ -145,7 +145,7 @@ def test_data_path_may_name_a_dataset(eval_overrides, tmp_path):
 
 def test_math_preset_composes():
     cfg = load_eval_config(["drafter.init=random"], config_name="eval/math_qwq")
-    assert cfg.target.name == "qwq_32b" and cfg.max_new_tokens == 32768
+    assert cfg.target.name == "qwq_32b" and cfg.generation.max_new_tokens == 32768
     assert cfg.data.sources == ["aime24", "amc", "math500", "minerva_math"]
 
 
@@ -204,3 +204,25 @@ def test_an_unsupported_family_is_refused_first(eval_overrides, tmp_path, capsys
     assert main([*overrides, f"target.path={tmp_path / 'gpt2'}", "data.context_margin=2000"]) == 2
     assert "unsupported target model_type 'gpt2'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_decode_settings_are_the_nested_generation_config_by_flat_or_full_name():
+    """The eval config nests the engine's GenerationConfig (one schema of decode settings); a flat override names
+    its field (the names users know), the full one too, and one setting given both ways is refused."""
+    from longspec.infer.config import GenerationConfig
+
+    base = ["drafter.init=random"]
+    flat = load_eval_config([*base, "temperature=1", "tree_widths=[4,16,16,16,16]", "seed=3", "+top_k=5"])
+    full = load_eval_config(
+        [*base, "generation.temperature=1", "generation.tree_widths=[4,16,16,16,16]", "generation.seed=3",
+         "generation.top_k=5"]
+    )  # fmt: skip
+    assert isinstance(flat.generation, GenerationConfig) and flat.generation == full.generation
+    got = flat.generation
+    assert (got.temperature, got.tree_widths, got.top_k) == (1.0, (4, 16, 16, 16, 16), 5)
+    assert flat.generation.max_new_tokens == 1024  # eval.yaml's, over GenerationConfig's own default
+    assert flat.generation_config(eos_token_ids=(7,)).eos_token_ids == (7,)
+    with pytest.raises(ValueError, match=r"temperature given twice \(X= is generation.X=\)"):
+        load_eval_config([*base, "temperature=1", "generation.temperature=0"])
+    with pytest.raises(ValueError, match="eos_token_ids come from the target's tokenizer"):
+        load_eval_config([*base, "generation.eos_token_ids=[1]"])

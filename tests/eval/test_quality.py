@@ -4,7 +4,8 @@ import math
 import random
 
 from longspec.eval.quality import MIN_DISTINCT_RATIO, assess, periodic_tail, repeated_share
-from longspec.eval.report import outputs_markdown, report_markdown, summarise
+from longspec.eval.report import outputs_markdown, report_markdown
+from longspec.eval.summary import summarise
 
 
 def _real(n, seed=0):

@@ -5,8 +5,12 @@ Imported by the test files as `from fault_helpers import ...` (pytest puts this 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -93,3 +97,99 @@ def run_in_process(main, argv: list[str], capsys) -> tuple[int, str]:
     capsys.readouterr()
     status = main(argv)
     return status, capsys.readouterr().err
+
+
+def tiny_train_world(tmp: Path) -> Path:
+    """What the training fault cases train on: a tiny target `tmp/tiny_llama` and stage-1 data of 64-token rows
+    `tmp/d1` (120 short documents of code words, seeded). Returns `tmp`."""
+    from data_prep.common import load_tokenizer
+    from data_prep.stage1 import prepare_stage1
+    from longspec.testing import save_tiny_target
+
+    words = "def class return import self value list dict for while if else print data model token".split()
+    target = save_tiny_target("llama", tmp / "tiny_llama")
+    rng = random.Random(0)
+    rows = (" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) for _ in range(120))
+    (tmp / "short.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in rows))
+    prepare_stage1(
+        source=str(tmp / "short.jsonl"),
+        tokenizer=load_tokenizer(target),
+        out=str(tmp / "d1"),
+        seq_len=64,
+        progress=False,
+    )
+    return tmp
+@contextlib.contextmanager
+def read_only(monkeypatch, folder: str | os.PathLike):
+    """Inside the block `folder` is read-only: chmod 0o555 where that stops this user (writes fail with EACCES),
+    else (root, whom chmod does not stop) as `deny_writes` with EROFS. Yields the errno the writes fail with."""
+    folder = os.path.abspath(folder)
+    if os.geteuid() == 0:
+        with deny_writes(monkeypatch, folder, errno.EROFS):
+            yield errno.EROFS
+        return
+    mode = os.stat(folder).st_mode
+    os.chmod(folder, 0o555)
+    try:
+        yield errno.EACCES
+    finally:
+        os.chmod(folder, mode)
+
+
+@contextlib.contextmanager
+def deny_writes(monkeypatch, folder: str | os.PathLike, error: int):
+    """Inside the block, `open` for writing, `os.mkdir` and `os.makedirs` below `folder` raise OSError(`error`)
+    naming the path, as the kernel does on a full disk (ENOSPC) or a read-only file system (EROFS)."""
+    import builtins
+
+    folder = os.path.abspath(folder)
+
+    def below(path) -> bool:
+        path = os.path.abspath(os.fspath(path))
+        return path == folder or path.startswith(folder + os.sep)
+
+    real_open, real_mkdir, real_makedirs = builtins.open, os.mkdir, os.makedirs
+
+    def deny(path):
+        raise OSError(error, os.strerror(error), os.fspath(path))
+
+    def fake_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and below(file) and any(c in mode for c in "wax+"):
+            deny(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    def fake_mkdir(path, *args, **kwargs):
+        if below(path):
+            deny(path)
+        return real_mkdir(path, *args, **kwargs)
+
+    def fake_makedirs(path, *args, **kwargs):
+        if below(path) and not os.path.isdir(path):
+            deny(path)
+        return real_makedirs(path, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(builtins, "open", fake_open)
+        patch.setattr(os, "mkdir", fake_mkdir)
+        patch.setattr(os, "makedirs", fake_makedirs)
+        yield
+
+
+class FullDiskFile:
+    """A file opened for writing on a full disk: its first write raises ENOSPC without a file name, as a real
+    write(2) does (Python's OSError of a failed write names no file)."""
+
+    def __init__(self, path, mode="wb", *args, **kwargs):
+        self._file = open(path, mode, *args, **kwargs)
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._file.close()

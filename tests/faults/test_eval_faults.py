@@ -173,3 +173,89 @@ def test_an_output_dir_that_cannot_be_written_is_refused_before_the_target_loads
         exclusive=False,
     )
     assert_only_changed(tmp_path, before)
+
+
+# ---- a stopped eval resumes only on the same inputs --------------------------------------------------------------
+def _save_drafter(target_dir, out, *, seed: int, nan: bool = False) -> str:
+    """A drafter for the tiny target (its tokenizer in the fingerprint, as eval compares it), seeded weights."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from longspec.drafter import Drafter, DrafterConfig
+    from longspec.target import TargetModel
+
+    target = TargetModel.from_pretrained(str(target_dir), dtype=torch.float32, device="cpu")
+    config = DrafterConfig.from_target_config(
+        target.config, window=8, tokenizer=AutoTokenizer.from_pretrained(str(target_dir))
+    )
+    torch.manual_seed(seed)
+    drafter = Drafter(config, target.embed_tokens, target.lm_head)
+    drafter.reset_parameters()
+    if nan:
+        with torch.no_grad():
+            next(iter(drafter.parameters())).view(-1)[0] = float("nan")
+    drafter.save_pretrained(out)
+    return str(out)
+
+
+def _change_data(tmp_path, target, drafter):
+    (tmp_path / "rows.jsonl").write_bytes(_row(5, "x = 1\n") + _row(6, "y = 2\n"))
+
+
+def _change_target(tmp_path, target, drafter):
+    save_tiny_target("llama", target, seed=1)  # the same shapes and tokenizer, other weights
+
+
+def _change_drafter(tmp_path, target, drafter):
+    _save_drafter(target, drafter, seed=1)  # re-exported over the same directory
+
+
+@pytest.mark.parametrize(
+    "change", [None, _change_data, _change_target, _change_drafter], ids=["same", "data", "target", "drafter"]
+)
+def test_a_stopped_eval_reads_back_its_chunks_only_on_the_same_inputs(
+    tmp_path, target_dir, capsys, caplog, change
+):
+    """A stopped run's finished chunks (results.partial.jsonl) are keyed by the samples' content, the target and
+    the drafter as well as the config: a changed data file's old chunk was mixed into the new results.json."""
+    import shutil
+
+    from longspec.eval.progress import PARTIAL_NAME
+
+    target = tmp_path / "target"
+    shutil.copytree(target_dir, target)
+    drafter = _save_drafter(target, tmp_path / "drafter", seed=0)
+    (tmp_path / "rows.jsonl").write_bytes(_row(0) + _row(1))
+    args = _overrides(target, tmp_path / "rows.jsonl", tmp_path / "out", "method=[longspec]",
+                      "drafter.init=pretrained", f"drafter.path={drafter}")  # fmt: skip
+    with mock.patch("longspec.eval.progress.EvalProgress.finish"):  # stopped: its chunks stay on disk
+        assert run_in_process(main, args, capsys)[0] == 0
+    assert (tmp_path / "out" / PARTIAL_NAME).exists()
+    if change is not None:
+        change(tmp_path, target, drafter)
+    status, _ = run_in_process(main, args, capsys)
+    assert status == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    rows = [s["id"] for s in results["methods"]["longspec"]["rows"]]
+    if change is None:
+        assert results["resumed"] == {"rows": 2} and rows == ["r0", "r1"]
+    else:
+        assert "resumed" not in results and "written for another configuration, data, target" in caplog.text
+        assert rows == (["r5", "r6"] if change is _change_data else ["r0", "r1"])
+
+
+def test_a_nan_drafter_is_refused_at_load(tmp_path, target_dir, capsys):
+    drafter = _save_drafter(target_dir, tmp_path / "drafter", seed=0, nan=True)
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(_row(0))
+    before = tree_checksums(tmp_path)
+    args = _overrides(target_dir, data, tmp_path / "out", "method=[longspec]", "drafter.init=pretrained",
+                      f"drafter.path={drafter}")  # fmt: skip
+    status, err = run_in_process(main, args, capsys)
+    assert status == 2  # loaded silently, and decoded at τ 1.00
+    assert_one_line_error(
+        err,
+        r"drafter/model\.safetensors: tensor '.*' holds 1 NaN/inf value\(s\) of \d+: refusing to load",
+        exclusive=False,
+    )
+    assert_only_changed(tmp_path, before)

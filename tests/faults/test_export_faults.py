@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.export import EXPORT_FILES, export_drafter, main
+from longspec.ownership import MARKER_NAME
 from longspec.testing import make_tiny_target
 from longspec.train.checkpoint import write_checksums
 
@@ -89,7 +90,7 @@ def test_overwrite_replaces_only_a_previous_export(tmp_path, runs, capsys):
     before = tree_checksums(tmp_path)
     status, err = run_in_process(main, [str(runs / "stage1"), str(home), "--overwrite"], capsys)
     assert status == 2
-    assert_one_line_error(err, r"previous export only.*\['notes'\]")
+    assert_one_line_error(err, r"home' is not empty and was not written by longspec \(no \.longspec marker\)")
     assert_only_changed(tmp_path, before)
 
 
@@ -146,7 +147,7 @@ def test_real_cli_is_one_line_and_debug_gives_the_traceback(tmp_path, runs):
 
 def _export_is_whole(out) -> float:
     """OUT holds exactly a complete export; -> the step its filler tensor came from."""
-    assert sorted(os.listdir(out)) == sorted(EXPORT_FILES)
+    assert sorted(os.listdir(out)) == sorted(EXPORT_FILES | {MARKER_NAME})
     json.loads((out / "config.json").read_text())
     return float(load_file(out / "model.safetensors")["block.filler"][0])
 
@@ -181,3 +182,25 @@ def test_sigkill_mid_export_leaves_the_old_or_the_new_export(tmp_path):
     leftovers = [p for p in os.listdir(tmp_path) if ".tmp-" in p or ".old-" in p]
     assert not leftovers, [(p, os.listdir(tmp_path / p)) for p in leftovers]
     assert_only_changed(run, run_before)  # the run itself was never written
+
+
+@pytest.mark.parametrize(
+    "value, extra", [(float("nan"), []), (1e10, ["--dtype", "float16"])], ids=["nan", "cast"]
+)
+def test_weights_that_are_not_numbers_are_not_exported(tmp_path, runs, capsys, value, extra):
+    """A NaN in the checkpoint's weights, or a value the requested dtype turns into inf: one line naming the file
+    and the tensor, no OUT_DIR (a NaN drafter loaded silently and proposed nothing, τ 1.00)."""
+    weights_path = runs / "stage1" / "checkpoints" / "step_00000002" / "drafter" / "model.safetensors"
+    weights = load_file(weights_path)
+    name = sorted(weights)[0]
+    weights[name].view(-1)[0] = value
+    save_file(weights, weights_path, metadata={"format": "pt"})
+    before = tree_checksums(tmp_path)
+    status, err = run_in_process(main, [str(runs / "stage1"), str(tmp_path / "out"), *extra], capsys)
+    assert status == 2
+    cast = r" cast to float16" if extra else ""
+    assert_one_line_error(
+        err,
+        rf"model\.safetensors{cast}: tensor '{name}' holds 1 NaN/inf value\(s\) of \d+: refusing to export",
+    )
+    assert_only_changed(tmp_path, before)

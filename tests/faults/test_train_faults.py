@@ -21,39 +21,29 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_helpers import REPO_ROOT, assert_one_line_error, assert_only_changed, run_module, tree_checksums
+from fault_helpers import (
+    REPO_ROOT,
+    assert_one_line_error,
+    assert_only_changed,
+    run_module,
+    tiny_train_world,
+    tree_checksums,
+)
 from safetensors.torch import load_file
 
+from longspec.lifetime import LOCK_NAME, RunLock, RunLockedError, start_ticks
 from longspec.testing import child_pids, pid_running
 from longspec.train.checkpoint import CheckpointError, verify_checkpoint
 from longspec.train.metrics import truncate_metrics
-from longspec.train.runlock import LOCK_NAME, RunLock, RunLockedError, _start_ticks
 
 pytestmark = [pytest.mark.slow]
 
 STEPS = 4
-WORDS = "def class return import self value list dict for while if else print data model token".split()
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    from data_prep.common import load_tokenizer
-    from data_prep.stage1 import prepare_stage1
-    from longspec.testing import save_tiny_target
-
-    tmp = tmp_path_factory.mktemp("train_faults")
-    target = save_tiny_target("llama", tmp / "tiny_llama")
-    rng = random.Random(0)
-    rows = (" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 60))) for _ in range(120))
-    (tmp / "short.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in rows))
-    prepare_stage1(
-        source=str(tmp / "short.jsonl"),
-        tokenizer=load_tokenizer(target),
-        out=str(tmp / "d1"),
-        seq_len=64,
-        progress=False,
-    )
-    return tmp
+    return tiny_train_world(tmp_path_factory.mktemp("train_faults"))
 
 
 def _args(world: Path, out: str, *extra: str) -> list[str]:
@@ -204,7 +194,7 @@ def test_a_live_trainer_holds_the_run_directory(world, killed_in_checkpoint):
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": 0,
-        "start_ticks": _start_ticks(os.getpid()),
+        "start_ticks": start_ticks(os.getpid()),
     }
     (run / LOCK_NAME).write_text(json.dumps(lock))  # this test process is alive: as good as a running trainer
     try:
@@ -222,7 +212,7 @@ def test_a_live_trainer_holds_the_run_directory(world, killed_in_checkpoint):
     [
         (
             "stage.name=tiny_stage2",
-            r"holds another run \(step 4\): stage 'tiny_stage1' -> 'tiny_stage2'; pass resume",
+            r"holds another run \(step 4\): stage.name 'tiny_stage1' -> 'tiny_stage2'; pass resume",
         ),
         ("target.name=tiny_qwen2", r"target.name 'tiny_llama' -> 'tiny_qwen2'; pass resume.force=true"),
         ("data.path=COPY", r"data.path '.*/d1' -> '.*/d1_copy'; pass resume.force=true"),
@@ -249,7 +239,8 @@ def test_resume_force_resumes_another_stage_with_a_warning(world, killed_in_chec
     )  # all steps done: loads, stops
     assert result.returncode == 0, result.stderr[-3000:]
     assert (
-        "resume.force=true: resuming" in result.stderr and "stage 'tiny_stage1' -> 'renamed'" in result.stderr
+        "resume.force=true: resuming" in result.stderr
+        and "stage.name 'tiny_stage1' -> 'renamed'" in result.stderr
     )
     assert_only_changed(world, before, allowed=[f"{run.name}/train.log", f"{run.name}/config.yaml"])
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from longspec.eval.report import _aggregate
+from longspec.eval.summary import _aggregate
 from longspec.infer.stats import GenerationStats, tree_depth
 
 

@@ -121,11 +121,12 @@ def test_sigterm_stops_the_step_and_says_so_in_one_line(tmp_path):
 def test_a_second_pipeline_on_the_same_out_is_refused_before_any_step(tmp_path, capsys):
     """A second run on a live run's --out (a requeued job) removed the live training run's directory and
     overwrote its run record; it is refused while the first holds OUT/pipeline.lock, and a dead one's is taken."""
-    from longspec.pipeline.__main__ import PIPELINE_LOCK
-    from longspec.train.runlock import RunLock
+    from longspec.lifetime import RunLock
+    from longspec.ownership import MARKER_NAME, claim_output_dir
+    from longspec.pipeline.__main__ import PIPELINE_KIND, PIPELINE_LOCK
 
     out = tmp_path / "out"
-    out.mkdir()
+    claim_output_dir(out, PIPELINE_KIND)  # as the first pipeline did before taking its lock
     first = RunLock(str(out), name=PIPELINE_LOCK)
     first.acquire()  # this live process stands for the first pipeline
     try:
@@ -133,7 +134,9 @@ def test_a_second_pipeline_on_the_same_out_is_refused_before_any_step(tmp_path, 
         err = capsys.readouterr().err
         assert f"error: {out} is in use by another pipeline run (pid {os.getpid()}" in err
         assert "choose another --out" in err
-        assert sorted(os.listdir(out)) == [PIPELINE_LOCK]  # no step ran: no logs/, no run record
+        assert sorted(os.listdir(out)) == sorted(
+            [MARKER_NAME, PIPELINE_LOCK]
+        )  # no step ran: no logs/, no record
         assert main(["--preset", "demo_tiny", "--out", str(out), "--dry-run"]) == 0  # a dry run takes no lock
     finally:
         first.release()

@@ -62,7 +62,7 @@ def test_plan_overrides_validate_against_the_train_and_eval_schemas(tmp_path):
     ev = _cmd(steps["eval"])
     cfg = load_eval_config(ev[ev.index("longspec.eval") + 1 :])
     assert cfg.methods == list(CPU.evals[0].methods)
-    assert cfg.temperature == 0 and cfg.max_new_tokens == CPU.eval_max_new_tokens
+    assert cfg.generation.temperature == 0 and cfg.generation.max_new_tokens == CPU.eval_max_new_tokens
 
 
 def test_smollm2_plan_converts_the_gguf_and_evaluates_the_suite(tmp_path):

@@ -91,7 +91,7 @@ def test_an_eval_plan_may_take_more_samples_than_the_preset(tmp_path):
     assert (
         "max_samples=2" in steps["eval_t0_graphs"].cmd and "max_samples=4" not in steps["eval_t0_graphs"].cmd
     )
-    with pytest.raises(ValueError, match="max_samples >= 1"):
+    with pytest.raises(ValueError, match="max_samples must be >= 1"):
         load_preset("smollm2", ["evals.0.max_samples=0"])
 
 

@@ -118,8 +118,10 @@ def test_an_interrupted_joint_group_resumes_with_the_steps_it_did_not_finish(tmp
 
 @pytest.mark.parametrize("text", ["{bad", "[]", '{"steps": []}'])
 def test_a_damaged_run_record_is_one_error_naming_it(tmp_path, capsys, text):
-    from longspec.pipeline.__main__ import main
+    from longspec.ownership import write_marker
+    from longspec.pipeline.__main__ import PIPELINE_KIND, main
 
+    write_marker(tmp_path, PIPELINE_KIND)  # a pipeline's own --out
     (tmp_path / RUN_RECORD_NAME).write_text(text)  # was a bare JSONDecodeError line or a TypeError traceback
     assert main(["--preset", "demo_tiny", "--out", str(tmp_path), "--dry-run"]) == 2
     err = capsys.readouterr().err

@@ -101,19 +101,21 @@ def test_rng_state_round_trip_is_json():
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
 
 
-def test_checkpoint_bookkeeping_ignores_incomplete_dirs(tmp_path):
+def test_checkpoint_bookkeeping_ignores_temp_dirs_not_damaged_ones(tmp_path):
     manager = CheckpointManager(str(tmp_path), keep_last=2, rank=0)
     root = tmp_path / "checkpoints"
     for step in (2, 4, 6):
         (root / f"step_{step:08d}").mkdir(parents=True)
         (root / f"step_{step:08d}" / "trainer_state.json").write_text("{}")
-    (root / "step_00000008").mkdir()  # no trainer_state.json: never complete
-    (root / ".tmp-step_00000010").mkdir()
+    (root / ".tmp-step_00000010").mkdir()  # a save in flight or killed: never a checkpoint
     assert manager.latest() == str(root / "step_00000006")
+    # A step_* dir is renamed into place whole: one without trainer_state.json was damaged later, and is the
+    # latest all the same (the resume then refuses it by name instead of silently taking step 6).
+    (root / "step_00000008").mkdir()
+    assert manager.latest() == str(root / "step_00000008")
     manager._prune()
     assert sorted(p.name for p in root.iterdir()) == [
         ".tmp-step_00000010",
-        "step_00000004",
         "step_00000006",
         "step_00000008",
     ]

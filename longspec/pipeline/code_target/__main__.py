@@ -25,10 +25,11 @@ import numpy as np
 import torch
 
 from longspec.cli import ArgumentParser, run_cli
+from longspec.ownership import check_output_dir
 from longspec.pipeline.code_target.data import load_token_cache, load_tokenizer
 from longspec.pipeline.code_target.evaluate import eval_checkpoint, greedy_samples
 from longspec.pipeline.code_target.presets import MODEL_PRESETS, PretrainConfig
-from longspec.pipeline.code_target.trainer import log, save_checkpoint, train
+from longspec.pipeline.code_target.trainer import CODE_TARGET_KIND, log, save_checkpoint, train
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,6 +89,8 @@ def _main(argv: list[str]) -> None:
 
     if args.tokenizer is None or tokens_dir is None:
         raise ValueError("--tokenizer and --tokens-dir (or --corpus) are required to train")
+    if args.out is not None:  # a user's folder is refused now, not after the training
+        check_output_dir(args.out, CODE_TARGET_KIND, what="--out", whole=True)
     tokenizer = load_tokenizer(args.tokenizer)
     train_ids, heldout_ids = load_token_cache(tokens_dir, tokenizer, args.corpus)
     if args.tokenize_only:

@@ -7,8 +7,6 @@ import copy
 import json
 import logging
 import math
-import os
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -16,6 +14,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from longspec.ownership import (
+    MARKER_NAME,
+    check_output_dir,
+    remove_owned,
+    resolve_output,
+    swap_in,
+    write_marker,
+)
 from longspec.pipeline.code_target.data import PackedStream
 from longspec.pipeline.code_target.evaluate import autocast, evaluate, lm_loss_and_correct, resolve_device
 from longspec.pipeline.code_target.presets import PretrainConfig, build_model_config, num_parameters
@@ -151,17 +157,23 @@ def train(cfg: PretrainConfig, train_ids: np.ndarray, heldout_ids: np.ndarray, t
     return model, summary
 
 
+CODE_TARGET_KIND = "code target"  # the ownership marker's kind of --out (longspec.ownership)
+
+
 def save_checkpoint(model, tokenizer, out: Path, summary: dict) -> Path:
-    """bf16 safetensors + config + tokenizer + metrics.json, written to a temp dir and renamed into place."""
-    out = Path(out)
+    """bf16 safetensors + config + tokenizer + metrics.json, written to a temp dir and renamed into place. `out`
+    is replaced only if an earlier save wrote it (its ownership marker, nothing added since)."""
+    out = Path(resolve_output(out))
+    check_output_dir(out, CODE_TARGET_KIND, what="--out", whole=True)
     tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_owned(tmp, CODE_TARGET_KIND)  # a killed save's leftover (marked first thing below)
+    tmp.mkdir()
+    write_marker(tmp, CODE_TARGET_KIND)
     model = copy.deepcopy(model).to("cpu", torch.bfloat16)
     model.generation_config.do_sample = False
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    write_marker(tmp, CODE_TARGET_KIND, files=[p.name for p in tmp.iterdir() if p.name != MARKER_NAME])
+    swap_in(str(tmp), str(out), CODE_TARGET_KIND)
     return out / "model.safetensors"
