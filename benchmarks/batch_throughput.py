@@ -66,9 +66,10 @@ from longspec.drafter import Drafter, DrafterConfig  # noqa: E402
 from longspec.eval.divergence import analyse_divergence, explained  # noqa: E402
 from longspec.eval.summary import pooled_acceptance_profile  # noqa: E402
 from longspec.infer.baselines import run_method_batch  # noqa: E402
-from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine  # noqa: E402
+from longspec.infer.candidates import DEFAULT_TREE_WIDTHS  # noqa: E402
+from longspec.infer.engine import GenerationConfig, SpeculativeEngine  # noqa: E402
 from longspec.infer.policy import named_by_bucket  # noqa: E402
-from longspec.infer.round_costs import cost_mode  # noqa: E402
+from longspec.infer.policy.measure import cost_mode  # noqa: E402
 from longspec.infer.slots import bucket  # noqa: E402
 from longspec.provenance import run_info  # noqa: E402
 

@@ -41,11 +41,10 @@ from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.pipeline.code_target.presets import MODEL_PRESETS
 from longspec.provenance import run_info
 from longspec.target import TargetModel
-from longspec.testing import llama31_8b_config, random_target, smollm2_135m_config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 from batch_throughput import data_prompts, load_data_prompts  # noqa: E402
+from shapes import llama31_8b_config, random_target, smollm2_135m_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

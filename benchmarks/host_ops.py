@@ -31,7 +31,10 @@ from longspec.drafter import Drafter, DrafterConfig  # noqa: E402
 from longspec.infer import graphs  # noqa: E402
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine  # noqa: E402
 from longspec.provenance import run_info  # noqa: E402
-from longspec.testing import make_tiny_target, random_target, smollm2_135m_config  # noqa: E402
+from longspec.testing import make_tiny_target  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # shapes.py beside it
+from shapes import random_target, smollm2_135m_config  # noqa: E402
 
 STEP = "longspec.static_step"
 # Ops that only make views or allocate: no kernel, no launch.

@@ -1,5 +1,5 @@
 """Host time of tree="auto"'s policy (`longspec.infer.policy.AdaptivePolicy`) per decode round on this machine's
-CPU: what the engine asks of it between two rounds (`engine._DecodeLoop`: the time, outcome and shadow reports of
+CPU: what the engine asks of it between two rounds (`loop.DecodeLoop`: the time, outcome and shadow reports of
 the round two back, then the next round's choice). On the GPU a round costs ~1.1-1.2 ms and this work sits
 between two of them: every 10 us of it is ~1% of decoding speed.
 
@@ -29,10 +29,10 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from longspec.atomic import write_json_atomic
+from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, is_drafter_tree, is_lookup
 from longspec.infer.graphs import no_gc
-from longspec.infer.pld import ShadowReport
-from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, AdaptivePolicy, MeasuredCosts
-from longspec.infer.tree import Lookup, is_drafter_tree
+from longspec.infer.policy import AdaptivePolicy, MeasuredCosts
+from longspec.infer.policy.shadow import ShadowReport
 from longspec.provenance import run_info
 
 CANDIDATES = AUTO_TREES + AUTO_LOOKUPS
@@ -70,7 +70,7 @@ def cost_table(seed: int = 0) -> MeasuredCosts:
     for bucket in BUCKETS:
         plain = PLAIN_S * (1.0 + 0.02 * math.log2(bucket / BUCKETS[0]))
         for c in CANDIDATES:
-            if isinstance(c, Lookup):
+            if is_lookup(c):
                 factor = 1.15 + 0.004 * (c.nodes - 1)
             else:
                 factor = 1.3 + 0.004 * sum(c) if c else 1.0
@@ -150,7 +150,7 @@ def record(mix: str, rounds: int, seed: int) -> tuple[list, Counter]:
             hear(lessons.popleft())
         widths = call(AdaptivePolicy.choose, context)
         matched = lookup_match(rng, text)
-        if isinstance(widths, Lookup):
+        if is_lookup(widths):
             ranks, reports = widths.ranks(matched), []
             kinds["lookup"] += 1
         else:

@@ -42,10 +42,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from longspec.atomic import write_json_atomic  # noqa: E402
 from longspec.eval.datasets import recorded_prompts  # noqa: E402
+from longspec.infer.candidates import (  # noqa: E402
+    AUTO_LOOKUPS,
+    AUTO_TREES,
+    candidate_order,
+    is_drafter_tree,
+    is_lookup,
+    parse_candidate,
+    tree_name,
+)
 from longspec.infer.config import GenerationConfig  # noqa: E402
-from longspec.infer.pld import LookupShadow  # noqa: E402
-from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, AdaptivePolicy, FixedPolicy, MeasuredCosts  # noqa: E402
-from longspec.infer.tree import Lookup, candidate_order, parse_candidate, tree_name  # noqa: E402
+from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts  # noqa: E402
+from longspec.infer.policy.shadow import LookupShadow  # noqa: E402
 from longspec.provenance import run_info  # noqa: E402
 from longspec.target_source import load_tokenizer  # noqa: E402
 
@@ -110,7 +118,7 @@ def replay_call(
             _hear(policy, *pending.pop(0))
         context_len = len(prompt) + position
         widths = policy.choose(context_len)
-        if isinstance(widths, Lookup):
+        if is_lookup(widths):
             ranks = widths.ranks(outcomes[position])
         else:
             ranks = []
@@ -120,7 +128,7 @@ def replay_call(
                 ranks.append(0)
         accepted = len(ranks)
         emitted = min(accepted + 1, len(outcomes) - position)  # the last round stops at the output's end
-        drafting = bool(widths) and not isinstance(widths, Lookup)
+        drafting = is_drafter_tree(widths)
         switched = drafting and ring_behind
         seconds = costs.cost(widths, context_len) + (catch_up_s if switched else 0.0)
         ring_behind = not drafting
@@ -129,7 +137,7 @@ def replay_call(
         for step in range(emitted):
             plain += costs.cost((), context_len + step)
         tokens = output[position + 1 : position + 1 + emitted]
-        reports = [] if shadow is None else shadow.extend(tokens, shadow=not isinstance(widths, Lookup))
+        reports = [] if shadow is None else shadow.extend(tokens, shadow=not is_lookup(widths))
         position += emitted
         pending.append((index, widths, ranks, context_len, seconds, switched, reports))
     for lesson in pending:  # the call's last lessons, for the next call
@@ -159,7 +167,7 @@ def _replay_calls(policy, rng, calls, profile, costs, catch_up_s, max_ngram) -> 
 
 
 def _hear(policy, index, widths, ranks, context_len, seconds, switched, reports) -> None:
-    """A settled round's lessons, in the engine's order (`engine._DecodeLoop._observe`; a call's first round
+    """A settled round's lessons, in the engine's order (`loop.DecodeLoop._observe`; a call's first round
     teaches no round cost there)."""
     if index:
         policy.observe_time(widths, context_len, seconds, switched=switched)
@@ -212,7 +220,7 @@ def main(argv=None) -> int:
     measured = _measured_speedups(results, args.method)
 
     config = GenerationConfig()
-    lookups = [c for c in _candidates(costs) if isinstance(c, Lookup)] or list(AUTO_LOOKUPS)
+    lookups = [c for c in _candidates(costs) if is_lookup(c)] or list(AUTO_LOOKUPS)
     longest, widest = max(t.length for t in lookups), max(t.branches for t in lookups)
     calls = []  # (dataset, record, prompt, lookup outcomes) in the evaluation's order
     for dataset, records in results["methods"][args.method].items():

@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -40,16 +41,30 @@ from longspec.atomic import write_json_atomic
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.infer.accept import greedy_accept
 from longspec.infer.baselines import _cache_kwarg, _CompiledDecoder, using_attn_implementation
-from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine
+from longspec.infer.candidates import DEFAULT_TREE_WIDTHS
+from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.tree import TreeLayout, chain_tree
 from longspec.provenance import run_info
 from longspec.target import TargetModel
-from longspec.testing import llama31_8b_config, make_tiny_hf_model, random_target, smollm2_135m_config
+from longspec.testing import make_tiny_hf_model  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # shapes.py beside it
+from shapes import llama31_8b_config, random_target, smollm2_135m_config  # noqa: E402
 
 HBM_BYTES_PER_S = 4.3e12
 
 
 SHAPES = {"8b": llama31_8b_config, "smollm2": smollm2_135m_config}
+
+
+def _verify(engine, tree, **kwargs) -> torch.Tensor:
+    """One sequence's tree [N] through the round runner's verify -> logits [N, V]."""
+    return engine.runner.verify(tree.per_sequence(lambda t: t[None]), **kwargs)[0]
+
+
+def _draft(engine, root: torch.Tensor, layout, **kwargs):
+    """The drafter's tree [N] for one root (0-d) through the round runner."""
+    return engine.runner.draft(root.reshape(1), layout, **kwargs).row(0)
 
 
 def build_target(args, device: torch.device, dtype: torch.dtype) -> TargetModel:
@@ -232,8 +247,8 @@ def bench_context(
 
     with torch.no_grad():
         # Correctness first: our eager step == our static step (the graph's path) on this very cache.
-        eager = engine.verify(one)
-        static = engine.verify(one, static=True, capture=False).clone()
+        eager = _verify(engine, one)
+        static = _verify(engine, one, static=True, capture=False).clone()
         row["ar_static_vs_eager_max_abs_diff"] = float((eager.float() - static.float()).abs().max())
 
         row["ar_hf_ms"] = time_hf_step(timer, target.model, root, hf_cache(target, engine, context))
@@ -241,57 +256,63 @@ def bench_context(
             _try_graph(
                 row, "ar_hf_compile_ms", lambda: time_hf_compiled_step(timer, target, context, generator)
             )
-        row["ar_ours_ms"] = timer(lambda: engine.verify(one))
-        row["ar_ours_static_ms"] = timer(lambda: engine.verify(one, static=True, capture=False))
+        row["ar_ours_ms"] = timer(lambda: _verify(engine, one))
+        row["ar_ours_static_ms"] = timer(lambda: _verify(engine, one, static=True, capture=False))
         if capture:
-            row["ar_ours_graph_ms"] = timer(lambda: engine.verify(one, static=True, capture=True))
+            row["ar_ours_graph_ms"] = timer(lambda: _verify(engine, one, static=True, capture=True))
             with layer_route(engine, "unfused"):  # the same graph step through the HF modules, unfused
-                row["ar_ours_graph_unfused_ms"] = timer(lambda: engine.verify(one, static=True, capture=True))
+                row["ar_ours_graph_unfused_ms"] = timer(
+                    lambda: _verify(engine, one, static=True, capture=True)
+                )
             for route in routes:  # other kernels for the fused steps, each checked against ours first
                 try:
                     with layer_route(engine, route):
-                        replayed = engine.verify(one, static=True, capture=True).float()
+                        replayed = _verify(engine, one, static=True, capture=True).float()
                         row[f"ar_graph_{route}_max_abs_diff"] = float((replayed - static.float()).abs().max())
                         row[f"ar_graph_{route}_ms"] = timer(
-                            lambda: engine.verify(one, static=True, capture=True)
+                            lambda: _verify(engine, one, static=True, capture=True)
                         )
                 except Exception as exc:  # noqa: BLE001 - a route that cannot run here is recorded, not fatal
                     row[f"ar_graph_{route}_error"] = f"{type(exc).__name__}: {exc}"[:300]
 
-        engine.prefill_drafter(
-            torch.randint(0, target.vocab_size, (context,), device=device, generator=generator)
-        )
-        tree = engine.draft(root, layout)
-        static_tree = engine.draft(root, layout, static=True, capture=False)
+        prompt = torch.randint(0, target.vocab_size, (context,), device=device, generator=generator)
+        engine.history.prefill([prompt])
+        engine.draft_step.prefill([prompt])
+        tree = _draft(engine, root, layout)
+        static_tree = _draft(engine, root, layout, static=True, capture=False)
         row["draft_static_matches_eager"] = all(
             torch.equal(a, b) for a, b in zip(tree.dynamic_part(), static_tree.dynamic_part(), strict=True)
         )
         row["tree_nodes"] = tree.num_nodes
-        row["draft_ms"] = timer(lambda: engine.draft(root, layout))
+        row["draft_ms"] = timer(lambda: _draft(engine, root, layout))
         if capture:
             _try_graph(
                 row,
                 "draft_graph_ms",
-                lambda: timer(lambda: engine.draft(root, layout, static=True, capture=True)),
+                lambda: timer(lambda: _draft(engine, root, layout, static=True, capture=True)),
             )
-        row["verify_ms"] = timer(lambda: engine.verify(tree))
+        row["verify_ms"] = timer(lambda: _verify(engine, tree))
         if capture:
             _try_graph(
-                row, "verify_graph_ms", lambda: timer(lambda: engine.verify(tree, static=True, capture=True))
+                row,
+                "verify_graph_ms",
+                lambda: timer(lambda: _verify(engine, tree, static=True, capture=True)),
             )
             with layer_route(engine, "unfused"):
-                row["verify_graph_unfused_ms"] = timer(lambda: engine.verify(tree, static=True, capture=True))
-        logits = engine.verify(tree)
+                row["verify_graph_unfused_ms"] = timer(
+                    lambda: _verify(engine, tree, static=True, capture=True)
+                )
+        logits = _verify(engine, tree)
         row["accept_ms"] = timer(
             lambda: greedy_accept(
                 tree.tokens, tree.parents, tree.depths, tree.ancestor_mask, logits.argmax(-1), tree.valid
             )[0].tolist()  # the host needs the path: include that sync
         )
         if capture and "verify_graph_ms" in row:  # the replayed graphs compute what the eager code computes
-            replayed = engine.verify(tree, static=True, capture=True).float()
+            replayed = _verify(engine, tree, static=True, capture=True).float()
             row["verify_graph_vs_eager_max_abs_diff"] = float((replayed - logits.float()).abs().max())
         if capture and "draft_graph_ms" in row:
-            replayed_tree = engine.draft(root, layout, static=True, capture=True)
+            replayed_tree = _draft(engine, root, layout, static=True, capture=True)
             row["draft_graph_matches_eager"] = all(
                 torch.equal(a, b)
                 for a, b in zip(tree.dynamic_part(), replayed_tree.dynamic_part(), strict=True)

@@ -17,8 +17,8 @@ import random
 import time
 
 from longspec.atomic import write_json_atomic
-from longspec.infer.pld import LookupShadow
-from longspec.infer.policy import AUTO_LOOKUPS
+from longspec.infer.candidates import AUTO_LOOKUPS
+from longspec.infer.policy.shadow import LookupShadow
 from longspec.provenance import run_info
 
 

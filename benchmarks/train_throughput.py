@@ -22,6 +22,7 @@ import argparse
 import copy
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -29,7 +30,9 @@ import torch.distributed as dist
 
 from longspec.atomic import write_json_atomic
 from longspec.provenance import run_info
-from longspec.testing import llama31_8b_config, random_target, smollm2_135m_config
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # shapes.py beside it
+from shapes import llama31_8b_config, random_target, smollm2_135m_config  # noqa: E402
 
 MATMUL_FLOPS_PER_S = 754e12
 

@@ -26,7 +26,7 @@ from round_latency import Timer, markdown_table  # noqa: E402
 
 from longspec.atomic import write_json_atomic  # noqa: E402
 from longspec.infer.accept import target_distribution  # noqa: E402
-from longspec.infer.engine import DEFAULT_TREE_WIDTHS  # noqa: E402
+from longspec.infer.candidates import DEFAULT_TREE_WIDTHS  # noqa: E402
 from longspec.infer.tree import TreeLayout  # noqa: E402
 from longspec.kernels.tree_sampling import child_table, sample_walk_naive  # noqa: E402
 from longspec.provenance import run_info  # noqa: E402

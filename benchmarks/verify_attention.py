@@ -35,7 +35,7 @@ import sys
 import torch
 
 from longspec.atomic import write_json_atomic
-from longspec.infer.policy import DEFAULT_TREE_WIDTHS
+from longspec.infer.candidates import DEFAULT_TREE_WIDTHS
 from longspec.kernels.fused_mask_attn import fused_mask_attn, fused_mask_attn_naive
 from longspec.kernels.split_kv_attn import split_kv_attn
 from longspec.kernels.split_kv_attn.triton import default_config

@@ -57,6 +57,13 @@ def load_benchmark():
     return _load_benchmark
 
 
+@pytest.fixture(autouse=True)
+def _round_cost_cache(tmp_path_factory, monkeypatch):
+    """Each test its own round-cost cache folder (`longspec.infer.policy.cost_cache`): no test reads a table
+    another test (or a user's run) measured, or wrote with a stubbed timer."""
+    monkeypatch.setenv("LONGSPEC_CACHE_DIR", str(tmp_path_factory.mktemp("cost_cache")))
+
+
 @pytest.fixture(scope="session")
 def one_thread():
     """Tiny shapes: intra-op threads only add contention on the shared 2-core machines (~10x slower). A directory

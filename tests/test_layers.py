@@ -53,8 +53,9 @@ def unit_of(module: str) -> str:
     return "data_prep" if parts[0] == "data_prep" else ".".join(parts[:2])
 
 
-def imports_of(path: Path, module: str) -> list[tuple[str, int]]:
-    """(imported module, line) for every longspec / data_prep import in the file, relative ones resolved."""
+def imports_of(path: Path, module: str, *, with_names: bool = False) -> list[tuple[str, int]]:
+    """(imported module, line) for every longspec / data_prep import in the file, relative ones resolved;
+    `with_names`: each name of a `from ... import` too, as `module.name` (it may be a submodule)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
@@ -69,6 +70,8 @@ def imports_of(path: Path, module: str) -> list[tuple[str, int]]:
             if names[0] in ("longspec", "data_prep"):  # `from longspec import train`: the names are modules
                 # (a dunder such as __version__ is the package's own attribute)
                 names = [names[0] if a.name.startswith("__") else f"{names[0]}.{a.name}" for a in node.names]
+            elif with_names:  # `from longspec.infer import policy`: a name may be a submodule
+                names += [f"{names[0]}.{a.name}" for a in node.names if a.name != "*"]
         else:
             continue
         found += [(n, node.lineno) for n in names if n.split(".")[0] in ("longspec", "data_prep")]
@@ -158,3 +161,105 @@ def test_a_downward_import_passes(tmp_path):
     )
     (tmp_path / "data_prep" / "stage1.py").write_text("from longspec.eval.datasets import encode_row\n")
     assert violations(tmp_path) == []
+
+
+def import_graph(root: Path, packages=("longspec", "data_prep")) -> dict[str, set[str]]:
+    """module -> the modules it imports (every import, as `imports_of` finds them), each resolved to the longest
+    module name it starts with (`from longspec.infer.policy import AdaptivePolicy`: longspec.infer.policy)."""
+    modules = {module: path for package in packages for path, module in modules_under(root, package)}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        graph[module] = set()
+        for imported, _ in imports_of(path, module, with_names=True):
+            parts = imported.split(".")
+            while parts and ".".join(parts) not in modules:
+                parts.pop()
+            if parts and ".".join(parts) != module:
+                graph[module].add(".".join(parts))
+    return graph
+
+
+def import_cycles(root: Path, packages=("longspec", "data_prep")) -> list[str]:
+    """Each import cycle, as one line: the modules of a strongly connected component of the import graph and the
+    imports between them (Tarjan's algorithm)."""
+    graph = import_graph(root, packages)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(start: str) -> None:
+        # iterative DFS: (node, iterator over its imports)
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        components.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    lines = []
+    for component in sorted(components):
+        edges = [f"{a} -> {b}" for a in component for b in sorted(graph[a]) if b in component]
+        lines.append(f"import cycle among {', '.join(component)}: {'; '.join(edges)}")
+    return lines
+
+
+def test_no_import_cycle():
+    """No two modules import each other, directly or through others, however lazily (function-level and
+    TYPE_CHECKING imports count: a cycle hidden there is still two modules that need each other)."""
+    cycles = import_cycles(ROOT)
+    assert not cycles, "\n".join(cycles)
+
+
+@pytest.mark.parametrize(
+    "sources",
+    [
+        {
+            "longspec/infer/a.py": "from longspec.infer import b\n",
+            "longspec/infer/b.py": "import longspec.infer.a\n",
+        },
+        {
+            "longspec/infer/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from longspec.infer.c import X\n",
+            "longspec/infer/b.py": "from longspec.infer.a import Y\n",
+            "longspec/infer/c.py": "def f():\n    from .b import Z\n",
+        },
+    ],
+    ids=["direct", "type-checking-and-function-level"],
+)
+def test_an_import_cycle_is_caught(tmp_path, sources):
+    for package in ("longspec", "longspec/infer", "data_prep"):
+        (tmp_path / package).mkdir(parents=True, exist_ok=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    for where, source in sources.items():
+        (tmp_path / where).write_text(source)
+    cycles = import_cycles(tmp_path)
+    assert len(cycles) == 1 and all(m.replace("/", ".")[:-3] in cycles[0] for m in sources), cycles
+    (tmp_path / "longspec/infer/b.py").write_text("")  # the cycle broken
+    assert import_cycles(tmp_path) == []

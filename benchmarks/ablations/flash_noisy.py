@@ -36,7 +36,7 @@ from common import (  # noqa: E402
 )
 
 from longspec.cli import UserError, run_cli  # noqa: E402
-from longspec.infer.policy import DEFAULT_TREE_WIDTHS  # noqa: E402
+from longspec.infer.candidates import DEFAULT_TREE_WIDTHS  # noqa: E402
 from longspec.pipeline import (  # noqa: E402
     StagePlan,
     Step,

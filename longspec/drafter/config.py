@@ -3,12 +3,13 @@ plus the target fingerprint the checkpoint is checked against (longspec.fingerpr
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from longspec.fingerprint import target_fingerprint
 
-__all__ = ["DrafterConfig"]
+__all__ = ["DrafterConfig", "read_config"]
 
 
 DEFAULT_WINDOW = 512  # the paper's drafter window: the one default that train and eval configs refer to
@@ -102,3 +103,21 @@ class DrafterConfig:
         if unknown:
             raise ValueError(f"unknown DrafterConfig fields {unknown} (a config.json from a newer longspec?)")
         return cls(**data)
+
+
+def read_config(config_path: str) -> DrafterConfig:
+    """A saved drafter's config.json. A damaged or foreign file is one ValueError naming it, not a
+    JSONDecodeError / TypeError that names none."""
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            data = json.load(f)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{config_path} is not valid JSON ({e}): not a drafter config, or damaged") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{config_path} holds a JSON {type(data).__name__}, not a drafter config object")
+    data.pop("architecture", None)
+    try:
+        config = DrafterConfig.from_dict(data)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{config_path} is not a valid drafter config: {e}") from e
+    return config

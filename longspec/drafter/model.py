@@ -26,9 +26,9 @@ import os
 import torch
 from torch import nn
 
-from longspec.atomic import umask_file_mode
+from longspec.atomic import umask_file_mode, write_text_atomic
 from longspec.drafter.cache import DrafterCache, DraftNodes
-from longspec.drafter.config import DrafterConfig
+from longspec.drafter.config import DrafterConfig, read_config
 from longspec.drafter.weights import check_finite
 from longspec.fingerprint import fingerprint_mismatches, target_fingerprint
 from longspec.modules.attention import attention, cache_attention, tree_attention
@@ -215,10 +215,8 @@ class Drafter(nn.Module):
             if cache is not None:
                 write_kv(*cache, k, v, skip_negative=True)
             return k, v
-        # After `pack_weights`: the fused steps `tree_level` computes a node's K/V with (norm, the packed
-        # projection's k/v rows, RoPE writing the cache: three launches on CUDA where the modules run ~20), so the
-        # ring holds exactly what the node held while drafting; every ring fill runs it (prefill, catch-up, each
-        # round's commit: `DraftStep.write_path`).
+        # After `pack_weights`: the fused steps `tree_level` computes a node's K/V with, so the ring holds exactly
+        # what the node held while drafting (every ring fill runs it: prefill, catch-up, each round's commit).
         cfg = self.config
         x, _ = add_rms_norm(h0, None, self.self_attn_norm.weight, self.self_attn_norm.eps)
         q_rows = cfg.num_heads * cfg.head_dim
@@ -367,12 +365,8 @@ class Drafter(nn.Module):
         save_file(state, weights + ".tmp", metadata={"format": "pt"})
         umask_file_mode(weights + ".tmp")
         os.replace(weights + ".tmp", weights)
-        config = os.path.join(out_dir, CONFIG_NAME)
-        with open(config + ".tmp", "w") as f:
-            json.dump(
-                {"architecture": "LongSpecDrafter", **self.config.to_dict()}, f, indent=2, sort_keys=True
-            )
-        os.replace(config + ".tmp", config)
+        config = {"architecture": "LongSpecDrafter", **self.config.to_dict()}
+        write_text_atomic(os.path.join(out_dir, CONFIG_NAME), json.dumps(config, indent=2, sort_keys=True))
 
     @classmethod
     def from_pretrained(
@@ -396,9 +390,7 @@ class Drafter(nn.Module):
 
         from longspec.target_source import resolve_device, resolve_dtype
 
-        # Checked first, each one error naming the argument (before: an AttributeError on `target.config` for a
-        # path string, a TypeError from nn.Module.to for dtype="bfloat16", an AssertionError deep in torch for
-        # device="cuda" without CUDA).
+        # Checked first, each one error naming the argument, not an error from deep in torch.
         if not all(hasattr(target, name) for name in ("config", "embed_tokens", "lm_head")):
             raise TypeError(
                 f"target must be the loaded TargetModel the drafter runs on, got {type(target).__name__}"
@@ -424,22 +416,7 @@ class Drafter(nn.Module):
                 raise FileNotFoundError(
                     f"{p} not found: is {path!r} a directory written by Drafter.save_pretrained?"
                 )
-        # A damaged or foreign config.json / model.safetensors: one ValueError naming the file, not a
-        # JSONDecodeError / TypeError / SafetensorError / load_state_dict RuntimeError that names none.
-        try:
-            with open(config_path, encoding="utf-8") as f:
-                data = json.load(f)
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise ValueError(
-                f"{config_path} is not valid JSON ({e}): not a drafter config, or damaged"
-            ) from e
-        if not isinstance(data, dict):
-            raise ValueError(f"{config_path} holds a JSON {type(data).__name__}, not a drafter config object")
-        data.pop("architecture", None)
-        try:
-            config = DrafterConfig.from_dict(data)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{config_path} is not a valid drafter config: {e}") from e
+        config = read_config(config_path)  # a damaged or foreign file: one ValueError naming it
         problems = fingerprint_mismatches(
             config.target_fingerprint, target_fingerprint(target.config, tokenizer)
         )

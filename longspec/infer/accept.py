@@ -281,9 +281,7 @@ def sample_chain_path(
     the stop node's residual: a rejected draft's max(p - q, 0), renormalised (deterministic: p without it),
     else (a leaf, or an invalid child: a lookup's padding) p itself. Only the stop node's row is read, so a
     round's V-wide work is one draw from one row however long the chain (`kernels.bonus_sampling`: on CUDA two
-    launches across the device, where its fifteen V-wide torch ops were most of a T=1 round's acceptance; the
-    walk is one program per tree, which at a chain of one cost ~3x an AR step's sampling on an H200:
-    BENCHMARKS), and the decisions one launch (`kernels.chain_accept.sample_chain_decide`). A plain step
+    launches across the device instead of a V-wide op each), and the decisions one launch (`kernels.chain_accept.sample_chain_decide`). A plain step
     (depth 0) draws from p at the root the same way."""
     path = arange_once(depth + 1, tokens.device).expand(tokens.shape[0], depth + 1)
     if depth == 0:  # a plain step: the bonus comes from p at the root

@@ -227,9 +227,8 @@ def using_attn_implementation(hf_model, implementation: str):
     """HF forwards inside run with `implementation`; the model's own is restored on exit.
 
     SDPA (standing in for flash-attn) on a GPU runs with the flash / memory-efficient kernels only. PyTorch may
-    otherwise pick cuDNN attention, which builds a plan per key length: every decode step is a new length, and on
-    the H200 that made the first 64 tokens at a context ~6x slower than the flash kernel's steady state
-    (benchmarks/decode_methods.py) -- a baseline slowed by set-up, not by attention."""
+    otherwise pick cuDNN attention, which builds a plan per key length: every decode step is a new length, so its
+    first tokens at a context are set-up, not attention: a baseline slowed by that would be unfairly slow."""
     previous = hf_model.config._attn_implementation
     hf_model.set_attn_implementation(implementation)
     try:

@@ -10,10 +10,17 @@ from typing import Any
 
 import torch
 
-from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES, DEFAULT_TREE_WIDTHS
-from longspec.infer.tree import Lookup, TreeLayout, parse_candidate
+from longspec.infer.candidates import (
+    AUTO_LOOKUPS,
+    AUTO_TREES,
+    Lookup,
+    candidate_nodes,
+    is_lookup,
+    parse_candidate,
+)
+from longspec.infer.tree import TreeLayout
 
-__all__ = ["GenerationConfig", "DEFAULT_TREE_WIDTHS", "SAMPLING_RULES"]
+__all__ = ["GenerationConfig", "SAMPLING_RULES"]
 
 SAMPLING_RULES = ("rrs", "deterministic")
 # GenerationConfig's integer fields (top_k may also be None)
@@ -58,6 +65,9 @@ class GenerationConfig:
     # commit, a few eager forwards each, which the last rounds before max_new_tokens never win back (rows
     # of one batch reach max_new_tokens a few rounds apart). 0: shrink whenever half the batch has finished.
     shrink_min_tokens: int = 64
+    # tree="auto": measure the round costs again instead of reading the table an earlier run stored on disk
+    # (`policy.cost_cache`: per device, model shape, dtype and code)
+    remeasure_costs: bool = False
 
     @property
     def static(self) -> bool:
@@ -101,9 +111,11 @@ class GenerationConfig:
                 self.tree = parse_candidate(self.tree)  # a round shape's name
                 if not self.tree:
                     raise ValueError("tree='ar' is no speculation: use method='ar'")
-        elif not isinstance(self.tree, Lookup):
+        elif not is_lookup(self.tree):
             self.tree = _widths("tree", self.tree)
             TreeLayout(self.tree)
+        if not isinstance(self.remeasure_costs, bool):
+            raise ValueError(f"remeasure_costs must be true or false, got {self.remeasure_costs!r}")
         if not isinstance(self.auto_lookup, bool):
             raise ValueError(f"auto_lookup must be true or false, got {self.auto_lookup!r}")
         if self.sampling_rule not in SAMPLING_RULES:
@@ -119,7 +131,7 @@ class GenerationConfig:
     @property
     def candidates(self) -> tuple:
         """Every round shape a longspec round may run: the fixed one, or tree="auto"'s trees (() = no
-        speculation) and, with auto_lookup, its lookups (`tree.Lookup`)."""
+        speculation) and, with auto_lookup, its lookups (`candidates.Lookup`)."""
         if (fixed := self.fixed_tree) is not None:
             return (fixed,)
         return AUTO_TREES + (AUTO_LOOKUPS if self.auto_lookup else ())
@@ -127,12 +139,12 @@ class GenerationConfig:
     @property
     def trees(self) -> tuple[tuple[int, ...], ...]:
         """The drafter trees among the candidates (() = no speculation)."""
-        return tuple(c for c in self.candidates if not isinstance(c, Lookup))
+        return tuple(c for c in self.candidates if not is_lookup(c))
 
     @property
     def max_round_nodes(self) -> int:
         """The most tokens one round of any method verifies (sizes the cache's slack)."""
-        nodes = [c.nodes if isinstance(c, Lookup) else 1 + sum(c) for c in self.candidates]
+        nodes = [candidate_nodes(c) for c in self.candidates]
         return max(1 + self.pld_num_draft, *nodes)
 
     @property

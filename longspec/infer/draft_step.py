@@ -12,8 +12,8 @@ import torch
 
 from longspec.drafter import DrafterCache
 from longspec.infer.accept import target_distribution
+from longspec.infer.candidates import DEFAULT_TREE_WIDTHS
 from longspec.infer.history import TokenHistory
-from longspec.infer.policy import DEFAULT_TREE_WIDTHS
 from longspec.infer.target_step import TargetStep
 from longspec.infer.tree import DraftTree, ForestParts, TreeLayout, beam_step, sample_step
 from longspec.modules.constants import arange_once

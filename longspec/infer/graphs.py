@@ -1,7 +1,7 @@
 """Steps with static shapes, optionally captured in a CUDA graph.
 
-Decoding at batch 1 is launch-bound: an 8B model's decode step is ~40 ms of Python and kernel launches over a
-~4 ms bytes floor (measured on the H200, docs/BENCHMARKS.md). A round has fixed shapes (N tree nodes, the ring buffer's W slots, the
+Decoding at batch 1 is launch-bound: a decode step's Python and kernel launches cost far more than reading its
+weights. A round has fixed shapes (N tree nodes, the ring buffer's W slots, the
 cache length kept on the device), so its draft and its target forward can each be recorded once and replayed
 with a single launch.
 """
@@ -26,9 +26,8 @@ def no_gc() -> Iterator[None]:
     those runs) no longer collects before a capture itself (torch.compiler.config.force_cudagraph_gc).
 
     Decoding runs under it too (the engine's decode loop, the eval's timed runs): a full collection walks every
-    object the process holds, and with a model, its tokenizer and an evaluation's data loaded one stalled a GPU
-    decode for 300-340 ms, once in a T=1 evaluation's first AR sample (297 tok/s where the others ran 915) and once
-    inside a speculating round (338 ms where its neighbours took 1.4; docs/BENCHMARKS.md). A decode loop frees its
+    object the process holds, and with a model, its tokenizer and an evaluation's data loaded, it stalls a decode
+    for far longer than a round. A decode loop frees its
     objects by reference counting; the few cycles it leaves are collected at the next collection after it."""
     enabled = gc.isenabled()
     gc.disable()

@@ -183,7 +183,7 @@ class TargetStep:
     def tree_logits(self, tree: DraftTree, *, static: bool = False) -> torch.Tensor:
         """ONE target forward over all tree nodes of every sequence's tree [B, N] -> logits [B, N, V] (node i
         predicts its children). Their K/V stay in the cache's pending slots until the round's commit. Runs as
-        called: inside a round's static step (`SpeculativeEngine._launch`), or eagerly."""
+        called: inside a round's static step (`RoundRunner.launch`), or eagerly."""
         hidden = self.forward(
             tree.tokens,
             tree.depths,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -28,18 +27,12 @@ from longspec.kernels.row_argmax import row_argmax
 
 __all__ = [
     "DraftTree",
-    "Lookup",
     "TreeLayout",
     "beam_step",
-    "candidate_depth",
-    "candidate_order",
     "chain_tree",
     "ForestParts",
     "forest_parts",
-    "is_drafter_tree",
-    "parse_candidate",
     "sample_step",
-    "tree_name",
 ]
 
 
@@ -209,7 +202,7 @@ def beam_step(
     With one parent the selection is its own top-W and the normalisation does not
     change it: `scores=False` (a level whose scores no later selection reads, `TreeLayout.needs_scores`) returns
     None for them and skips the log-sum-exp; a width of one is then one argmax. (Each saved op is a kernel launch
-    in a drafting round, which decides whether a chain of one pays: docs/BENCHMARKS.md.)"""
+    in a drafting round.)"""
     num_parents, vocab = draft_logits.shape[-2:]
     if width > num_parents * vocab:
         raise ValueError(f"tree level width {width} exceeds {num_parents} nodes x vocab {vocab}")
@@ -288,46 +281,6 @@ def sample_step(
     return tuple(x.reshape(*lead, width) for x in (parent_local, tokens, scores, valid))
 
 
-@dataclass(frozen=True)
-class Lookup:
-    """A round shape that drafts by prompt lookup instead of the drafter (tree="auto"'s lookup candidates,
-    longspec.infer.pld): `branches` chains of `length` drafts from the round's root, each continuing another
-    earlier occurrence of the context's last n-gram (the longest n-gram's latest occurrence first, then earlier
-    ones and shorter n-grams: `pld.prompt_lookups`), padded with invalid nodes where a match is shorter or
-    missing, verified together (a forest, `forest_parts`). One branch is PLD's chain. A candidate of the policy
-    next to the drafter's trees (tuples of level widths, () = no speculation), so it is hashable and named apart
-    from them."""
-
-    length: int
-    branches: int = 1
-
-    def __post_init__(self):
-        if self.length < 1 or self.branches < 1:
-            raise ValueError(
-                f"a lookup needs at least one draft and one branch, got {self.length} x {self.branches}"
-            )
-
-    @property
-    def nodes(self) -> int:
-        """The verified tree's nodes: the root and every branch's drafts."""
-        return 1 + self.length * self.branches
-
-    @property
-    def widths(self) -> tuple[int, ...]:
-        """The level widths the acceptance model sees: the branch is chosen at depth 1 (the accepted path's
-        rank there is its branch), and the chain below it has one node per level (rank 0)."""
-        return (self.branches,) + (1,) * (self.length - 1)
-
-    def ranks(self, matched: Sequence[int]) -> list[int]:
-        """The accepted ranks (as `widths` models them) of a round of this lookup whose branches, best first,
-        would match `matched` drafts each (more branches than it has are ignored): the first branch that matches
-        the most (greedy's deepest path; the tree's ties go to the lower slot) at depth 1, then 0 down its chain;
-        [] when none matches."""
-        matched = list(matched[: self.branches])
-        accepted = min(max(matched, default=0), self.length)
-        return [matched.index(max(matched))] + [0] * (accepted - 1) if accepted else []
-
-
 def forest_parts(batch: int, length: int, branches: int, device) -> tuple[torch.Tensor, ...]:
     """The constant parts (parents [B, N], depths [N], ancestor_mask [B, N, N]) of `branches` chains of `length`
     nodes from one root, N = 1 + length * branches, stored level by level like every tree: level d's node of
@@ -365,50 +318,6 @@ class ForestParts:
             parents, depths, ancestor_mask = forest_parts(batch, length, branches, self.device)
             self._made[key] = (parents, depths, ancestor_mask, torch.ones_like(parents, dtype=torch.bool))
         return self._made[key]
-
-
-def is_drafter_tree(candidate) -> bool:
-    """Whether a round shape runs the drafter: level widths, not () (no speculation) nor a Lookup."""
-    return isinstance(candidate, tuple) and bool(candidate)
-
-
-def candidate_depth(candidate) -> int:
-    """Levels drafted by a round shape (a tree's widths, or a Lookup chain)."""
-    return candidate.length if isinstance(candidate, Lookup) else len(candidate)
-
-
-def candidate_order(candidate) -> tuple:
-    """A sort key for round shapes (a Lookup does not compare with level widths): trees by widths, then lookups."""
-    if isinstance(candidate, Lookup):
-        return (1, (candidate.length, candidate.branches))
-    return (0, tuple(candidate))
-
-
-def tree_name(widths) -> str:
-    """'ar' for no speculation, 'lookup8' for a lookup chain of 8, 'lookup16x4' for four chains of 16, else the
-    widths joined by '-' (e.g. '4-16-16'): the stats' key for a round shape."""
-    if isinstance(widths, Lookup):
-        return f"lookup{widths.length}" + (f"x{widths.branches}" if widths.branches > 1 else "")
-    return "-".join(map(str, widths)) if widths else "ar"
-
-
-def parse_candidate(name: str):
-    """The inverse of `tree_name`: 'ar' -> (), 'lookup8' -> Lookup(8), 'lookup16x4' -> Lookup(16, 4),
-    '4-16-16' -> (4, 16, 16). Raises ValueError (naming what it accepts) on anything else."""
-    try:
-        if name == "ar":
-            return ()
-        if name.startswith("lookup"):
-            length, _, branches = name[len("lookup") :].partition("x")
-            return Lookup(int(length), int(branches or 1))
-        widths = tuple(int(w) for w in name.split("-"))
-        TreeLayout(widths)
-        return widths
-    except ValueError:
-        raise ValueError(
-            f"not a round shape: {name!r} (level widths like '4-16-16', a lookup like 'lookup16' or "
-            "'lookup16x4', or 'ar')"
-        ) from None
 
 
 def chain_tree(

@@ -181,9 +181,8 @@ def test_the_margin_makes_a_random_targets_greedy_choice_survive_bf16(batch_thro
     disagree at some of 256 positions; with the margin they agree everywhere, by gaps far above bf16's rounding
     step at those logits (<= 0.0625 below 16)."""
     import torch
+    from shapes import random_target  # beside batch_throughput.py, on sys.path once it is loaded
     from transformers import LlamaConfig
-
-    from longspec.testing import random_target
 
     config = LlamaConfig(
         hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,

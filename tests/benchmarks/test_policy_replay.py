@@ -7,9 +7,8 @@ import random
 import pytest
 
 from longspec.eval.datasets import load_samples
-from longspec.infer.pld import ShadowReport
-from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES
-from longspec.infer.tree import Lookup, parse_candidate, tree_name
+from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, Lookup, parse_candidate, tree_name
+from longspec.infer.policy.shadow import ShadowReport
 from longspec.target_source import load_tokenizer
 from longspec.testing import save_tiny_target
 

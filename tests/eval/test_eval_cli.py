@@ -6,7 +6,7 @@ import pytest
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.eval.__main__ import main, run_eval
 from longspec.eval.config import load_eval_config
-from longspec.infer.tree import Lookup
+from longspec.infer.candidates import Lookup
 from longspec.testing import make_tiny_target
 
 

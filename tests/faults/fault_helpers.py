@@ -119,6 +119,8 @@ def tiny_train_world(tmp: Path) -> Path:
         progress=False,
     )
     return tmp
+
+
 @contextlib.contextmanager
 def read_only(monkeypatch, folder: str | os.PathLike):
     """Inside the block `folder` is read-only: chmod 0o555 where that stops this user (writes fail with EACCES),

@@ -29,6 +29,7 @@ from fault_helpers import (
     tiny_train_world,
     tree_checksums,
 )
+from process_helpers import child_pids, pid_running
 
 from longspec import lifetime
 from longspec.lifetime import (
@@ -42,7 +43,7 @@ from longspec.lifetime import (
     refuse_if_held,
     start_ticks,
 )
-from longspec.testing import child_pids, pid_running
+from longspec.ownership import write_marker
 
 
 def _dead_pid() -> int:
@@ -281,11 +282,14 @@ def test_the_pipeline_takes_over_a_stale_run_directory_with_one_line(tmp_path, c
 
 
 def test_a_pipeline_rerun_is_refused_before_any_step_while_a_run_directory_is_live(tmp_path, capsys):
-    from longspec.pipeline.__main__ import main
+    from longspec.pipeline.__main__ import PIPELINE_KIND, main
+    from longspec.train.checkpoint import RUN_KIND
 
     out = tmp_path / "out"
     run = out / "runs" / "stage1"
     run.mkdir(parents=True)
+    write_marker(out, PIPELINE_KIND)  # an earlier pipeline's --out (longspec.ownership)
+    write_marker(run, RUN_KIND)
     (run / LOCK_NAME).write_text(_lock_of(os.getpid()))
     before = tree_checksums(tmp_path)
     status, err = run_in_process(main, ["--preset", "demo_tiny", "--out", str(out)], capsys)
@@ -313,6 +317,7 @@ def test_a_second_data_prep_on_a_live_out_is_refused_untouched(tmp_path, prep, c
 
     out, argv = prep
     out.mkdir()
+    write_marker(out, "data")  # the running prep's --out (longspec.ownership)
     (out / "shard_00000.tokens.bin.tmp-1").write_bytes(b"the running prep's shard")
     (out / "prep.lock").write_text(_lock_of(os.getpid()))  # a data prep running on this --out
     before = tree_checksums(tmp_path)
@@ -330,6 +335,7 @@ def test_a_data_prep_takes_over_a_stale_lock_and_releases_its_own(tmp_path, prep
 
     out, argv = prep
     out.mkdir()
+    write_marker(out, "data")
     (out / "prep.lock").write_text(_lock_of(_dead_pid()))  # a prep killed mid-run
     with caplog.at_level(logging.WARNING, logger="longspec.lifetime"):
         status, _ = run_in_process(stage1.main, argv, capsys)

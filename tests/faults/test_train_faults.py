@@ -29,10 +29,10 @@ from fault_helpers import (
     tiny_train_world,
     tree_checksums,
 )
+from process_helpers import child_pids, pid_running
 from safetensors.torch import load_file
 
 from longspec.lifetime import LOCK_NAME, RunLock, RunLockedError, start_ticks
-from longspec.testing import child_pids, pid_running
 from longspec.train.checkpoint import CheckpointError, verify_checkpoint
 from longspec.train.metrics import truncate_metrics
 

@@ -5,8 +5,7 @@ from types import SimpleNamespace
 import torch
 
 from longspec.drafter import Drafter, DrafterConfig
-from longspec.infer.policy import AUTO_LOOKUPS, AUTO_TREES
-from longspec.infer.tree import tree_name
+from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, tree_name
 from longspec.modules.layer_ops import write_kv
 
 WINDOW = 8  # drafter window, far below the prompt lengths the tests use
@@ -21,6 +20,12 @@ def reference_greedy(target, prompt: torch.Tensor, num_tokens: int) -> list[int]
         next_id = target.model(ids).logits[0, -1].argmax()
         ids = torch.cat([ids, next_id.reshape(1, 1)], dim=1)
     return ids[0, prompt.numel() :].tolist()
+
+
+def prefill_drafter(engine, prompts: list[torch.Tensor]) -> None:
+    """The engine's token history and the drafter's ring buffer from `prompts`, one row each."""
+    engine.history.prefill(prompts)
+    engine.draft_step.prefill(prompts)
 
 
 def random_drafter(target, window: int = WINDOW) -> Drafter:

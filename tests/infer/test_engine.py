@@ -6,7 +6,8 @@ import torch
 from infer_helpers import WINDOW, OracleDrafter, random_drafter, reference_greedy
 
 from longspec.drafter import DrafterConfig
-from longspec.infer.engine import DEFAULT_TREE_WIDTHS, GenerationConfig, SpeculativeEngine, cache_slots
+from longspec.infer.candidates import DEFAULT_TREE_WIDTHS
+from longspec.infer.engine import GenerationConfig, SpeculativeEngine, cache_slots
 from longspec.infer.tree import TreeLayout
 from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
@@ -65,13 +66,13 @@ def test_hybrid_verification_equals_full_forward(llama):
     config = GenerationConfig(max_new_tokens=8, tree_widths=(2, 3, 3), prefill_chunk=7)
     layout = TreeLayout(config.tree_widths)
     engine.reserve(64)
-    root = engine.prefill(prompt, config)
-    engine.prefill_drafter(prompt)
-    tree = engine.draft(root, layout)
-    static_tree = engine.draft(root, layout, static=True)  # the path a CUDA graph captures
-    for a, b in zip(tree.dynamic_part(), static_tree.dynamic_part(), strict=True):
+    roots = engine.runner.start([prompt], config, None, history=True, ring=True)
+    batched = engine.runner.draft(roots, layout)
+    static_tree = engine.runner.draft(roots, layout, static=True)  # the path a CUDA graph captures
+    for a, b in zip(batched.dynamic_part(), static_tree.dynamic_part(), strict=True):
         assert torch.equal(a, b)
-    logits = engine.verify(tree)  # [N, V]
+    logits = engine.runner.verify(batched)[0]  # [N, V]
+    tree = batched.row(0)
     for node in range(tree.num_nodes):
         path = tree.tokens[tree.ancestor_mask[node]]
         full = llama.model(torch.cat([prompt, path])[None]).logits[0, -1]
@@ -278,7 +279,7 @@ def test_static_rounds_run_one_ahead(llama, static, monkeypatch):
     launched round is not wasted when max_new_tokens ends the call."""
     engine = SpeculativeEngine(llama, random_drafter(llama))
     events = []
-    launch, finish = engine._launch, engine._finish
+    launch, finish = engine.runner.launch, engine.runner.settle
 
     def spy_launch(*args, **kwargs):
         out = launch(*args, **kwargs)
@@ -289,8 +290,8 @@ def test_static_rounds_run_one_ahead(llama, static, monkeypatch):
         events.append("F")
         return finish(rnd)
 
-    monkeypatch.setattr(engine, "_launch", spy_launch)
-    monkeypatch.setattr(engine, "_finish", spy_finish)
+    monkeypatch.setattr(engine.runner, "launch", spy_launch)
+    monkeypatch.setattr(engine.runner, "settle", spy_finish)
     prompt = torch.randint(0, 256, (24,))
     config = GenerationConfig(max_new_tokens=20, static_shapes=static, tree_widths=(2, 2))
     result = engine.generate(prompt, config)
@@ -454,8 +455,7 @@ def test_drafting_in_the_rings_spare_slots_equals_drafting_after_a_copy(
     prompts = [torch.randint(0, 256, (n,)) for n in (30, 6, 21)[:batch]]
     config = GenerationConfig(temperature=temperature, max_new_tokens=4)
     engine.reserve(64, batch)
-    engine.prefill(prompts, config)
-    engine.history.prefill(prompts)
+    engine.runner.start(prompts, config, None, history=True, ring=False)
     engine.draft_step.prefill([p[:-3] for p in prompts])
     engine.cache.sync_length()
     engine.draft_step.catch_up(engine.cache.lengths_t)
@@ -476,7 +476,7 @@ def test_drafting_in_the_rings_spare_slots_equals_drafting_after_a_copy(
         nodes = engine.drafter.draft_nodes(cache, torch.arange(layout.num_nodes))
         assert nodes.in_place == (cache is ring)
         generator = torch.Generator().manual_seed(1)
-        trees.append(engine.draft(roots, layout, static=static, config=config, generator=generator))
+        trees.append(engine.runner.draft(roots, layout, static=static, config=config, generator=generator))
         trees[-1] = (trees[-1].tokens.clone(), None if temperature == 0 else trees[-1].draft_probs.clone())
     engine.draft_step.cache = ring
     (tokens, probs), (want_tokens, want_probs) = trees

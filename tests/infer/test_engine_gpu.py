@@ -7,8 +7,8 @@ from infer_helpers import random_drafter, reference_greedy
 from test_policy import CyclingCosts
 
 from longspec.infer.baselines import run_method
+from longspec.infer.candidates import DEFAULT_TREE_WIDTHS
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
-from longspec.infer.policy import DEFAULT_TREE_WIDTHS
 from longspec.testing import make_tiny_target
 
 pytestmark = pytest.mark.gpu
@@ -145,9 +145,9 @@ def test_host_copies_reuse_pinned_buffers_only_after_their_round_settled():
     so decoding allocates no host memory per round; every read returns its own round's values."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from longspec.infer.engine import _HostCopies
+    from longspec.infer.runner import HostCopies
 
-    copies = _HostCopies()
+    copies = HostCopies()
     first = copies.start(torch.arange(5, device="cuda"))
     second = copies.start(torch.arange(5, device="cuda") + 10)
     assert first[0].is_pinned() and first[0].data_ptr() != second[0].data_ptr()

@@ -7,15 +7,16 @@ import random
 
 import pytest
 import torch
-from infer_helpers import random_drafter, reference_greedy
+from infer_helpers import prefill_drafter, random_drafter, reference_greedy
 from test_engine import sampling_marginals, sampling_target
 from test_policy import _common_prefix, _ring_by_position
 
 from longspec.infer import pld
+from longspec.infer.candidates import AUTO_LOOKUPS, Lookup, tree_name
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
-from longspec.infer.pld import LookupShadow, ShadowReport, device_lookup, prompt_lookups
-from longspec.infer.policy import AUTO_LOOKUPS, AdaptivePolicy
-from longspec.infer.tree import Lookup, tree_name
+from longspec.infer.pld import device_lookup, prompt_lookups
+from longspec.infer.policy import AdaptivePolicy
+from longspec.infer.policy.shadow import LookupShadow, ShadowReport
 from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
 LOOKUP_NAMES = {tree_name(c) for c in AUTO_LOOKUPS}
@@ -171,7 +172,7 @@ def test_a_forest_accepts_the_branch_the_target_continues_and_reports_its_rank()
     latest match (branch 0) diverges after one draft and the older one (branch 1) runs on; the policy learns rank
     1 at depth 1, then 0 down the chain (`Lookup.widths`)."""
     from longspec.infer.accept import greedy_path
-    from longspec.infer.engine import _level_ranks
+    from longspec.infer.candidates import level_ranks
     from longspec.infer.pld import lookup_tree
     from longspec.infer.tree import forest_parts
 
@@ -193,7 +194,7 @@ def test_a_forest_accepts_the_branch_the_target_continues_and_reports_its_rank()
     assert length.item() == 4 and bonus.item() == 2
     slots = path[0, : length.item()].tolist()
     assert [tree.tokens[0, j].item() for j in slots] == [6, 7, 8, 9]
-    assert _level_ranks(lookup, slots) == [1, 0, 0]
+    assert level_ranks(lookup, slots) == [1, 0, 0]
     # what the shadow would report for this root (branch 0 matches 1 draft, branch 1 all 3) ranks the same
     assert lookup.ranks([1, 3]) == [1, 0, 0]
 
@@ -228,9 +229,9 @@ def test_pld_on_static_shapes_equals_eager_and_runs_one_ahead(family, monkeypatc
     refs = [reference_greedy(target, p, 18) for p in prompts]
     engine = SpeculativeEngine(target)  # no drafter: pld needs none
     events = []
-    launch, finish = engine._launch, engine._finish
-    monkeypatch.setattr(engine, "_launch", lambda *a, **k: (events.append("L"), launch(*a, **k))[1])
-    monkeypatch.setattr(engine, "_finish", lambda rnd: (events.append("F"), finish(rnd))[1])
+    launch, finish = engine.runner.launch, engine.runner.settle
+    monkeypatch.setattr(engine.runner, "launch", lambda *a, **k: (events.append("L"), launch(*a, **k))[1])
+    monkeypatch.setattr(engine.runner, "settle", lambda rnd: (events.append("F"), finish(rnd))[1])
     for static in (False, True):
         events.clear()
         config = GenerationConfig(max_new_tokens=18, static_shapes=static, shrink_min_tokens=1000)
@@ -268,7 +269,7 @@ def test_the_ring_after_lookup_rounds_is_the_prefill_of_the_committed_text():
         for text, prompt, result in zip(committed, prompts, results, strict=True):
             known = torch.cat([prompt, torch.tensor(result.tokens)])[: text.numel()]
             assert text[: known.numel()].tolist() == known.tolist()
-        engine.prefill_drafter(committed)
+        prefill_drafter(engine, committed)
         for row in range(2):
             reference = _ring_by_position(engine.drafter_cache, row)
             assert got[row].keys() == reference.keys()
@@ -319,10 +320,10 @@ def test_sampling_with_lookup_forests_reproduces_target_distribution(chi_square,
     perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(3))
     prompt = torch.cat([torch.arange(vocab), perm])  # every token twice, its successors differ
     joint_12, marginal_3, _ = sampling_marginals(target, prompt, vocab, top_k)
-    import longspec.infer.engine as engine_module
+    import longspec.infer.loop as loop_module
 
-    ranks, level_ranks = [], engine_module._level_ranks
-    monkeypatch.setattr(engine_module, "_level_ranks", lambda *a: ranks.append(level_ranks(*a)) or ranks[-1])
+    ranks, level_ranks = [], loop_module.level_ranks
+    monkeypatch.setattr(loop_module, "level_ranks", lambda *a: ranks.append(level_ranks(*a)) or ranks[-1])
     engine = SpeculativeEngine(target, random_drafter(target))
     counts_12, counts_3 = torch.zeros(vocab * vocab), torch.zeros(vocab)
     accepted = 0

@@ -7,26 +7,21 @@ import random
 
 import pytest
 import torch
-from infer_helpers import RING_BEHIND, CyclingCosts, OracleDrafter, random_drafter, reference_greedy
+from infer_helpers import (
+    RING_BEHIND,
+    CyclingCosts,
+    OracleDrafter,
+    prefill_drafter,
+    random_drafter,
+    reference_greedy,
+)
 
 from longspec.drafter import DrafterConfig
+from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, DEFAULT_TREE_WIDTHS, Lookup, tree_name
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
-from longspec.infer.pld import LookupShadow, ShadowReport
-from longspec.infer.policy import (
-    AUTO_LOOKUPS,
-    AUTO_TREES,
-    DEFAULT_TREE_WIDTHS,
-    EXPLORE_BUDGET,
-    MAX_EXPLORE_EVERY,
-    RECHECK_EVERY,
-    SWITCH_HORIZON,
-    AcceptanceModel,
-    AdaptivePolicy,
-    MeasuredCosts,
-    RoundTimes,
-    context_bucket,
-)
-from longspec.infer.tree import Lookup, tree_name
+from longspec.infer.policy import AcceptanceModel, AdaptivePolicy, MeasuredCosts, RoundTimes, context_bucket
+from longspec.infer.policy.adaptive import EXPLORE_BUDGET, MAX_EXPLORE_EVERY, RECHECK_EVERY, SWITCH_HORIZON
+from longspec.infer.policy.shadow import LookupShadow, ShadowReport
 from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
 BIG = DEFAULT_TREE_WIDTHS
@@ -254,7 +249,7 @@ def test_candidates_that_cannot_beat_plain_decoding_are_not_timed_further(monkey
     """A round emits at most depth + 1 tokens: a candidate whose first two timed blocks cost more than 1.5 x
     (depth + 1) plain rounds is not timed again, and a candidate containing it that this cost also rules out is
     not run at all (its cost recorded as the contained one's). The rest get every rep."""
-    from longspec.infer import round_costs
+    from longspec.infer.policy import measure as round_costs
 
     seconds = {(): 1.0, (1,): 1.3, (1, 1): 5.0, (1, 1, 1, 1): 20.0, (2, 2, 2): 2.0, (4, 4, 4): 2.5}
     calls: dict = {}
@@ -315,13 +310,14 @@ def test_a_round_copies_to_the_host_once(monkeypatch, temperature, shape):
     prompt = torch.randint(0, 256, (20,))
     engine.reserve(64)
     generator = torch.Generator().manual_seed(0)
-    root = engine.prefill(prompt, config, generator)
-    engine.prefill_drafter(prompt)
+    roots = engine.runner.start([prompt], config, generator, history=True, ring=True)
+    from longspec.infer.methods import get_method
     from longspec.infer.timing import PhaseClock
 
-    clock = PhaseClock(engine.device)
-    engine._finish(
-        engine._launch("longspec", shape, root.reshape(1), config, generator, static=True, clock=clock)[0]
+    clock, longspec = PhaseClock(engine.device), get_method("longspec", runner="engine")
+    runner = engine.runner
+    runner.settle(
+        runner.launch(longspec, shape, roots, config, generator, static=True, clock=clock)[0]
     )  # builds the steps
     reads = []
     for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
@@ -332,9 +328,9 @@ def test_a_round_copies_to_the_host_once(monkeypatch, temperature, shape):
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, spy)
-    rnd, _ = engine._launch("longspec", shape, root.reshape(1), config, generator, static=True, clock=clock)
+    rnd, _ = runner.launch(longspec, shape, roots, config, generator, static=True, clock=clock)
     launch_reads = list(reads)
-    tokens, path = engine._finish(rnd)
+    tokens, path = runner.settle(rnd)
     monkeypatch.undo()
     assert launch_reads == [] and reads == ["tolist"] and 1 <= len(tokens[0]) == len(path[0]) <= 5
 
@@ -375,7 +371,7 @@ def test_plain_rounds_skip_the_drafter_and_the_ring_catches_up():
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (20, 5, 13, 11)]
     skipped = [torch.randint(0, 256, (n,), generator=gen) for n in (10, 3, 0, 9)]
-    engine.prefill_drafter(prompts)
+    prefill_drafter(engine, prompts)
     draft = engine.draft_step
     for row, (prompt, tokens) in enumerate(zip(prompts, skipped, strict=True)):
         draft.history.tokens[row, prompt.numel() : prompt.numel() + tokens.numel()] = tokens
@@ -385,7 +381,7 @@ def test_plain_rounds_skip_the_drafter_and_the_ring_catches_up():
     appended = engine.drafter_cache.num_appended.tolist()
     draft.catch_up(lengths)  # a ring that is complete takes nothing more
     assert engine.drafter_cache.num_appended.tolist() == appended
-    engine.prefill_drafter([torch.cat([p, t]) for p, t in zip(prompts, skipped, strict=True)])
+    prefill_drafter(engine, [torch.cat([p, t]) for p, t in zip(prompts, skipped, strict=True)])
     window = engine.drafter_cache.window
     for row, n in enumerate(lengths.tolist()):
         reference = _ring_by_position(engine.drafter_cache, row)
@@ -416,7 +412,7 @@ def test_the_ring_a_call_leaves_is_the_one_every_round_filling_it_would_leave():
             for text, prompt, result in zip(committed, batch, results, strict=False):
                 known = torch.cat([prompt, torch.tensor(result.tokens)])[: text.numel()]
                 assert text[: known.numel()].tolist() == known.tolist()
-            engine.prefill_drafter(committed)
+            prefill_drafter(engine, committed)
             for row in range(len(batch)):
                 reference = _ring_by_position(engine.drafter_cache, row)
                 assert got[row].keys() == reference.keys(), (static, len(batch), row)
@@ -446,8 +442,8 @@ def test_the_round_after_plain_rounds_is_charged_for_the_ring_catch_up(monkeypat
     still in flight while it ran."""
     import time
 
-    from longspec.infer import policy as policy_module
     from longspec.infer.draft_step import DraftStep
+    from longspec.infer.policy import adaptive as policy_module
 
     class EveryFourth:  # a chain of one at every 4th context length, else plain rounds
         def cost(self, widths, context_len):
@@ -635,7 +631,7 @@ def test_explorations_cost_at_most_their_budget_where_a_chain_round_is_dear(monk
     explores at rounds 16, 48 and 112 of each sample (3.5% of the decode time here). The budget's floor spaces
     explorations so that their extra cost stays within EXPLORE_BUDGET; where a chain round is cheap (a GPU) the
     floor is ~`explore_every`."""
-    from longspec.infer import policy as policy_module
+    from longspec.infer.policy import adaptive as policy_module
 
     class Table:
         def __init__(self, chain):
@@ -694,7 +690,7 @@ def _bursty_rate(
     calls of 128 tokens on texts whose per-level first-choice acceptance switches between `good` and `bad`
     passages (a two-state chain that stays put with probability 0.9 per token). Round costs: the SmolLM2 shape's,
     in plain steps (docs/BENCHMARKS.md)."""
-    from longspec.infer import policy as policy_module
+    from longspec.infer.policy import adaptive as policy_module
 
     monkeypatch.setattr(policy_module, "PLAIN_AGING", aging)
     costs = {(): 1.0, (1,): 1.35, (1, 1): 1.53, (1, 1, 1, 1): 1.87, (2, 2, 2): 1.83, (4, 4, 4): 1.86,
@@ -1134,7 +1130,7 @@ def _rare_one_token_lookups(monkeypatch, lookup_priors: bool) -> tuple[float, fl
     """(share of lookup rounds, tokens/s relative to plain) over 8 seeds x 800 rounds at the GPU's T=1 costs:
     the drafter's first choice right 65% a level, lookups hitting 10% of roots for one draft. `lookup_priors`
     False: the lookup family estimated with the drafter's priors (the control)."""
-    from longspec.infer import policy as policy_module
+    from longspec.infer.policy import adaptive as policy_module
 
     if not lookup_priors:
         monkeypatch.setattr(policy_module, "LOOKUP_PRIOR_FIRST", 0.5)
@@ -1173,7 +1169,7 @@ def test_one_lookup_hit_does_not_start_a_burst_of_lookup_rounds(monkeypatch):
 def test_a_candidate_costs_its_fastest_timed_rep(monkeypatch):
     """Another process on the same cores only adds time to a timing, unevenly: each candidate's cost is its
     fastest timed rep (the first rep, untimed, excluded), not a median that a burst of contention moves."""
-    from longspec.infer import round_costs
+    from longspec.infer.policy import measure as round_costs
 
     reps = {}  # candidate -> its reps' seconds, in order: the untimed one, then a burst on the second timed rep
 

@@ -1,4 +1,4 @@
-"""tree="auto"'s host work made cheap (longspec/infer/policy.py: counts decayed through a running scale, hazards
+"""tree="auto"'s host work made cheap (longspec/infer/policy/: counts decayed through a running scale, hazards
 and expected tokens computed once per observation and only as far as read, round costs recomputed by index) decides
 as the straightforward policy did. The reference here is that policy as first written, kept in this test only:
 every count decayed at every observation, every depth's hazards and every candidate's rate and cost recomputed at
@@ -13,21 +13,12 @@ import statistics
 
 import pytest
 
-from longspec.infer.pld import ShadowReport
-from longspec.infer.policy import (
-    AUTO_LOOKUPS,
-    AUTO_TREES,
-    LOOKUP_PRIOR_FIRST,
-    OUTLIER_FACTOR,
-    RANK_EDGES,
-    SWITCH_HORIZON,
-    AcceptanceModel,
-    AdaptivePolicy,
-    MeasuredCosts,
-    contains,
-    context_bucket,
-)
-from longspec.infer.tree import Lookup, is_drafter_tree, tree_name
+from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, Lookup, contains, is_drafter_tree, tree_name
+from longspec.infer.policy import AcceptanceModel, AdaptivePolicy, MeasuredCosts, context_bucket
+from longspec.infer.policy.acceptance import RANK_EDGES
+from longspec.infer.policy.adaptive import LOOKUP_PRIOR_FIRST, SWITCH_HORIZON
+from longspec.infer.policy.costs import OUTLIER_FACTOR
+from longspec.infer.policy.shadow import ShadowReport
 
 CANDIDATES = AUTO_TREES + AUTO_LOOKUPS
 REL = 1e-9

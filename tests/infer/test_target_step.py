@@ -58,10 +58,10 @@ def test_a_chain_verify_equals_the_hybrid_path(family, static):
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (40, 27)]
     engine.reserve_for([p.numel() for p in prompts], GenerationConfig(max_new_tokens=8))
-    engine.prefill(prompts, GenerationConfig(max_new_tokens=8))
+    engine.runner.start(prompts, GenerationConfig(max_new_tokens=8), None, history=False, ring=False)
     roots = torch.tensor([5, 9])
     chain = chain_tree(roots, torch.randint(0, 256, (2, 4), generator=gen), 4, 5)
     assert chain.chain
-    logits = engine.verify(chain, static=static)
-    general = engine.verify(dataclasses.replace(chain, chain=False), static=static)
+    logits = engine.runner.verify(chain, static=static)
+    general = engine.runner.verify(dataclasses.replace(chain, chain=False), static=static)
     torch.testing.assert_close(logits, general, atol=1e-5, rtol=1e-5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longspec.infer.policy import DEFAULT_TREE_WIDTHS
+from longspec.infer.candidates import DEFAULT_TREE_WIDTHS
 
 # Max-abs error relative to the reference's max-abs, per input dtype: float32 runs in the interpreter (exact
 # dots) or TF32-free paths; bf16/fp16 round P to the input dtype before P @ V.

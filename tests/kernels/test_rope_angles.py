@@ -2,6 +2,9 @@
 expanded), int64 and int32, from 0 to past 131072, attention scaling 1 and not, a partial rope (R not a power of
 two), outputs NaN-poisoned beforehand (an element the kernel never writes stays NaN)."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +14,10 @@ pytest.importorskip("triton")
 from longspec.kernels.rope_angles import rope_angles, rope_angles_naive  # noqa: E402
 from longspec.modules import rope  # noqa: E402
 from longspec.modules.rope import RotaryEmbedding  # noqa: E402
-from longspec.testing import llama31_8b_config, tiny_hf_config  # noqa: E402
+from longspec.testing import tiny_hf_config  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from shapes import llama31_8b_config  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

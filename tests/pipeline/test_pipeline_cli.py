@@ -95,7 +95,7 @@ def test_sigterm_stops_the_step_and_says_so_in_one_line(tmp_path):
     import time
     from pathlib import Path
 
-    from longspec.testing import child_pids, pid_running
+    from process_helpers import child_pids, pid_running
 
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from process_helpers import child_pids, pid_running
 from safetensors.torch import load_file
 
 from data_prep.common import load_tokenizer
@@ -24,7 +25,7 @@ from data_prep.stage1 import prepare_stage1
 from data_prep.stage2 import prepare_stage2
 from data_prep.stage3_sft import prepare_stage3_sft
 from longspec.export import export_drafter
-from longspec.testing import child_pids, pid_running, save_tiny_target
+from longspec.testing import save_tiny_target
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

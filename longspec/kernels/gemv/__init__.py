@@ -9,16 +9,9 @@ rounded once, as one GEMM's accumulator is (the order of the sum differs: a last
 cuBLAS kernels), and no other launch is needed. `naive.py` is the reference."""
 
 from longspec.kernels.gemv.naive import gemv_naive, gemv_silu_mul_naive
+from longspec.kernels.gemv.rows import MAX_ROWS, TWO_ROW_MAX_BYTES
 
 __all__ = ["MAX_ROWS", "TWO_ROW_MAX_BYTES", "gemv", "gemv_naive", "gemv_silu_mul", "gemv_silu_mul_naive"]
-
-# An AR step's row, or a chain of one's two: each row multiplies every weight tile on CUDA cores, one
-# accumulator each; more rows go to cuBLAS's tensor-core kernels.
-MAX_ROWS = 2
-# Two rows only for weights up to this size: on an H200 two rows in one GEMV beat cuBLAS at the SmolLM2 shape
-# (weights <= 3.4 MiB) and lose to it at the 8B shape's (>= 32 MiB), where the second accumulator costs more
-# than a tensor-core kernel's pass (`benchmarks/projection_routes.py`).
-TWO_ROW_MAX_BYTES = 16 << 20
 
 
 def __getattr__(name):

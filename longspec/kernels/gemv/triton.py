@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from longspec.kernels.gemv import MAX_ROWS
+from longspec.kernels.gemv.rows import MAX_ROWS
 
 __all__ = ["default_config", "gemv", "gemv_silu_mul"]
 

@@ -1,27 +1,29 @@
-"""tree="auto" on an engine: which policy a call runs (longspec.infer.policy), and the seconds of one real round
-per candidate tree and context bucket, measured on this device before any timed decode.
+"""tree="auto" on an engine: which policy a call runs, and the seconds of one real round per candidate and
+context bucket, measured on this device before any timed decode (through the engine's `runner.RoundRunner`,
+launched one ahead as a call runs them).
+
+`engine` below is a `SpeculativeEngine`, passed in by the engine itself: this module does not import it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
+from longspec.infer.candidates import candidate_depth, candidate_nodes, contains, is_plain
 from longspec.infer.config import GenerationConfig
-from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts, contains, context_bucket
+from longspec.infer.methods import get_method
+from longspec.infer.policy import cost_cache
+from longspec.infer.policy.adaptive import AdaptivePolicy, FixedPolicy
+from longspec.infer.policy.costs import MeasuredCosts, context_bucket
 from longspec.infer.timing import PhaseClock
-from longspec.infer.tree import Lookup, candidate_depth
-
-if TYPE_CHECKING:  # the engine calls in here; it is passed in, never imported at run time
-    from longspec.infer.engine import SpeculativeEngine
 
 __all__ = ["choose_policy", "cost_mode", "measure_round_costs"]
 
 
 def choose_policy(
-    engine: SpeculativeEngine, config: GenerationConfig, prompt_len: int, *, batch_size: int = 1
+    engine, config: GenerationConfig, prompt_len: int, *, batch_size: int = 1
 ) -> FixedPolicy | AdaptivePolicy:
     """The call's tree policy: the user's fixed tree, or the engine's adaptive policy for this decoding mode and
     batch size (kept across calls in `engine.policies`), on the engine's injected cost model or else on the
@@ -60,33 +62,28 @@ def cost_mode(config: GenerationConfig, batch_size: int) -> tuple:
 
 @torch.no_grad()
 def measure_round_costs(
-    engine: SpeculativeEngine, config: GenerationConfig, context_lens, *, reps: int = 4, batch_size: int = 1
+    engine, config: GenerationConfig, context_lens, *, reps: int = 4, batch_size: int = 1
 ) -> MeasuredCosts:
-    """Measure, on the engine's device, the seconds of one real round (draft + verify + accept + commit, on the
-    static / captured path when the config asks for it, launched one ahead as `generate_batch` runs them:
-    `_time_rounds`) of every tree="auto" candidate (drafter trees, no speculation, lookup chains: their cost is
-    their chain's verify plus the n-gram match over the history's slots), per
-    context bucket between min(context_lens) and max(context_lens). The cache's content is whatever it holds (a
-    round's cost does not depend on it); its length is set to the bucket (within the reserved size). Only
-    missing buckets are measured; the cache and ring buffer are reset after. First use of a shape captures its
-    graphs here, outside any timed decode (the ring's catch-up step too); on static shapes, a table with nothing
-    missing whose steps were dropped since (`TargetStep.epoch`: the cache grew) runs every candidate once,
-    untimed, to build them again. `batch_size` rows run each round
-    (every row at the bucket's length); a plain round records its token in the drafter's history, as
-    `generate_batch` runs it. A candidate whose first two timed blocks cost more than 1.5 x (depth + 1) plain
-    rounds can never beat plain decoding (a round emits at most depth + 1 tokens): its further reps are skipped,
-    and so is every candidate containing it that such a cost also rules out (`_hopeless`; its cost is then
-    recorded as the contained one's, a lower bound). It spares only rounds that cannot pay even at full
-    acceptance: on an H200 no candidate comes near it; on this project's 2-core CPU the quickstart's 69-node
-    tree measured 9.4 plain rounds (the limit is 9), SmolLM2's 6.1. Another batch size is another mode (`cost_mode`), with a table of its own.
-    Returns the mode's table, kept in `engine.cost_tables` for later calls: a batch that alternates with the
-    batch of one measures each once."""
+    """Measure, on the engine's device, the seconds of one real round (propose + verify + accept + commit, on the
+    static / captured path when the config asks for it, launched one ahead as a call runs them: `_time_rounds`)
+    of every tree="auto" candidate, per context bucket between min(context_lens) and max(context_lens), at
+    `batch_size` rows (every row at the bucket's length; the cache's content does not change a round's cost).
+    Only missing buckets are measured; the cache and ring buffer are reset after. First use of a shape builds
+    (captures) its steps here, outside any timed decode; on static shapes, a table with nothing missing whose
+    steps were dropped since (`TargetStep.epoch`: the cache grew) runs every candidate once, untimed, to build
+    them again. A candidate whose first two timed blocks cost more than _HOPELESS_MARGIN x (depth + 1) plain
+    rounds can never beat plain decoding: its further reps are skipped, and so is every candidate containing it
+    that such a cost also rules out (`_hopeless`; its cost is then recorded as the contained one's, a lower
+    bound). Returns the mode's table (`cost_mode`), kept in `engine.cost_tables` for later calls."""
     if engine.drafter is None:
         raise ValueError("measuring longspec round costs needs a drafter")
     static = config.static
     mode = cost_mode(config, batch_size)
-    if mode not in engine.cost_tables:
-        engine.cost_tables[mode] = MeasuredCosts()
+    if mode not in engine.cost_tables:  # this process's first call in the mode: the table on disk, if any
+        stored = (
+            None if config.remeasure_costs else cost_cache.load_costs(cost_cache.cache_path(engine, mode))
+        )
+        engine.cost_tables[mode] = stored or MeasuredCosts()
     costs = engine.cost_tables[mode]
     low, high = context_bucket(min(context_lens)), context_bucket(max(context_lens))
     buckets = [1 << e for e in range(low.bit_length() - 1, high.bit_length())]
@@ -102,20 +99,13 @@ def measure_round_costs(
     root = torch.zeros(batch_size, dtype=torch.long, device=engine.device)
     clock = PhaseClock(engine.device)
     engine.drafter_cache.reset()
-    # Nothing to measure, but the steps were dropped since they were built (the cache, history or ring was
-    # reallocated: a batch's cache after the batch of one's, in the eval's warm-up): one untimed rep of every
-    # candidate builds (captures) them again, so no timed call captures its first round of a shape (a GPU eval
-    # cell at batch 4 ran at 0.21x of batched AR that way: each capture costs tens of rounds).
+    # Nothing missing but the steps were dropped since: one untimed rep of every candidate builds them again.
     for bucket in missing or buckets[:1]:
         length = max(1, min(bucket, engine.cache.max_len - room))
         times: dict = {w: [] for w in candidates}
 
         # The fastest rep kept (the first is untimed: lazy init, autotuning, graph capture), the later reps
-        # interleaved over the candidates. Another process on the same cores only ever adds time, and unevenly: with the test
-        # suite running beside it, the CPU quickstart's median measured a plain step at 2K as 16.9 ms and at 1K
-        # as 33.6 (6.4 ms quiet), and lookup8 at 2.4 plain steps, so the policy decoded plain where pld ran
-        # 1.9x of plain decoding (docs/BENCHMARKS.md). The rounds' observed times correct the table while
-        # decoding (policy.RoundTimes), but only for the candidates that run.
+        # interleaved over the candidates: another process on the same cores only ever adds time, and unevenly.
         def timed(widths, length=length):
             engine.cache.length = length
             return _time_rounds(engine, widths, root, config, generator, static, clock)
@@ -128,14 +118,14 @@ def measure_round_costs(
             # is known before any candidate is judged against it; the later reps interleaved over the survivors.
             bounds: dict = {}
             plain = None
-            for widths in sorted(candidates, key=_nodes):
+            for widths in sorted(candidates, key=candidate_nodes):
                 bound = _hopeless(widths, bounds, plain)
                 if bound is not None:
                     bounds[widths] = bound
                     continue
                 timed(widths)
                 times[widths] += [timed(widths) for _ in range(min(2, reps))]
-                if widths == ():
+                if is_plain(widths):
                     plain = min(times[widths])
                 elif _rules_out(min(times[widths]), widths, plain):
                     bounds[widths] = min(times[widths])
@@ -145,8 +135,10 @@ def measure_round_costs(
                         times[widths].append(timed(widths))
             for widths in candidates:
                 costs.seconds[(bucket, widths)] = bounds[widths] if widths in bounds else min(times[widths])
+    if missing:
+        cost_cache.save_costs(cost_cache.cache_path(engine, mode), costs)
     # The ring's catch-up after plain rounds is a step of its own: built (captured) here too, not in a timed call.
-    engine._catch_up(static=static, capture=config.cuda_graphs)
+    engine.runner.catch_up(static=static, capture=config.cuda_graphs)
     engine.cache.reset()
     engine.drafter_cache.reset()
     engine.steps_built[mode] = engine.target_step.epoch
@@ -159,11 +151,6 @@ _BLOCK = 4  # rounds of one tree run back to back per timing
 # A candidate is ruled out only past this multiple of its (depth + 1) plain rounds, on the faster of two timed
 # blocks: a busy machine's one slow block must not rule out a tree for the engine's lifetime.
 _HOPELESS_MARGIN = 1.5
-
-
-def _nodes(candidate) -> int:
-    """Tokens a round verifies (its measuring order: smallest first, plain decoding first of all)."""
-    return candidate.nodes if isinstance(candidate, Lookup) else 1 + sum(candidate)
 
 
 def _rules_out(cost: float, candidate, plain: float | None) -> bool:
@@ -188,18 +175,16 @@ def _time_rounds(engine, widths, root, config, generator, static: bool, clock) -
     previous one settles (on static shapes: the host's work between rounds overlaps the device's), timed
     between settles once the block is under way, so the first launch's host work is not counted; eager rounds
     settle one by one, as they do in a call."""
-    lookahead = static
+    lookahead, runner, method = static, engine.runner, get_method("longspec", runner="engine")
     inflight, marks = [], []
     with engine.cache.lead_on_device():
         for _ in range(_BLOCK):
-            rnd, root = engine._launch(
-                "longspec", widths, root, config, generator, static=static, clock=clock
-            )
+            rnd, root = runner.launch(method, widths, root, config, generator, static=static, clock=clock)
             inflight.append(rnd)
             while len(inflight) > (1 if lookahead else 0):
-                engine._finish(inflight.pop(0))
+                runner.settle(inflight.pop(0))
                 marks.append(time.perf_counter())
         while inflight:
-            engine._finish(inflight.pop(0))
+            runner.settle(inflight.pop(0))
             marks.append(time.perf_counter())
     return (marks[-2] - marks[0]) / (len(marks) - 2)
