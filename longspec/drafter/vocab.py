@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 __all__ = ["DRAFT_VOCAB_NAME", "DraftVocab", "special_token_ids"]
 
@@ -83,6 +84,20 @@ class DraftVocab:
         score[keep] = -np.inf
         order = np.argsort(score, kind="stable")[:size]
         return cls(torch.from_numpy(np.sort(order).astype(np.int64)), vocab_size)
+
+    def head(self, lm_head: nn.Module) -> nn.Linear:
+        """A frozen nn.Linear of `lm_head`'s rows for these ids, in its weight's dtype and on its device."""
+        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+        if weight.shape[0] != self.vocab_size:
+            raise ValueError(
+                f"a draft vocabulary over {self.vocab_size} ids, but the LM head has {weight.shape[0]}"
+            )
+        ids = self.ids.to(weight.device)
+        head = nn.Linear(weight.shape[1], self.size, bias=bias is not None, device="meta")
+        head.weight = nn.Parameter(weight.detach().index_select(0, ids), requires_grad=False)
+        if bias is not None:
+            head.bias = nn.Parameter(bias.detach().index_select(0, ids), requires_grad=False)
+        return head
 
     def target_to_draft(self, device: torch.device | str | None = None) -> torch.Tensor:
         """[V] int64: the draft id of each target id, -1 for ids outside the draft vocabulary."""
