@@ -84,7 +84,8 @@ class DraftingModel(nn.Module):
 
     def draft_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Target ids -> draft ids; a label outside the draft vocabulary becomes IGNORE_INDEX: no draft can propose
-        it, so it carries no loss (it still counts among the valid tokens that normalise the loss)."""
+        it, so its position carries no loss, CE nor KL (it still counts among the valid tokens that normalise the
+        loss, and a miss in the top-1 count: both measure what the drafter can be accepted on)."""
         if self.drafter.draft_vocab is None:
             return labels
         mapped = self._draft_tables()[1][labels.clamp(min=0)]
