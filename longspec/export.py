@@ -5,6 +5,8 @@
 Takes the latest complete checkpoint of RUN_DIR (or step N) and writes OUT_DIR with
     config.json          DrafterConfig incl. the target fingerprint (shapes, RoPE, tokenizer hash)
     model.safetensors    the drafter block only (the target's embedding and LM head are not copied)
+    draft_vocab.safetensors   the draft vocabulary's id map, for a drafter trained over one (its sha256 is in
+                         config.json's draft_vocab_sha256)
     README.md            a short model card: target, stage, steps, tokens, data
 The weights are the ones `Drafter.save_pretrained` wrote at checkpoint time (ZeRO-3 shards already gathered), so
 export needs neither the target nor DeepSpeed. Load with `Drafter.from_pretrained(OUT_DIR, target, tokenizer)`,
@@ -25,6 +27,8 @@ import sys
 from longspec.atomic import umask_file_mode
 from longspec.cli import ArgumentParser, UserError, run_cli, write_failure
 from longspec.drafter import CONFIG_NAME, WEIGHTS_NAME, DrafterConfig
+from longspec.drafter.files import read_draft_vocab
+from longspec.drafter.vocab import DRAFT_VOCAB_NAME
 from longspec.drafter.weights import check_finite
 from longspec.ownership import check_output_dir, is_ours, remove_owned, resolve_output, swap_in, write_marker
 from longspec.train.checkpoint import (
@@ -50,7 +54,7 @@ __all__ = [
 _SHARED_PREFIXES = ("embed_tokens", "lm_head", "model.", "target.")
 _DTYPES = ("float32", "bfloat16", "float16")
 CARD_NAME = "README.md"
-EXPORT_FILES = frozenset((CONFIG_NAME, WEIGHTS_NAME, CARD_NAME))  # what an export directory holds
+EXPORT_FILES = frozenset((CONFIG_NAME, WEIGHTS_NAME, CARD_NAME))  # what every export directory holds
 EXPORT_KIND = "export"  # its ownership marker's kind: `--overwrite` replaces only a directory marked so
 
 
@@ -98,6 +102,7 @@ embedding and LM head, which are **not** included: load it onto its target.
 |---|---|
 | target | `{target.get("path", "?")}` ({fingerprint.get("model_type", "?")}, hidden {fingerprint.get("hidden_size", "?")}, vocab {fingerprint.get("vocab_size", "?")}) |
 | parameters (block only) | {num_params:,} |
+| draft vocabulary | {config.get("draft_vocab_size") or "the target's whole vocabulary"} ids (sha256 {config.get("draft_vocab_sha256") or "-"}) |
 | stage | {state.get("stage", "?")} (initialised from: {state.get("init_from") or "scratch"}) |
 | optimizer steps | {state.get("step", "?")} of {state.get("total_steps", "?")} |
 | tokens seen | {state.get("tokens_seen", 0):,} |
@@ -194,6 +199,8 @@ def export_drafter(
         # The trainer state too: it is parsed only once its checksum matched.
         rel = os.path.relpath(source, checkpoint)
         files = [os.path.join(rel, CONFIG_NAME), os.path.join(rel, WEIGHTS_NAME), STATE_NAME]
+        if os.path.exists(os.path.join(source, DRAFT_VOCAB_NAME)):
+            files.append(os.path.join(rel, DRAFT_VOCAB_NAME))
         verify_checkpoint(checkpoint, files, purpose="export it")
     state = read_trainer_state(checkpoint)  # one line naming the file when it is missing or malformed
     try:
@@ -208,11 +215,13 @@ def export_drafter(
             f"{config_path} has no target fingerprint; refusing to export an unverifiable drafter"
         )
     try:  # what Drafter.from_pretrained will build: else the export is written and only its loading fails
-        DrafterConfig.from_dict({k: v for k, v in config.items() if k != "architecture"})
+        drafter_config = DrafterConfig.from_dict({k: v for k, v in config.items() if k != "architecture"})
     except (TypeError, ValueError) as e:
         raise UserError(
             f"{config_path} is not a valid drafter config ({e}); the checkpoint is corrupt"
         ) from e
+    vocab = read_draft_vocab(source, drafter_config)  # the map config.json names, whole, or one error
+    files = sorted(EXPORT_FILES | ({DRAFT_VOCAB_NAME} if vocab is not None else set()))
     try:
         with safe_open(weights_path, framework="pt") as f:
             keys = list(f.keys())
@@ -241,12 +250,14 @@ def export_drafter(
         save_file(weights, os.path.join(tmp, WEIGHTS_NAME), metadata={"format": "pt"})
         umask_file_mode(os.path.join(tmp, WEIGHTS_NAME))
         shutil.copyfile(config_path, os.path.join(tmp, CONFIG_NAME))
+        if vocab is not None:
+            vocab.save(tmp)
         num_params = sum(v.numel() for v in weights.values())
         with open(os.path.join(tmp, CARD_NAME), "w") as f:
             f.write(_model_card(config, state, num_params))
-        for name in EXPORT_FILES:
+        for name in files:
             _fsync_file(os.path.join(tmp, name))
-        write_marker(tmp, EXPORT_KIND, files=sorted(EXPORT_FILES))
+        write_marker(tmp, EXPORT_KIND, files=files)
         swap_in(tmp, out_dir, EXPORT_KIND)  # OUT_DIR is the old export, absent, or the new one; never partial
     except BaseException as e:
         if os.path.isdir(tmp):

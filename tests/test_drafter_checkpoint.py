@@ -181,3 +181,57 @@ def _edit_config(directory, **changes):
 def _truncate(path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 100])
+
+
+def _vocab(vocab_size: int, size: int):
+    from longspec.drafter.vocab import DraftVocab
+
+    return DraftVocab(torch.randperm(vocab_size, generator=torch.Generator().manual_seed(1))[:size].sort().values,
+                      vocab_size)  # fmt: skip
+
+
+def test_a_draft_vocabulary_round_trips_with_the_drafter(tmp_path):
+    """config.json names the map's size and hash; draft_vocab.safetensors holds it; the loaded drafter drafts over
+    the same ids through the same head rows."""
+    target = make_tiny_target("llama")
+    drafter = _drafter(target)
+    drafter.use_draft_vocab(_vocab(target.config.vocab_size, 40))
+    drafter.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.json",
+        "draft_vocab.safetensors",
+        "model.safetensors",
+    ]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (
+        config["draft_vocab_size"] == 40 and config["draft_vocab_sha256"] == drafter.draft_vocab.fingerprint()
+    )
+    loaded = Drafter.from_pretrained(tmp_path, target)
+    assert torch.equal(loaded.draft_vocab.ids, drafter.draft_vocab.ids)
+    hidden = torch.randn(3, drafter.config.hidden_size)
+    assert torch.equal(loaded.logits(hidden), target.lm_head(hidden)[:, drafter.draft_vocab.ids])
+    assert loaded.draft_vocab_size == 40 and loaded.shared_storage_ok(target)
+
+
+def test_a_missing_or_foreign_draft_vocabulary_is_one_error(tmp_path):
+    target = make_tiny_target("llama")
+    drafter = _drafter(target)
+    drafter.use_draft_vocab(_vocab(target.config.vocab_size, 40))
+    drafter.save_pretrained(tmp_path)
+    vocab_file = tmp_path / "draft_vocab.safetensors"
+    other = _vocab(target.config.vocab_size, 40)
+    other = type(other)(torch.arange(40), target.config.vocab_size)
+    kept = vocab_file.read_bytes()
+    other.save(tmp_path)  # another map, whole and self-consistent, but not the one config.json names
+    with pytest.raises(ValueError, match="not the draft vocabulary this drafter was trained with"):
+        Drafter.from_pretrained(tmp_path, target)
+    vocab_file.unlink()
+    with pytest.raises(FileNotFoundError, match="trained over a draft vocabulary of 40 ids"):
+        Drafter.from_pretrained(tmp_path, target)
+    vocab_file.write_bytes(kept)
+    _edit_config(tmp_path, draft_vocab_size=None, draft_vocab_sha256=None)
+    with pytest.raises(ValueError, match="is not announced by the drafter's config.json"):
+        Drafter.from_pretrained(tmp_path, target)
+    _edit_config(tmp_path, draft_vocab_size=40, draft_vocab_sha256=None)
+    with pytest.raises(ValueError, match="come together"):
+        Drafter.from_pretrained(tmp_path, target)

@@ -118,3 +118,28 @@ def test_export_refuses_a_config_the_loader_would_refuse(tmp_path):
     with pytest.raises(UserError, match="not a valid drafter config .*hidden_size"):
         export_drafter(str(run), str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+def test_export_carries_the_draft_vocabulary(tmp_path):
+    """A drafter trained over a draft vocabulary exports its id map beside the weights (its hash in config.json and
+    the card); a checkpoint that lost the map is refused before anything is written."""
+    from longspec.drafter.vocab import DRAFT_VOCAB_NAME, DraftVocab
+
+    tokenizer = build_byte_tokenizer()
+    target = make_tiny_target("llama")
+    run, drafters = _fake_run(tmp_path, target, tokenizer, steps=(2,))
+    vocab = DraftVocab(torch.arange(0, target.config.vocab_size, 3), target.config.vocab_size)
+    drafters[2].use_draft_vocab(vocab)
+    source = run / "checkpoints" / "step_00000002" / "drafter"
+    drafters[2].save_pretrained(source)
+    out = tmp_path / "export"
+    main([str(run), str(out)])
+    assert (out / DRAFT_VOCAB_NAME).is_file()
+    assert vocab.fingerprint() in (out / "README.md").read_text()
+    loaded = Drafter.from_pretrained(out, target, tokenizer)
+    assert torch.equal(loaded.draft_vocab.ids, vocab.ids)
+
+    (source / DRAFT_VOCAB_NAME).unlink()
+    with pytest.raises(FileNotFoundError, match="trained over a draft vocabulary of"):
+        export_drafter(str(run), str(tmp_path / "again"))
+    assert not (tmp_path / "again").exists()

@@ -207,6 +207,11 @@ class ShardReader:
     def seq_len(self) -> int:
         return self.manifest.seq_len
 
+    def token_arrays(self):
+        """Yield (tokens, loss mask or None) of each shard whole, memory-mapped (no copy)."""
+        for i, tokens in enumerate(self._tokens):
+            yield tokens, (self._masks[i] if self._masks else None)
+
     def row(self, index: int) -> tuple[np.ndarray, np.ndarray | None]:
         """-> (tokens [L] int64, loss mask [L] bool or None)."""
         if not 0 <= index < len(self):

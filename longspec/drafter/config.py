@@ -33,6 +33,10 @@ class DrafterConfig:
     hidden_act: str = "silu"  # MLP activation; SwiGLU needs "silu"
     window: int = DEFAULT_WINDOW  # self-attention: the token + `window` previous tokens; ring-buffer slots
     target_fingerprint: dict[str, Any] = field(default_factory=dict)  # see longspec.fingerprint
+    # the reduced draft vocabulary (longspec.drafter.vocab): its size K and the sha256 of its id map, saved beside
+    # the weights; None: the drafter scores the target's whole vocabulary
+    draft_vocab_size: int | None = None
+    draft_vocab_sha256: str | None = None
 
     def __post_init__(self):
         for name in (
@@ -63,6 +67,14 @@ class DrafterConfig:
             raise ValueError(f"rope_parameters must be a dict, got {self.rope_parameters!r}")
         if not isinstance(self.target_fingerprint, dict):
             raise ValueError(f"target_fingerprint must be a dict, got {self.target_fingerprint!r}")
+        if (self.draft_vocab_size is None) != (self.draft_vocab_sha256 is None):
+            raise ValueError(
+                "draft_vocab_size and draft_vocab_sha256 come together (a draft vocabulary) or not at all"
+            )
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size must be in [1, {self.vocab_size}], got {self.draft_vocab_size!r}"
+            )
         if "rope_theta" not in self.rope_parameters:
             raise ValueError(f"rope_parameters needs a rope_theta, got {self.rope_parameters!r}")
 

@@ -20,17 +20,15 @@ any context length.
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 from torch import nn
 
-from longspec.atomic import umask_file_mode, write_text_atomic
 from longspec.drafter.cache import DrafterCache, DraftNodes
-from longspec.drafter.config import DrafterConfig, read_config
-from longspec.drafter.weights import check_finite
-from longspec.fingerprint import fingerprint_mismatches, target_fingerprint
+from longspec.drafter.config import DrafterConfig
+from longspec.drafter.files import CONFIG_NAME, WEIGHTS_NAME, load_drafter, save_drafter
+from longspec.drafter.vocab import DraftVocab
 from longspec.modules.attention import attention, cache_attention, tree_attention
 from longspec.modules.layer_ops import (
     add_rms_norm,
@@ -47,9 +45,6 @@ from longspec.modules.noisy import flash_noisy_attention
 from longspec.modules.rope import RotaryEmbedding, apply_rotary, rope_config
 
 __all__ = ["Drafter", "WEIGHTS_NAME", "CONFIG_NAME"]
-
-WEIGHTS_NAME = "model.safetensors"
-CONFIG_NAME = "config.json"
 
 
 class _SelfAttention(nn.Module):
@@ -96,6 +91,10 @@ class Drafter(nn.Module):
         # state_dict(), .to() and the optimizer; the target owns them.
         object.__setattr__(self, "_embed_tokens", embed_tokens)
         object.__setattr__(self, "_lm_head", lm_head)
+        # The head it drafts with: the target's LM head, or its rows of a draft vocabulary (`use_draft_vocab`).
+        object.__setattr__(self, "draft_vocab", None)
+        object.__setattr__(self, "_head", lm_head)
+        object.__setattr__(self, "_draft_ids", None)
         # `pack_weights`: the stacked projections, as non-persistent buffers (they follow .to(), stay out of the
         # state dict, whose names are the modules' own).
         for name in ("packed_qkv_weight", "packed_qkv_bias", "packed_gate_up_weight", "packed_gate_up_bias"):
@@ -147,9 +146,37 @@ class Drafter(nn.Module):
         """[B,T] -> h0 [B,T,Dm] in the drafter's dtype."""
         return self.embed_tokens(input_ids).to(self.mlp_norm.weight.dtype)
 
+    def use_draft_vocab(self, vocab: DraftVocab | None, *, head: bool = True) -> None:
+        """Draft over `vocab`'s ids only (longspec.drafter.vocab; None: the whole vocabulary); the config records
+        the map. With `head`, the drafting head becomes a frozen copy of those rows of the target's LM head, on
+        its device (training reads the rows itself: its LM head may be a ZeRO-3 shard, train.model)."""
+        object.__setattr__(self, "draft_vocab", vocab)
+        use_rows = vocab is not None and head
+        object.__setattr__(self, "_head", vocab.head(self.lm_head) if use_rows else self.lm_head)
+        ids = None if vocab is None else vocab.ids.to(self.lm_head.weight.device)
+        object.__setattr__(self, "_draft_ids", ids)
+        self.config.draft_vocab_size = None if vocab is None else vocab.size
+        self.config.draft_vocab_sha256 = None if vocab is None else vocab.fingerprint()
+
+    @property
+    def draft_vocab_size(self) -> int:
+        """Kd, the size of the logits `logits` returns: the draft vocabulary's, else the target's V."""
+        return self.config.vocab_size if self.draft_vocab is None else self.draft_vocab.size
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., Dm] -> [..., V] through the target's LM head (no final norm)."""
-        return head_logits(self.lm_head, hidden.to(self.lm_head.weight.dtype))
+        """[..., Dm] -> [..., Kd] through the drafting head (no final norm): indexed by draft id."""
+        return head_logits(self._head, hidden.to(self._head.weight.dtype))
+
+    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids -> the target's token ids (a gather on the device; the identity without a draft vocabulary)."""
+        return draft_ids if self._draft_ids is None else self._draft_ids[draft_ids]
+
+    def target_probs(self, draft_probs: torch.Tensor) -> torch.Tensor:
+        """[..., Kd] probabilities over draft ids -> [..., V] over target ids (0 outside the draft vocabulary)."""
+        if self._draft_ids is None:
+            return draft_probs
+        full = draft_probs.new_zeros(*draft_probs.shape[:-1], self.config.vocab_size)
+        return full.index_copy_(-1, self._draft_ids, draft_probs)
 
     # ---- pieces shared by training and inference ---------------------------------------------------------
     def _self_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -354,95 +381,11 @@ class Drafter(nn.Module):
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
     def save_pretrained(self, out_dir: str | os.PathLike) -> None:
-        """Write the block alone: model.safetensors + config.json (with the target fingerprint).
-
-        Each file is written to a temporary name and renamed, so a crash never leaves a truncated file."""
-        from safetensors.torch import save_file
-
-        os.makedirs(out_dir, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        weights = os.path.join(out_dir, WEIGHTS_NAME)
-        save_file(state, weights + ".tmp", metadata={"format": "pt"})
-        umask_file_mode(weights + ".tmp")
-        os.replace(weights + ".tmp", weights)
-        config = {"architecture": "LongSpecDrafter", **self.config.to_dict()}
-        write_text_atomic(os.path.join(out_dir, CONFIG_NAME), json.dumps(config, indent=2, sort_keys=True))
+        """Write the block alone (longspec.drafter.files.save_drafter)."""
+        save_drafter(self, out_dir)
 
     @classmethod
-    def from_pretrained(
-        cls,
-        path: str | os.PathLike,
-        target,
-        tokenizer=None,
-        *,
-        dtype: torch.dtype | str | None = None,
-        device: torch.device | str | None = None,
-    ) -> Drafter:
-        """Load a saved block onto `target` (a TargetModel), refusing a target it was not trained for.
-
-        The tokenizer hash is compared when both the checkpoint and the call have a tokenizer. dtype: a torch
-        dtype or its name as for `TargetModel.from_pretrained` ("auto": the saved weights' dtype; None: float32);
-        device: the target's (the block runs on the target's embedding and LM head). A directory that is not a
-        whole drafter (a config.json that is not a drafter config, damaged weights) is one ValueError naming the
-        file."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        from longspec.target_source import resolve_device, resolve_dtype
-
-        # Checked first, each one error naming the argument, not an error from deep in torch.
-        if not all(hasattr(target, name) for name in ("config", "embed_tokens", "lm_head")):
-            raise TypeError(
-                f"target must be the loaded TargetModel the drafter runs on, got {type(target).__name__}"
-            )
-        dtype, device = resolve_dtype(dtype), resolve_device(device)
-        if device is not None:
-            weights_on = target.embed_tokens.weight.device
-            if weights_on.type != "meta" and (
-                device.type != weights_on.type or device.index not in (None, weights_on.index)
-            ):
-                raise ValueError(
-                    f"device {str(device)!r}: the target's weights are on {str(weights_on)!r}, and the drafter "
-                    "runs on its embedding and LM head; load both onto one device"
-                )
-        path = os.path.expanduser(os.fspath(path))  # as the target's path (target_source.resolve_source)
-        if os.path.isfile(path):
-            raise FileNotFoundError(
-                f"{path!r} is a file: give the drafter's directory (holding {CONFIG_NAME} and {WEIGHTS_NAME})"
-            )
-        config_path, weights_path = os.path.join(path, CONFIG_NAME), os.path.join(path, WEIGHTS_NAME)
-        for p in (config_path, weights_path):
-            if not os.path.isfile(p):
-                raise FileNotFoundError(
-                    f"{p} not found: is {path!r} a directory written by Drafter.save_pretrained?"
-                )
-        config = read_config(config_path)  # a damaged or foreign file: one ValueError naming it
-        problems = fingerprint_mismatches(
-            config.target_fingerprint, target_fingerprint(target.config, tokenizer)
-        )
-        if problems:
-            raise ValueError(
-                f"drafter at {path!r} does not match this target:\n  "
-                + "\n  ".join(problems)
-                + "\nload the target (and tokenizer) it was trained for, or train a drafter for this one"
-            )
-        try:
-            state = load_file(weights_path)
-        except (SafetensorError, OSError) as e:
-            raise ValueError(
-                f"{weights_path} is not a readable safetensors file ({e}): truncated or damaged; copy or export "
-                "the drafter again"
-            ) from e
-        check_finite(state, weights_path, purpose="load")
-        if dtype == "auto":
-            dtype = next(iter(state.values())).dtype if state else None
-        drafter = cls(config, target.embed_tokens, target.lm_head)
-        try:
-            drafter.load_state_dict(state, strict=True)
-        except RuntimeError as e:
-            raise ValueError(
-                f"{weights_path} does not hold the block {config_path} describes: {' '.join(str(e).split())}"
-            ) from e
-        # For inference, like the target: frozen (so the engine can pack its projections) and in eval mode.
-        # Training starts from its weights through a fresh module (train.build.init_drafter_weights).
-        return drafter.to(device=device, dtype=dtype).requires_grad_(False).eval()
+    def from_pretrained(cls, path: str | os.PathLike, target, tokenizer=None, **kwargs) -> Drafter:
+        """Load a saved block onto `target`, refusing a target it was not trained for
+        (longspec.drafter.files.load_drafter: dtype, device)."""
+        return load_drafter(cls, path, target, tokenizer, **kwargs)

@@ -143,9 +143,9 @@ class DraftStep:
         return DraftTree.from_dynamic_part(layout, *outputs)
 
     def noise(self, batch: int, layout: TreeLayout, generator: torch.Generator | None) -> torch.Tensor:
-        """Exp(1) noise [B, nodes with children, V] for a sampled tree's levels (`sample_step`), drawn outside
+        """Exp(1) noise [B, nodes with children, Kd] for a sampled tree's levels (`sample_step`), drawn outside
         any static step so a replayed graph gets fresh noise."""
-        noise = torch.empty(batch, layout.num_parents, self.vocab_size, device=self.device)
+        noise = torch.empty(batch, layout.num_parents, self.drafter.draft_vocab_size, device=self.device)
         return noise.exponential_(generator=generator)
 
     def draft_tree(
@@ -161,7 +161,7 @@ class DraftStep:
         of a level's nodes of every row at once; a node self-attends to its row's ring buffer (within its window)
         and to its tree ancestors, and cross-attends to its row's committed target prefix [0, n) (the root sits
         at position n). `n` may be a device tensor (ragged rows / static shapes: no host value is read). With
-        `shaping` = (temperature, top_k, top_p) and Exp(1) `noise` [B, nodes with children, V], each level is
+        `shaping` = (temperature, top_k, top_p) and Exp(1) `noise` [B, nodes with children, Kd], each level is
         `sample_step` from q = the drafter's distribution shaped like the target's, instead of the beam."""
         drafter, dcache = self.drafter, self.cache
         batch, chain = roots.shape[0], layout.is_chain
@@ -183,7 +183,7 @@ class DraftStep:
             ancestors = tree.ancestor_mask[:, sl, : sl.stop]  # [B, P, nodes so far], self included
             inputs = level_tokens[level] if chain else tree.tokens[:, sl]
             hidden = drafter.tree_level(inputs, nodes, sl, ancestors, target_k, target_v, n)  # [B, P, Dm]
-            logits = drafter.logits(hidden)  # [B, P, V]
+            logits = drafter.logits(hidden)  # [B, P, Kd]: by draft id (Kd = V without a draft vocabulary)
             child_slice = layout.level_slice(level + 1)
             if shaping is None:
                 parent_local, tokens, scores = beam_step(
@@ -193,13 +193,15 @@ class DraftStep:
             else:
                 temperature, top_k, top_p = shaping
                 q = target_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+                # Acceptance reads q by target id; 0 outside a draft vocabulary (those ids are never drafted).
                 if chain:
-                    level_q.append(q)
+                    level_q.append(drafter.target_probs(q))
                 else:
-                    tree.draft_probs[:, sl] = q
+                    tree.draft_probs[:, sl] = drafter.target_probs(q)
                 parent_local, tokens, scores, valid = sample_step(
                     scores, q, noise[:, sl], layout.widths[level], scores=layout.needs_scores(level)
                 )
+            tokens = drafter.target_ids(tokens)  # draft ids -> target ids, on the device
             if chain:  # only its tokens grow (a sampled chain's one draw per level is always valid)
                 level_tokens.append(tokens)
             else:

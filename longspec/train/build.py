@@ -13,8 +13,10 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from longspec.config import TargetConfig
+from longspec.config import TargetConfig, check
+from longspec.data.token_counts import token_counts
 from longspec.drafter import Drafter, DrafterConfig
+from longspec.drafter.vocab import DraftVocab, special_token_ids
 from longspec.target import TargetModel
 from longspec.target_source import load_config, load_tokenizer
 from longspec.train.config import TrainConfig
@@ -133,8 +135,10 @@ def build_model(
         drafter_config = DrafterConfig.from_target_config(
             target.config, window=cfg.drafter.window, tokenizer=tokenizer
         )
+    vocab = choose_draft_vocab(cfg, target.config.vocab_size, tokenizer, source)
     with init_ctx:
         drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head)
+        drafter.use_draft_vocab(vocab, head=False)  # saved with its checkpoints; the loss reads the head rows
         model = DraftingModel(target, drafter, **loss_settings(cfg))
     del hf_ds_config
     init_drafter_weights(drafter, source, seed=cfg.seed, zero3=zero3, rank=rank)
@@ -142,6 +146,38 @@ def build_model(
         model.to(device)
         drafter.to(dtype)
     return model
+
+
+def choose_draft_vocab(
+    cfg: TrainConfig, vocab_size: int, tokenizer, source: Drafter | None
+) -> DraftVocab | None:
+    """The run's draft vocabulary: init_from's own (a different drafter.draft_vocab_size is an error), else the
+    drafter.draft_vocab_size most frequent trained-on tokens of drafter.draft_vocab_data (default: data.path) plus
+    every special and added token of the tokenizer; None (the whole vocabulary) when no size below V is asked."""
+    size = cfg.drafter.draft_vocab_size
+    if source is not None and source.draft_vocab is not None:
+        check(
+            size is None or size == source.draft_vocab.size,
+            f"drafter.draft_vocab_size={size} but the init_from drafter drafts over {source.draft_vocab.size} ids: "
+            "drop drafter.draft_vocab_size (a loaded drafter keeps its own)",
+        )
+        return source.draft_vocab
+    if source is not None:
+        check(
+            size is None or size >= vocab_size,
+            f"drafter.draft_vocab_size={size} but the init_from drafter scores the whole vocabulary: train a "
+            "drafter over a draft vocabulary from scratch (stage 1)",
+        )
+    if size is None or size >= vocab_size:
+        return None
+    datasets = cfg.drafter.draft_vocab_data or [cfg.data.path]
+    counts = token_counts(datasets, vocab_size)
+    vocab = DraftVocab.from_counts(counts, size, keep=special_token_ids(tokenizer) if tokenizer else ())
+    log.info(
+        "draft vocabulary: %d of %d ids, %.2f%% of the trained-on tokens of %s",
+        size, vocab_size, 100 * vocab.coverage(counts), ", ".join(datasets),
+    )  # fmt: skip
+    return vocab
 
 
 def loss_settings(cfg: TrainConfig) -> dict:

@@ -42,9 +42,24 @@ class DrafterSettings(Schema):
     # own, else longspec.drafter.DEFAULT_WINDOW; TrainConfig resolves it (a value that disagrees with init_from's
     # drafter is an error), so the trainer always sees a number
     window: int | None = None
+    # a reduced draft vocabulary (longspec.drafter.vocab): the head scores only these many ids, chosen from token
+    # counts of `draft_vocab_data`. null: an init_from drafter's own, else the target's whole vocabulary
+    draft_vocab_size: int | None = None
+    # prepared datasets whose trained-on tokens choose the ids (the drafter's own training data, e.g. stage 1 and
+    # stage 3); empty: data.path
+    draft_vocab_data: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         check(self.window is None or self.window >= 1, f"drafter.window must be >= 1, got {self.window}")
+        check(
+            self.draft_vocab_size is None or self.draft_vocab_size >= 1,
+            f"drafter.draft_vocab_size must be >= 1, got {self.draft_vocab_size}",
+        )
+        for path in self.draft_vocab_data:
+            if not os.path.isdir(path):
+                raise FileNotFoundError(
+                    f"drafter.draft_vocab_data: {path!r} is not a prepared dataset directory (from data_prep)"
+                )
 
 
 @dataclass(kw_only=True)

@@ -54,6 +54,8 @@ TRAINED_FIELDS = (
     "optim.eps",
     "optim.grad_clip",
     "drafter.window",
+    "drafter.draft_vocab_size",
+    "drafter.draft_vocab_data",
     "loss.distill_weight",
     "loss.distill_temperature",
     "deepspeed.zero_stage",

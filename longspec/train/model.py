@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from longspec.data.loader import IGNORE_INDEX
 from longspec.drafter import Drafter
 from longspec.losses import (
     fused_linear_ce_kl,
@@ -61,6 +62,7 @@ class DraftingModel(nn.Module):
         # Under ZeRO-3 the LM head weight is a shard; the fused losses read the raw weight (no module call to
         # trigger a gather) in forward AND backward, so `replicate_head` keeps one full frozen copy per rank.
         object.__setattr__(self, "_head_weight", None)
+        object.__setattr__(self, "_draft_rows", None)  # (LM head weight, its draft-vocabulary rows, id table)
 
     def replicate_head(self) -> None:
         """ZeRO-3: gather the LM head once and keep a full copy (frozen, outside state_dict and the optimizer).
@@ -75,7 +77,32 @@ class DraftingModel(nn.Module):
 
     @property
     def head_weight(self) -> torch.Tensor:
+        """The drafting head's weight: the LM head [V, Dm], or its rows of the drafter's draft vocabulary [Kd, Dm]."""
+        if self.drafter.draft_vocab is None:
+            return self._full_head_weight()
+        return self._draft_tables()[0]
+
+    def draft_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft ids; a label outside the draft vocabulary becomes IGNORE_INDEX: no draft can propose
+        it, so its position carries no loss, CE nor KL (it still counts among the valid tokens that normalise the
+        loss, and a miss in the top-1 count: both measure what the drafter can be accepted on)."""
+        if self.drafter.draft_vocab is None:
+            return labels
+        mapped = self._draft_tables()[1][labels.clamp(min=0)]
+        return torch.where((labels >= 0) & (mapped >= 0), mapped, IGNORE_INDEX)
+
+    def _full_head_weight(self) -> torch.Tensor:
         return self._head_weight if self._head_weight is not None else self.target.lm_head.weight
+
+    def _draft_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the draft vocabulary's head rows [Kd, Dm], target id -> draft id [V]): copied once per LM head
+        weight (the head is frozen; `replicate_head` replaces a ZeRO-3 shard by a full copy)."""
+        weight = self._full_head_weight()
+        if self._draft_rows is None or self._draft_rows[0] is not weight:
+            vocab = self.drafter.draft_vocab
+            rows = weight.detach().index_select(0, vocab.ids.to(weight.device))
+            object.__setattr__(self, "_draft_rows", (weight, rows, vocab.target_to_draft(weight.device)))
+        return self._draft_rows[1], self._draft_rows[2]
 
     def forward(
         self,
@@ -99,7 +126,7 @@ class DraftingModel(nn.Module):
         width = hidden.shape[-1]
         weight = self.head_weight
         hidden_n = hidden.reshape(-1, width).index_select(0, valid_rows).to(weight.dtype)  # [N,Dm]
-        labels_n = labels.reshape(-1).index_select(0, valid_rows)  # [N]
+        labels_n = self.draft_labels(labels.reshape(-1).index_select(0, valid_rows))  # [N], by draft id
         backend = resolve_loss_backend(self.loss_backend, hidden.device)
         if self.distill_weight > 0 or backend == "chunked":
             # CE (+ KL) + top-1 hits in one pass over the vocabulary (losses.fused_linear_ce_kl)

@@ -44,7 +44,13 @@ class OracleDrafter:
     def __init__(self, config: DrafterConfig, sequences: list[list[int]], favour):
         self.config, self.sequences, self.favour = config, sequences, favour
 
+    # The whole vocabulary: draft ids are target ids (a subclass with a draft vocabulary sets both).
+    draft_vocab = None
+    _draft_ids = None
     fill_cache = Drafter.fill_cache
+    draft_vocab_size = Drafter.draft_vocab_size
+    target_ids = Drafter.target_ids
+    target_probs = Drafter.target_probs
 
     def self_kv(self, input_ids, position_ids, *, cache=None):
         shape = (input_ids.shape[0], self.config.num_kv_heads, input_ids.shape[1], self.config.head_dim)

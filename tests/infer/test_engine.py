@@ -6,6 +6,7 @@ import torch
 from infer_helpers import WINDOW, OracleDrafter, random_drafter, reference_greedy
 
 from longspec.drafter import DrafterConfig
+from longspec.drafter.vocab import DraftVocab
 from longspec.infer.candidates import DEFAULT_TREE_WIDTHS
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine, cache_slots
 from longspec.infer.tree import TreeLayout
@@ -30,6 +31,49 @@ def test_greedy_speculative_equals_target_greedy(family):
         assert result.tokens == ref, method
         assert result.stats.rounds >= 3
         assert result.stats.num_new_tokens == 24
+
+
+def some_draft_vocab(vocab_size: int, size: int, seed: int = 0) -> DraftVocab:
+    """`size` ids drawn at random: which ids a draft vocabulary holds never changes the output, only the speed."""
+    generator = torch.Generator().manual_seed(seed)
+    return DraftVocab(torch.randperm(vocab_size, generator=generator)[:size].sort().values, vocab_size)
+
+
+@pytest.mark.parametrize("family", FAMILY_VARIANTS)
+@pytest.mark.parametrize("static", [False, True])
+def test_greedy_with_a_draft_vocabulary_equals_target_greedy(family, static):
+    """A drafter over 64 of the 256 ids (its head the target head's rows of them, drafts mapped back to target
+    ids on the device): a trained-looking tree, a chain and tree=auto all keep the target's greedy output."""
+    target = make_tiny_target(family)
+    prompt = torch.randint(0, 256, (45,))
+    ref = reference_greedy(target, prompt, 24)
+    drafter = random_drafter(target)
+    drafter.use_draft_vocab(some_draft_vocab(target.config.vocab_size, 64))
+    assert drafter.logits(torch.randn(2, drafter.config.hidden_size)).shape == (2, 64)
+    engine = SpeculativeEngine(target, drafter)
+    for tree in ((4, 4, 4), (1,), None):
+        config = GenerationConfig(max_new_tokens=24, prefill_chunk=16, tree_widths=tree, static_shapes=static)
+        result = engine.generate(prompt, config)
+        assert result.tokens == ref, tree
+
+
+def test_drafts_are_target_ids_of_the_draft_vocabulary(llama):
+    """Every drafted token lies in the draft vocabulary (mapped from draft ids), and the roots' children are the
+    argmax of the reduced head over those ids."""
+    drafter = random_drafter(llama)
+    vocab = some_draft_vocab(llama.config.vocab_size, 16, seed=3)
+    drafter.use_draft_vocab(vocab)
+    hidden = torch.randn(3, drafter.config.hidden_size)
+    full = drafter.lm_head(hidden)
+    assert torch.equal(
+        drafter.target_ids(drafter.logits(hidden).argmax(-1)), vocab.ids[full[:, vocab.ids].argmax(-1)]
+    )
+    probs = torch.softmax(drafter.logits(hidden), -1)
+    spread = drafter.target_probs(probs)
+    assert spread.shape == full.shape and torch.allclose(spread.sum(-1), torch.ones(3))
+    outside = torch.ones(llama.config.vocab_size, dtype=torch.bool)
+    outside[vocab.ids] = False
+    assert not spread[:, outside].any()
 
 
 @pytest.mark.parametrize(
@@ -249,6 +293,50 @@ def test_sampling_generate_reproduces_target_distribution(chi_square, widths):
         counts_3[result.tokens[2]] += 1
         accepted += sum(result.stats.accepted)
     assert accepted > draws // 2  # the accept branch ran often, not only the residual one
+    assert chi_square(counts_12, joint_12) > 1e-3
+    assert chi_square(counts_3, marginal_3) > 1e-3
+
+
+class ReducedTableDrafter(TableDrafter):
+    """TableDrafter over a draft vocabulary: its logits are the table's columns of the draft ids (by draft id),
+    mapped back to target ids by the real Drafter methods, as a reduced head's are."""
+
+    def __init__(self, config: DrafterConfig, table: torch.Tensor, vocab: DraftVocab):
+        super().__init__(config, table[:, vocab.ids])
+        self.draft_vocab, self._draft_ids = vocab, vocab.ids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("widths", [(4, 8, 8), (1, 1)])
+def test_sampling_with_a_draft_vocabulary_reproduces_target_distribution(chi_square, widths):
+    """The T=1 chi-square of the whole engine with a drafter over 10 of the 16 ids: the target's likeliest tokens
+    outside the draft vocabulary are never drafted, so they come only from the residual max(p - q, 0) over the
+    target's full vocabulary, and the output still follows the target's distribution exactly."""
+    vocab, top_k, draws = 16, 10, 400
+    target = sampling_target(vocab)
+    prompt = torch.randint(0, vocab, (10,))
+    joint_12, marginal_3, p2_given_1 = sampling_marginals(target, prompt, vocab, top_k)
+    # leave out the first token's two likeliest continuations of the likeliest first token
+    first = int(joint_12.view(vocab, vocab).sum(1).argmax())
+    left_out = p2_given_1[first].topk(2).indices
+    keep = torch.ones(vocab, dtype=torch.bool)
+    keep[left_out] = False
+    draft_vocab = DraftVocab(torch.arange(vocab)[keep][:10], vocab)
+    config = DrafterConfig.from_target_config(target.config, window=4)
+    drafter = ReducedTableDrafter(config, p2_given_1.clamp_min(1e-9).log(), draft_vocab)
+    engine = SpeculativeEngine(target, drafter)
+    counts_12, counts_3 = torch.zeros(vocab * vocab), torch.zeros(vocab)
+    accepted = 0
+    for seed in range(draws):
+        config = GenerationConfig(
+            max_new_tokens=3, temperature=1.0, top_k=top_k, seed=seed, tree_widths=widths
+        )
+        result = engine.generate(prompt, config)
+        counts_12[result.tokens[0] * vocab + result.tokens[1]] += 1
+        counts_3[result.tokens[2]] += 1
+        accepted += sum(result.stats.accepted)
+    assert accepted > draws // 4  # drafts were accepted often, not only the residual branch
+    assert counts_12.view(vocab, vocab)[:, left_out].sum() > 0  # the left-out ids still came out
     assert chi_square(counts_12, joint_12) > 1e-3
     assert chi_square(counts_3, marginal_3) > 1e-3
 

@@ -217,3 +217,100 @@ def test_wandb_sink_offline(tmp_path, monkeypatch):
     sink.close()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+@pytest.mark.parametrize("distill_weight", [0.0, 0.5])
+def test_drafting_model_losses_over_a_draft_vocabulary(distill_weight):
+    """With a draft vocabulary the loss is CE / KL over the head's rows of its ids: labels by draft id, a position
+    whose label lies outside it carries no loss, the teacher's distribution renormalised over those ids."""
+    from longspec.drafter.vocab import DraftVocab
+
+    target = make_tiny_target("llama")
+    drafter = Drafter(
+        DrafterConfig.from_target_config(target.config, window=4), target.embed_tokens, target.lm_head
+    )
+    ids = torch.randint(0, 256, (2, 13))
+    labels = torch.roll(ids, -1, 1)
+    labels[:, -1] = IGNORE_INDEX
+    # the draft vocabulary: half the labels' ids and 30 others, so some labels lie outside it
+    inside = labels[labels != IGNORE_INDEX].unique()[::2]
+    extra = torch.tensor([i for i in range(256) if i not in set(labels.view(-1).tolist())][:30])
+    vocab = DraftVocab(torch.cat([inside, extra]).sort().values, 256)
+    drafter.use_draft_vocab(vocab, head=False)
+    model = DraftingModel(
+        target, drafter, distill_weight=distill_weight, loss_backend="chunked", chunk_size=5
+    )
+    positions = torch.arange(13).expand(2, 13)
+    valid_rows = (labels.view(-1) != IGNORE_INDEX).nonzero().squeeze(-1)
+    out = model(ids, positions, labels, valid_rows, lag=1)
+    out.loss.backward()
+    grads = {k: p.grad.clone() for k, p in drafter.named_parameters()}
+    drafter.zero_grad()
+
+    t = target(ids, positions)
+    hidden = drafter(ids, positions, t.last_k, t.last_v, lag=1)
+    logits = target.logits(hidden).float()[..., vocab.ids]  # [B, T, Kd]
+    draft_labels = vocab.target_to_draft()[labels.clamp(min=0)]
+    keep = (labels != IGNORE_INDEX) & (draft_labels >= 0)
+    assert 0 < keep.sum() < (labels != IGNORE_INDEX).sum()  # labels inside and outside
+    ce = F.cross_entropy(logits[keep], draft_labels[keep], reduction="sum")
+    teacher = target.logits(t.hidden).float()[..., vocab.ids]
+    kl = (
+        (F.softmax(teacher, -1) * (F.log_softmax(teacher, -1) - F.log_softmax(logits, -1)))
+        .sum(-1)[keep]
+        .sum()
+    )
+    (ce + distill_weight * kl).backward()
+    assert out.ce_sum.item() == pytest.approx(ce.item(), rel=1e-5)
+    assert out.num_correct.item() == int((logits.argmax(-1) == draft_labels)[keep].sum())
+    if distill_weight:
+        assert out.kl_sum.item() == pytest.approx(kl.item(), rel=1e-4)
+    for key, param in drafter.named_parameters():
+        torch.testing.assert_close(grads[key], param.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_build_model_chooses_the_draft_vocabulary_from_the_data(tmp_path):
+    """drafter.draft_vocab_size=K: the K ids are the data's most frequent trained-on tokens plus the tokenizer's
+    special tokens; the full size (or none) keeps the whole vocabulary; an init_from drafter's map wins and a
+    conflicting size is one error."""
+    from data_prep.stage1 import prepare_stage1
+    from longspec.data.token_counts import token_counts
+    from longspec.testing import build_byte_tokenizer, save_tiny_target
+    from longspec.train.build import build_model
+
+    tokenizer = build_byte_tokenizer()
+    target = save_tiny_target("llama", tmp_path / "target")
+    (tmp_path / "rows.jsonl").write_text(
+        "".join(json.dumps({"text": "abcab cab " * (i + 3)}) + "\n" for i in range(40))
+    )
+    prepare_stage1(source=str(tmp_path / "rows.jsonl"), tokenizer=tokenizer, out=str(tmp_path / "d1"), seq_len=32,
+                   progress=False)  # fmt: skip
+    base = ["stage=tiny_stage1", "target=tiny_llama", f"target.path={target}", f"data.path={tmp_path / 'd1'}"]
+
+    def built(*extra: str):
+        cfg = load_config([*base, *extra])
+        model = build_model(
+            cfg, {}, dtype=torch.float32, device=torch.device("cpu"), rank=0, tokenizer=tokenizer
+        )
+        return model.drafter
+
+    full = built()
+    assert full.draft_vocab is None
+    assert built(f"drafter.draft_vocab_size={full.config.vocab_size}").draft_vocab is None
+    drafter = built("drafter.draft_vocab_size=12")
+    ids = set(drafter.draft_vocab.ids.tolist())
+    assert drafter.config.draft_vocab_size == 12 and set(tokenizer.all_special_ids) <= ids
+    counts = token_counts([tmp_path / "d1"], drafter.config.vocab_size)
+    frequent = [int(i) for i in counts.argsort()[::-1] if counts[i] > 0][
+        : 12 - len(tokenizer.all_special_ids)
+    ]
+    assert set(frequent) <= ids
+    drafter.save_pretrained(tmp_path / "saved")
+    again = built(f"init_from={tmp_path / 'saved'}")
+    assert torch.equal(again.draft_vocab.ids, drafter.draft_vocab.ids)
+    with pytest.raises(
+        ValueError, match="drafter.draft_vocab_size=20 but the init_from drafter drafts over 12 ids"
+    ):
+        built(f"init_from={tmp_path / 'saved'}", "drafter.draft_vocab_size=20")
+    with pytest.raises(FileNotFoundError, match="drafter.draft_vocab_data"):
+        load_config([*base, "drafter.draft_vocab_data=[/nonexistent]"])
