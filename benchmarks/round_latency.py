@@ -3,9 +3,11 @@
     PYTHONPATH=. python benchmarks/round_latency.py [--contexts 8192 32768] [--iters 20]   # CUDA, bf16, 8B shape
     PYTHONPATH=. python benchmarks/round_latency.py --shape smollm2 --contexts 4096 8192   # SmolLM2-135M shape
     PYTHONPATH=. python benchmarks/round_latency.py --target DIR [--gguf-file F] --contexts 4096 8192  # real weights
+    PYTHONPATH=. python benchmarks/round_latency.py --shape qwen25_coder_05b --contexts 32768 --draft-vocab 32768
     PYTHONPATH=. python benchmarks/round_latency.py --tiny                                 # CPU smoke test
 
-Builds a Llama of the --shape (8b: Llama-3.1-8B; smollm2: SmolLM2-135M-Instruct) with random weights (meta-device
+Builds a model of the --shape (8b: Llama-3.1-8B; smollm2: SmolLM2-135M-Instruct; qwen25_coder_05b:
+Qwen2.5-Coder-0.5B-Instruct) with random weights (meta-device
 build, then random init on the GPU: nothing is downloaded), or loads --target, fills the target KV cache with random K/V of `context` tokens (prefill is not what is measured),
 and times, per context (CUDA events, median of --iters after --warmup):
 - AR step, HF: one token through the HF model (sdpa) on a DynamicCache holding the context;
@@ -39,6 +41,7 @@ import torch
 
 from longspec.atomic import write_json_atomic
 from longspec.drafter import Drafter, DrafterConfig
+from longspec.drafter.vocab import DraftVocab
 from longspec.infer.accept import greedy_accept
 from longspec.infer.baselines import _cache_kwarg, _CompiledDecoder, using_attn_implementation
 from longspec.infer.candidates import DEFAULT_TREE_WIDTHS
@@ -49,12 +52,16 @@ from longspec.target import TargetModel
 from longspec.testing import make_tiny_hf_model  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # shapes.py beside it
-from shapes import llama31_8b_config, random_target, smollm2_135m_config  # noqa: E402
+from shapes import llama31_8b_config, qwen25_coder_05b_config, random_target, smollm2_135m_config  # noqa: E402
 
 HBM_BYTES_PER_S = 4.3e12
 
 
-SHAPES = {"8b": llama31_8b_config, "smollm2": smollm2_135m_config}
+SHAPES = {
+    "8b": llama31_8b_config,
+    "smollm2": smollm2_135m_config,
+    "qwen25_coder_05b": qwen25_coder_05b_config,
+}
 
 
 def _verify(engine, tree, **kwargs) -> torch.Tensor:
@@ -235,10 +242,11 @@ def bench_context(
     capture: bool,
     routes: tuple[str, ...] = (),
     hf_compile: bool = True,
+    widths: tuple[int, ...] = DEFAULT_TREE_WIDTHS,
 ) -> dict:
     device = engine.device
     generator = torch.Generator(device=device).manual_seed(context)
-    layout = TreeLayout(DEFAULT_TREE_WIDTHS)
+    layout = TreeLayout(widths)
     engine.reserve(context + layout.num_nodes + 8)
     fill_random_cache(engine, context, generator)
     root = torch.tensor(1234 % target.vocab_size, device=device)
@@ -381,6 +389,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--gguf-file", default=None, help="with --target: a GGUF file inside it (or a path)")
     parser.add_argument("--json", default="round_latency.json", help="output path when $OUT is not set")
     parser.add_argument(
+        "--tree",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_TREE_WIDTHS),
+        help="the draft tree's level widths the draft / verify / round rows time (1: one draft step, a chain of one)",
+    )
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=0,
+        help="the drafter drafts over a draft vocabulary of this many ids (its head: that many rows); 0: the "
+        "target's whole vocabulary",
+    )
+    parser.add_argument(
         "--round-costs",
         action="store_true",
         help="also time the engine's whole round (draft + verify + accept + commit, as generate runs it) for "
@@ -420,11 +442,16 @@ def main(argv: list[str] | None = None) -> dict:
         .requires_grad_(False)
         .eval()
     )
+    vocab_size = target.config.vocab_size
+    if 0 < args.draft_vocab < vocab_size:  # which ids does not change the cost: the first K
+        drafter.use_draft_vocab(DraftVocab(torch.arange(args.draft_vocab), vocab_size))
     engine = SpeculativeEngine(target, drafter)
     timer = Timer(device, warmup, iters)
     routes = tuple(args.layer_routes) if capture else ()
     rows = [
-        bench_context(target, drafter, engine, context, timer, capture, routes, not args.no_hf_compile)
+        bench_context(
+            target, drafter, engine, context, timer, capture, routes, not args.no_hf_compile, tuple(args.tree)
+        )
         for context in contexts
     ]
 
@@ -442,6 +469,7 @@ def main(argv: list[str] | None = None) -> dict:
         **run_info(device=device, argv=argv),
         "dtype": str(dtype).removeprefix("torch."),
         "model": "tiny" if args.tiny else (args.target or f"random {args.shape}"),
+        "draft_vocab_size": drafter.draft_vocab_size,
         "iters": iters,
         "rows": rows,
         "round_costs_ms": round_costs,

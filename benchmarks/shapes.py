@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["llama31_8b_config", "random_target", "smollm2_135m_config"]
+__all__ = ["llama31_8b_config", "qwen25_coder_05b_config", "random_target", "smollm2_135m_config"]
 
 
 def llama31_8b_config(attn_implementation: str | None = None):
@@ -57,6 +57,28 @@ def smollm2_135m_config(attn_implementation: str | None = None):
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+    )
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
+    return config
+
+
+def qwen25_coder_05b_config(attn_implementation: str | None = None):
+    """Qwen2.5-Coder-0.5B-Instruct's architecture (Qwen2: 24 layers, width 896, 14 query / 2 key-value heads, q/k/v
+    biases, tied embeddings, a 151,936-token vocabulary, rope theta 1e6, 32K context) with random weights."""
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
     )
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation

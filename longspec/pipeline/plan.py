@@ -175,14 +175,24 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
         ((preset.stage1, s1), (preset.stage2, s2), (preset.stage3, s3)), 1
     ):
         run_dir = os.path.join(out, "runs", f"stage{index}")
+        # Stage 1 chooses the draft vocabulary from the drafter's own training data; later stages keep init_from's.
+        vocab = (
+            []
+            if preset.draft_vocab_size is None or previous_export
+            else [
+                f"drafter.draft_vocab_size={preset.draft_vocab_size}",
+                f"drafter.draft_vocab_data=[{s1},{s3}]",
+            ]
+        )
         training.append(stage_steps(
-            preset, f"stage{index}", stage, target_overrides=overrides, data_path=stage_data, run_dir=run_dir,
-            init_from=previous_export,
+            preset, f"stage{index}", stage, target_overrides=[*overrides, *vocab], data_path=stage_data,
+            run_dir=run_dir, init_from=previous_export,
         ))  # fmt: skip
         previous_export = default_out_dir(run_dir)
     prepare = [regenerate] if regenerate else []
-    if preset.cpu:
-        # Two cores: every step gets them all, one after another.
+    if preset.cpu or preset.draft_vocab_size is not None:
+        # Two cores: every step gets them all, one after another. A draft vocabulary is chosen in stage 1 from
+        # the stage-3 data too, so that data comes first.
         steps += [*prepare, data_stage3, *training[0], *training[1], *training[2]]
     else:
         # A GPU has room for both: the target writes the stage-3 responses while stage 1 trains, and stage 3 is
@@ -196,7 +206,9 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
 
     def data_overrides_of(ev) -> list[str]:
         if preset.eval_suite:
-            return eval_data_overrides(preset, [os.path.join(data, name) for name in ev.suite or preset.eval_suite])
+            return eval_data_overrides(
+                preset, [os.path.join(data, name) for name in ev.suite or preset.eval_suite]
+            )
         return eval_data_overrides(preset, [os.path.join(corpus, "heldout_lcc.jsonl")])
 
     exports = [default_out_dir(os.path.join(out, "runs", f"stage{i}")) for i in (3, 2, 1)]
@@ -206,7 +218,9 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
 
         data_overrides = data_overrides_of(ev)
 
-        def eval_step(drafter: str | None, ev=ev, eval_dir=eval_dir, data_overrides=data_overrides) -> Step | None:
+        def eval_step(
+            drafter: str | None, ev=ev, eval_dir=eval_dir, data_overrides=data_overrides
+        ) -> Step | None:
             methods = [m for m in ev.methods if drafter is not None or m != "longspec"]
             if not methods:
                 return None

@@ -134,6 +134,9 @@ class PipelineConfig(Schema):
     distill_weight: float = (
         0.0  # KL(target || drafter) added to the CE in every stage (0 = the paper's CE only)
     )
+    # a reduced draft vocabulary of this many ids (docs/ALGORITHM.md §3.6), chosen in stage 1 from the token counts
+    # of the stage-1 and stage-3 data and kept by the later stages; null: the target's whole vocabulary
+    draft_vocab_size: int | None = None
     stage1_max_rows: int | None = MISSING  # source documents read for stage 1 (null: the whole train split)
     stage2_max_rows: int | None = MISSING  # the same for stage 2
     stage2_min_tokens: int = MISSING  # stage-2 documents shorter than this are rejected
@@ -175,6 +178,7 @@ class PipelineConfig(Schema):
         "num_procs": ">= 1",
         "window": ">= 1",
         "distill_weight": ">= 0",
+        "draft_vocab_size": ">= 1",
         "stage1_max_rows": ">= 1",
         "stage2_max_rows": ">= 1",
         "stage2_min_tokens": ">= 1",

@@ -62,3 +62,15 @@ def test_layer_routes_swap_the_fused_steps_and_restore_them(round_latency):
         assert engine.target.packed is None
         assert torch.equal(engine.target(ids).hidden, expected)
     assert engine.target.packed is packed
+
+
+def test_a_draft_vocabulary_and_a_chain_of_one(round_latency, tmp_path, monkeypatch):
+    """--draft-vocab K drafts through K head rows; --tree 1 times one draft step (a chain of one) and its round."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    round_latency.main(
+        ["--tiny", "--contexts", "40", "--iters", "1", "--warmup", "1", "--draft-vocab", "64", "--tree", "1"]
+    )
+    result = json.loads((tmp_path / "round_latency.json").read_text())
+    (row,) = result["rows"]
+    assert result["draft_vocab_size"] == 64
+    assert row["tree_nodes"] == 2 and row["draft_ms"] > 0 and row["draft_static_matches_eager"]

@@ -233,3 +233,27 @@ def test_a_given_drafter_is_evaluated_without_data_or_training(tmp_path):
     assert [s.name for s in cpu] == ["corpus", "eval"] and f"drafter.path={drafter}" in _cmd(cpu[1])
     with pytest.raises(ValueError, match="no exported drafter there"):
         load_preset("cpu", [f"drafter_path={tmp_path / 'missing'}"])
+
+
+@pytest.mark.parametrize("preset_name", ["cpu", "smollm2"])
+def test_a_draft_vocabulary_is_chosen_in_stage_1_from_stage_1_and_3_data(tmp_path, preset_name):
+    """draft_vocab_size=K: stage 1 chooses the K ids from the stage-1 and stage-3 data (prepared before it, also on
+    a GPU preset that otherwise overlaps them), stages 2 and 3 keep init_from's map."""
+    from dataclasses import replace
+
+    preset = replace(load_preset(preset_name), draft_vocab_size=8192)
+    data = tmp_path / "suite" if preset.eval_suite else None
+    if data is not None:
+        data.mkdir()
+    steps = plan(preset, str(tmp_path / "out"), **({"data": str(data)} if data is not None else {}))
+    names = [s.name for s in steps]
+    assert names.index("data_stage3") < names.index("train_stage1")
+    by_name = {s.name: s for s in steps}
+    stage1 = _cmd(by_name["train_stage1"])
+    out = tmp_path / "out" / "data"
+    assert "drafter.draft_vocab_size=8192" in stage1
+    assert f"drafter.draft_vocab_data=[{out}/stage1,{out}/stage3]" in stage1
+    for index in (2, 3):
+        assert not any(a.startswith("drafter.draft_vocab") for a in _cmd(by_name[f"train_stage{index}"]))
+    default = plan(load_preset(preset_name), str(tmp_path / "again"), **({"data": str(data)} if data else {}))
+    assert not any(a.startswith("drafter.draft_vocab") for s in default if s.cmd for a in s.cmd)
