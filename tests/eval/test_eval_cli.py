@@ -61,7 +61,7 @@ def test_eval_cli_end_to_end(eval_overrides, tmp_path):
 def test_single_method_and_sampling(eval_overrides, tmp_path):
     cfg = load_eval_config(
         eval_overrides(
-            tmp_path,
+            tmp_path / "out",
             "method=longspec",
             "temperature=0.8",
             "top_p=0.9",
@@ -151,13 +151,13 @@ def test_math_preset_composes():
 
 def test_results_json_is_strict_json(eval_overrides, tmp_path):
     """One new token: no decode phase, τ and tokens/s undefined -> null, never NaN."""
-    overrides = eval_overrides(tmp_path, "method=ar", "warmup=false")
+    overrides = eval_overrides(tmp_path / "out", "method=ar", "warmup=false")
     run_eval(load_eval_config([o for o in overrides if not o.startswith("max_new")] + ["max_new_tokens=1"]))
 
     def reject(constant):
         raise AssertionError(f"non-standard JSON constant {constant}")
 
-    results = json.loads((tmp_path / "results.json").read_text(), parse_constant=reject)
+    results = json.loads((tmp_path / "out" / "results.json").read_text(), parse_constant=reject)
     assert results["summary"]["rows"]["ar"]["tokens_per_s"] is None
 
 
