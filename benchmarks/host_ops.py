@@ -1,11 +1,11 @@
 """Host work of a decode round outside its static steps: the torch ops the engine's loop runs between the steps.
 
 Why: with CUDA graphs a round's draft, verify + accept and commit are graph replays, and every other torch op
-is one more launch (or copy) that the host issues between them. Once a graph AR step costs ~1.1 ms (SmolLM2 shape
-on an H200, docs/BENCHMARKS.md), the host's share decides whether a plain round costs one AR step. This counts
-those ops per generated token, from the profiler's top-level ops that run outside `StaticStep.__call__`, on
-static shapes (with CUDA graphs on a GPU; without capture on the CPU, where the steps run eagerly and are left
-out the same way). Views (no kernel) are not counted.
+is one more launch (or copy) that the host issues between them. Once a graph AR step costs about a millisecond
+(the SmolLM2 shape on a GPU: docs/BENCHMARKS.md, "The decode step and the round on a GPU"), the host's share
+decides whether a plain round costs one AR step. This counts those ops per generated token, from the profiler's
+top-level ops that run outside `StaticStep.__call__`, on static shapes (with CUDA graphs on a GPU; without capture
+on the CPU, where the steps run eagerly and are left out the same way). Views (no kernel) are not counted.
 
     python benchmarks/host_ops.py --tiny                        # CPU: a tiny random Llama
     python benchmarks/host_ops.py --shape smollm2 --context 4096  # GPU: random SmolLM2-shaped weights, bf16

@@ -1,7 +1,7 @@
 """`python -m longspec.convert_gguf SRC OUT [--dtype bfloat16|float16|float32] [--overwrite]`: a GGUF target as an HF
 model directory (config.json, model.safetensors, tokenizer files, generation config).
 
-De-quantizing a GGUF takes a while (~40 s for a 135M Q4_1 model on a CPU) and happens on every load; the HF
+De-quantizing a GGUF takes a while (tens of seconds even for a small model on a CPU) and happens on every load; the HF
 directory it becomes loads in a second and can be carried to a machine without the `gguf` package. The weights
 are what transformers de-quantizes (Q4_1 etc. -> float32), then cast to --dtype; the tokenizer is the one rebuilt
 from the file's metadata, so `target.path=OUT` and `target.gguf_file=SRC` give the same model, the same ids and

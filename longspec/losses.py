@@ -134,7 +134,7 @@ class _FusedLinearCEKL(torch.autograd.Function):
         KL = sum_v q (log q - log p')      dKL/dz = (p' - q) / tau
     and dL/dh = (dL/dz) W, dL/dW = (dL/dz)^T h. A chunk's vocabulary matmuls are z, u and the gradient: three,
     where separate CE and KL functions that recompute their logits in the backward need eight, one of them in
-    float32 (on the GPU the KL and top-1 passes took 250 of a 307 ms training step, docs/BENCHMARKS.md). The
+    float32 (on the GPU those passes would be most of a training step). The
     top-1 hits come from the same z. A row without a label (ignore_index) adds nothing and gets no gradient."""
 
     @staticmethod

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd=[sys.executable, "-m", "longspec.eval", *overrides, f"drafter.path={run_dir}/export",
                      *eval_data_overrides(preset, sources),
                      # τ of the drafter itself needs a fixed tree: under tree=auto (the default) a weak
-                     # drafter's rounds go plain and both variants read τ 1.0 (the first GPU run, BENCHMARKS)
+                     # drafter's rounds go plain and both variants read τ 1.0
                      "method=[longspec,ar]", f"tree_widths=[{','.join(map(str, DEFAULT_TREE_WIDTHS))}]",
                      f"max_new_tokens={args.max_new_tokens}",
                      f"max_samples={args.max_samples}", f"output_dir={out}/eval_{variant}"],

@@ -150,7 +150,7 @@ class DrafterCache:
         start = window_start(q, self.window) if start is None else start.to(pos.device)
         # Filled (>= 0), causal and within the window is one range, [max(start, 0), q] (not empty: q >= 0), which
         # a clamp and an eq test (4 launches on CUDA with `start` and its clamp, where 3 comparisons, a
-        # subtraction and 2 ands took 6).
+        # subtraction and 2 ands take 6).
         low = start.clamp(min=0)[:, :, None]  # [B,Tq,1]
         return torch.eq(torch.clamp(pos, low, q[:, :, None]), pos, out=out)
 

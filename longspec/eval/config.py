@@ -118,7 +118,7 @@ class EvalConfig(Schema):
     # Timed runs per sample and method, interleaved (each repeat rotates the methods' order, and longspec's tree
     # policy restarts from the same learned state); each sample keeps its fastest run, as timeit does. For a
     # machine whose timing spread between identical runs is larger than the differences measured (a shared
-    # 2-core VM: +-25%, docs/BENCHMARKS.md); 1 = one run.
+    # or loaded machine); 1 = one run.
     timing_repeats: int = 1
     # With timing_repeats > 1: a sample whose runs of one method spread more than this (slowest / fastest decode
     # time) marks its cells' speedups unstable; the report prints none from them.

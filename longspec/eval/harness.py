@@ -19,14 +19,13 @@ import torch
 
 from longspec.atomic import write_text_atomic
 from longspec.cli import UserError
+from longspec.eval import sample_runs
 from longspec.eval.config import EvalConfig
 from longspec.eval.datasets import load_samples, prompt_context_len
-from longspec.eval.divergence import TIE_ULPS, analyse_divergence
 from longspec.eval.progress import EvalProgress, run_key
 from longspec.eval.report import write_report
 from longspec.eval.session import EvalSession
 from longspec.eval.summary import greedy_reference, summarise
-from longspec.eval.timed_runs import timed_runs
 from longspec.fingerprint import target_fingerprint
 from longspec.infer.baselines import reserve_hf_compiled, run_method, run_method_batch
 from longspec.infer.methods import get_method
@@ -121,8 +120,7 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
 
     from longspec.target_source import check_tokenizer_fits, load_config, load_tokenizer
 
-    # Where an evaluation's time goes besides decoding (logged, and kept in results.json as phases_s): what
-    # showed that the suite's evaluations, 320 s as seven processes on the GPU, were worth one process.
+    # Where an evaluation's time goes besides decoding (logged, and kept in results.json as phases_s).
     clock = _Phases()
     check_output_dir(cfg.output_dir, EVAL_KIND, what="output_dir")  # a user's folder: refused before any load
     device, dtype = _device_and_dtype(cfg)
@@ -131,8 +129,8 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     model_source = cfg.target.source()  # an HF directory / hub id, or a GGUF file
     tokenizer = load_tokenizer(model_source, trust_remote_code=trust)
     hf_config = load_config(model_source, trust_remote_code=trust)
-    # A family the adapter does not run is refused now, before anything else about the run: it used to come
-    # after the data checks, so a gpt2 target first asked for another data.context_margin, then was refused.
+    # A family the adapter does not run is refused now, before anything else about the run: a data check's
+    # advice (another data.context_margin) would be useless for it.
     _check_model_type(hf_config)
     check_tokenizer_fits(tokenizer, hf_config.vocab_size)  # the embedding's rows
     # by default prompts fit the target's context, or the range its rope rotates exactly (`_check_positions`)
@@ -155,8 +153,9 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
         samples = samples[: cfg.max_samples] if cfg.max_samples else samples
         data_reports.append(report.to_dict())
         # Results, the lossless check and a stopped run's chunks are keyed by dataset name, which for a file is
-        # its base name: two sources of one name (a/rows.jsonl, b/rows.jsonl) were merged as one dataset, their
-        # samples checked against the wrong reference records, and read back in each other's place on a rerun.
+        # its base name: two sources of one name (a/rows.jsonl, b/rows.jsonl) get distinct names, or they would
+        # merge as one dataset, be checked against the wrong reference records and be read back in each other's
+        # place on a rerun.
         name, k = samples[0].dataset, 1
         while any(name == other for other, _ in datasets):
             k += 1
@@ -195,8 +194,8 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
     if cfg.warmup:
         warm = dataclasses.replace(gen_config, max_new_tokens=min(8, cfg.generation.max_new_tokens))
         # On a GPU, kernel selection is per shape (cuDNN attention plans, Triton autotuning by context length):
-        # measured on the H200, the first 64 tokens at a new context length ran 6x slower for SDPA decoding
-        # (benchmarks/decode_methods.py). Warm up at each data source's first prompt, not at a toy length.
+        # the first tokens at a new context length run far slower (benchmarks/decode_methods.py shows it). Warm
+        # up at each data source's first prompt, not at a toy length.
         # (A CPU has no per-shape kernels: a short prompt initialises everything there.)
         warm_prompts = [samples[0].prompt_ids for _, samples in datasets]
         if device.type != "cuda":
@@ -247,7 +246,9 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
         for start in range(0, len(samples), cfg.batch_size):
             chunk = samples[start : start + cfg.batch_size]
             done = progress.get(dataset, start)
-            kept = done or timed_runs(methods, chunk, gen_config, cfg, target=target, engine=engine)
+            kept = done or sample_runs.timed_runs(
+                methods, chunk, gen_config, cfg, target=target, engine=engine
+            )
             for method in methods:
                 records = kept[method]
                 results["methods"][method].setdefault(dataset, []).extend(records)
@@ -260,7 +261,7 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
             else:
                 if reference is not None:
                     for index, sample in enumerate(chunk, start=start):
-                        _check_against_reference(
+                        sample_runs.check_against_reference(
                             results["methods"], dataset, reference, sample, target, index
                         )
                 progress.add(dataset, start, kept)
@@ -288,40 +289,6 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
 def _drafter_dir(cfg: EvalConfig) -> str | None:
     uses_drafter = any(get_method(m).needs_drafter for m in cfg.methods)
     return cfg.drafter.path if uses_drafter and cfg.drafter.init == "pretrained" else None
-
-
-def _check_against_reference(methods: dict, dataset: str, reference: str, sample, target, index: int) -> None:
-    """T = 0: each method's output for the sample at `index` of `dataset` vs the reference method's; a
-    difference gets a `divergence` entry (first position, the two tokens, the target's logit gap there,
-    near-tie or not)."""
-    ref_tokens = methods[reference][dataset][index]["output_ids"]
-    for method, per_dataset in methods.items():
-        record = per_dataset[dataset][index]
-        if method == reference:
-            continue
-        divergence = analyse_divergence(target.model, sample.prompt_ids, record["output_ids"], ref_tokens)
-        if divergence is None:
-            continue
-        record["divergence"] = divergence.to_dict()
-        if divergence.near_tie:
-            verdict = f"a near-tie (|gap| <= {divergence.tolerance:.3g}, {TIE_ULPS:g} ulp)"
-        elif divergence.reference_off:
-            verdict = f"NOT a near-tie, but this output's token is the target's argmax: {reference} left it"
-        else:
-            verdict = "NOT a near-tie"
-        log = logger.warning if divergence.explained else logger.error
-        log(
-            "%s %s sample %s differs from %s at token %d (%s vs %s): target logit gap %s, %s",
-            dataset,
-            method,
-            sample.id,
-            reference,
-            divergence.index,
-            divergence.token,
-            divergence.reference_token,
-            "n/a" if divergence.gap is None else f"{divergence.gap:.4g}",
-            verdict,
-        )
 
 
 def _json_safe(obj):

@@ -1,7 +1,7 @@
 """An evaluation's finished samples, kept as they complete so that a stopped run loses none of them.
 
 A long evaluation (hundreds of 32K-128K-token samples on a large target) can take hours; a job's time limit, a
-preempted node or a crash used to lose every sample decoded before it. Each finished chunk of samples (one batch:
+preempted node or a crash must not lose every sample decoded before it. Each finished chunk of samples (one batch:
 every method's records, after the lossless check) is appended as one JSON line to OUT/results.partial.jsonl and
 flushed to disk. A rerun with the same configuration reads those chunks back instead of decoding them again and
 continues with the rest; results.json then holds all of them (`resumed` counts those read back: their times were

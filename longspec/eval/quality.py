@@ -14,11 +14,10 @@ A reference is degenerate when either
   occurred earlier in the output. This catches the loops a small model falls into at long context that are
   neither exactly periodic nor short: one sentence or paragraph again and again ("The document is a one-page
   summary of ... " x 5, SmolLM2-135M-Instruct on a 4K-token summarisation prompt), lists that enumerate one
-  line with a counter. `benchmarks/quality_calibration.py` on 300 windows of 128 tokens of the standard
-  library's own code and prose (SmolLM2's tokenizer, docs/BENCHMARKS.md): median 0.0, 97th percentile 0.25, max
-  0.51 (2 of 300 windows flagged: tables of repeated statements in sunau.py and mailbox.py); the loops seen
-  score 0.5-1.0. A list that repeats one line with a counter and then moves on can stay below the threshold
-  (0.25 on one SmolLM2 answer): the guard catches what loops, not everything repetitive.
+  line with a counter. The threshold sits above what ordinary code and prose score and below what real loops
+  score (`benchmarks/quality_calibration.py` scores windows of the standard library's code and prose). A list
+  that repeats one line with a counter and then moves on can stay below it: the guard catches what loops, not
+  everything repetitive.
 Outputs shorter than MIN_TOKENS are never flagged (a one-line answer has too few tokens to judge).
 """
 

@@ -14,8 +14,8 @@ exit status is 1 if any run failed. Each run writes its output_dir as `python -m
 (`{"run", "output_dir", "status", "seconds"}`, status done or failed): the pipeline records each evaluation from
 it while the others still run.
 
-Why one process: on the GPU the SmolLM2 suite's seven evaluations took 320 s as seven processes (each starting,
-loading, capturing graphs and measuring round costs again) and 178 s in one (docs/BENCHMARKS.md).
+Why one process: as separate processes, each evaluation of a suite starts, loads the models, captures the graphs
+and measures the round costs again; in one process only the first does.
 """
 
 from __future__ import annotations

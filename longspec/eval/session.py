@@ -2,11 +2,10 @@
 (`python -m longspec.eval.runs`): the target, the drafter and the engine, with its static steps / CUDA graphs and
 its measured round costs.
 
-Why: on the GPU the SmolLM2 suite's seven evaluations took 320 s as seven processes, each starting, loading the
-models, capturing the graphs and measuring tree=auto's round costs again; in one process they took 178 s (the
-full-tree run 24 s -> 3.7 s; docs/BENCHMARKS.md). A run that follows one with the same target (source, dtype, device)
-reuses all of it; a run with another target replaces it (one target at a time: a user's 8B target in two dtypes
-would not fit twice).
+Why: as separate processes, each evaluation of a suite starts, loads the models, captures the graphs and measures
+tree=auto's round costs again, which can take longer than its decoding. A run that follows one with the same
+target (source, dtype, device) reuses all of it; a run with another target replaces it (one target at a time: a
+user's 8B target in two dtypes would not fit twice).
 
 What does not carry over: the adaptive tree policies (acceptance per depth, learned round times), which are
 cleared at each run's start, so a run decides its trees as it would in a fresh process. The measured round costs

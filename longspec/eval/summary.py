@@ -138,9 +138,9 @@ def sample_quality(methods: dict[str, dict[str, list[dict]]], dataset: str) -> d
     target-only reference method's output (greedy at T = 0, sampled at T > 0), else -- a run without one -- each
     sample's output from the first method that has it. A sample is degenerate too where another method's output
     differs from that one and is degenerate itself: at T = 0 a bf16 near-tie can send one method into a loop the
-    reference never wrote (GPU, gov_report_8k: graph AR stopped after 19 tokens at an end-of-text near-tie,
-    longspec and pld went on with 109 tokens of one repeated sentence and read 3.9x and 4.3x), and a speed
-    measured on a loop is not a result. `judged_on` names the method whose output decided."""
+    reference never wrote (the reference stops at an end-of-text near-tie while another method goes on
+    repeating one sentence at a high speedup), and a speed measured on a loop is not a result. `judged_on` names
+    the method whose output decided."""
     present = [m for m in methods if dataset in methods[m]]
     reference = greedy_reference(present)
     order = [reference] + [m for m in present if m != reference] if reference else present

@@ -75,7 +75,7 @@ class GenerationConfig:
         return self.static_shapes or self.cuda_graphs
 
     def __post_init__(self):
-        # Types first, so a wrong one is one error naming its field: a float max_new_tokens used to reach the
+        # Types first, so a wrong one is one error naming its field: else a float max_new_tokens would reach the
         # cache's allocation (a TypeError from torch.zeros), a seed of None the RNG, a str a bare comparison.
         for name in _INT_FIELDS:
             value = getattr(self, name)

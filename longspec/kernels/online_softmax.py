@@ -36,8 +36,8 @@ def mask_operand(mask: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 def heads_last_like(q: torch.Tensor) -> torch.Tensor:
     """An output for attention of q [B, H, Tq, D], laid out [B, Tq, H, D] in memory (returned as a [B, H, Tq, D]
     view): the layout the output projection reads, so `out.transpose(1, 2).reshape(B, Tq, H * D)` is a view.
-    In the default layout that reshape was one copy kernel per layer whenever Tq > 1 (every verify and draft
-    level: 30 launches a round on SmolLM2, ~0.07 ms on an H200, docs/BENCHMARKS.md)."""
+    In the default layout that reshape is one copy kernel per layer whenever Tq > 1 (every verify and every draft
+    level), launches a decode round would pay for nothing."""
     B, H, Tq, D = q.shape
     return q.new_empty(B, Tq, H, D).transpose(1, 2)
 
@@ -113,8 +113,8 @@ def attend_range(
             if HAS_PERIOD:
                 # (limit - 1 - col) % period == 0, as one remainder per row and one per column (both >= 0), in
                 # int32: GPUs have no integer divide, and one int64 remainder per element (limit is int64) is a
-                # long emulated sequence for every key of the tile. With it a forest of 2 / 4 chains cost 1.25x /
-                # 1.29x the chain's round on an H200 (SmolLM2, 4K, T=1), 1.05x / 1.13x without (BENCHMARKS.md).
+                # long emulated sequence for every key of the tile, enough to make a forest's round markedly
+                # dearer than a chain's.
                 row_phase = ((limit - 1).to(tl.int32) % period)[:, None]
                 col_phase = (cols.to(tl.int32) % period)[None, :]
                 visible = visible & (row_phase == col_phase)

@@ -22,8 +22,8 @@ Backends (`backend=`):
 - "auto": the fastest one that supports the call, by case. `attention`: flash_attn > torch_flash > triton > math
   (on the CPU without autograd: torch_flash where it fits, else math).
   `cache_attention` / `hybrid_attention` (few queries vs a long cache, inference): triton > flash_attn >
-  torch_flash > math, because our split-KV kernel was measured 1.8-2.7x faster than the FA2-family kernel on
-  this shape (docs/BENCHMARKS.md); a causal tail that is a forest (`cache_attention(branches=...)`) skips
+  torch_flash > math, because our split-KV kernel is faster than the FA2-family kernel on this shape (see the
+  benchmarks); a causal tail that is a forest (`cache_attention(branches=...)`) skips
   flash_attn, which has no such mask; on the CPU, torch_flash with the length on the host (eager decoding),
   math with a per-row length tensor. `tree_attention`: triton > math. It warns once when it falls back to math
   on a GPU.

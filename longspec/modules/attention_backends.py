@@ -145,9 +145,8 @@ def cpu_flash_cache(q, k_cache, v_cache, cache_len: int, *, causal: bool, branch
     a causal tail and a forest included) through aten._scaled_dot_product_flash_attention_for_cpu. Each kv head's
     group of query heads is folded into its query axis (no K/V copy: [B, Hkv, G * Tq, D]); a causal tail is an
     additive mask over those rows (`_tail_mask`, made once per round shape and shared by the layers). The math
-    path's five-dimensional broadcasts ran at a fraction of the memory speed: with this path the engine's plain
-    step at 2K on the 2-core CI machine went from 5.63 to 4.14 ms, a lookup2 round from 7.50 to 5.68
-    (docs/BENCHMARKS.md)."""
+    path's five-dimensional broadcasts run at a fraction of the memory speed, which a CPU decode step feels in
+    every layer."""
     k, v = k_cache[:, :, :cache_len], v_cache[:, :, :cache_len]
     if not causal:  # every query sees the same keys: the unmasked call (an empty cache included)
         return torch_flash_call(q, k, v, causal=False, scale=scale)

@@ -3,22 +3,20 @@ fastest, measured once per shape on the machine that runs them.
 
 Inference multiplies few rows by each weight: one for an AR step, a round's verified tokens for a verify (2-17 in
 the rounds tree="auto" runs most). F.linear hands BLAS x @ W^T with M as the GEMM's rows, and for few rows some
-builds run that product on one core, or through a GEMV that streams a tall weight slowly. On this project's 2-core
-CI machine (AMD EPYC, torch's CPU build with MKL), F.linear at 2-4 rows cost 2-5x its one-row time, so a round
-verifying 2-3 tokens cost 1.6-1.8 plain steps and no speculation paid there (docs/BENCHMARKS.md). The same product computed as
-(W @ x^T)^T -- the weight as the GEMM's left operand, N its rows -- runs on every core: `weight_left`. For one
-row, x is repeated to two columns (a GEMM, not the GEMV; half its output is dropped): on that machine a
-576 x 49152 LM head (SmolLM2's) took a third of the GEMV's time that way.
+builds run that product on one core, or through a GEMV that streams a tall weight slowly. Then a few rows cost
+several times one row, a round verifying 2-3 tokens costs nearly as much as that many plain steps, and no
+speculation pays. The same product computed as (W @ x^T)^T -- the weight as the GEMM's left operand, N its rows --
+runs on every core: `weight_left`. For one row, x is repeated to two columns (a GEMM, not the GEMV; half its
+output is dropped), which also beats the GEMV on a tall weight such as an LM head.
 
 Which route wins depends on the BLAS, the core count and the shape (with one thread `weight_left` lost at some
 shapes), so nothing is assumed: the first call of each (shape, rows, dtype, threads, bias) times both routes on
 its own operands and keeps `weight_left` only where it is at least MARGIN faster, so a route never flips
 between runs on a near tie. Each timed call starts from cold caches (EVICT_BYTES written first): in a decode
-step the weight was evicted by the layers before it, and a weight served from cache favours another route (timed
-warm, F.linear won the code target's 8192 x 256 LM head at one row; cold it took 1041 µs against weight-left's
-336, `benchmarks/cpu_projection.py`). Both compute the same sums of
-products; float32 roundings may differ in the last bits, as F.linear's own kernels already differ between row
-counts. Only inference takes a route (no autograd; training's products have thousands of rows).
+step the weight was evicted by the layers before it, and a weight served from cache can favour the other route
+(`benchmarks/cpu_projection.py` shows such a shape). Both compute the same sums of products; float32 roundings
+may differ in the last bits, as F.linear's own kernels already differ between row counts. Only inference takes
+a route (no autograd; training's products have thousands of rows).
 """
 
 from __future__ import annotations
@@ -40,10 +38,10 @@ __all__ = [
     "weight_left",
 ]
 
-# Past ~16 rows F.linear's GEMM threads over the rows as well (measured at 9-16 rows: mostly within MARGIN).
+# Past ~16 rows F.linear's GEMM threads over the rows as well: the routes are mostly within MARGIN there.
 MAX_ROWS = 16
-# Smaller weights take F.linear unmeasured: below ~1 MiB the routes differ by a few µs either way (the code
-# target's qkv / o / down, 0.26-0.66 MB), and the tests' tiny models need no timing.
+# Smaller weights take F.linear untimed: below ~1 MiB the routes' difference is negligible either way, and the
+# tests' tiny models need no timing.
 MIN_WEIGHT_BYTES = 1 << 20
 MARGIN = 1.25
 ROUTES = ("linear", "weight_left")

@@ -70,8 +70,8 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, bias: torch.Tensor |
 
 
 def head_logits(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The LM head's logits, head(x): never the CUDA GEMV (cuBLAS streamed SmolLM2's head faster at one row, and
-    it ties at the 8B shape: docs/BENCHMARKS.md), the CPU's measured route for few rows, else the module itself."""
+    """The LM head's logits, head(x): never the CUDA GEMV (cuBLAS streams a vocabulary-wide head at least as
+    fast), the CPU's measured route for few rows, else the module itself."""
     if type(head) is nn.Linear:
         return _blas(x, head.weight, head.bias)
     return head(x)

@@ -84,7 +84,7 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
     if preset.target_path is not None:
         target = tokenizer = preset.target_dir()
     elif preset.target_gguf is not None:
-        # De-quantize once: every later step loads an HF directory instead of de-quantizing again (~40 s each).
+        # De-quantize once: every later step loads an HF directory instead of de-quantizing again.
         stem = os.path.basename(preset.target_gguf).removesuffix(".gguf")
         target = tokenizer = os.path.join(out, "target", stem)  # the run name comes from the directory name
         convert = Step(
@@ -95,7 +95,7 @@ def plan(preset: PipelineConfig, out: str, *, data: str | None = None) -> list[S
         )  # fmt: skip
         if not preset.cpu:
             # On a GPU machine the data is tokenized with the GGUF's own tokenizer while the target converts
-            # (both CPU-bound, 16 cores; 110 s one after the other on the H200). The tokenizer fingerprint is
+            # (both CPU-bound: together they take the time of the longer one). The tokenizer fingerprint is
             # canonical content, so data tokenized from the GGUF matches the converted directory's tokenizer.
             tokenizer = preset.target_gguf
     else:  # the target group's own model (a hub id, a directory or a GGUF), named as the group names it
@@ -262,8 +262,8 @@ def eval_data_overrides(preset: PipelineConfig, sources: list[str]) -> list[str]
 
 def eval_runs_command(steps: list[Step], events: str) -> list[str]:
     """The evaluation steps as one `python -m longspec.eval.runs` process: each step's own eval overrides become
-    one --run. The models, graphs and round costs are then loaded / built once for all of them: the SmolLM2
-    suite's seven evaluations took 320 s on the GPU as separate processes, 178 s in one."""
+    one --run. The models, graphs and round costs are then loaded / built once for all of them, not once per
+    evaluation."""
     cmd = [sys.executable, "-m", "longspec.eval.runs", "--events", events]
     for step in steps:
         head = step.cmd[1 : 1 + len(EVAL_MODULE)]

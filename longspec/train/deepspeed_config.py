@@ -58,7 +58,7 @@ def build_deepspeed_config(cfg: TrainConfig, *, world_size: int) -> dict[str, An
                 "betas": list(optim.betas),
                 "eps": optim.eps,
                 "weight_decay": optim.weight_decay,
-                # torch.optim.AdamW: no JIT-compiled op (FusedAdam compiles for ~50 s and needs a CUDA toolchain).
+                # torch.optim.AdamW: no JIT-compiled op (FusedAdam compiles on first use and needs a CUDA toolchain).
                 "torch_adam": not ds.offload_optimizer,
             },
         },

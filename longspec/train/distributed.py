@@ -41,7 +41,7 @@ def init_distributed(backend: str = "auto") -> DistInfo:
     if backend == "auto":
         backend = "nccl" if on_gpu else "gloo"
     if not on_gpu:
-        # DeepSpeed's CPU accelerator JIT-compiles a shared-memory comm op (~35 s) on first use; gloo does the same
+        # DeepSpeed's CPU accelerator JIT-compiles a shared-memory comm op on first use; gloo does the same
         # collectives with no build step. Private switch, kept in this one place.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

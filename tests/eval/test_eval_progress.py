@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from longspec.eval import harness
+from longspec.eval import sample_runs
 from longspec.eval.config import load_eval_config
 from longspec.eval.harness import run_eval
 from longspec.eval.progress import PARTIAL_NAME
@@ -17,7 +17,7 @@ class _Stopped(Exception):
 
 def _counting(monkeypatch, *, stop_at: int | None = None) -> list[int]:
     """Count the chunks decoded; raise at the `stop_at`-th (a kill mid-run)."""
-    calls, real = [], harness.timed_runs
+    calls, real = [], sample_runs.timed_runs
 
     def timed_runs(*args, **kwargs):
         calls.append(1)
@@ -25,7 +25,7 @@ def _counting(monkeypatch, *, stop_at: int | None = None) -> list[int]:
             raise _Stopped
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(harness, "timed_runs", timed_runs)
+    monkeypatch.setattr(sample_runs, "timed_runs", timed_runs)
     return calls
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from longspec.drafter import Drafter, DrafterConfig
-from longspec.eval import timed_runs
+from longspec.eval import sample_runs
 from longspec.eval.config import load_eval_config
 from longspec.eval.harness import run_eval
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
@@ -60,10 +60,10 @@ def test_repeats_rotate_the_methods_and_restart_the_policy(monkeypatch):
             {"decode_s": seconds, "tokens_per_s": 1 / seconds, "mean_accept_length": 1.0, "run": len(calls)}
         ]
 
-    monkeypatch.setattr(timed_runs, "_generate", generate)
+    monkeypatch.setattr(sample_runs, "generate", generate)
     cfg = SimpleNamespace(timing_repeats=3, batch_size=1)
     methods = ["longspec", "ar", "pld"]
-    kept = timed_runs.timed_runs(methods, [object()], None, cfg, target=None, engine=spy)
+    kept = sample_runs.timed_runs(methods, [object()], None, cfg, target=None, engine=spy)
     # no method always first after a new prompt
     assert calls == ["longspec", "ar", "pld", "ar", "pld", "longspec", "pld", "longspec", "ar"]
     # the first repeat starts from state 0 and leaves 1; longspec's later runs start from 0 again; then back to 1

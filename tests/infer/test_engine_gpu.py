@@ -190,8 +190,9 @@ def test_capture_survives_dead_graphs_collected_during_it():
 @pytest.mark.parametrize("batch, context", [(16, 4096), (4, 8000)])
 def test_graph_batch_at_long_context_equals_each_row_alone(batch, context):
     """The shapes where the real SmolLM2 batch table found batched graph AR leaving the target's greedy text (bf16,
-    gaps of 10.25 and 3.5 logits, docs/BENCHMARKS.md): a ragged batch at 4K / 8K context decoding 256 tokens, in
-    fp32 (no near-ties), batched graph AR and batched longspec each equal every row decoded alone by graph AR."""
+    gaps of 10.25 and 3.5 logits; docs/notes/benchmark-log.md, "real-text SmolLM2 batches"): a ragged batch at 4K /
+    8K context decoding 256 tokens, in fp32 (no near-ties), batched graph AR and batched longspec each equal every
+    row decoded alone by graph AR."""
     target = make_tiny_target("llama", max_position_embeddings=8192 + 512).to("cuda")
     gen = torch.Generator().manual_seed(12)
     prompts = [torch.randint(0, 256, (context - 3 * row,), generator=gen).cuda() for row in range(batch)]

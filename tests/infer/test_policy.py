@@ -689,7 +689,7 @@ def _bursty_rate(
     """Tokens per unit of cost relative to plain decoding, and the share of speculating rounds, over `samples`
     calls of 128 tokens on texts whose per-level first-choice acceptance switches between `good` and `bad`
     passages (a two-state chain that stays put with probability 0.9 per token). Round costs: the SmolLM2 shape's,
-    in plain steps (docs/BENCHMARKS.md)."""
+    in plain steps (the dated measurements: docs/notes/benchmark-log.md)."""
     from longspec.infer.policy import adaptive as policy_module
 
     monkeypatch.setattr(policy_module, "PLAIN_AGING", aging)
@@ -1090,7 +1090,7 @@ def test_an_accept_in_a_plain_streak_is_decided_on_at_the_next_round(monkeypatch
         assert chosen[: RECHECK_EVERY - 2] == [()] * (RECHECK_EVERY - 2) and isinstance(chosen[-1], Lookup)
 
 
-# ms per round, SmolLM2 at 4K, T=1, graphs: the round costs the GPU e2e measured at `3ba8683` (docs/BENCHMARKS.md)
+# ms per round, SmolLM2 at 4K, T=1, graphs: the round costs the GPU e2e measured at `3ba8683` (benchmark-log.md)
 T1_COSTS_4K = {(): 1.197, (1,): 1.786, (1, 1): 2.065, (1, 1, 1, 1): 2.527, (2, 2, 2): 2.628, (4, 4, 4): 3.066,
                (4, 8, 8, 8): 3.246, (4, 16, 16, 16): 3.465, BIG: 3.840, Lookup(2): 1.380, Lookup(4): 1.380,
                Lookup(8): 1.391, Lookup(16): 1.414}  # fmt: skip

@@ -1,8 +1,8 @@
 """The bonus draw (`naive.sample_bonus_naive` states the semantics) in two launches over the whole device.
 
 A draw by inverse CDF needs the residual's total before it can look for u x total, and a vocabulary-wide row is
-too long for one program: a single program per row walking 49152 float64 entries took ~14 µs a pass on the H200
-(the tree walk, kernels/tree_sampling). So the row is cut into CHUNK-wide pieces:
+too long for one program: a single program per row walking a vocabulary of float64 entries is latency-bound (as
+the tree walk, kernels/tree_sampling, shows). So the row is cut into CHUNK-wide pieces:
 1. one program per (row, chunk) writes its piece's residual mass and p's mass (float64);
 2. one program per row picks the residual or p (the fallbacks), finds the chunk where the running mass first
    exceeds u x total, and scans that one chunk for the index.

@@ -3,7 +3,7 @@ the target's choice at their parent, with the bonus after it; at T > 0: the samp
 `kernels.bonus_sampling` draws) and the round's packed output row (emitted tokens, path, count) that the engine
 copies to the host. Every round whose tree is one chain takes it: an AR step and a plain round (no drafts), the
 drafter's chains, a prompt-lookup chain. `naive.py` is the reference (the rules in PyTorch: ~15 small launches
-on CUDA at T = 0, ~25 at T > 0, each ~1.5-2 µs of a launch-bound round); `triton.py` is one program per row."""
+on CUDA at T = 0, ~25 at T > 0, each a launch in a launch-bound round); `triton.py` is one program per row."""
 
 from __future__ import annotations
 

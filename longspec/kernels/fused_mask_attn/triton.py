@@ -95,7 +95,7 @@ def fused_mask_attn(
     out/lse: optional output buffers. Returns (out [B,H,Tq,D] in q.dtype (or out's; by default laid out
     [B,Tq,H,D]: `heads_last_like`), lse [B,H,Tq] float32). block_m: folded rows per program (default: the rows
     rounded up to a power of two within [16, 64]: a drafter level of a few rows is one program per kv head that
-    walks every key tile, and a 64-row tile of mostly padding made each step ~4x the work)."""
+    walks every key tile, and a 64-row tile of mostly padding would multiply each step's work)."""
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     assert k.shape == v.shape and k.shape[0] == B and k.shape[3] == D and H % Hkv == 0

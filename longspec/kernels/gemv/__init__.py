@@ -2,8 +2,8 @@
 written in the model's dtype, optionally with SiLU(gate) * up fused into the gate/up projection.
 
 Why: at one row cuBLAS streams some weights well below the bytes rate and, where it splits K, adds a reduce
-launch of its own (on an H200, bf16: the 8B shape's output projection 12.7 µs a call against a 7.8 µs bytes
-floor, SmolLM2's projections 3.2-5.2 µs against < 1 µs; `benchmarks/projection_routes.py`). Here every program
+launch of its own (`benchmarks/projection_routes.py` compares both with the bytes floor at the 8B and SmolLM2
+shapes). Here every program
 streams [BLOCK_N, K] weight rows once in wide tiles and keeps the whole sum along K in float32, so the output is
 rounded once, as one GEMM's accumulator is (the order of the sum differs: a last-bit difference, as between two
 cuBLAS kernels), and no other launch is needed. `naive.py` is the reference."""

@@ -5,7 +5,7 @@ __all__ = ["MAX_ROWS", "TWO_ROW_MAX_BYTES"]
 # An AR step's row, or a chain of one's two: each row multiplies every weight tile on CUDA cores, one
 # accumulator each; more rows go to cuBLAS's tensor-core kernels.
 MAX_ROWS = 2
-# Two rows only for weights up to this size: on an H200 two rows in one GEMV beat cuBLAS at the SmolLM2 shape
-# (weights <= 3.4 MiB) and lose to it at the 8B shape's (>= 32 MiB), where the second accumulator costs more
+# Two rows only for weights up to this size: two rows in one GEMV beat cuBLAS at small weights (the SmolLM2
+# shape's) and lose to it at large ones (the 8B shape's), where the second accumulator costs more
 # than a tensor-core kernel's pass (`benchmarks/projection_routes.py`).
 TWO_ROW_MAX_BYTES = 16 << 20

@@ -39,8 +39,8 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # CUDA-core products, summed along K in registers, one [BLOCK_N] accumulator per row (and per half, fused).
-    # (In the split-K form this grew from, a tl.dot on a 16-row block, M padded, ran at half the speed at one row
-    # on an H200, and a [rows, BLOCK_N, BLOCK_K] broadcast at a third: docs/BENCHMARKS.md.)
+    # (Not a tl.dot on a 16-row block, M padded, nor a [rows, BLOCK_N, BLOCK_K] broadcast: at one or two rows
+    # both are slower than these per-row accumulators; see the benchmarks.)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     acc0 = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -75,9 +75,9 @@ def _gemv_kernel(
 def default_config(k: int, silu_mul: bool = False, rows: int = 1) -> dict[str, int]:
     """BLOCK_N, BLOCK_K, num_warps for K = k: narrow row blocks (many programs, each streaming whole rows) and
     wide K tiles; the fused gate/up streams two tiles per step, in narrower K tiles over more warps at one row;
-    two rows hold twice the products per tile: 4 warps, and narrower tiles over a narrow K. The fastest of
-    `projection_routes.py --sweep`'s grid on an H200 at the 8B and SmolLM2 shapes (two rows: SmolLM2's, where
-    the target runs them)."""
+    two rows hold twice the products per tile: 4 warps, and narrower tiles over a narrow K. Chosen as the fastest
+    of `benchmarks/projection_routes.py --sweep`'s grid at the 8B and SmolLM2 shapes (two rows: at SmolLM2's,
+    where the target runs them)."""
     if rows == 2:  # narrow K in 256-wide tiles (SmolLM2's 576: 3 tiles, not 2 mostly masked), wide K in 512
         return dict(BLOCK_N=4, BLOCK_K=min(256 if k < 1024 else 512, triton.next_power_of_2(k)), num_warps=4,
                     num_stages=4)  # fmt: skip

@@ -2,7 +2,7 @@
 path's tokens enter the token history, and the drafter ring's slots for them are claimed (its positions and
 append count updated); returns the path's positions and ring slots, for the RoPE step that writes the path's
 K/V into the ring. `naive.py` is the reference (~16 small PyTorch launches on CUDA in a drafting round, 4 in a
-plain one, each ~1.5-2 µs of a launch-bound round); `triton.py` is one program per row."""
+plain one, each a launch in a launch-bound round); `triton.py` is one program per row."""
 
 from __future__ import annotations
 

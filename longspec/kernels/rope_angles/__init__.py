@@ -1,7 +1,7 @@
 """RoPE's cos / sin for a forward's position ids in one launch (`modules.rope.RotaryEmbedding.cos_sin` on CUDA).
 
 Why: the angles are recomputed in every target forward, every draft and every ring fill, inside CUDA graphs where
-a small model's decode step is bound by launches (~1.5-2 µs each). The reference's PyTorch ops are five to nine
+a small model's decode step is bound by the number of launches. The reference's PyTorch ops are five to nine
 launches (cast, product, cat, cos, sin, two casts to the model's dtype, two more products with a scaling != 1);
 the kernel computes each [R] half of a row's angles once and writes both outputs in one. `naive.py` is the
 reference (HF's float32 arithmetic), and the kernel performs the same float32 operations in the same order."""

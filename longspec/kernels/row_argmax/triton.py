@@ -1,7 +1,7 @@
 """`naive.row_argmax_naive` in two launches over the whole device.
 
-`torch.argmax` reduces a row in one thread block, so a few vocabulary-wide rows leave the GPU almost idle (one
-bf16 row of 128256 took ~37 µs on an H200, the bytes take ~0.1 µs). Here each row is cut into CHUNK-wide pieces:
+`torch.argmax` reduces a row in one thread block, so a few vocabulary-wide rows leave the GPU almost idle (a
+row's time is far above what its bytes need). Here each row is cut into CHUNK-wide pieces:
 1. one program per (row, chunk) writes its piece's maximum and the first index that holds it;
 2. one program per row takes the first chunk holding the largest of those maxima, and that chunk's index.
 Chunks are in column order and each keeps its first index, so the result is the row's first maximum, as

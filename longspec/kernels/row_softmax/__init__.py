@@ -1,7 +1,7 @@
 """Softmax over a vocabulary, row by row: every distribution a round samples from at T > 0 (the target's at the
 verify's nodes and an AR step's, the drafter's q), through `infer.accept.target_distribution`. `naive.py` is the
-reference (`torch.softmax`, whose CUDA kernel gives a row one thread block: ~13 µs for one row of SmolLM2's 49152
-on an H200, where its bytes take well under 1 µs); `triton.py` spreads each row over the device in two launches.
+reference (`torch.softmax`, whose CUDA kernel gives a row one thread block, far slower than the row's bytes
+need); `triton.py` spreads each row over the device in two launches.
 
 The kernel sums a row in another order than torch, so the two differ in the last bits. Losslessness does not rest
 on torch's bits: every method (the AR baseline included) samples from the distribution this same function gives.

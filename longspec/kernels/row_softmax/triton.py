@@ -1,13 +1,13 @@
 """`naive.row_softmax_naive` in two launches over the whole device.
 
-`torch.softmax` reduces a row in one thread block, so a few vocabulary-wide rows leave the GPU almost idle (one
-row of SmolLM2's 49152 took ~13 µs on an H200 in a round's profile, `decode_methods.py --profile`). Here each row
+`torch.softmax` reduces a row in one thread block, so a few vocabulary-wide rows leave the GPU almost idle (its
+time is far above what the row's bytes need: `benchmarks/decode_methods.py --profile`). Here each row
 is cut into CHUNK-wide pieces c (the online softmax's rescaling, as in flash attention, over chunks instead of key
 blocks):
 1. one program per (row, chunk) writes m_c = max_{i in c} x_i and s_c = sum_{i in c} exp(x_i - m_c);
 2. one program per (row, chunk) combines its row's stats, M = max_c m_c and S = sum_c s_c exp(m_c - M)
    (= sum_i exp(x_i - M)), and writes exp(x_i - M) / S for its chunk.
-The round's time with it: docs/BENCHMARKS.md (`round_latency.py --round-costs`).
+Its effect on a round's time: `benchmarks/round_latency.py --round-costs`.
 
 Everything runs in float32. The sums run in another order than torch's (and Triton's exp on CUDA is the fast
 ex2-based one), so results differ from the reference in the last bits; see the package docstring for why that

@@ -13,8 +13,8 @@ merges them exactly (ALGORITHM §4.2, generalised to S parts):
 
 The reduce also folds in one more part (`merge_with`): hybrid verify attention (ALGORITHM §4.2) passes the
 tree tokens' fused_mask_attn result there, so the whole verify attention is three kernels with no separate
-merge. (Running the tree part as an extra split of the same launch was measured 1.8x slower at 128K on an
-H200: the masked branch's register and shared-memory needs slowed every split. docs/BENCHMARKS.md.)
+merge. (Not as an extra split of the same launch: the masked branch's register and shared-memory needs would
+slow every split; the separate kernel is faster at long context, see the benchmarks.)
 With `causal`, the queries are each row's last Tq cached keys (a chain of new tokens whose K/V are already
 written: an AR step, a chain-shaped draft): query t sees keys [0, n_b - Tq + t]. Every split runs its share of the
 keys all queries see unmasked, and the one that holds the last Tq - 1 keys masks them from indices (no mask in
@@ -136,8 +136,8 @@ def _split_kv_reduce_kernel(
     HAS_EXTRA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     # One folded row per program, BLOCK_S splits per load, merged online (one pass). A loop over the splits one
-    # at a time, two passes, was latency-bound: with 3 rows per kv head (SmolLM2's AR step) and 64 splits it
-    # took 20 us per layer on an H200, 4x the partial kernel (docs/BENCHMARKS.md).
+    # at a time, in two passes, is latency-bound: with few rows per kv head (an AR step) and many splits it would
+    # cost more than the partial kernel itself.
     row = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // num_kv_heads
@@ -207,20 +207,17 @@ def default_config(
 ) -> dict[str, int]:
     """Launch parameters: BLOCK_M 64 wastes little on R = G*Tq rows (296 for 74 queries x 4 heads); the split
     count, at least 2 K/V tiles per split, gives:
-    - a tree's rows (R >= 2 * BLOCK_M): ~4 waves of programs over the SMs (13 splits for 8 kv heads on 132 SMs).
-      On an H200 (benchmarks/verify_attention.py --sweep, 2026-11-30, docs/BENCHMARKS.md) the fastest of the 12
-      swept (BLOCK_M, BLOCK_N, warps, stages) x 4-66 splits at both 32K and 128K.
+    - a tree's rows (R >= 2 * BLOCK_M): ~4 waves of programs over the SMs (13 splits for 8 kv heads on 132 SMs),
+      the fastest of the (BLOCK_M, BLOCK_N, warps, stages) x splits grid of
+      `benchmarks/verify_attention.py --sweep` at both 32K and 128K.
     - fewer rows (an AR step, a chain): one wave where a split has few programs (one sequence's kv heads, one
       row block each), two where it has 16 or more (a batch, or a chain long enough for two row blocks). Their
       programs only stream K/V, so longer splits cost nothing in balance and save each split's fixed work and
-      the reduce's input (splits x rows partials). On an H200 (benchmarks/split_kv_sweep.py, 2026-12-04,
-      docs/BENCHMARKS.md; 32 layers' caches), the 8B shape's AR step took 0.55 ms at 8K and 1.29 ms at 32K with
-      16 splits (one wave), against 0.84 / 1.77 ms with 64 (about the count of 4 waves); a chain of 17 (two row
-      blocks) at 32K 1.55 ms with 16 splits (two waves), 1.89 with 8 (one), 2.57 with 64; batch 8 was fastest
-      with 4 splits (two waves) at 8K and 32K.
+      the reduce's input (splits x rows partials). `benchmarks/split_kv_sweep.py` finds one wave fastest for the
+      8B shape's AR step, two for a chain of two row blocks and for a batch, at 8K and 32K alike.
     - never more than REDUCE_BLOCK_S splits, the reduce's parts per load: past it the reduce makes a second pass
-      of dependent loads. SmolLM2's AR step (3 kv heads: one wave is 44 splits) took 0.237 / 0.275 ms over 30
-      layers at 4K / 8K with 32 (split_kv_sweep.py, 2026-12-04), against 0.246 / 0.287 with 33 / 44 before.
+      of dependent loads, which costs more than the extra splits gain (e.g. SmolLM2's AR step, 3 kv heads, whose
+      one wave would be 44 splits).
     """
     block_m, block_n, num_warps, num_stages = 64, 64, 4, 3
     if head_dim > 128:

@@ -1,7 +1,7 @@
 """The sampling walk (`naive.sample_walk_naive` states the semantics) as one launch: one program per tree walks
 it root to stop, the children of a node tried in order, each rejection updating p (and q) in a float64 workspace
-row. The reference runs depth x children steps of about 30 small tensor ops each (on the H200, with CUDA graphs,
-a T=1 round of the 69-node tree cost 9.8 ms against 4.2 ms at T=0); here each step is a few passes over V inside
+row. The reference runs depth x children steps of about 30 small tensor ops each (enough to make a T=1 round
+of a large tree cost about twice a T=0 one, even with CUDA graphs); here each step is a few passes over V inside
 one program.
 
 Shape legend: B trees, N nodes, K the most children of a node, V vocabulary, L depth.

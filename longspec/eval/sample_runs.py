@@ -1,15 +1,20 @@
-"""Each evaluated method's per-sample records, timed: `timed_runs` decodes a chunk of samples with every method,
-in `timing_repeats` interleaved runs (the fastest kept per sample, every run's time beside it)."""
+"""One chunk of samples through every method of an evaluation (`timed_runs`): the interleaved timed runs, one
+record per sample, and at temperature 0 the check of each output against the reference method's (`check_against_
+reference`). `longspec.eval.harness.run_eval` calls them for each chunk of each data source."""
 
 from __future__ import annotations
 
+import logging
 import math
 
+from longspec.eval.divergence import TIE_ULPS, analyse_divergence
 from longspec.infer.baselines import run_method, run_method_batch
 from longspec.infer.graphs import no_gc
 from longspec.infer.methods import BATCH_RUNNERS, get_method
 
-__all__ = ["timed_runs"]
+__all__ = ["check_against_reference", "generate", "timed_runs"]
+
+logger = logging.getLogger("longspec.eval")
 
 
 def timed_runs(methods: list[str], samples: list, config, cfg, *, target, engine) -> dict[str, list[dict]]:
@@ -32,7 +37,7 @@ def timed_runs(methods: list[str], samples: list, config, cfg, *, target, engine
             # every method's decode, the HF baselines' too: no garbage collection's stall inside a timing
             with no_gc():
                 runs[method].append(
-                    _generate(method, samples, config, cfg.batch_size, target=target, engine=engine)
+                    generate(method, samples, config, cfg.batch_size, target=target, engine=engine)
                 )
         if rep == 0 and repeats > 1:
             after_first = engine.policy_state()
@@ -53,7 +58,7 @@ def timed_runs(methods: list[str], samples: list, config, cfg, *, target, engine
     return kept
 
 
-def _generate(method: str, samples: list, config, batch_size: int, *, target, engine) -> list[dict]:
+def generate(method: str, samples: list, config, batch_size: int, *, target, engine) -> list[dict]:
     """One record per sample of `samples` for `method`: a method that decodes batches (the engine's, and the HF
     baselines vanilla_hf / vanilla_fa) decodes them together when batch_size > 1 (`run_method_batch`; each
     record then carries the batch's throughput), hf_compile one sample at a time (`run_method`)."""
@@ -105,3 +110,37 @@ def _record(sample, stats, tokens: list[int]) -> dict:
         "round_trees": stats.round_trees,
         "round_ms": stats.round_ms,
     }
+
+
+def check_against_reference(methods: dict, dataset: str, reference: str, sample, target, index: int) -> None:
+    """T = 0: each method's output for the sample at `index` of `dataset` vs the reference method's; a
+    difference gets a `divergence` entry (first position, the two tokens, the target's logit gap there,
+    near-tie or not)."""
+    ref_tokens = methods[reference][dataset][index]["output_ids"]
+    for method, per_dataset in methods.items():
+        record = per_dataset[dataset][index]
+        if method == reference:
+            continue
+        divergence = analyse_divergence(target.model, sample.prompt_ids, record["output_ids"], ref_tokens)
+        if divergence is None:
+            continue
+        record["divergence"] = divergence.to_dict()
+        if divergence.near_tie:
+            verdict = f"a near-tie (|gap| <= {divergence.tolerance:.3g}, {TIE_ULPS:g} ulp)"
+        elif divergence.reference_off:
+            verdict = f"NOT a near-tie, but this output's token is the target's argmax: {reference} left it"
+        else:
+            verdict = "NOT a near-tie"
+        log = logger.warning if divergence.explained else logger.error
+        log(
+            "%s %s sample %s differs from %s at token %d (%s vs %s): target logit gap %s, %s",
+            dataset,
+            method,
+            sample.id,
+            reference,
+            divergence.index,
+            divergence.token,
+            divergence.reference_token,
+            "n/a" if divergence.gap is None else f"{divergence.gap:.4g}",
+            verdict,
+        )
