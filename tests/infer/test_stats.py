@@ -69,14 +69,14 @@ def test_a_decode_loop_runs_without_automatic_collection(monkeypatch):
 
     from infer_helpers import random_drafter
 
-    from longspec.infer import engine as engine_module
     from longspec.infer.engine import GenerationConfig, SpeculativeEngine
+    from longspec.infer.loop import DecodeLoop
     from longspec.testing import make_tiny_target
 
     seen = []
-    real_run = engine_module._DecodeLoop.run
+    real_run = DecodeLoop.run
     monkeypatch.setattr(
-        engine_module._DecodeLoop,
+        DecodeLoop,
         "run",
         lambda self, roots: seen.append(gc.isenabled()) or real_run(self, roots),
     )
