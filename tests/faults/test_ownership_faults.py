@@ -295,7 +295,7 @@ def test_pipeline_run_dir_reached_through_a_symlink_is_never_removed(tmp_path):
     (out / "runs").symlink_to(data)
     before = tree_checksums(tmp_path)
     with pytest.raises(NotOursError, match="is reached through a symlink"):
-        _prepare_run_dir(str(out / "runs" / "stage1"), "cmd", resumable=False)()
+        _prepare_run_dir(str(out / "runs" / "stage1"), "cmd", False, [])()
     assert_only_changed(tmp_path, before)
 
 
@@ -305,12 +305,12 @@ def test_pipeline_run_dir_without_a_marker_is_never_removed(tmp_path):
     _user_folder(out / "runs" / "stage1", ["checkpoints/step_00000001/notes.txt"])
     before = tree_checksums(tmp_path)
     with pytest.raises(NotOursError, match=NOT_OURS):
-        _prepare_run_dir(str(out / "runs" / "stage1"), "cmd", resumable=False)()
+        _prepare_run_dir(str(out / "runs" / "stage1"), "cmd", False, [])()
     assert_only_changed(tmp_path, before)
     marked = out / "runs" / "stage2"  # one the pipeline marked is restarted from scratch
     _user_folder(marked, ["train.log"])
     write_marker(marked, RUN_KIND)
-    _prepare_run_dir(str(marked), "cmd2", resumable=False)()
+    _prepare_run_dir(str(marked), "cmd2", False, [])()
     assert sorted(os.listdir(marked)) == sorted([MARKER_NAME, COMMAND_MARKER])
 
 
