@@ -11,11 +11,11 @@ from infer_helpers import prefill_drafter, random_drafter, reference_greedy
 from test_engine import sampling_marginals, sampling_target
 from test_policy import _common_prefix, _ring_by_position
 
-from longspec.infer.policy import shadow as shadow_module
 from longspec.infer.candidates import AUTO_LOOKUPS, Lookup, tree_name
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.pld import device_lookup, prompt_lookups
 from longspec.infer.policy import AdaptivePolicy
+from longspec.infer.policy import shadow as shadow_module
 from longspec.infer.policy.shadow import LookupShadow, ShadowReport
 from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
