@@ -22,6 +22,7 @@ import torch
 from fault_helpers import assert_one_line_error, assert_only_changed, run_module, tree_checksums
 from safetensors.torch import load_file, save_file
 
+from longspec.ownership import MARKER_NAME
 from longspec.train.checkpoint import write_checksums
 
 pytestmark = [pytest.mark.slow]
@@ -203,7 +204,7 @@ def test_the_pipeline_restarts_a_stage_whose_data_changed(world, run, restore, c
     prepare()
     out = capsys.readouterr().out
     assert f"{copy}: trained on other inputs (data.rows " in out and "the stage restarts from scratch" in out
-    assert sorted(os.listdir(copy)) == [COMMAND_MARKER]
+    assert sorted(os.listdir(copy)) == sorted([COMMAND_MARKER, MARKER_NAME])  # a fresh run dir, marked ours
 
 
 # ---- state checked before it is trusted --------------------------------------------------------------------------
