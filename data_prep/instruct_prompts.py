@@ -23,12 +23,14 @@ from data_prep.instruct_suite import read_rows
 from data_prep.stage3_sft import render_prompt
 from data_prep.stdlib_corpus import path_fraction
 from longspec.cli import ArgumentParser
+from longspec.ownership import claim_output_file
 
 
 def build_prompts(*, corpus: Path, tokenizer, out: Path, max_prompt_tokens: int = 6144,
                   min_prompt_tokens: int = 1024, num_prompts: int = 256) -> dict:  # fmt: skip
     if not 0 < min_prompt_tokens <= max_prompt_tokens or num_prompts < 1:
         raise ValueError("need 0 < min_prompt_tokens <= max_prompt_tokens and num_prompts >= 1")
+    claim_output_file(out, "instruct-prompts")
     docs = ordered(read_rows(corpus / "train.jsonl"), salt="stage3-prompts")
 
     def count(context: str, instruction: str) -> int:

@@ -23,6 +23,7 @@ from data_prep.common import load_tokenizer
 from data_prep.instruct_suite import read_rows
 from data_prep.stdlib_corpus import path_fraction
 from longspec.cli import ArgumentParser
+from longspec.ownership import claim_output_file
 
 
 def _header(kind: str, path: str) -> str:
@@ -50,6 +51,7 @@ def build_long_documents(*, corpus: Path, tokenizer, out: Path, max_tokens: int 
                          max_docs: int | None = None, split: str = "train") -> dict:  # fmt: skip
     if not 0 < min_tokens <= max_tokens:
         raise ValueError(f"need 0 < min_tokens <= max_tokens, got {min_tokens}, {max_tokens}")
+    claim_output_file(out, "long-documents")
     groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for row in read_rows(corpus / f"{split}.jsonl"):
         groups[

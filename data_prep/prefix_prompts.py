@@ -9,6 +9,8 @@ import json
 import os
 import random
 
+from longspec.ownership import claim_output_file
+
 __all__ = ["write_prefix_prompts"]
 
 
@@ -32,7 +34,7 @@ def write_prefix_prompts(
         raise ValueError(f"{train_jsonl} has no file of at least {max_chars // 2} characters")
     rng = random.Random(seed)
     rng.shuffle(rows)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    claim_output_file(out, "prefix-prompts")
     tmp = out + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         for record in rows[:num_prompts]:

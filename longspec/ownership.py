@@ -20,6 +20,7 @@ __all__ = [
     "NotOursError",
     "check_output_dir",
     "claim_output_dir",
+    "claim_output_file",
     "is_ours",
     "read_marker",
     "remove_owned",
@@ -129,6 +130,38 @@ def claim_output_dir(
     if not existed or command is not None:
         write_marker(directory, kind, command=command)
     return existed
+
+
+def _file_marker(path: str) -> str:
+    """The marker of an output that is one file: `.NAME.longspec` beside it (a folder's marker cannot vouch for one
+    file in a folder that is the user's)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}{MARKER_NAME}")
+
+
+def claim_output_file(path: str | os.PathLike, kind: str, *, what: str = "--out") -> None:
+    """Before a `kind` command writes the one-file output `path`: refuse (NotOursError) a directory, or an existing
+    file or symlink without this command's marker beside it; then mark the path as ours (before the first byte, so a
+    killed run's partial file is provably ours on the rerun)."""
+    path = os.fspath(path)
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise NotOursError(f"{what} {path!r} is a directory: give the path of the file to write")
+    marker_path = _file_marker(path)
+    if os.path.lexists(path):
+        marker = None
+        if os.path.isfile(marker_path) and not os.path.islink(marker_path):
+            try:
+                with open(marker_path, encoding="utf-8") as f:
+                    marker = json.load(f)
+            except (OSError, ValueError):
+                marker = None
+        if not (isinstance(marker, dict) and marker.get("format") == _FORMAT and marker.get("kind") == kind):
+            raise NotOursError(
+                f"{what} {path!r} exists and was not written by this longspec command (no "
+                f"{os.path.basename(marker_path)} beside it): choose another path or remove it yourself"
+            )
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_json_atomic(marker_path, {"format": _FORMAT, "kind": kind, "command": _command()})
 
 
 def _through_symlink(path: str, root: str) -> bool:

@@ -9,6 +9,7 @@ import os
 
 import pytest
 from fault_helpers import (
+    REPO_ROOT,
     assert_one_line_error,
     assert_only_changed,
     run_in_process,
@@ -321,3 +322,66 @@ def test_pipeline_partial_output_it_did_not_write_is_kept(tmp_path):
     with pytest.raises(NotOursError, match="was not written by the pipeline"):
         _prepare_partial_output(str(path), "cmd")()
     assert_only_changed(tmp_path, before)
+
+
+# ---- data_prep commands whose output is one file -------------------------------------------------------------
+def _corpus(tmp_path):
+    """A corpus folder as registry_corpus writes it: train.jsonl rows with source / kind / path / text."""
+    rows = [{"text": f"def f{i}(x):\n    return x + {i}\n" * 60, "source": "pkg", "kind": "code",
+             "path": f"pkg/m{i}.py", "licence": "MIT"} for i in range(6)]  # fmt: skip
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return corpus
+
+
+def _one_file_commands(tmp_path, out):
+    from data_prep import instruct_prompts, long_documents
+
+    code_target = str(REPO_ROOT / "longspec" / "assets" / "code_target")  # a tokenizer with a chat template
+    corpus = str(_corpus(tmp_path))
+    return {
+        "instruct_prompts": (instruct_prompts.main, ["--corpus", corpus, "--tokenizer", code_target,
+                             "--out", str(out), "--min-prompt-tokens", "16", "--num-prompts", "2"]),
+        "long_documents": (long_documents.main, ["--corpus", corpus, "--tokenizer", code_target,
+                           "--out", str(out), "--min-tokens", "16", "--max-tokens", "400"]),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["instruct_prompts", "long_documents"])
+def test_a_one_file_output_never_replaces_a_users_file(tmp_path, capsys, command):
+    """--out naming a user's existing file (or a symlink to one) is refused, the file and its target untouched;
+    the command's own earlier output (its `.NAME.longspec` beside it) is replaced."""
+    users = _user_folder(tmp_path / "mine", ["prompts.jsonl"]) / "prompts.jsonl"
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(users)
+    for out in (users, link):
+        (tmp_path / "w" / out.name).mkdir(parents=True)
+        main, args = _one_file_commands(tmp_path / "w" / out.name, out)[command]
+        before = tree_checksums(tmp_path / "mine")
+        status, err = run_in_process(main, args, capsys)
+        assert status == 2
+        assert_one_line_error(err, r"exists and was not written by this longspec command")
+        assert tree_checksums(tmp_path / "mine") == before and os.path.islink(link)
+    ours = tmp_path / "ours.jsonl"
+    (tmp_path / "again").mkdir()
+    main, args = _one_file_commands(tmp_path / "again", ours)[command]
+    assert run_in_process(main, args, capsys)[0] == 0 and ours.stat().st_size > 0
+    assert run_in_process(main, args, capsys)[0] == 0  # a rerun replaces its own output
+
+
+def test_the_pipelines_prefix_prompts_never_replace_a_users_file(tmp_path):
+    from data_prep.prefix_prompts import write_prefix_prompts
+
+    train = tmp_path / "train.jsonl"
+    train.write_text(
+        "".join(json.dumps({"text": "x = 1\n" * 200, "path": f"m{i}.py"}) + "\n" for i in range(4))
+    )
+    users = _user_folder(tmp_path / "mine", ["prompts.jsonl"]) / "prompts.jsonl"
+    before = tree_checksums(tmp_path)
+    with pytest.raises(NotOursError, match="exists and was not written by this longspec command"):
+        write_prefix_prompts(str(train), str(users), num_prompts=2, max_chars=400)
+    assert tree_checksums(tmp_path) == before
+    ours = tmp_path / "out" / "prompts.jsonl"
+    assert write_prefix_prompts(str(train), str(ours), num_prompts=2, max_chars=400) == 2
+    assert write_prefix_prompts(str(train), str(ours), num_prompts=2, max_chars=400) == 2
