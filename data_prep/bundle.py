@@ -122,7 +122,9 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--prompts", type=Path, required=True, help="data_prep.instruct_prompts output")
     p.add_argument("--suite", type=Path, required=True, help="data_prep.instruct_suite output dir")
     p.add_argument("--stage1-tokens", type=int, default=10_000_000)
-    p.add_argument("--gzip-suite", action="store_true", help="gzip the suite's JSONL files too (gunzip -r restores)")
+    p.add_argument(
+        "--gzip-suite", action="store_true", help="gzip the suite's JSONL files too (gunzip -r restores)"
+    )
     args = p.parse_args(argv)
     manifest = build_bundle(corpus=args.corpus, tokenizer=load_tokenizer(args.tokenizer), out=args.out,
                             long_docs=args.long_docs, prompts=args.prompts, suite=args.suite,

@@ -115,7 +115,9 @@ def build_suite(*, corpus: Path, tokenizer, out: Path, buckets: list[int], per_b
                     continue
                 if task == "repo":
                     if doc["source"] not in packages:
-                        packages[doc["source"]] = PackageIndex([d for d in docs if d["source"] == doc["source"]])
+                        packages[doc["source"]] = PackageIndex(
+                            [d for d in docs if d["source"] == doc["source"]]
+                        )
                     cut = cut_repo_task(doc, packages[doc["source"]], count, budget)
                 else:
                     cut = cut_task(task, doc, count, budget)
@@ -163,7 +165,9 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--buckets", default="2048,4096,8192", help="comma-separated prompt budgets in tokens")
     p.add_argument("--per-bucket", type=int, default=4, help="rows per task and bucket")
     p.add_argument("--gen-room", type=int, default=512, help="tokens of each bucket left for generation")
-    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"comma-separated, of {','.join(SUITE_TASKS)}")
+    p.add_argument(
+        "--tasks", default=",".join(DEFAULT_TASKS), help=f"comma-separated, of {','.join(SUITE_TASKS)}"
+    )
     args = p.parse_args(argv)
     buckets = [int(b) for b in args.buckets.split(",") if b.strip()]
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())

@@ -29,7 +29,9 @@ def split_by_package(*, corpus: Path, heldout_packages: list[str], out: Path) ->
     """Write out/{train,heldout}.jsonl and out/manifest.json; -> the manifest."""
     manifest_in = corpus / "manifest.json"
     if not manifest_in.is_file():
-        raise FileNotFoundError(f"{manifest_in} not found (build the corpus first: python -m data_prep.registry_corpus)")
+        raise FileNotFoundError(
+            f"{manifest_in} not found (build the corpus first: python -m data_prep.registry_corpus)"
+        )
     if out.resolve() == corpus.resolve():
         raise UserError(f"--out {out} is the corpus itself; name a new directory")
     manifest = json.loads(manifest_in.read_text(encoding="utf-8"))
@@ -52,7 +54,9 @@ def split_by_package(*, corpus: Path, heldout_packages: list[str], out: Path) ->
                         continue
                     source = json.loads(line)["source"]
                     split = "heldout" if source in heldout_packages else "train"
-                    (heldout if split == "heldout" else train).write(line if line.endswith("\n") else line + "\n")
+                    (heldout if split == "heldout" else train).write(
+                        line if line.endswith("\n") else line + "\n"
+                    )
                     files[split] += 1
                     per_package.setdefault(source, Counter())[split] += 1
     for name in ("train.jsonl", "heldout.jsonl"):

@@ -132,7 +132,9 @@ def _cut_points(text: str, bound: set[str]) -> list[int]:
     return uses or good
 
 
-def cut_repo_task(doc: dict, index: PackageIndex, count: Callable[[str, str], int], budget: int) -> dict | None:
+def cut_repo_task(
+    doc: dict, index: PackageIndex, count: Callable[[str, str], int], budget: int
+) -> dict | None:
     """One repository-level completion row whose prompt, as count(context, input) measures it, fits `budget`:
     {"context", "instruction" (the in-file code: the row's `input`), "answer", "context_paths"} or None (`doc` is no code, or has no usable line)."""
     if doc["kind"] != "code":

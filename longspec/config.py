@@ -28,7 +28,9 @@ def config_root() -> str:
     package = os.path.dirname(os.path.abspath(__file__))
     checkout = os.path.dirname(package)
     # pyproject.toml beside it: the checkout's own configs/, never a stray top-level `configs` of site-packages.
-    if os.path.isfile(os.path.join(checkout, "pyproject.toml")) and os.path.isdir(os.path.join(checkout, "configs")):
+    if os.path.isfile(os.path.join(checkout, "pyproject.toml")) and os.path.isdir(
+        os.path.join(checkout, "configs")
+    ):
         return os.path.join(checkout, "configs")
     return os.path.join(package, "configs")
 
@@ -157,7 +159,9 @@ def compose(
     ConfigStore.instance().store(name=schema_name, node=schema)
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=os.path.abspath(config_dir or config_root()), version_base=None):
+        with initialize_config_dir(
+            config_dir=os.path.abspath(config_dir or config_root()), version_base=None
+        ):
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []))
         cfg = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as e:

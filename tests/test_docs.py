@@ -75,7 +75,9 @@ def test_no_citation_of_files_outside_the_repository():
 
 def test_every_cited_algorithm_section_exists():
     sections = set(SECTION.findall(ALGORITHM.read_text(encoding="utf-8")))
-    numbered = "1 2 3 3.1 3.2 3.3 3.4 4 4.1 4.2 4.3 4.4 4.5 4.5.1 4.5.2 4.5.3 4.5.4 4.5.5 4.5.6 4.5.7 4.6 5".split()
+    numbered = (
+        "1 2 3 3.1 3.2 3.3 3.4 4 4.1 4.2 4.3 4.4 4.5 4.5.1 4.5.2 4.5.3 4.5.4 4.5.5 4.5.6 4.5.7 4.6 5".split()
+    )
     assert set(numbered) <= sections
     cited = _hits(CITATION)
     assert cited, "nothing cites docs/ALGORITHM.md"

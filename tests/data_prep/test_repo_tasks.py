@@ -39,13 +39,20 @@ def _package(pkg: str, n: int = 40) -> list[dict]:
         f"src/{pkg}/__init__.py": _code(f"{pkg}_init", [], [], 4),
         f"src/{pkg}/util.py": _code("util", ["import os"], [], n),
         f"src/{pkg}/models.py": _code("models", [], [], n),
-        f"src/{pkg}/core.py": _code("core", ["import json", "from .util import util_step_1",
-                                             f"from {pkg} import models"],
-                                    ["util_step_1", "models.models_step_2"], n),  # fmt: skip
-        f"src/{pkg}/sub/deep.py": _code("deep", ["from ..core import core_step_3", f"import {pkg}.util"],
-                                        ["core_step_3"], n),  # fmt: skip
+        f"src/{pkg}/core.py": _code(
+            "core",
+            ["import json", "from .util import util_step_1", f"from {pkg} import models"],
+            ["util_step_1", "models.models_step_2"],
+            n,
+        ),  # fmt: skip
+        f"src/{pkg}/sub/deep.py": _code(
+            "deep", ["from ..core import core_step_3", f"import {pkg}.util"], ["core_step_3"], n
+        ),  # fmt: skip
     }
-    rows = [{"text": text, "source": pkg, "path": path, "kind": "code", "licence": "MIT"} for path, text in files.items()]
+    rows = [
+        {"text": text, "source": pkg, "path": path, "kind": "code", "licence": "MIT"}
+        for path, text in files.items()
+    ]
     for i in range(6):
         rows.append({"text": module(f"{pkg}_extra{i}", 30 + 5 * i), "source": pkg, "path": f"src/{pkg}/extra{i}.py",
                      "kind": "code", "licence": "MIT"})  # fmt: skip
@@ -64,7 +71,9 @@ def corpus(tmp_path):
         (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
     sources = [{"name": pkg, "files": {}, "bytes": {}, "kinds": {}, "rejected_by_reason": {}}
                for pkg in ("alpha", "beta", "gamma", "delta")]  # fmt: skip
-    (out / "manifest.json").write_text(json.dumps({"sources": sources, "split_rule": "by file"}), encoding="utf-8")
+    (out / "manifest.json").write_text(
+        json.dumps({"sources": sources, "split_rule": "by file"}), encoding="utf-8"
+    )
     return out
 
 
@@ -74,7 +83,10 @@ def test_imports_resolve_to_the_package_files_in_statement_order():
     by_path = {r["path"]: r for r in rows}
     assert module_name("src/alpha/sub/__init__.py") == "src.alpha.sub" and module_name("docs/a.rst") is None
     found, bound = imports_of(by_path["src/alpha/core.py"], index)
-    assert [f["path"] for f in found] == ["src/alpha/util.py", "src/alpha/models.py"]  # os / json: not the package's
+    assert [f["path"] for f in found] == [
+        "src/alpha/util.py",
+        "src/alpha/models.py",
+    ]  # os / json: not the package's
     assert bound == {"util_step_1", "models"}
     found, _ = imports_of(by_path["src/alpha/sub/deep.py"], index)  # `from ..core`, `import alpha.util`
     assert [f["path"] for f in found] == ["src/alpha/core.py", "src/alpha/util.py"]
@@ -142,7 +154,9 @@ def test_no_package_of_the_suite_reaches_a_training_stage(corpus, tokenizer, tmp
     bundle = tmp_path / "bundle"
     build_bundle(corpus=split, tokenizer=tokenizer, out=bundle, long_docs=tmp_path / "long.jsonl",
                  prompts=tmp_path / "prompts.jsonl", suite=suite, stage1_tokens=10**9, gzip_suite=True)  # fmt: skip
-    with gzip.open(bundle / "suite" / "repobench-p_4k.jsonl.gz", "rt") as f:  # the suite gzip'd as it was written
+    with gzip.open(
+        bundle / "suite" / "repobench-p_4k.jsonl.gz", "rt"
+    ) as f:  # the suite gzip'd as it was written
         assert f.read() == (suite / "repobench-p_4k.jsonl").read_text()
     trained = set()
     for path in (tmp_path / "long.jsonl", tmp_path / "prompts.jsonl"):

@@ -62,7 +62,9 @@ def test_batch_size_0_is_one_clear_error(tiny_target_dir, three_rows):
 
 def test_sampling_runs_batched(eval_overrides, three_rows, tmp_path):
     """T > 0 is allowed with batch_size > 1 (batched sampling is exact); no greedy check then."""
-    results = _run(eval_overrides, three_rows, tmp_path / "out", "batch_size=2", "temperature=0.7", "warmup=false")
+    results = _run(
+        eval_overrides, three_rows, tmp_path / "out", "batch_size=2", "temperature=0.7", "warmup=false"
+    )
     for method in METHODS:
         records = results["methods"][method]["rows"]
         assert [r["batch_size"] for r in records] == [2, 2, 1] and all(r["output_ids"] for r in records)

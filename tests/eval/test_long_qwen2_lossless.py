@@ -11,7 +11,9 @@ from longspec.testing import save_tiny_target
 def _repo_row(i: int) -> dict:
     """A repobench-p row of ~3K tokens: two files of context, the current file cut at a line end."""
     util = "".join(f"def helper_{k}(x):\n    return x * {k} + {i}\n\n\n" for k in range(25))
-    current = "".join(f"def step_{k}(x):\n    y = helper_{k % 7}(x)\n    return y - {k}\n\n\n" for k in range(30))
+    current = "".join(
+        f"def step_{k}(x):\n    y = helper_{k % 7}(x)\n    return y - {k}\n\n\n" for k in range(30)
+    )
     return {"_id": f"repo-{i}", "dataset": "repobench-p", "chat": False, "answers": ["    y = helper_3(x)"],
             "context": f"# Path: pkg/util.py\n{util}# Path: pkg/models.py\n{util.replace('helper', 'model')}",
             "input": f"# Path: pkg/core.py\nfrom .util import helper_{i}\n\n{current}def step_99(x):\n"}  # fmt: skip

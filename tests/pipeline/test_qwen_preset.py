@@ -21,7 +21,9 @@ def steps(tmp_path):
 
 def test_the_stages_train_long_with_flash_noise_and_resume(steps, tmp_path):
     preset, by_name = steps
-    assert "convert_target" not in by_name and "corpus" not in by_name  # a converted target, a prepared bundle
+    assert (
+        "convert_target" not in by_name and "corpus" not in by_name
+    )  # a converted target, a prepared bundle
     for index in (1, 2):
         (tmp_path / "out" / "runs" / f"stage{index}" / "export").mkdir(parents=True)  # init_from of the next
     for index in (1, 2, 3):
