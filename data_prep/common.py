@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from longspec.data.manifest import Manifest, RowStats, tokenizer_fingerprint
 from longspec.data.shards import ShardWriter, prepare_output_dir, token_dtype_for
-from longspec.lifetime import RunLock
+from longspec.lifetime import RunLock, exit_if_orphaned
 
 __all__ = [
     "TEXT_EXTENSIONS",
@@ -248,13 +248,17 @@ class Packer:
 
 
 def batched(rows: Iterable, size: int) -> Iterator[list]:
+    """`rows` in lists of `size`. Before each batch a prep checks that the process that started it still runs
+    (the fallback of the parent-death signal, longspec.lifetime): a pipeline's orphan stops at its next batch."""
     batch = []
     for row in rows:
         batch.append(row)
         if len(batch) == size:
+            exit_if_orphaned()
             yield batch
             batch = []
     if batch:
+        exit_if_orphaned()
         yield batch
 
 

@@ -361,3 +361,15 @@ def test_regenerate_on_a_live_out_is_refused_before_the_model_loads(tmp_path, ca
     assert status == 2
     assert_one_line_error(err, rf"^error: {tmp_path} is in use by another data prep \(pid {os.getpid()} on ")
     assert_only_changed(tmp_path, before)
+
+
+def test_a_data_prep_whose_launcher_is_gone_stops_at_its_next_batch(monkeypatch):
+    """The fallback of the parent-death signal in data_prep: every batch of a prep (stage 1 / 2, regenerate,
+    bundle) first checks the launchers in LONGSPEC_LAUNCHERS; a gone one stops it with one line."""
+    from data_prep.common import batched
+
+    monkeypatch.setenv(lifetime.LAUNCHERS_ENV, str(os.getpid()))
+    assert list(batched(range(5), 2)) == [[0, 1], [2, 3], [4]]
+    monkeypatch.setenv(lifetime.LAUNCHERS_ENV, str(_dead_pid()))
+    with pytest.raises(SystemExit, match=r"error: stopping: the process that started it \(pid \d+\) is gone"):
+        next(batched(range(5), 2))
