@@ -10,18 +10,19 @@ import json
 import os
 from typing import Any
 
-__all__ = ["umask_file_mode", "write_text_atomic", "write_json_atomic"]
+__all__ = ["umask_file_mode", "write_bytes_atomic", "write_text_atomic", "write_json_atomic"]
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` via a temp file + fsync + rename: readers see the old file or the new one, never half.
-    A missing parent directory is created (an output folder such as a benchmark's $OUT need not exist yet)."""
+def write_bytes_atomic(path: str | os.PathLike, data: bytes | memoryview) -> None:
+    """Write `data` to `path` via a temp file + fsync + rename: readers see the old file or the new one, never half.
+    A missing parent directory is created (an output folder such as a benchmark's $OUT need not exist yet); a
+    failure removes the temp file, and an OSError names `path` when the failed write named no file."""
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -31,6 +32,11 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         if isinstance(e, OSError) and e.filename is None:  # a failed write names no file: name the target
             raise OSError(e.errno, e.strerror, path) from None
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to `path` atomically (see write_bytes_atomic)."""
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from longspec.atomic import write_bytes_atomic
 from longspec.data.manifest import Manifest, manifest_path
 from longspec.ownership import check_output_dir, claim_output_dir
 
@@ -33,18 +34,9 @@ def token_dtype_for(vocab_size: int) -> str:
 
 
 def _write_array_atomic(path: str, array: np.ndarray) -> None:
-    # f.write, not ndarray.tofile: tofile reports a full disk as "N requested and M written", without the errno.
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        raise OSError(e.errno, e.strerror, e.filename or path) from None
+    # The bytes through f.write, not ndarray.tofile: tofile reports a full disk as "N requested and M written",
+    # without the errno.
+    write_bytes_atomic(path, memoryview(np.ascontiguousarray(array)).cast("B"))
 
 
 # What a prep writes in its directory: only these are removed when a prep restarts there (and only in a
