@@ -22,6 +22,8 @@ and times, per context (CUDA events, median of --iters after --warmup):
 - speculative round: draft (dynamic beam tree, default widths -> 69 nodes, random drafter, window 512) and
   verify (one target forward over the tree), each eager and graph-captured, then accept (greedy, with the host
   sync it needs) -- the round = draft (graph) + verify (graph) + accept;
+- launches: the kernels (and copies) one static AR step and one static draft pass put on the GPU, counted by
+  the profiler (a graph replays the same work as that many nodes); on the CPU, the top-level ATen ops;
 - bytes floor: weights (all but the embedding table, of which a step reads one row per token) + the context's
   K/V, read once at 4.3 TB/s (the H200's HBM bandwidth).
 Goals (issue 4): round <= 1.5x the same engine's AR step; graph AR step within 1.5x of the floor.
@@ -224,6 +226,23 @@ class Timer:
         return statistics.median(times)
 
 
+def count_launches(fn, device: torch.device) -> int:
+    """Work items one call of fn() puts on the device: kernels, copies and memsets on a GPU (what a CUDA graph
+    replays as nodes, one launch each when eager); on the CPU, the top-level ATen ops it dispatches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    fn()  # any lazily built state (a static step's buffers) is built outside the count
+    with profile(activities=activities) as prof:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    events = prof.events()
+    if device.type == "cuda":
+        return sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    return sum(1 for e in events if e.cpu_parent is None and e.name.startswith("aten::"))
+
+
 def _try_graph(row: dict, key: str, measure) -> None:
     """A capture that fails is recorded (and the eager figure used) rather than losing the whole run."""
     try:
@@ -266,6 +285,7 @@ def bench_context(
             )
         row["ar_ours_ms"] = timer(lambda: _verify(engine, one))
         row["ar_ours_static_ms"] = timer(lambda: _verify(engine, one, static=True, capture=False))
+        row["ar_launches"] = count_launches(lambda: _verify(engine, one, static=True, capture=False), device)
         if capture:
             row["ar_ours_graph_ms"] = timer(lambda: _verify(engine, one, static=True, capture=True))
             with layer_route(engine, "unfused"):  # the same graph step through the HF modules, unfused
@@ -292,6 +312,7 @@ def bench_context(
             torch.equal(a, b) for a, b in zip(tree.dynamic_part(), static_tree.dynamic_part(), strict=True)
         )
         row["tree_nodes"] = tree.num_nodes
+        row["draft_launches"] = count_launches(lambda: _draft(engine, root, layout, static=True, capture=False), device)
         row["draft_ms"] = timer(lambda: _draft(engine, root, layout))
         if capture:
             _try_graph(
@@ -351,6 +372,8 @@ def table(rows: list[dict]) -> str:
         ("ar_ours_graph_ms", "AR ours+graph ms", ".2f"),
         ("ar_graph_liger_ms", "AR graph, Liger kernels ms", ".2f"),
         ("ar_graph_torch_ms", "AR graph, torch element-wise ms", ".2f"),
+        ("ar_launches", "AR launches", "d"),
+        ("draft_launches", "draft launches", "d"),
         ("draft_ms", "draft ms", ".2f"),
         ("draft_graph_ms", "draft+graph ms", ".2f"),
         ("verify_ms", "verify ms", ".2f"),

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +75,12 @@ def test_a_draft_vocabulary_and_a_chain_of_one(round_latency, tmp_path, monkeypa
     (row,) = result["rows"]
     assert result["draft_vocab_size"] == 64
     assert row["tree_nodes"] == 2 and row["draft_ms"] > 0 and row["draft_static_matches_eager"]
+    assert row["draft_launches"] > 0 and row["ar_launches"] > 0
+
+
+def test_launch_counts_grow_with_the_work(round_latency):
+    """The launch count is a count of what one call dispatches: two calls of a step count twice one call."""
+    step = lambda: torch.ones(3).add_(1).mul_(2)  # noqa: E731 - three ATen ops at top level
+    once = round_latency.count_launches(step, torch.device("cpu"))
+    twice = round_latency.count_launches(lambda: (step(), step()), torch.device("cpu"))
+    assert once == 3 and twice == 6
