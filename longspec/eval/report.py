@@ -122,6 +122,7 @@ def report_markdown(results: dict) -> str:
                 + (f"; the policy's view at the end: {view}" if view else "")
             )
     lines += batch_markdown(summary, cfg.get("batch_size", 1))
+    lines += round_costs_markdown(results)
     lines += timing_markdown(results)
     lines += quality_markdown(summary)
     skipped = [r for r in results["data"] if r["num_malformed"] or r["num_filtered_by_length"]]
@@ -165,6 +166,42 @@ def batch_markdown(summary: dict, batch_size: int) -> list[str]:
         for method, agg in per_method.items():
             batch = _fmt(agg["batch_tokens_per_s"], ".1f") if "batch_tokens_per_s" in agg else "– (batch 1)"
             lines.append(f"| {d} | {method} | {batch} | {_fmt(agg['tokens_per_s'], '.1f')} |")
+    return lines
+
+
+def round_costs_markdown(results: dict) -> list[str]:
+    """tree=auto's measured round costs (results' `round_costs_s`, "bucket:name" -> seconds) per context bucket:
+    a plain step, the chain of one (one draft step and a verify of two tokens) and the largest drafter tree, each
+    also in plain steps: what drafting costs on this device, and what a draft vocabulary saves."""
+    costs = results.get("round_costs_s") or {}
+    buckets: dict[int, dict[str, float]] = {}
+    for key, seconds in costs.items():
+        bucket, name = key.split(":", 1)
+        buckets.setdefault(int(bucket), {})[name] = seconds
+    rows = [(b, named) for b, named in sorted(buckets.items()) if "ar" in named and "1" in named]
+    if not rows:
+        return []
+    vocab = results.get("draft_vocab") or {}
+    head = (
+        f"the drafter drafts over {vocab['size']:,} of the target's {vocab['target_vocab']:,} ids"
+        if vocab and vocab["size"] < vocab["target_vocab"]
+        else "the drafter drafts over the target's whole vocabulary"
+    )
+    lines = [
+        "",
+        f"## Round costs (measured before decoding; {head})",
+        "",
+        "| context | plain step ms | chain of one ms | in plain steps | largest tree | its ms | in plain steps |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for bucket, named in rows:
+        plain, chain = named["ar"], named["1"]
+        trees = [n for n in named if n[0].isdigit()]  # drafter trees: level widths joined by '-'
+        largest = max(trees, key=lambda n: sum(map(int, n.split("-"))))
+        lines.append(
+            f"| {bucket} | {1e3 * plain:.3f} | {1e3 * chain:.3f} | {chain / plain:.2f} | `{largest}` | "
+            f"{1e3 * named[largest]:.3f} | {named[largest] / plain:.2f} |"
+        )
     return lines
 
 

@@ -45,6 +45,11 @@ def test_eval_cli_end_to_end(eval_overrides, tmp_path):
         and sum(summary["longspec"]["trees"].values()) == summary["longspec"]["rounds"]
     )
     assert "## Trees run" in report and "- rows / longspec: `" in report
+    # and what drafting costs here: the chain of one and the largest tree against a plain step, per bucket
+    assert results["draft_vocab"]["size"] == results["draft_vocab"]["target_vocab"]
+    assert "## Round costs (measured before decoding; the drafter drafts over the target's whole" in report
+    plain, chain = (results["round_costs_s"][f"{min_bucket(results)}:{n}"] for n in ("ar", "1"))
+    assert f"| {plain * 1e3:.3f} | {chain * 1e3:.3f} | {chain / plain:.2f} | `4-16-16-16-16` |" in report
     # and what the policy believed at the end, per candidate (the samples' and the summary's last)
     assert samples[-1]["policy"]["ar"]["expected_tokens"] == 1.0
     assert summary["longspec"]["policy"] == samples[-1]["policy"]
@@ -56,6 +61,10 @@ def test_eval_cli_end_to_end(eval_overrides, tmp_path):
     assert list(results["phases_s"]) == ["data", "load", "warm_up", "samples"]
     phases = results["phases_s"]
     assert all(seconds >= 0 for seconds in phases.values()) and phases["samples"] > 0
+
+
+def min_bucket(results: dict) -> int:
+    return min(int(key.split(":")[0]) for key in results["round_costs_s"])
 
 
 def test_single_method_and_sampling(eval_overrides, tmp_path):
