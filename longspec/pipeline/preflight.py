@@ -100,6 +100,15 @@ def _planned(path: str | None, made: Iterable[str]) -> bool:
 def _stand_in(arg: str, made: set[str], file: str, directory: str) -> str:
     """`key=value` with a value an earlier step makes replaced by a stand-in of its kind (file or directory)."""
     key, sep, value = arg.partition("=")
-    if not sep or not _planned(value, made):
+    if not sep:
         return arg
-    return f"{key}={file if os.path.abspath(value) in made else directory}"
+    if value.startswith("[") and value.endswith("]"):  # a list of paths (drafter.draft_vocab_data=[a,b])
+        items = [_stand_in_path(v, made, file, directory) for v in value[1:-1].split(",")] if value[1:-1] else []
+        return f"{key}=[{','.join(items)}]"
+    return f"{key}={_stand_in_path(value, made, file, directory)}"
+
+
+def _stand_in_path(value: str, made: set[str], file: str, directory: str) -> str:
+    if not _planned(value, made):
+        return value
+    return file if os.path.abspath(value) in made else directory

@@ -255,5 +255,9 @@ def test_a_draft_vocabulary_is_chosen_in_stage_1_from_stage_1_and_3_data(tmp_pat
     assert f"drafter.draft_vocab_data=[{out}/stage1,{out}/stage3]" in stage1
     for index in (2, 3):
         assert not any(a.startswith("drafter.draft_vocab") for a in _cmd(by_name[f"train_stage{index}"]))
+    if preset_name == "cpu":  # the preflight stands in for data the plan has yet to prepare, lists included
+        from longspec.pipeline.preflight import check_step_configs
+
+        check_step_configs(steps)
     default = plan(load_preset(preset_name), str(tmp_path / "again"), **({"data": str(data)} if data else {}))
     assert not any(a.startswith("drafter.draft_vocab") for s in default if s.cmd for a in s.cmd)
