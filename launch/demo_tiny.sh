@@ -3,7 +3,7 @@
 # The whole pipeline on a CPU in a few minutes, 2 processes: the shipped code target, a standard-library corpus,
 # stage 1 (ZeRO-1) -> export -> stage 2 (ZeRO-3, init_from) -> export -> stage 3 -> export -> evaluation. It is
 # `python -m longspec.pipeline --preset demo_tiny` (configs/pipeline/demo_tiny.yaml); FIELD=VALUE are Hydra
-# overrides of that preset (e.g. stage1.num_steps=5). Rerunning the same command continues where it stopped.
+# overrides of that preset (e.g. stage1.train.max_steps=5). Rerunning the same command continues where it stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/demo_tiny}

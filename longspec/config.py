@@ -139,12 +139,14 @@ def compose(
     overrides: list[str] | None = None,
     config_dir: str | None = None,
     what: str = "config",
+    moved: dict[str, str] | None = None,
 ) -> T:
     """Compose `<config_dir>/<config_name>.yaml` (default: `config_root()`) with Hydra overrides and
     validate it into `schema`. The YAML's defaults list names `schema_name`, under which `schema` is registered.
 
     Hydra's compose API rather than @hydra.main, so launchers' extra arguments, cwd and logging stay ours. A bad
-    override, unknown key, wrong type or failed rule is a ValueError starting "invalid <what>: "."""
+    override, unknown key, wrong type or failed rule is a ValueError starting "invalid <what>: ". `moved`: this
+    schema's own keys that left it (as MOVED_KEYS; a key below one is moved with it)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore
@@ -153,9 +155,10 @@ def compose(
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    moved = {**MOVED_KEYS, **(moved or {})}
     for override in overrides or []:
-        key = override.split("=", 1)[0].lstrip("+~")
-        check(key not in MOVED_KEYS, f"invalid {what}: {MOVED_KEYS.get(key)} (got {override!r})")
+        old = _moved_from(override.split("=", 1)[0].lstrip("+~"), moved)
+        check(old is None, f"invalid {what}: {moved.get(old)} (got {override!r})")
     ConfigStore.instance().store(name=schema_name, node=schema)
     GlobalHydra.instance().clear()
     try:
@@ -165,9 +168,9 @@ def compose(
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []))
         cfg = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as e:
-        moved = _moved_key(e)
-        if moved is not None:  # a YAML of your own that still spells it the old way
-            raise ValueError(f"invalid {what}: {MOVED_KEYS[moved]} (a config file sets {moved})") from e
+        old = _moved_key(e, moved)
+        if old is not None:  # a YAML of your own that still spells it the old way
+            raise ValueError(f"invalid {what}: {moved[old]} (a config file sets {old})") from e
         # Hydra's message names the override; the cause names the field and the expected type.
         detail = str(e) if e.__cause__ is None else f"{e}: {e.__cause__}"
         raise ValueError(f"invalid {what}: {detail}") from e
@@ -194,10 +197,17 @@ def _stray_keys(obj, prefix: str = "") -> list[str]:
     return stray
 
 
-def _moved_key(error: BaseException | None) -> str | None:
-    """The MOVED_KEYS entry an OmegaConf error (anywhere in `error`'s chain) is about, if any."""
+def _moved_from(key: str, moved: dict[str, str]) -> str | None:
+    """The entry of `moved` that `key` is or lies below (`stage1.extra.0` -> `stage1.extra`), if any."""
+    parts = key.split(".")
+    return next((k for k in (".".join(parts[:n]) for n in range(len(parts), 0, -1)) if k in moved), None)
+
+
+def _moved_key(error: BaseException | None, moved: dict[str, str]) -> str | None:
+    """The `moved` entry an OmegaConf error (anywhere in `error`'s chain) is about, if any."""
     while error is not None:
-        if getattr(error, "full_key", None) in MOVED_KEYS:
-            return error.full_key
+        old = _moved_from(getattr(error, "full_key", None) or "", moved)
+        if old is not None:
+            return old
         error = error.__cause__ or error.__context__
     return None

@@ -32,7 +32,7 @@ def compose_both(tmp: str):
     target = ["target=tiny_llama", f"target.path={tmp}"]
     train = load_config([*target, "stage=tiny_stage1", f"data.path={tmp}", f"output_dir={tmp}/run"])
     ev = load_eval_config([*target, "drafter.init=random", "data.name=lcc", "method=[longspec,ar]"])
-    pipeline = load_preset("cpu", ["stage1.num_steps=3"])
+    pipeline = load_preset("cpu", ["stage1.train.max_steps=3"])
     return {
         "train": dataclasses.asdict(train),
         "eval": dataclasses.asdict(ev),
@@ -112,4 +112,4 @@ def test_wheel_ships_the_configs_and_composes_them(tmp_path):
     # The wheel composes exactly what the checkout composes.
     assert got == json.loads(json.dumps(compose_both(str(tmp_path))))
     assert got["train"]["stage"]["name"] == "tiny_stage1" and got["eval"]["method"] == ["longspec", "ar"]
-    assert got["pipeline"]["name"] == "cpu" and got["pipeline"]["stage1"]["num_steps"] == 3
+    assert got["pipeline"]["name"] == "cpu" and got["pipeline"]["stage1"]["train"]["max_steps"] == 3

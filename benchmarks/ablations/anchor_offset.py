@@ -19,7 +19,6 @@ recorded result's losses (nothing is trained), e.g. after a change to how they a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -39,7 +38,7 @@ from common import (  # noqa: E402
 
 from longspec.cli import run_cli  # noqa: E402
 from longspec.export import default_out_dir  # noqa: E402
-from longspec.pipeline import StagePlan, run_pipeline, stage_steps, target_overrides  # noqa: E402
+from longspec.pipeline import run_pipeline, stage_steps, target_overrides  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,19 +85,21 @@ def main(argv: list[str] | None = None) -> int:
                   max_rows=args.max_rows,
                   extra=("--min-tokens", str(args.long_len // 2)))
     )  # fmt: skip
-    # the preset's own extra overrides per stage (e.g. smollm2's bf16) with this ablation's sizes
-    stage1 = StagePlan(
-        config="tiny_stage1", seq_len=args.short_len, num_steps=args.stage1_steps, global_batch_size=16,
-        micro_batch_size=8, lr=3e-3, extra=tuple(preset.stage1.extra),
+    # the preset's own settings per stage (e.g. smollm2's precision) with this ablation's stage YAMLs and sizes
+    stage1 = preset.stage1.merged(
+        {"stage": {"seq_len": args.short_len, "global_batch_size": 16, "micro_batch_size": 8},
+         "max_steps": args.stage1_steps, "optim": {"lr": 3e-3}},
+        config="tiny_stage1",
     )  # fmt: skip
-    stage2 = StagePlan(
-        config="tiny_stage2", seq_len=args.long_len, num_steps=args.stage2_steps, global_batch_size=2,
-        micro_batch_size=1, lr=1e-3, extra=tuple(preset.stage2.extra),
+    stage2 = preset.stage2.merged(
+        {"stage": {"seq_len": args.long_len, "global_batch_size": 2, "micro_batch_size": 1},
+         "max_steps": args.stage2_steps, "optim": {"lr": 1e-3}},
+        config="tiny_stage2",
     )  # fmt: skip
     overrides = target_overrides(preset, target)
     runs = os.path.join(out, "runs")
     for variant, positions in zip(VARIANTS, ("anchor_offset", "plain"), strict=True):
-        s1 = dataclasses.replace(stage1, extra=(*stage1.extra, f"stage.position_ids={positions}"))
+        s1 = stage1.merged({"stage": {"position_ids": positions}})
         steps += stage_steps(preset, f"stage1_{variant}", s1, target_overrides=overrides, data_path=short,
                              run_dir=os.path.join(runs, f"stage1_{variant}"))  # fmt: skip
         train2, _ = stage_steps(preset, f"stage2_from_{variant}", stage2, target_overrides=overrides, data_path=long,

@@ -8,7 +8,8 @@ any HF target directory, e.g. SmolLM2-135M-Instruct converted from its GGUF:
     python benchmarks/ablations/anchor_offset.py --preset smollm2 --target /tmp/smol \
         --corpus .cache_target/smollm2_e2e/corpus ...
 
-(the preset then gives the process count, the anchor range and each stage's extra overrides, e.g. bf16)."""
+(the preset then gives the process count, the anchor range and each stage's own training settings, e.g. its
+precision)."""
 
 from __future__ import annotations
 

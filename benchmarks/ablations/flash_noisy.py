@@ -18,7 +18,6 @@ cores. Resumable (same runner as longspec.pipeline).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -38,7 +37,6 @@ from common import (  # noqa: E402
 from longspec.cli import UserError, run_cli  # noqa: E402
 from longspec.infer.candidates import DEFAULT_TREE_WIDTHS  # noqa: E402
 from longspec.pipeline import (  # noqa: E402
-    StagePlan,
     Step,
     eval_data_overrides,
     run_pipeline,
@@ -80,18 +78,20 @@ def main(argv: list[str] | None = None) -> int:
         data = os.path.join(out, "data", "stage1")
         steps.append(prep_step("data", "stage1", source=corpus_file(corpus, "train"), tokenizer=target, out=data,
                                seq_len=args.seq_len, max_rows=300))  # fmt: skip
-    stage = StagePlan(
-        config=args.stage_config, seq_len=args.seq_len, num_steps=args.steps, global_batch_size=8,
-        micro_batch_size=4, lr=3e-3, extra=tuple(preset.stage1.extra),
+    # the preset's own stage-1 settings (e.g. smollm2's precision) with this ablation's stage YAML and sizes
+    stage = preset.stage1.merged(
+        {"stage": {"seq_len": args.seq_len, "global_batch_size": 8, "micro_batch_size": 4},
+         "max_steps": args.steps, "optim": {"lr": 3e-3}},
+        config=args.stage_config,
     )  # fmt: skip
     overrides = target_overrides(preset, target)
     sources = [os.path.abspath(p) for p in args.eval_data or [os.path.join(corpus, "heldout_lcc.jsonl")]]
     if not preset.eval_suite and len(sources) != 1:
         raise UserError(f"preset {args.preset} evaluates one held-out file: pass one --eval-data")
-    variants = {"noisy": "true", "lag0": "false"}
+    variants = {"noisy": True, "lag0": False}
     for variant, flag in variants.items():
         run_dir = os.path.join(out, "runs", variant)
-        steps += stage_steps(preset, variant, dataclasses.replace(stage, extra=(*stage.extra, f"stage.flash_noisy={flag}")),
+        steps += stage_steps(preset, variant, stage.merged({"stage": {"flash_noisy": flag}}),
                              target_overrides=overrides, data_path=data, run_dir=run_dir)  # fmt: skip
         steps.append(
             Step(

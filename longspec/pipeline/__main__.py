@@ -3,7 +3,7 @@
     python -m longspec.pipeline --preset cpu --out outputs/quickstart            # README quickstart (2-core CPU)
     python -m longspec.pipeline --preset smollm2 --out $OUT/e2e --data DATA_DIR  # launch/gpu_e2e.sh (one GPU)
     python -m longspec.pipeline --preset cpu --out DIR --dry-run                 # print the plan, run nothing
-    python -m longspec.pipeline --preset cpu --out DIR stage1.num_steps=5 eval_max_samples=1  # Hydra overrides
+    python -m longspec.pipeline --preset cpu --out DIR stage1.train.max_steps=5 eval_max_samples=1  # Hydra overrides
 
 Every step runs the real CLI a user would run (`python -m data_prep.stage1 ...`, `torchrun -m longspec.train ...`,
 `python -m longspec.export ...`, `python -m longspec.eval ...`); the command is printed first and its output goes
@@ -14,7 +14,7 @@ are printed and OUT/report.md (+ training_loss.png, the eval's plots) is written
 
 Presets are YAML files of one schema (configs/pipeline/<name>.yaml, schema
 `longspec.pipeline.presets.PipelineConfig`), composed by Hydra like the training and eval configs. The positional
-arguments after the flags are Hydra overrides of the preset's fields (`stage1.num_steps=5`, `tree_widths=[2,2]`,
+arguments after the flags are Hydra overrides of the preset's fields (`stage1.train.max_steps=5`, `tree_widths=[2,2]`,
 `evals.0.methods=[ar]`); `--set FIELD=VALUE` is an alias that appends one to the same list. An unknown field or a bad
 value is one line on stderr and exit status 2, before the first step: the preset's fields, the target, the locks of
 the directories the steps write and each training / eval step's config (longspec/pipeline/preflight.py). Every
@@ -91,13 +91,13 @@ def _main(argv: list[str]) -> int:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="alias of one positional override (kept for scripts): --set stage1.num_steps=5",
+        help="alias of one positional override (kept for scripts): --set stage1.train.max_steps=5",
     )
     parser.add_argument(
         "overrides",
         nargs="*",
         metavar="FIELD=VALUE",
-        help="Hydra overrides of the preset's fields: stage1.num_steps=5 eval_max_samples=1 tree_widths=[2,2]",
+        help="Hydra overrides of the preset's fields: stage1.train.max_steps=5 eval_max_samples=1 tree_widths=[2,2]",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan and what would be skipped")
     parser.add_argument("--force", action="store_true", help="rerun every step")

@@ -17,12 +17,12 @@ from longspec.data.manifest import manifest_path
 from longspec.export import default_out_dir, export_marker
 from longspec.lifetime import LOCK_NAME, refuse_if_held
 from longspec.ownership import NotOursError, remove_owned, write_marker
-from longspec.pipeline.presets import PipelineConfig, StagePlan
+from longspec.pipeline.presets import PipelineConfig, StagePlan, target_overrides
 from longspec.pipeline.resume import restart_on_changed_inputs
 from longspec.train.checkpoint import RUN_KIND, checkpoints_root, done_marker, latest_checkpoint
 from longspec.train.config import load_config
 
-__all__ = ["Step", "eval_data_overrides", "eval_runs_command", "plan", "stage_steps", "target_overrides"]
+__all__ = ["Step", "eval_data_overrides", "eval_runs_command", "plan", "stage_steps"]
 
 EVAL_MODULE = ["-m", "longspec.eval"]
 
@@ -273,15 +273,6 @@ def eval_runs_command(steps: list[Step], events: str) -> list[str]:
     return cmd
 
 
-def target_overrides(preset: PipelineConfig, target: str) -> list[str]:
-    """Hydra overrides naming the target for `longspec.train` / `longspec.eval`."""
-    overrides = [f"target={preset.target_config}"]
-    if preset.target_path is not None or preset.target_gguf is not None:
-        # the target group (tiny_llama: a generic HF directory) pointed at our model, no hub id involved
-        overrides += [f"target.path={target}", f"target.name={os.path.basename(target.rstrip('/'))}"]
-    return overrides
-
-
 def stage_steps(
     preset: PipelineConfig,
     name: str,
@@ -295,28 +286,21 @@ def stage_steps(
     """train_<name> (torchrun -m longspec.train) + export_<name> (python -m longspec.export RUN_DIR RUN_DIR/export).
     Also used by benchmarks/ablations/."""
     py = sys.executable
-    # anchor_max_len is training-only (stage.anchor_max_len): the eval commands do not carry it
-    anchor = [] if preset.anchor_max_len is None else [f"stage.anchor_max_len={preset.anchor_max_len}"]
-    # A stage that checkpoints as it goes (save_every) continues a half-finished run of its own command from the
-    # latest checkpoint; any other half-finished run restarts from scratch (`_prepare_run_dir`).
-    resumable = stage.save_every is not None
-    overrides = [*target_overrides, *anchor, *stage.overrides(), f"drafter.window={preset.window}",
-                 f"loss.distill_weight={preset.distill_weight}", f"data.path={data_path}", f"output_dir={run_dir}",
-                 f"checkpoint.resume={'auto' if resumable else 'never'}"]  # fmt: skip
-    if init_from:
-        overrides.append(f"init_from={init_from}")
+    overrides = preset.train_overrides(
+        stage, target=target_overrides, data_path=data_path, run_dir=run_dir, init_from=init_from
+    )
     train = Step(
         name=f"train_{name}",
         cmd=[py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(preset.num_procs),
              "-m", "longspec.train", *overrides],
         env={"DS_ACCELERATOR": "cpu"} if preset.cpu else {},
-        # A fixed schedule is done when its last checkpoint is complete; an epoch run (num_steps null) when the
-        # trainer exited 0 (the run record) and left its checkpoints.
-        outputs=[done_marker(run_dir, stage.num_steps) if stage.num_steps else checkpoints_root(run_dir)],
+        # A fixed schedule is done when its last checkpoint is complete; any other run (epochs, or the stage YAML's
+        # max_steps) when the trainer exited 0 (the run record) and left its checkpoints.
+        outputs=[done_marker(run_dir, stage.max_steps) if stage.max_steps else checkpoints_root(run_dir)],
         needs=[manifest_path(data_path), *([init_from] if init_from else [])],
         locks=[os.path.join(run_dir, LOCK_NAME)],
     )  # fmt: skip
-    train.fn = _prepare_run_dir(run_dir, train.command, resumable, overrides)
+    train.fn = _prepare_run_dir(run_dir, train.command, stage.resumable, overrides)
     export = Step(
         name=f"export_{name}",
         cmd=[py, "-m", "longspec.export", run_dir, default_out_dir(run_dir), "--overwrite"],
@@ -341,9 +325,10 @@ def _target_group(name: str):
 
 
 def _seq_len(stage: StagePlan) -> int:
-    """The row length the stage's data is prepared for: the plan's, else its stage YAML's."""
-    if stage.seq_len is not None:
-        return stage.seq_len
+    """The row length the stage's data is prepared for: the stage's train.stage.seq_len, else its stage YAML's."""
+    seq_len = stage.setting("stage.seq_len")
+    if seq_len is not None:
+        return seq_len
     return load_config([f"stage={stage.config}", "data.path=unused"]).stage.seq_len
 
 

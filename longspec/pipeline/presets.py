@@ -4,7 +4,7 @@ The presets themselves are YAML files shipped with the package, configs/pipeline
 the command that launches it and explaining its numbers), composed by Hydra through the same
 `longspec.config.compose` as the training and eval configs:
 
-    python -m longspec.pipeline --preset cpu --out DIR stage1.num_steps=5 eval_max_samples=1
+    python -m longspec.pipeline --preset cpu --out DIR stage1.train.max_steps=5 eval_max_samples=1
 
 Overrides are Hydra override strings (`--set FIELD=VALUE` is an alias that adds one to the same list); an unknown
 field or a bad value is one ValueError. `longspec.pipeline.plan` turns the validated config into the CLI steps.
@@ -14,73 +14,28 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from longspec.cli import one_line
 from longspec.config import Schema, check, compose, config_root
 from longspec.infer.methods import ALL_METHODS
+from longspec.pipeline.stages import MOVED_KEYS, PIPELINE_SET, StagePlan, check_group
 from longspec.target_source import PACKAGE_SCHEME, resolve_package_file
+from longspec.train.config import load_config
 
-__all__ = ["CODE_TARGET", "StagePlan", "EvalPlan", "PipelineConfig", "preset_names", "load_preset"]
+__all__ = [
+    "CODE_TARGET", "PIPELINE_SET", "StagePlan", "EvalPlan", "PipelineConfig", "preset_names", "load_preset",
+    "target_overrides",
+]  # fmt: skip
 
 # The shipped code target's directory (the cpu preset names it portably: pkg://longspec/assets/code_target).
 CODE_TARGET = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "code_target"
 )
 PRESET_GROUP = "pipeline"  # configs/pipeline/<preset>.yaml
-
-
-@dataclass(kw_only=True)
-class StagePlan(Schema):
-    """One drafter training stage: overrides of a stage YAML (configs/stage/<config>.yaml)."""
-
-    config: str = MISSING  # the stage YAML (stage=...): position ids, ZeRO stage, loss mask come from it
-    # null in any field below: the stage YAML's value
-    seq_len: int | None = None  # packed row length (stages 1-2) / longest SFT row (stage 3)
-    num_steps: int | None = None  # optimizer steps (the LR schedule's length); null: data.num_epochs epochs
-    global_batch_size: int | None = None  # sequences per optimizer step over all ranks
-    micro_batch_size: int | None = None  # sequences per rank per forward
-    lr: float | None = None  # peak learning rate (cosine, 10% warmup)
-    # checkpoint every this many steps; null: the last step only (disk and time stay small). A run split over
-    # several time-limited jobs sets it: a stopped stage resumes from its latest checkpoint.
-    save_every: int | None = None
-    extra: list[str] = field(
-        default_factory=list
-    )  # further training overrides (stage.position_ids=plain, ...)
-
-    RANGES = {  # a class constant, not a field
-        "seq_len": ">= 2",
-        "num_steps": ">= 1",
-        "global_batch_size": ">= 1",
-        "micro_batch_size": ">= 1",
-        "lr": "> 0",
-        "save_every": ">= 1",
-    }
-
-    def validate(self) -> None:
-        check(bool(self.config), "a stage plan needs config= (a stage YAML name)")
-        # Here, not at the training step: a misspelt name ran the corpus and data preps (hours at paper scale)
-        # before the trainer refused it.
-        _check_group("stage", self.config, "config")
-        check_ranges(self, f"{self.config}: ")
-
-    def overrides(self) -> list[str]:
-        """The training overrides of this stage (the fields set, then `extra`)."""
-        fields = {
-            "stage.seq_len": self.seq_len,
-            "stage.global_batch_size": self.global_batch_size,
-            "stage.micro_batch_size": self.micro_batch_size,
-            "max_steps": self.num_steps,
-            "optim.lr": self.lr,
-            "checkpoint.save_every": self.save_every
-            or (None if self.num_steps is None else max(1, self.num_steps)),
-        }
-        return [
-            f"stage={self.config}",
-            *(f"{k}={v}" for k, v in fields.items() if v is not None),
-            *self.extra,
-        ]
 
 
 @dataclass(kw_only=True)
@@ -197,20 +152,12 @@ class PipelineConfig(Schema):
             self.target_path is None or self.target_gguf is None,
             "a pipeline preset takes one of target_path= (a model dir) and target_gguf= (or neither: target_config)",
         )
-        _check_group("target", self.target_config, "target_config")  # as the stage names (StagePlan)
+        check_group("target", self.target_config, "target_config")  # as the stage names (StagePlan)
         check_ranges(self)
         check(
             self.stage3_template in ("plain", "chat"),
             f"stage3_template must be plain or chat, got {self.stage3_template!r}",
         )
-        for index, stage in enumerate((self.stage1, self.stage2, self.stage3), 1):
-            if stage.global_batch_size is None or stage.micro_batch_size is None:
-                continue  # the stage YAML's: the training config checks them against the world size
-            check(
-                stage.global_batch_size % (stage.micro_batch_size * self.num_procs) == 0,
-                f"stage{index}.global_batch_size ({stage.global_batch_size}) must be a multiple of "
-                f"micro_batch_size x num_procs ({stage.micro_batch_size} x {self.num_procs})",
-            )
         check(
             self.stage3_source is not None or (self.num_prompts >= 1 and self.regen_max_new_tokens >= 1),
             "no stage-3 data: set stage3_source=FILE (SFT rows), or num_prompts and regen_max_new_tokens >= 1 for "
@@ -232,6 +179,54 @@ class PipelineConfig(Schema):
         )
         if self.target_path is not None and self.target_path.startswith(PACKAGE_SCHEME):
             self.target_dir()  # a missing package directory is one clear line now, not at the first step
+        # Last: each stage's training config is composed (Hydra, tenths of a second); the rules above are cheap
+        for index, stage in enumerate((self.stage1, self.stage2, self.stage3), 1):
+            self.check_stage(f"stage{index}", stage)
+
+    def check_stage(self, name: str, stage: StagePlan) -> None:
+        """The stage's `train` tree (`StagePlan.check_train`), then its training config composed from the overrides
+        its step will run (the paths the plan fills in stood in for) and validated by the trainer's own rules: a
+        mistake is one line now, before any data is prepared."""
+        stage.check_train(name)
+        stand_in = "stage-run"  # no file is read: the paths' checks come at the step (preflight)
+        target = self.target_dir() or os.path.basename(self.target_gguf or "target").removesuffix(".gguf")
+        try:
+            cfg = load_config(
+                self.train_overrides(
+                    stage,
+                    target=target_overrides(self, target),
+                    data_path=stand_in + "-data",
+                    run_dir=stand_in,
+                )
+            )
+        except ValueError as e:
+            raise ValueError(f"{name}.train: {one_line(e)}") from None
+        batch, micro = cfg.stage.global_batch_size, cfg.stage.micro_batch_size
+        check(
+            batch % (micro * self.num_procs) == 0,
+            f"{name}.train: stage.global_batch_size ({batch}) must be a multiple of stage.micro_batch_size x "
+            f"num_procs ({micro} x {self.num_procs})",
+        )
+
+    def train_overrides(
+        self,
+        stage: StagePlan,
+        *,
+        target: list[str],
+        data_path: str,
+        run_dir: str,
+        init_from: str | None = None,
+    ) -> list[str]:
+        """The `python -m longspec.train` overrides of one stage: `target` (`target_overrides`, plus the draft
+        vocabulary in stage 1), the stage's own (`StagePlan.overrides`), then what the pipeline sets for every
+        stage (PIPELINE_SET)."""
+        anchor = [] if self.anchor_max_len is None else [f"stage.anchor_max_len={self.anchor_max_len}"]
+        # A stage that checkpoints as it goes continues a half-finished run of its own command from the latest
+        # checkpoint; any other half-finished run restarts from scratch (plan's `_prepare_run_dir`).
+        return [*target, *anchor, *stage.overrides(), f"drafter.window={self.window}",
+                f"loss.distill_weight={self.distill_weight}", f"data.path={data_path}", f"output_dir={run_dir}",
+                f"checkpoint.resume={'auto' if stage.resumable else 'never'}",
+                *([f"init_from={init_from}"] if init_from else [])]  # fmt: skip
 
     @property
     def uses_corpus(self) -> bool:
@@ -255,6 +250,15 @@ class PipelineConfig(Schema):
         return os.path.abspath(self.target_path)
 
 
+def target_overrides(preset: PipelineConfig, target: str) -> list[str]:
+    """Hydra overrides naming the target for `longspec.train` / `longspec.eval`."""
+    overrides = [f"target={preset.target_config}"]
+    if preset.target_path is not None or preset.target_gguf is not None:
+        # the target group (tiny_llama: a generic HF directory) pointed at our model, no hub id involved
+        overrides += [f"target.path={target}", f"target.name={os.path.basename(target.rstrip('/'))}"]
+    return overrides
+
+
 def check_ranges(schema, prefix: str = "") -> None:
     """Every field named in `schema.RANGES` ("FIELD": ">= 1" | "> 0") is null or a finite number in its range (a
     bool is no number). The ranges list every numeric field of the pipeline's schemas (tests/faults)."""
@@ -272,14 +276,6 @@ def check_ranges(schema, prefix: str = "") -> None:
         check(ok, f"{prefix}{name} must be {rule}, got {value!r}")
 
 
-def _check_group(group: str, name: str, field_name: str) -> None:
-    """`name` is a YAML of the training / eval config group `group` (configs/<group>/<name>.yaml), which
-    the steps compose."""
-    directory = os.path.join(config_root(), group)
-    names = sorted(n[: -len(".yaml")] for n in os.listdir(directory) if n.endswith(".yaml"))
-    check(name in names, f"{field_name}={name!r} is not a {group} config; choose from {', '.join(names)}")
-
-
 def preset_names(config_dir: str | None = None) -> list[str]:
     """The presets shipped (configs/pipeline/*.yaml), sorted."""
     directory = os.path.join(config_dir or config_root(), PRESET_GROUP)
@@ -289,7 +285,7 @@ def preset_names(config_dir: str | None = None) -> list[str]:
 def load_preset(
     name: str, overrides: list[str] | None = None, *, config_dir: str | None = None
 ) -> PipelineConfig:
-    """Compose configs/pipeline/<name>.yaml with Hydra overrides (`stage1.num_steps=5`) and validate it
+    """Compose configs/pipeline/<name>.yaml with Hydra overrides (`stage1.train.max_steps=5`) and validate it
     into a PipelineConfig; a bad override, unknown field or failed rule is a ValueError."""
     names = preset_names(config_dir)
     if name not in names:
@@ -298,7 +294,17 @@ def load_preset(
         PipelineConfig,
         schema_name="pipeline_schema",
         config_name=f"{PRESET_GROUP}/{name}",
-        overrides=overrides,
+        overrides=[_open_train_key(o) for o in overrides or []],
         config_dir=config_dir,
         what=f"pipeline preset {name!r}",
+        moved=MOVED_KEYS,
     )
+
+
+def _open_train_key(override: str) -> str:
+    """`stageN.train.KEY=VALUE` as `++stageN.train.KEY=VALUE`: a training setting the preset does not set yet is
+    added, as on the trainer's own command line (`train` is an open tree, checked against TrainConfig once
+    composed)."""
+    if re.match(r"stage[123]\.train\.[^=]*=", override):
+        return "++" + override
+    return override

@@ -3,7 +3,8 @@ status 2, in about a second, and nothing is written (a bad eval setting failed a
 preparation and training; `eval_max_samples=0`, `regen_batch_size=0`, `stage2_min_tokens=-5` and a missing
 target were accepted).
 
-The preset's own fields by their schema's ranges (presets.py `RANGES`, which must list every numeric field); the
+The preset's own fields by their schema's ranges (presets.py `RANGES`, which must list every numeric field); each
+stage's `train` settings by the trainer's own rules, on the config its step composes, when the preset loads; the
 target's existence and every training / evaluation step's composed config by the pipeline's preflight."""
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import pytest
 from fault_helpers import assert_one_line_error, assert_only_changed, run_in_process, tree_checksums
 
 from longspec.pipeline.__main__ import main
-from longspec.pipeline.presets import EvalPlan, PipelineConfig, StagePlan, load_preset
+from longspec.pipeline.presets import EvalPlan, PipelineConfig, load_preset
 
-# schema -> the override prefix that reaches an instance of it in the demo_tiny preset
-SCHEMAS = {PipelineConfig: "", StagePlan: "stage1.", EvalPlan: "evals.0."}
+# schema -> the override prefix that reaches an instance of it in the demo_tiny preset (a StagePlan's settings are
+# the trainer's: its own schema checks them)
+SCHEMAS = {PipelineConfig: "", EvalPlan: "evals.0."}
 NUMERIC = ("int", "int | None", "float", "float | None")
 
 
@@ -50,7 +52,9 @@ def test_a_value_outside_a_fields_range_is_refused(prefix, name, rule):
         load_preset("demo_tiny", [override])
 
 
-@pytest.mark.parametrize("override", ["stage1.lr=nan", "distill_weight=inf", "evals.0.temperature=nan"])
+@pytest.mark.parametrize(
+    "override", ["stage1.train.optim.lr=nan", "distill_weight=inf", "evals.0.temperature=nan"]
+)
 def test_a_non_finite_number_is_refused(override):
     name = override.split("=")[0].split(".")[-1]
     with pytest.raises(ValueError, match=rf"{name} must be .*, got (nan|inf)"):
@@ -76,11 +80,13 @@ PLAN_CASES = [
         "target_gguf=/no/model.gguf",
         r"target_gguf='/no/model.gguf': GGUF file '/no/model.gguf' does not exist",
     ),
-    ("stage1.extra=['optim.weight_decay=-1']", r"step train_stage1: optim.weight_decay must be >= 0, got -1"),
+    # a stage's training settings: the trainer's rules, when the preset loads
+    ("stage1.train.optim.weight_decay=-1", r"stage1.train: optim.weight_decay must be >= 0, got -1"),
     (
-        "stage2.extra=['stage.micro_batch_size=3']",
-        r"step train_stage2: stage.global_batch_size \(8\) must be a multiple",
+        "stage2.train.stage.micro_batch_size=3",
+        r"stage2.train: stage.global_batch_size \(8\) must be a multiple",
     ),
+    ("stage3.train.optim.lrr=1", r"stage3.train.optim.lrr is not a training setting"),
     ("evals.0.extra=['top_p=2']", r"step eval: top_p must be in \(0, 1\], got 2"),
     ("evals.0.extra=['max_new_tokens=0']", r"step eval: max_new_tokens must be >= 1, got 0"),
 ]

@@ -31,9 +31,12 @@ def test_mini_run_end_to_end(tmp_path):
         "stage1_max_rows=6", "stage2_max_rows=6", "stage2_min_tokens=64", "num_prompts=4", "prompt_chars=400",
         "regen_max_new_tokens=8", "eval_max_new_tokens=8", "eval_max_samples=1", "eval_min_prompt_tokens=100",
         "tree_widths=[2,2]", "window=16",
-        "stage1.seq_len=64", "stage1.num_steps=2", "stage1.global_batch_size=4", "stage1.micro_batch_size=2",
-        "stage2.seq_len=128", "stage2.num_steps=2", "stage2.global_batch_size=4", "stage2.micro_batch_size=2",
-        "stage3.seq_len=256", "stage3.num_steps=2", "stage3.global_batch_size=4", "stage3.micro_batch_size=2",
+        "stage1.train.stage.seq_len=64", "stage1.train.max_steps=2", "stage1.train.stage.global_batch_size=4",
+        "stage1.train.stage.micro_batch_size=2",
+        "stage2.train.stage.seq_len=128", "stage2.train.max_steps=2", "stage2.train.stage.global_batch_size=4",
+        "stage2.train.stage.micro_batch_size=2",
+        "stage3.train.stage.seq_len=256", "stage3.train.max_steps=2", "stage3.train.stage.global_batch_size=4",
+        "stage3.train.stage.micro_batch_size=2",
     ]  # fmt: skip
     out = tmp_path / "out"
     argv = ["--preset", "cpu", "--out", str(out), "--data", str(tmp_path / "data")]

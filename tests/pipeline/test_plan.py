@@ -56,7 +56,7 @@ def test_plan_overrides_validate_against_the_train_and_eval_schemas(tmp_path):
         assert cfg.drafter.window == CPU.window
         assert cfg.stage.position_ids == ("anchor_offset" if index == 1 else "plain")
         assert cfg.stage.flash_noisy
-        assert cfg.max_steps == getattr(CPU, f"stage{index}").num_steps
+        assert cfg.max_steps == getattr(CPU, f"stage{index}").train["max_steps"]
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "heldout_lcc.jsonl").write_text("")
     ev = _cmd(steps["eval"])
@@ -168,26 +168,28 @@ def _complete_checkpoint(run_dir, step: int) -> None:
 
 
 def test_a_stage_that_saves_as_it_goes_resumes_only_its_own_run(tmp_path):
-    """stage.save_every: a rerun of the same command keeps the half-finished run dir (checkpoint.resume=auto: the
-    trainer continues from its latest checkpoint); a changed command, or a run stopped before its first
-    checkpoint, starts from scratch. Without save_every every rerun starts from scratch (resume=never)."""
+    """train.checkpoint.save_every: a rerun of the same command keeps the half-finished run dir
+    (checkpoint.resume=auto: the trainer continues from its latest checkpoint); a changed command, or a run stopped
+    before its first checkpoint, starts from scratch. Without save_every every rerun starts from scratch
+    (resume=never)."""
     run_dir = tmp_path / "runs" / "stage1"
 
     def train_step(overrides):
         step = {s.name: s for s in plan(load_preset("cpu", overrides), str(tmp_path))}["train_stage1"]
         return step
 
-    step = train_step(["stage1.save_every=2"])
+    step = train_step(["stage1.train.checkpoint.save_every=2"])
     assert "checkpoint.resume=auto" in _cmd(step)
     step.fn()  # a fresh dir, marked with the command
     _complete_checkpoint(run_dir, 2)
     (run_dir / "metrics.jsonl").write_text("{}\n")
     step.fn()  # the same command again: kept
     assert (run_dir / "metrics.jsonl").exists()
-    train_step(["stage1.save_every=2", "stage1.lr=0.5"]).fn()  # another command: from scratch
+    other = ["stage1.train.checkpoint.save_every=2", "stage1.train.optim.lr=0.5"]
+    train_step(other).fn()  # another command: from scratch
     assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
     (run_dir / "metrics.jsonl").write_text("{}\n")
-    train_step(["stage1.save_every=2", "stage1.lr=0.5"]).fn()  # same command, but no checkpoint yet
+    train_step(other).fn()  # same command, but no checkpoint yet
     assert not (run_dir / "metrics.jsonl").exists()
 
     plain = train_step([])
