@@ -29,7 +29,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from longspec.atomic import write_json_atomic
-from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, is_drafter_tree, is_lookup
+from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES
 from longspec.infer.graphs import no_gc
 from longspec.infer.policy import AdaptivePolicy, MeasuredCosts
 from longspec.infer.policy.shadow import ShadowReport
@@ -70,10 +70,10 @@ def cost_table(seed: int = 0) -> MeasuredCosts:
     for bucket in BUCKETS:
         plain = PLAIN_S * (1.0 + 0.02 * math.log2(bucket / BUCKETS[0]))
         for c in CANDIDATES:
-            if is_lookup(c):
+            if c.drafts_by_lookup:
                 factor = 1.15 + 0.004 * (c.nodes - 1)
             else:
-                factor = 1.3 + 0.004 * sum(c) if c else 1.0
+                factor = 1.3 + 0.004 * (c.nodes - 1) if c.speculates else 1.0
             seconds[(bucket, c)] = plain * factor * rng.uniform(0.98, 1.02)
     return MeasuredCosts(seconds=seconds)
 
@@ -150,16 +150,16 @@ def record(mix: str, rounds: int, seed: int) -> tuple[list, Counter]:
             hear(lessons.popleft())
         widths = call(AdaptivePolicy.choose, context)
         matched = lookup_match(rng, text)
-        if is_lookup(widths):
+        if widths.drafts_by_lookup:
             ranks, reports = widths.ranks(matched), []
             kinds["lookup"] += 1
         else:
-            ranks = drafter_ranks(rng, widths, text) if widths else []
+            ranks = drafter_ranks(rng, widths.model_widths, text)
             reports, due = shadow_reports(rng, matched)
             reports, later = later + reports, due
-            kinds["drafter" if widths else "plain"] += 1
-        switched = is_drafter_tree(widths) and ring_behind
-        ring_behind = not is_drafter_tree(widths)
+            kinds["drafter" if widths.speculates else "plain"] += 1
+        switched = widths.drafts_with_drafter and ring_behind
+        ring_behind = not widths.drafts_with_drafter
         seconds = costs.cost(widths, context) * rng.uniform(0.95, 1.1) + (CATCH_UP_S if switched else 0.0)
         first = i == 0 or (mix == "mix" and i % CALL_ROUNDS == 0)
         lessons.append((first, widths, ranks, context, seconds, switched, reports))

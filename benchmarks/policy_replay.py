@@ -42,15 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from longspec.atomic import write_json_atomic  # noqa: E402
 from longspec.eval.datasets import recorded_prompts  # noqa: E402
-from longspec.infer.candidates import (  # noqa: E402
-    AUTO_LOOKUPS,
-    AUTO_TREES,
-    candidate_order,
-    is_drafter_tree,
-    is_lookup,
-    parse_candidate,
-    tree_name,
-)
+from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, Plain, parse  # noqa: E402
 from longspec.infer.config import GenerationConfig  # noqa: E402
 from longspec.infer.policy import AdaptivePolicy, FixedPolicy, MeasuredCosts  # noqa: E402
 from longspec.infer.policy.shadow import LookupShadow  # noqa: E402
@@ -66,7 +58,7 @@ def cost_table(results: dict) -> MeasuredCosts:
     seconds = {}
     for key, value in table.items():
         bucket, name = key.split(":", 1)
-        seconds[(int(bucket), parse_candidate(name))] = float(value)
+        seconds[(int(bucket), parse(name))] = float(value)
     return MeasuredCosts(seconds=seconds)
 
 
@@ -118,26 +110,26 @@ def replay_call(
             _hear(policy, *pending.pop(0))
         context_len = len(prompt) + position
         widths = policy.choose(context_len)
-        if is_lookup(widths):
+        if widths.drafts_by_lookup:
             ranks = widths.ranks(outcomes[position])
         else:
             ranks = []
-            for depth in range(len(widths)):
+            for depth in range(widths.depth):
                 if depth >= len(profile) or rng.random() >= profile[depth]:
                     break
                 ranks.append(0)
         accepted = len(ranks)
         emitted = min(accepted + 1, len(outcomes) - position)  # the last round stops at the output's end
-        drafting = is_drafter_tree(widths)
+        drafting = widths.drafts_with_drafter
         switched = drafting and ring_behind
         seconds = costs.cost(widths, context_len) + (catch_up_s if switched else 0.0)
         ring_behind = not drafting
-        rounds[tree_name(widths)] += 1
+        rounds[widths.name] += 1
         spent += seconds
         for step in range(emitted):
-            plain += costs.cost((), context_len + step)
+            plain += costs.cost(Plain(), context_len + step)
         tokens = output[position + 1 : position + 1 + emitted]
-        reports = [] if shadow is None else shadow.extend(tokens, shadow=not is_lookup(widths))
+        reports = [] if shadow is None else shadow.extend(tokens, shadow=not widths.drafts_by_lookup)
         position += emitted
         pending.append((index, widths, ranks, context_len, seconds, switched, reports))
     for lesson in pending:  # the call's last lessons, for the next call
@@ -220,7 +212,7 @@ def main(argv=None) -> int:
     measured = _measured_speedups(results, args.method)
 
     config = GenerationConfig()
-    lookups = [c for c in _candidates(costs) if is_lookup(c)] or list(AUTO_LOOKUPS)
+    lookups = [c for c in _candidates(costs) if c.drafts_by_lookup] or list(AUTO_LOOKUPS)
     longest, widest = max(t.length for t in lookups), max(t.branches for t in lookups)
     calls = []  # (dataset, record, prompt, lookup outcomes) in the evaluation's order
     for dataset, records in results["methods"][args.method].items():
@@ -234,7 +226,7 @@ def main(argv=None) -> int:
             outcomes = lookup_outcomes(prompt, record["output_ids"], longest, config.pld_max_ngram, widest)
             calls.append((dataset, record, prompt, outcomes))
 
-    fixed = parse_candidate(args.fixed) if args.fixed else None
+    fixed = parse(args.fixed) if args.fixed else None
     if fixed is not None and fixed not in _candidates(costs):
         raise SystemExit(
             f"--fixed {args.fixed}: not a candidate the evaluation measured ({sorted(costs.to_dict())})"
@@ -263,7 +255,7 @@ def main(argv=None) -> int:
                 "replayed_speedup": statistics.mean(run[i]["speedup"] for run in per_seed),
                 "measured_speedup": measured.get((dataset, str(record["id"]))),
                 "fixed_speedup": statistics.mean(run[i]["speedup"] for run in per_seed_fixed)
-                if fixed
+                if fixed is not None
                 else None,
                 "rounds": {name: count / args.seeds for name, count in rounds.most_common()},
             }
@@ -272,25 +264,27 @@ def main(argv=None) -> int:
         "mean_replayed_speedup": statistics.mean(r["replayed_speedup"] for r in rows) if rows else None,
         "worst_replayed_speedup": min((r["replayed_speedup"] for r in rows), default=None),
         "fixed": args.fixed,
-        "mean_fixed_speedup": statistics.mean(r["fixed_speedup"] for r in rows) if fixed and rows else None,
+        "mean_fixed_speedup": statistics.mean(r["fixed_speedup"] for r in rows)
+        if fixed is not None and rows
+        else None,
         # tokens per round over all samples (the decode's τ), the policy's and the fixed candidate's
         "tau": _tau(per_seed),
-        "fixed_tau": _tau(per_seed_fixed) if fixed else None,
+        "fixed_tau": _tau(per_seed_fixed) if fixed is not None else None,
     }
-    ref = f" {args.fixed} / plain |" if fixed else ""
+    ref = f" {args.fixed} / plain |" if fixed is not None else ""
     print(
         f"| dataset | tokens | lookup hits | replayed / plain |{ref} measured / ar | rounds (mean per draw) |"
     )
-    print("|---|---|---|---|---|---|" + ("---|" if fixed else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if fixed is not None else ""))
     for r in rows:
         shown = ", ".join(f"{name} {count:.0f}" for name, count in r["rounds"].items())
         m = "–" if r["measured_speedup"] is None else f"{r['measured_speedup']:.2f}"
-        f = f" {r['fixed_speedup']:.2f} |" if fixed else ""
+        f = f" {r['fixed_speedup']:.2f} |" if fixed is not None else ""
         cells = f"{r['lookup_hit_rate']:.0%} | {r['replayed_speedup']:.2f} |{f} {m}"
         print(f"| {r['dataset']} | {r['tokens']} | {cells} | {shown} |")
     line = f"mean {summary['mean_replayed_speedup']:.3f}, worst {summary['worst_replayed_speedup']:.3f}"
     line += f", τ {summary['tau']:.2f}"
-    if fixed:
+    if fixed is not None:
         line += f"; {args.fixed} every round: mean {summary['mean_fixed_speedup']:.3f}, τ {summary['fixed_tau']:.2f}"
     print(line)
     out = args.json or os.path.join(os.environ.get("OUT", "."), "policy_replay.json")
@@ -320,7 +314,7 @@ def _candidates(costs: MeasuredCosts) -> list:
     """The candidates the evaluation measured, in tree="auto"'s order (ties go to the earlier one)."""
     seen = {candidate for _, candidate in costs.seconds}
     known = [c for c in AUTO_TREES + AUTO_LOOKUPS if c in seen]
-    return known + sorted(seen - set(known), key=candidate_order)
+    return known + sorted(seen - set(known), key=lambda c: c.sort_key)
 
 
 def _profile(text: str) -> list[float]:

@@ -1,49 +1,246 @@
-"""The round shapes a longspec round may run, and everything that tells them apart: a plain step (`()`, no
-speculation), a drafter tree (level widths, e.g. (4, 16, 16)) or a prompt-lookup chain or forest (`Lookup`).
-The rest of `longspec.infer` asks this module what a candidate does (drafts with the drafter, its depth, its
-name, the ranks its accepted path shows) instead of testing its type.
+"""The round shapes a longspec round may run, as types that carry their behaviour: `Plain` (no speculation),
+`DrafterTree` (the drafter's tree, by level widths, e.g. (4, 16, 16)) and `Lookup` (a prompt-lookup chain or
+forest). The rest of `longspec.infer` asks a shape what it does (drafts with the drafter, its depth, its name, the
+ranks its accepted path shows, which proposer builds its tree) and never tests its type. User input (a name such
+as '4-16-16' or 'lookup16x4', level widths) becomes a shape in `as_shape` / `parse`; a shape's `name` is the key
+of stats, reports and the round-cost tables on disk.
 """
 
 from __future__ import annotations
 
+import operator
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
-from longspec.infer.tree import TreeLayout
+from longspec.infer.tree import DraftTree, TreeLayout
 
 __all__ = [
     "AUTO_LOOKUPS",
     "AUTO_TREES",
     "DEFAULT_TREE_WIDTHS",
-    "Candidate",
+    "DrafterTree",
     "Lookup",
-    "as_candidate",
-    "candidate_depth",
-    "candidate_nodes",
-    "candidate_order",
-    "contains",
-    "is_drafter_tree",
-    "is_lookup",
-    "is_plain",
-    "level_ranks",
-    "max_children",
-    "model_widths",
-    "parse_candidate",
-    "shape_key",
-    "tree_name",
+    "Plain",
+    "Proposer",
+    "RoundShape",
+    "as_shape",
+    "parse",
 ]
 
 
+class Proposer(Protocol):
+    """What builds a round's tree [B, N], one method per shape (`RoundShape.propose` calls its own)."""
+
+    def plain(self) -> DraftTree: ...
+
+    def drafter_tree(self, tree: DrafterTree) -> DraftTree: ...
+
+    def lookup(self, lookup: Lookup) -> DraftTree: ...
+
+
 @dataclass(frozen=True)
-class Lookup:
+class RoundShape(ABC):
+    """What one round runs. Frozen and hashable (a key of cost tables and policies); every shape answers the same
+    questions, so no caller needs to know which one it holds."""
+
+    # Whether it drafts anything (every shape but the plain step: a tree has a level, a lookup a draft); whether
+    # its round drafts with the drafter (its ring must be caught up first) or by prompt lookup.
+    speculates: ClassVar[bool] = True
+    drafts_with_drafter: ClassVar[bool] = False
+    drafts_by_lookup: ClassVar[bool] = False
+    # `sort_key`'s and `contains`'s family: the drafter's (plain steps among them) 0, the lookups' 1.
+    _family: ClassVar[int] = 0
+
+    def __bool__(self):
+        # No truth value: every shape, the plain step too, is a round; `if shape` would read as "speculates" to
+        # some and as "is a shape" to others.
+        raise TypeError(f"{self!r} has no truth value: ask .speculates")
+
+    @property
+    @abstractmethod
+    def depth(self) -> int:
+        """Levels it drafts (0: a plain step)."""
+
+    @property
+    @abstractmethod
+    def nodes(self) -> int:
+        """Tokens its round verifies: the root and every draft."""
+
+    @property
+    @abstractmethod
+    def max_children(self) -> int:
+        """The most children one node of its tree has (0: a plain step)."""
+
+    @property
+    @abstractmethod
+    def model_widths(self) -> tuple[int, ...]:
+        """The level widths the acceptance model sees for it."""
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """Its name: the stats' and reports' key, and `parse`'s input ('ar', '4-16-16', 'lookup8', 'lookup16x4')."""
+
+    @property
+    @abstractmethod
+    def config_value(self):
+        """How `GenerationConfig.tree` records it (level widths as a tuple of ints, a lookup as itself): the form
+        results.json's config and the eval's resume key hold."""
+
+    @property
+    @abstractmethod
+    def _extent(self) -> tuple[int, ...]:
+        """What `sort_key` orders and `contains` compares level by level within a family."""
+
+    @property
+    def sort_key(self) -> tuple:
+        """A sort key over every shape (a lookup does not compare with level widths): the drafter's shapes by
+        widths, then the lookups by (length, branches)."""
+        return (self._family, self._extent)
+
+    @abstractmethod
+    def shape_key(self, max_ngram: int) -> tuple:
+        """What a round's static step depends on of its shape (a lookup's also on the n-gram length)."""
+
+    def contains(self, other: RoundShape) -> bool:
+        """Whether round `other` does a part of this round's work: a plain step is part of every round; a drafter
+        tree contains the trees with no more levels, each level no wider; a lookup the lookups no longer and with
+        no more branches. A lookup and a drafter tree are of different families (one runs the drafter, the other
+        an n-gram match): neither bounds the other's cost."""
+        if not other.speculates:
+            return True
+        small, big = other._extent, self._extent
+        return (
+            other._family == self._family
+            and len(small) <= len(big)
+            and all(a <= b for a, b in zip(small, big, strict=False))
+        )
+
+    @abstractmethod
+    def level_ranks(self, path_slots: Sequence[int]) -> list[int]:
+        """Rank of each accepted node within its level, as `model_widths` models it: what the acceptance model
+        learns from. `path_slots` (the accepted path's node slots) starts with the root."""
+
+    @abstractmethod
+    def propose(self, proposer: Proposer) -> DraftTree:
+        """Its round's tree, built by `proposer`'s method for this shape."""
+
+
+@dataclass(frozen=True)
+class Plain(RoundShape):
+    """No speculation: the round verifies its root alone (an AR step on the engine)."""
+
+    speculates: ClassVar[bool] = False
+
+    @property
+    def depth(self) -> int:
+        return 0
+
+    @property
+    def nodes(self) -> int:
+        return 1
+
+    @property
+    def max_children(self) -> int:
+        return 0
+
+    @property
+    def model_widths(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def name(self) -> str:
+        return "ar"
+
+    @property
+    def config_value(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def _extent(self) -> tuple[int, ...]:
+        return ()
+
+    def shape_key(self, max_ngram: int) -> tuple:
+        return ("tree", ())
+
+    def level_ranks(self, path_slots: Sequence[int]) -> list[int]:
+        return []
+
+    def propose(self, proposer: Proposer) -> DraftTree:
+        return proposer.plain()
+
+
+@dataclass(frozen=True)
+class DrafterTree(RoundShape):
+    """The drafter's dynamic-beam tree (ALGORITHM §4.1): `widths[d]` nodes at level d + 1, at least one level,
+    every width positive."""
+
+    widths: tuple[int, ...]
+
+    drafts_with_drafter: ClassVar[bool] = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "widths", tuple(operator.index(w) for w in self.widths))
+        TreeLayout(self.widths)  # validates: a ValueError naming the widths
+
+    @property
+    def layout(self) -> TreeLayout:
+        """Its static tree layout (level offsets, every slot's depth)."""
+        return TreeLayout(self.widths)
+
+    @property
+    def depth(self) -> int:
+        return len(self.widths)
+
+    @property
+    def nodes(self) -> int:
+        return 1 + sum(self.widths)
+
+    @property
+    def max_children(self) -> int:
+        return max(self.widths)
+
+    @property
+    def model_widths(self) -> tuple[int, ...]:
+        return self.widths
+
+    @property
+    def name(self) -> str:
+        return "-".join(map(str, self.widths))
+
+    @property
+    def config_value(self) -> tuple[int, ...]:
+        return self.widths
+
+    @property
+    def _extent(self) -> tuple[int, ...]:
+        return self.widths
+
+    def shape_key(self, max_ngram: int) -> tuple:
+        return ("tree", self.widths)
+
+    def level_ranks(self, path_slots: Sequence[int]) -> list[int]:
+        layout = self.layout
+        return [slot - layout.level_slice(d).start for d, slot in enumerate(path_slots[1:], start=1)]
+
+    def propose(self, proposer: Proposer) -> DraftTree:
+        return proposer.drafter_tree(self)
+
+
+@dataclass(frozen=True)
+class Lookup(RoundShape):
     """A round shape that drafts by prompt lookup instead of the drafter (longspec.infer.pld): `branches` chains
     of `length` drafts from the round's root, each continuing another earlier occurrence of the context's last
     n-gram (`pld.prompt_lookups`), padded with invalid nodes where a match is shorter or missing, verified
-    together (a forest, `tree.forest_parts`). One branch is PLD's chain. Hashable and named apart from the
-    drafter's trees (tuples of level widths)."""
+    together (a forest, `tree.forest_parts`). One branch is PLD's chain."""
 
     length: int
     branches: int = 1
+
+    drafts_by_lookup: ClassVar[bool] = True
+    _family: ClassVar[int] = 1
 
     def __post_init__(self):
         if self.length < 1 or self.branches < 1:
@@ -52,42 +249,69 @@ class Lookup:
             )
 
     @property
+    def depth(self) -> int:
+        return self.length
+
+    @property
     def nodes(self) -> int:
-        """The verified tree's nodes: the root and every branch's drafts."""
         return 1 + self.length * self.branches
 
     @property
-    def widths(self) -> tuple[int, ...]:
-        """The level widths the acceptance model sees: the branch is chosen at depth 1 (the accepted path's
-        rank there is its branch), and the chain below it has one node per level (rank 0)."""
+    def max_children(self) -> int:
+        return self.branches
+
+    @property
+    def model_widths(self) -> tuple[int, ...]:
+        """The branch is chosen at depth 1 (the accepted path's rank there is its branch), and the chain below it
+        has one node per level (rank 0)."""
         return (self.branches,) + (1,) * (self.length - 1)
 
+    @property
+    def name(self) -> str:
+        return f"lookup{self.length}" + (f"x{self.branches}" if self.branches > 1 else "")
+
+    @property
+    def config_value(self) -> Lookup:
+        return self
+
+    @property
+    def _extent(self) -> tuple[int, ...]:
+        return (self.length, self.branches)
+
+    def shape_key(self, max_ngram: int) -> tuple:
+        return ("lookup", self.length, self.branches, max_ngram)
+
+    def level_ranks(self, path_slots: Sequence[int]) -> list[int]:
+        # level 1's slots are 1..branches: the branch; one node a level below it
+        accepted = len(path_slots) - 1
+        return [path_slots[1] - 1] + [0] * (accepted - 1) if accepted else []
+
     def ranks(self, matched: Sequence[int]) -> list[int]:
-        """The accepted ranks (as `widths` models them) of a round of this lookup whose branches, best first,
-        would match `matched` drafts each (more branches than it has are ignored): the first branch that matches
-        the most (greedy's deepest path; the tree's ties go to the lower slot) at depth 1, then 0 down its chain;
-        [] when none matches."""
+        """The accepted ranks (as `model_widths` models them) of a round of this lookup whose branches, best
+        first, would match `matched` drafts each (more branches than it has are ignored): the first branch that
+        matches the most (greedy's deepest path; the tree's ties go to the lower slot) at depth 1, then 0 down
+        its chain; [] when none matches."""
         matched = list(matched[: self.branches])
         accepted = min(max(matched, default=0), self.length)
         return [matched.index(max(matched))] + [0] * (accepted - 1) if accepted else []
 
+    def propose(self, proposer: Proposer) -> DraftTree:
+        return proposer.lookup(self)
 
-# A round shape: a drafter tree's level widths (() = no speculation) or a Lookup chain / forest.
-Candidate = tuple[int, ...] | Lookup
 
 DEFAULT_TREE_WIDTHS = (4, 16, 16, 16, 16)  # ALGORITHM §4.1's dynamic beam, the largest tree="auto" candidate
 
 # The drafter candidates of tree="auto": no speculation, short chains, then beam trees up to ALGORITHM §4.1's.
-AUTO_TREES: tuple[tuple[int, ...], ...] = (
-    (),
-    (1,),
-    (1, 1),
-    (1, 1, 1, 1),
-    (2, 2, 2),
-    (4, 4, 4),
-    (4, 8, 8, 8),
-    (4, 16, 16, 16),
-    DEFAULT_TREE_WIDTHS,
+AUTO_TREES: tuple[RoundShape, ...] = (
+    Plain(),
+    DrafterTree((1,)),
+    DrafterTree((1, 1)),
+    DrafterTree((1, 1, 1, 1)),
+    DrafterTree((2, 2, 2)),
+    DrafterTree((4, 4, 4)),
+    DrafterTree((4, 8, 8, 8)),
+    DrafterTree((4, 16, 16, 16)),
+    DrafterTree(DEFAULT_TREE_WIDTHS),
 )
 
 # tree="auto"'s prompt-lookup candidates (GenerationConfig.auto_lookup): chains of 2 to 16 drafts, and forests of
@@ -96,115 +320,44 @@ AUTO_TREES: tuple[tuple[int, ...], ...] = (
 AUTO_LOOKUPS: tuple[Lookup, ...] = (Lookup(2), Lookup(4), Lookup(8), Lookup(16), Lookup(16, 2), Lookup(16, 4))
 
 
-def is_lookup(candidate) -> bool:
-    """Whether a round shape drafts by prompt lookup."""
-    return isinstance(candidate, Lookup)
-
-
-def is_plain(candidate) -> bool:
-    """Whether a round shape is a plain step (no speculation)."""
-    return not is_lookup(candidate) and not candidate
-
-
-def is_drafter_tree(candidate) -> bool:
-    """Whether a round shape runs the drafter: level widths, not () (no speculation) nor a Lookup."""
-    return isinstance(candidate, tuple) and bool(candidate)
-
-
-def as_candidate(candidate) -> Candidate:
-    """A candidate in its hashable form: a Lookup as it is, level widths as a tuple of ints."""
-    return candidate if is_lookup(candidate) else tuple(map(int, candidate))
-
-
-def candidate_depth(candidate) -> int:
-    """Levels drafted by a round shape (a tree's widths, or a Lookup chain)."""
-    return candidate.length if is_lookup(candidate) else len(candidate)
-
-
-def max_children(candidate) -> int:
-    """The most children one node of the round's tree has (0: a plain step)."""
-    if is_lookup(candidate):
-        return candidate.branches
-    return max(candidate, default=0)
-
-
-def candidate_nodes(candidate) -> int:
-    """Tokens a round verifies: the root and every draft."""
-    return candidate.nodes if is_lookup(candidate) else 1 + sum(candidate)
-
-
-def model_widths(candidate) -> tuple[int, ...]:
-    """The level widths the acceptance model sees for a round shape (a lookup's: `Lookup.widths`)."""
-    return candidate.widths if is_lookup(candidate) else candidate
-
-
-def candidate_order(candidate) -> tuple:
-    """A sort key for round shapes (a Lookup does not compare with level widths): trees by widths, then lookups."""
-    if is_lookup(candidate):
-        return (1, (candidate.length, candidate.branches))
-    return (0, tuple(candidate))
-
-
-def shape_key(candidate, max_ngram: int) -> tuple:
-    """What a round's static step depends on of its shape: a lookup's length, branches and n-gram length, or a
-    tree's widths."""
-    if is_lookup(candidate):
-        return ("lookup", candidate.length, candidate.branches, max_ngram)
-    return ("tree", tuple(candidate))
-
-
-def contains(small: Candidate, big: Candidate) -> bool:
-    """Whether round `small` does a part of round `big`'s work: tree `small` is a sub-tree of `big` (no more levels,
-    each level no wider); a lookup is no longer and has no more branches than the other; no speculation is part of
-    every round. A lookup and a drafter tree are of different families (one runs the drafter, the other an n-gram
-    match): neither bounds the other's cost."""
-    if not small:
-        return True
-    if is_lookup(small) or is_lookup(big):
-        return (
-            is_lookup(small)
-            and is_lookup(big)
-            and small.length <= big.length
-            and small.branches <= big.branches
-        )
-    return len(small) <= len(big) and all(a <= b for a, b in zip(small, big, strict=False))
-
-
-def level_ranks(candidate, path_slots: list[int]) -> list[int]:
-    """Rank of each accepted node within its level (its slot minus the level's first slot): what the
-    acceptance model learns from (a lookup's: its branch at depth 1, then 0 down the chain, as `Lookup.widths`
-    models it). path_slots starts with the root."""
-    if not candidate:
-        return []
-    if is_lookup(candidate):  # level 1's slots are 1..branches: the branch; one node a level below it
-        accepted = len(path_slots) - 1
-        return [path_slots[1] - 1] + [0] * (accepted - 1) if accepted else []
-    layout = TreeLayout(candidate)
-    return [slot - layout.level_slice(d).start for d, slot in enumerate(path_slots[1:], start=1)]
-
-
-def tree_name(candidate) -> str:
-    """'ar' for no speculation, 'lookup8' for a lookup chain of 8, 'lookup16x4' for four chains of 16, else the
-    widths joined by '-' (e.g. '4-16-16'): the stats' key for a round shape."""
-    if is_lookup(candidate):
-        return f"lookup{candidate.length}" + (f"x{candidate.branches}" if candidate.branches > 1 else "")
-    return "-".join(map(str, candidate)) if candidate else "ar"
-
-
-def parse_candidate(name: str) -> Candidate:
-    """The inverse of `tree_name`: 'ar' -> (), 'lookup8' -> Lookup(8), 'lookup16x4' -> Lookup(16, 4),
-    '4-16-16' -> (4, 16, 16). Raises ValueError (naming what it accepts) on anything else."""
+def parse(name: str) -> RoundShape:
+    """The shape a name stands for (the inverse of `RoundShape.name`): 'ar' -> Plain(), 'lookup8' -> Lookup(8),
+    'lookup16x4' -> Lookup(16, 4), '4-16-16' -> DrafterTree((4, 16, 16)). Raises ValueError (naming what it
+    accepts) on anything else."""
     try:
         if name == "ar":
-            return ()
+            return Plain()
         if name.startswith("lookup"):
             length, _, branches = name[len("lookup") :].partition("x")
             return Lookup(int(length), int(branches or 1))
-        widths = tuple(int(w) for w in name.split("-"))
-        TreeLayout(widths)
-        return widths
+        return DrafterTree(tuple(int(w) for w in name.split("-")))
     except ValueError:
         raise ValueError(
             f"not a round shape: {name!r} (level widths like '4-16-16', a lookup like 'lookup16' or "
             "'lookup16x4', or 'ar')"
         ) from None
+
+
+def as_shape(value) -> RoundShape:
+    """User input as a round shape: a shape as it is, a name (`parse`), or level widths (a sequence of integers:
+    a list, tuple or tensor; empty: no speculation). A TypeError names anything else (a bare int, a float
+    width); a ValueError, widths that are no tree (a width below 1)."""
+    if isinstance(value, RoundShape):
+        return value
+    if isinstance(value, str):
+        return parse(value)
+    if isinstance(value, bytes) or not hasattr(value, "__iter__"):
+        raise TypeError(
+            f"not a round shape: {value!r} (level widths like (4, 16, 16), or a name like '4-16-16', 'lookup16' "
+            "or 'ar')"
+        )
+    widths = list(value)
+    try:
+        if any(isinstance(w, bool) for w in widths):
+            raise TypeError
+        widths = [operator.index(w) for w in widths]
+    except TypeError:
+        raise TypeError(
+            f"not a round shape: {value!r} (level widths must be integers, like (4, 16, 16))"
+        ) from None
+    return DrafterTree(tuple(widths)) if widths else Plain()

@@ -10,15 +10,7 @@ from typing import Any
 
 import torch
 
-from longspec.infer.candidates import (
-    AUTO_LOOKUPS,
-    AUTO_TREES,
-    Lookup,
-    candidate_nodes,
-    is_lookup,
-    parse_candidate,
-)
-from longspec.infer.tree import TreeLayout
+from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, DrafterTree, RoundShape, as_shape
 
 __all__ = ["GenerationConfig", "SAMPLING_RULES"]
 
@@ -39,11 +31,12 @@ class GenerationConfig:
     top_p: float | None = None  # nucleus truncation of the target distribution (T > 0)
     eos_token_ids: tuple[int, ...] = ()  # stop after emitting any of these
     # longspec's tree: "auto" (adaptive per round, longspec.infer.policy), fixed level widths, or one round shape
-    # by name (`tree.tree_name`: "4-16-16", a lookup "lookup16" / forest "lookup16x4", every round); a fixed
+    # by name (`RoundShape.name`: "4-16-16", a lookup "lookup16" / forest "lookup16x4", every round) or as a
+    # `candidates.RoundShape`, kept as level widths or a Lookup (`RoundShape.config_value`); a fixed
     # `tree_widths` given by the user wins over `tree`. At T > 0 every tree samples the target's distribution
     # exactly, but with "auto" the trees chosen depend on measured round times (and on what earlier calls
     # learned), so a seed does not pin the sample: fix the tree for reproducible sampling.
-    tree: Any = "auto"  # str | tuple[int, ...] | Lookup, typed Any so the eval config can nest this schema
+    tree: Any = "auto"  # typed Any (a name, widths or a RoundShape) so the eval config can nest this schema
     tree_widths: tuple[int, ...] | None = None
     # tree="auto" also weighs prompt-lookup chains (policy.AUTO_LOOKUPS: n-gram drafts from the sequence's own
     # text, pld_max_ngram long) against the drafter's trees and a plain step each round; False: drafter trees and
@@ -105,15 +98,15 @@ class GenerationConfig:
         self.eos_token_ids = _eos_ids(self.eos_token_ids)
         if self.tree_widths is not None:
             self.tree_widths = _widths("tree_widths", self.tree_widths)
-            TreeLayout(self.tree_widths)  # validates the widths
-        if isinstance(self.tree, str):
-            if self.tree != "auto":
-                self.tree = parse_candidate(self.tree)  # a round shape's name
-                if not self.tree:
-                    raise ValueError("tree='ar' is no speculation: use method='ar'")
-        elif not is_lookup(self.tree):
-            self.tree = _widths("tree", self.tree)
-            TreeLayout(self.tree)
+            DrafterTree(self.tree_widths)  # validates the widths
+        if not (isinstance(self.tree, str) and self.tree == "auto"):
+            try:
+                shape = as_shape(self.tree)  # a name, level widths or a RoundShape
+            except TypeError as error:
+                raise TypeError(f"tree must be 'auto' or a round shape: {error}") from None
+            if not shape.speculates:
+                raise ValueError(f"tree={self.tree!r} is no speculation: use method='ar'")
+            self.tree = shape.config_value
         if not isinstance(self.remeasure_costs, bool):
             raise ValueError(f"remeasure_costs must be true or false, got {self.remeasure_costs!r}")
         if not isinstance(self.auto_lookup, bool):
@@ -122,30 +115,29 @@ class GenerationConfig:
             raise ValueError(f"sampling_rule must be one of {SAMPLING_RULES}, got {self.sampling_rule!r}")
 
     @property
-    def fixed_tree(self) -> tuple[int, ...] | Lookup | None:
-        """The user's fixed round shape (tree_widths, else `tree`'s widths or lookup), or None for tree="auto"."""
+    def fixed_tree(self) -> RoundShape | None:
+        """The user's fixed round shape (tree_widths, else `tree`'s), or None for tree="auto"."""
         if self.tree_widths is not None:
-            return self.tree_widths
-        return None if self.tree == "auto" else self.tree
+            return DrafterTree(self.tree_widths)
+        return None if self.tree == "auto" else as_shape(self.tree)
 
     @property
-    def candidates(self) -> tuple:
-        """Every round shape a longspec round may run: the fixed one, or tree="auto"'s trees (() = no
-        speculation) and, with auto_lookup, its lookups (`candidates.Lookup`)."""
+    def candidates(self) -> tuple[RoundShape, ...]:
+        """Every round shape a longspec round may run: the fixed one, or tree="auto"'s drafter shapes (a plain
+        step among them) and, with auto_lookup, its lookups."""
         if (fixed := self.fixed_tree) is not None:
             return (fixed,)
         return AUTO_TREES + (AUTO_LOOKUPS if self.auto_lookup else ())
 
     @property
-    def trees(self) -> tuple[tuple[int, ...], ...]:
-        """The drafter trees among the candidates (() = no speculation)."""
-        return tuple(c for c in self.candidates if not is_lookup(c))
+    def trees(self) -> tuple[RoundShape, ...]:
+        """The candidates that are no lookup: drafter trees and the plain step."""
+        return tuple(c for c in self.candidates if not c.drafts_by_lookup)
 
     @property
     def max_round_nodes(self) -> int:
         """The most tokens one round of any method verifies (sizes the cache's slack)."""
-        nodes = [candidate_nodes(c) for c in self.candidates]
-        return max(1 + self.pld_num_draft, *nodes)
+        return max(1 + self.pld_num_draft, *(c.nodes for c in self.candidates))
 
     @property
     def rrs(self) -> bool:
@@ -177,13 +169,10 @@ def _eos_ids(value) -> tuple[int, ...]:
 
 
 def _widths(name: str, value) -> tuple[int, ...]:
-    """A tree's level widths given as a sequence of ints (a list, tuple or tensor): an int or a str raised a bare
-    "'int' object is not iterable" / "invalid literal for int()", naming no field."""
+    """Field `name`'s level widths given as a sequence of ints (a list, tuple or tensor): an int or a str raised a
+    bare "'int' object is not iterable" / "invalid literal for int()", naming no field."""
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        if name == "tree":
-            hint = " (or 'auto', or a round shape's name like '4-16-16' or 'lookup16')"
-        else:
-            hint = " (a round shape's name goes in tree=)" if isinstance(value, str) else ""
+        hint = " (a round shape's name goes in tree=)" if isinstance(value, str) else ""
         raise TypeError(f"{name} must be a sequence of level widths like (4, 16, 16), got {value!r}{hint}")
     widths = list(value)
     if not all(_is_int(w) for w in widths):

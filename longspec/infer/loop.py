@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from longspec.infer.candidates import Candidate, is_drafter_tree, is_lookup, level_ranks, tree_name
+from longspec.infer.candidates import Plain, RoundShape
 from longspec.infer.config import GenerationConfig
 from longspec.infer.policy.shadow import ShadowReport
 from longspec.infer.runner import Round, RoundRunner
@@ -31,7 +31,7 @@ class Settled:
     """What a settled round showed, until the policy is told (`DecodeLoop._observe`)."""
 
     index: int  # the call's round number
-    candidate: Candidate
+    candidate: RoundShape
     ranks: list[list[int]]  # per running row, the accepted nodes' ranks within their levels
     context_len: int  # the context length the round was chosen for
     seconds: float  # its wall time, between settles
@@ -105,9 +105,9 @@ class DecodeLoop:
     def _launch_next(self, roots: torch.Tensor) -> torch.Tensor:
         """Choose and launch the next round (after the ring's catch-up, if it needs one); returns the next roots."""
         drafter_round = self.method.needs_drafter
-        candidate, context_len = self._choose(self.launched) if self.policy is not None else ((), 0)
+        candidate, context_len = self._choose(self.launched) if self.policy is not None else (Plain(), 0)
         spent, switched = 0.0, False
-        if drafter_round and is_drafter_tree(candidate) and self.ring_behind:
+        if drafter_round and candidate.drafts_with_drafter and self.ring_behind:
             switched = True
             start = time.perf_counter()
             self.runner.catch_up(static=self.static, capture=self.config.cuda_graphs)
@@ -125,7 +125,7 @@ class DecodeLoop:
         rnd.extra_s, rnd.switched = spent, switched
         rnd.index, self.launched = self.launched, self.launched + 1
         self.inflight.append(rnd)
-        self.ring_behind |= drafter_round and not is_drafter_tree(candidate)
+        self.ring_behind |= drafter_round and not candidate.drafts_with_drafter
         return roots
 
     def _settle(self) -> None:
@@ -137,23 +137,25 @@ class DecodeLoop:
         # In flight, a round's time is the gap between two settles (or since its launch, if later).
         seconds = time.perf_counter() - max(self.settled_at, rnd.launched_at) + rnd.extra_s
         self.settled_at = time.perf_counter()
-        ranks = [level_ranks(rnd.candidate, path_slots[slot]) for slot, _ in slots.running()]
+        ranks = [rnd.candidate.level_ranks(path_slots[slot]) for slot, _ in slots.running()]
         shadowed = []
         if self.shadows is not None:
             for slot, row in slots.running():
                 # a lookup round's own outcome is in `ranks`; it ends the row's shadow (`LookupShadow.extend`)
-                shadowed += self.shadows[row].extend(new_tokens[slot], shadow=not is_lookup(rnd.candidate))
+                shadowed += self.shadows[row].extend(
+                    new_tokens[slot], shadow=not rnd.candidate.drafts_by_lookup
+                )
         self.pending.append(
             Settled(rnd.index, rnd.candidate, ranks, rnd.context_len, seconds, rnd.switched, shadowed)
         )
         self.context_after.append(max(self.runner.cache.lengths))
-        tree = tree_name(rnd.candidate) if self.method.needs_drafter else None
+        tree = rnd.candidate.name if self.method.needs_drafter else None
         for slot, row in slots.running():  # rows that finished in an earlier round ignore this one
             self.stats[row].record_round(len(new_tokens[slot]) - 1, tree, seconds)
             self.emitted[row].extend(new_tokens[slot])
             slots.active[slot] = not finished(self.emitted[row], self.config, new=new_tokens[slot])
 
-    def _choose(self, index: int) -> tuple[Candidate, int]:
+    def _choose(self, index: int) -> tuple[RoundShape, int]:
         """Round `index`'s shape and the context length it is chosen for, from rounds < index - 1."""
         self._observe(index)
         context_len = self.context_after[max(0, index - 1)]

@@ -5,7 +5,7 @@ Shape legend: B sequences decoded together, N tree nodes, V vocabulary.
 
 A round, from the roots [B] (the last tokens emitted, not yet in any cache):
   1. propose: a drafter tree (`DraftStep.draft_tree`), a prompt-lookup chain or forest (`pld.lookup_tree`) or the
-             root alone (a plain step), by the round's candidate (`candidates`);
+             root alone (a plain step), by the round's shape (`candidates.RoundShape.propose`);
   2. verify:  ONE target forward over the N nodes (`TargetStep.tree_logits`);
   3. accept:  greedy or lossless sampling on the device with fixed shapes (`accept_round`);
   4. commit:  the accepted path's K/V move into place, its tokens enter the history and (a drafter tree's round)
@@ -31,14 +31,7 @@ from longspec.infer.accept import (
     target_distribution,
     uniforms,
 )
-from longspec.infer.candidates import (
-    Candidate,
-    candidate_depth,
-    is_drafter_tree,
-    is_lookup,
-    max_children,
-    shape_key,
-)
+from longspec.infer.candidates import DrafterTree, Lookup, RoundShape
 from longspec.infer.config import GenerationConfig
 from longspec.infer.methods import DecodingMethod
 from longspec.infer.pld import lookup_tree
@@ -56,7 +49,7 @@ __all__ = ["HostCopies", "Round", "RoundRunner", "accept_round"]
 class Round:
     """A launched round, until it settles: what the host needs to finish it."""
 
-    candidate: Candidate  # its round shape
+    candidate: RoundShape
     depth: int  # levels drafted (the packed output is [B, 2 (depth + 1) + 1])
     active: list[bool]  # the rows it commits for (the host's view at launch)
     packed: torch.Tensor  # emitted tokens, path, count per row: on the host once `copied` has completed
@@ -178,7 +171,7 @@ class RoundRunner:
     def launch(
         self,
         method: DecodingMethod,
-        candidate: Candidate,
+        candidate: RoundShape,
         roots: torch.Tensor,
         config: GenerationConfig,
         generator: torch.Generator,
@@ -198,14 +191,18 @@ class RoundRunner:
         batch = roots.shape[0]
         active = [True] * batch if slots is None else list(slots.active)
         launched_at = time.perf_counter()
-        drafted = method.needs_drafter and is_drafter_tree(candidate)
-        depth, children = candidate_depth(candidate), max_children(candidate)
-        layout = TreeLayout(candidate) if drafted else None
+        drafted = method.needs_drafter and candidate.drafts_with_drafter
+        depth, children = candidate.depth, candidate.max_children
+        layout = candidate.layout if drafted else None
         shaping = _shaping(config) if drafted else None
         # The token history takes the round's tokens wherever it is read (a lookup matches in it; the drafter's
         # ring catches up from it, so a drafting method's plain rounds record their token too); a drafter tree's
         # round enters its path into the ring at once.
-        history = self.history if method.needs_drafter or (method.drafts is not None and candidate) else None
+        history = (
+            self.history
+            if method.needs_drafter or (method.drafts is not None and candidate.speculates)
+            else None
+        )
         ring = self.draft_step if drafted else None
         # The random draws are made here, outside the step, so a replayed graph gets fresh ones. A batch's running
         # rows (a device tensor per pattern) are an input of every round, so a row that finishes changes no step.
@@ -224,7 +221,8 @@ class RoundRunner:
         def run(roots, *values):
             given = dict(zip(names, values, strict=True))
             with phase("draft_s"):
-                tree = self._propose(candidate, roots, layout, shaping, given.get("noise"), config, static)
+                proposals = _Proposals(self, roots, layout, shaping, given.get("noise"), config, static)
+                tree = candidate.propose(proposals)
             with phase("verify_s"):
                 logits = self.target_step.tree_logits(tree, static=static)
                 packed, bonus = accept_round(logits, tree, config, depth, children, given.get("draws"))
@@ -249,15 +247,6 @@ class RoundRunner:
         self.cache.device_advanced()
         host, copied = self.host_copies.start(packed)
         return Round(candidate, depth, active, host, copied, launched_at, context_len), bonus
-
-    def _propose(self, candidate, roots, layout, shaping, noise, config, static: bool) -> DraftTree:
-        """The round's tree from `roots` [B]: the drafter's (`layout` given), a lookup's, or the root alone."""
-        if layout is not None:
-            n = self.target_step.lengths(static)
-            return self.draft_step.draft_tree(roots, layout, self.target_step, n, shaping, noise)
-        if is_lookup(candidate):
-            return self._lookup(roots, candidate, config.pld_max_ngram, static)
-        return self._plain_tree(roots)
 
     def settle(self, rnd: Round) -> tuple[list[list[int]], list[list[int]]]:
         """Wait for a launched round's outputs (the round's ONE host sync: emitted tokens, paths and counts
@@ -388,11 +377,40 @@ def _shaping(config: GenerationConfig) -> tuple | None:
     return (config.temperature, config.top_k, config.top_p) if config.rrs else None
 
 
-def _step_key(candidate, config, names, history, ring, capture: bool) -> tuple:
+@dataclass
+class _Proposals:
+    """One round's `candidates.Proposer`: its tree from `roots` [B], as its shape asks (`RoundShape.propose`):
+    the drafter's over `layout` (with the drafter's `shaping` and `noise` when sampled), a lookup's, or the root
+    alone."""
+
+    runner: RoundRunner
+    roots: torch.Tensor
+    layout: TreeLayout | None
+    shaping: tuple | None
+    noise: torch.Tensor | None
+    config: GenerationConfig
+    static: bool
+
+    def plain(self) -> DraftTree:
+        return self.runner._plain_tree(self.roots)
+
+    def drafter_tree(self, tree: DrafterTree) -> DraftTree:
+        assert self.layout is not None, "a drafter tree's round needs a drafting method"
+        runner = self.runner
+        n = runner.target_step.lengths(self.static)
+        return runner.draft_step.draft_tree(
+            self.roots, self.layout, runner.target_step, n, self.shaping, self.noise
+        )
+
+    def lookup(self, lookup: Lookup) -> DraftTree:
+        return self.runner._lookup(self.roots, lookup, self.config.pld_max_ngram, self.static)
+
+
+def _step_key(candidate: RoundShape, config, names, history, ring, capture: bool) -> tuple:
     """What a round's static step depends on besides the batch (`TargetStep.static_step` adds it): the round's
     shape, the acceptance rule's and the drafter's sampling settings, what it commits (history, ring) and which
     extra inputs it takes."""
     sampling = (config.temperature, config.top_k, config.top_p) if config.temperature > 0 else ()
     commits = (history is not None, ring is not None)
     shaping = _shaping(config) if ring is not None else None
-    return ("round", shape_key(candidate, config.pld_max_ngram), sampling, shaping, commits, names, capture)
+    return ("round", candidate.shape_key(config.pld_max_ngram), sampling, shaping, commits, names, capture)

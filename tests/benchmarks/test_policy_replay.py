@@ -7,7 +7,7 @@ import random
 import pytest
 
 from longspec.eval.datasets import load_samples
-from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, Lookup, parse_candidate, tree_name
+from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, DrafterTree, Lookup, Plain, parse
 from longspec.infer.policy.shadow import ShadowReport
 from longspec.target_source import load_tokenizer
 from longspec.testing import save_tiny_target
@@ -70,10 +70,10 @@ def _replay(load_benchmark, tmp_path, results, tokenizer_dir, profile, *extra) -
 
 def test_candidate_names_parse_back():
     for candidate in (*AUTO_TREES, *AUTO_LOOKUPS, Lookup(3, 5)):
-        assert parse_candidate(tree_name(candidate)) == candidate
+        assert parse(candidate.name) == candidate
     for bad in ("lookup", "lookupx2", "lookup16x0", "4-0", "big", ""):
         with pytest.raises(ValueError, match="not a round shape"):
-            parse_candidate(bad)
+            parse(bad)
 
 
 def test_a_text_that_quotes_its_prompt_is_replayed_on_lookup_chains(load_benchmark, tmp_path, tokenizer_dir):
@@ -155,7 +155,7 @@ def test_the_replay_hears_the_engines_shadow_reports_a_round_late(load_benchmark
 
         def choose(self, context_len):
             heard_at.append(len(heard))
-            return self.script.pop(0) if self.script else ()
+            return self.script.pop(0) if self.script else Plain()
 
         def observe(self, widths, ranks, context_len=None):
             pass
@@ -168,7 +168,7 @@ def test_the_replay_hears_the_engines_shadow_reports_a_round_late(load_benchmark
 
     class Costs:
         def cost(self, widths, context_len):
-            return 1.0 if not widths else 2.0
+            return 1.0 if not widths.speculates else 2.0
 
     # the output's first token 1 roots a lookup that drafts 2, 3, 4, 6, ...: the output quotes 2, 3, 4, then 0
     prompt, output = [5, 1, 2, 3, 4, 6, 7, 8, 9], [1, 2, 3, 4, 0, 10, 11]
@@ -185,13 +185,15 @@ def test_the_replay_hears_the_engines_shadow_reports_a_round_late(load_benchmark
     assert heard_at == [0, 0, 1, 2, 3, 4]  # round j hears round j - 2; the last two after the call
     heard.clear()
     # a lookup round at root 2 (accepting 3, 4: the bonus 0) ends the shadow of root 1 without a close
-    replay.replay_call(Scripted([(), Lookup(16)]), random.Random(0), prompt, output, outcomes, [], Costs())
+    replay.replay_call(
+        Scripted([Plain(), Lookup(16)]), random.Random(0), prompt, output, outcomes, [], Costs()
+    )
     assert heard == [ShadowReport((1,), 0, False), ShadowReport(()), ShadowReport(())]
 
     class Chain(Scripted):
         def choose(self, context_len):
             self.calls = getattr(self, "calls", 0) + 1
-            return () if self.calls % 2 else (1,)
+            return Plain() if self.calls % 2 else DrafterTree((1,))
 
         def observe_time(self, widths, context_len, seconds, *, switched=False):
             timed.append((widths, seconds, switched))
@@ -203,4 +205,5 @@ def test_the_replay_hears_the_engines_shadow_reports_a_round_late(load_benchmark
     )
     assert result["speedup"] == pytest.approx(4 / (1 + 2.5 + 1 + 2.5))
     # as the engine: every round's time but the call's first, the chain's with the catch-up flagged as a switch
-    assert timed == [((1,), 2.5, True), ((), 1.0, False), ((1,), 2.5, True)]
+    chain = DrafterTree((1,))
+    assert timed == [(chain, 2.5, True), (Plain(), 1.0, False), (chain, 2.5, True)]

@@ -6,7 +6,7 @@ import pytest
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.eval.__main__ import main, run_eval
 from longspec.eval.config import load_eval_config
-from longspec.infer.candidates import Lookup
+from longspec.infer.candidates import DrafterTree, Lookup
 from longspec.testing import make_tiny_target
 
 
@@ -138,7 +138,7 @@ def test_a_gpu_the_machine_lacks_is_one_error_line(eval_overrides, tmp_path, mon
 
 def test_tree_may_name_one_round_shape(eval_overrides, tmp_path):
     """tree=lookup16x4 (a lookup forest every round) or tree=4-16-16: checked at load, run as the fixed round."""
-    for name, fixed in (("lookup16x4", Lookup(16, 4)), ("4-16-16", (4, 16, 16)), ("auto", None)):
+    for name, fixed in (("lookup16x4", Lookup(16, 4)), ("4-16-16", DrafterTree((4, 16, 16))), ("auto", None)):
         cfg = load_eval_config(eval_overrides(tmp_path) + [f"tree={name}"])
         assert cfg.generation_config(eos_token_ids=()).fixed_tree == fixed
 

@@ -5,12 +5,12 @@ from types import SimpleNamespace
 import torch
 
 from longspec.drafter import Drafter, DrafterConfig
-from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, tree_name
+from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES
 from longspec.modules.layer_ops import write_kv
 
 WINDOW = 8  # drafter window, far below the prompt lengths the tests use
 # The round shapes (stats names) that leave the drafter's ring behind: plain steps and lookup chains
-RING_BEHIND = {"ar"} | {tree_name(c) for c in AUTO_LOOKUPS}
+RING_BEHIND = {"ar"} | {c.name for c in AUTO_LOOKUPS}
 
 
 def reference_greedy(target, prompt: torch.Tensor, num_tokens: int) -> list[int]:

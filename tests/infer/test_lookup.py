@@ -11,7 +11,7 @@ from infer_helpers import prefill_drafter, random_drafter, reference_greedy
 from test_engine import sampling_marginals, sampling_target
 from test_policy import _common_prefix, _ring_by_position
 
-from longspec.infer.candidates import AUTO_LOOKUPS, Lookup, tree_name
+from longspec.infer.candidates import AUTO_LOOKUPS, DrafterTree, Lookup
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.pld import device_lookup, prompt_lookups
 from longspec.infer.policy import AdaptivePolicy
@@ -19,7 +19,7 @@ from longspec.infer.policy import shadow as shadow_module
 from longspec.infer.policy.shadow import LookupShadow, ShadowReport
 from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
-LOOKUP_NAMES = {tree_name(c) for c in AUTO_LOOKUPS}
+LOOKUP_NAMES = {c.name for c in AUTO_LOOKUPS}
 
 
 def _reference(history, lengths, roots, num_draft, max_ngram, branches=1) -> list[list[list[int]]]:
@@ -102,9 +102,9 @@ class LookupCosts:
     loops."""
 
     def cost(self, widths, context_len):
-        if isinstance(widths, Lookup):
+        if widths.drafts_by_lookup:
             return 1.0 + 0.001 * widths.length
-        return 1.0 if not widths else 1000.0
+        return 1.0 if not widths.speculates else 1000.0
 
 
 def _repetitive(seed: int, length: int) -> torch.Tensor:
@@ -170,9 +170,8 @@ def test_a_fixed_lookup_forest_runs_every_round_and_is_lossless():
 def test_a_forest_accepts_the_branch_the_target_continues_and_reports_its_rank():
     """Greedy acceptance over a lookup forest takes the deepest accepted path, whichever branch holds it: here the
     latest match (branch 0) diverges after one draft and the older one (branch 1) runs on; the policy learns rank
-    1 at depth 1, then 0 down the chain (`Lookup.widths`)."""
+    1 at depth 1, then 0 down the chain (`Lookup.model_widths`)."""
     from longspec.infer.accept import greedy_path
-    from longspec.infer.candidates import level_ranks
     from longspec.infer.pld import lookup_tree
     from longspec.infer.tree import forest_parts
 
@@ -194,7 +193,7 @@ def test_a_forest_accepts_the_branch_the_target_continues_and_reports_its_rank()
     assert length.item() == 4 and bonus.item() == 2
     slots = path[0, : length.item()].tolist()
     assert [tree.tokens[0, j].item() for j in slots] == [6, 7, 8, 9]
-    assert level_ranks(lookup, slots) == [1, 0, 0]
+    assert lookup.level_ranks(slots) == [1, 0, 0] and lookup.model_widths == (2, 1, 1)
     # what the shadow would report for this root (branch 0 matches 1 draft, branch 1 all 3) ranks the same
     assert lookup.ranks([1, 3]) == [1, 0, 0]
 
@@ -246,7 +245,7 @@ class AlternatingCosts:
     """Stub cost model: a lookup chain of 8 at even cache lengths, the drafter's (2, 2, 2) tree at odd ones."""
 
     def cost(self, widths, context_len):
-        cheapest = Lookup(8) if context_len % 2 == 0 else (2, 2, 2)
+        cheapest = Lookup(8) if context_len % 2 == 0 else DrafterTree((2, 2, 2))
         return 1.0 if widths == cheapest else 1000.0
 
 
@@ -320,10 +319,8 @@ def test_sampling_with_lookup_forests_reproduces_target_distribution(chi_square,
     perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(3))
     prompt = torch.cat([torch.arange(vocab), perm])  # every token twice, its successors differ
     joint_12, marginal_3, _ = sampling_marginals(target, prompt, vocab, top_k)
-    import longspec.infer.loop as loop_module
-
-    ranks, level_ranks = [], loop_module.level_ranks
-    monkeypatch.setattr(loop_module, "level_ranks", lambda *a: ranks.append(level_ranks(*a)) or ranks[-1])
+    ranks, level_ranks = [], Lookup.level_ranks
+    monkeypatch.setattr(Lookup, "level_ranks", lambda *a: ranks.append(level_ranks(*a)) or ranks[-1])
     engine = SpeculativeEngine(target, random_drafter(target))
     counts_12, counts_3 = torch.zeros(vocab * vocab), torch.zeros(vocab)
     accepted = 0
@@ -468,7 +465,7 @@ class PlainCosts:
     """Stub cost model: plain steps only (everything else priced out, explorations past the budget's floor)."""
 
     def cost(self, widths, context_len):
-        return 1.0 if not widths else 1000.0
+        return 1.0 if not widths.speculates else 1000.0
 
 
 def test_plain_rounds_tell_the_policy_what_a_lookup_would_have_accepted(monkeypatch):

@@ -17,14 +17,23 @@ from infer_helpers import (
 )
 
 from longspec.drafter import DrafterConfig
-from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, DEFAULT_TREE_WIDTHS, Lookup, tree_name
+from longspec.infer.candidates import (
+    AUTO_LOOKUPS,
+    AUTO_TREES,
+    DEFAULT_TREE_WIDTHS,
+    DrafterTree,
+    Lookup,
+    Plain,
+    as_shape,
+)
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine
 from longspec.infer.policy import AcceptanceModel, AdaptivePolicy, MeasuredCosts, RoundTimes, context_bucket
 from longspec.infer.policy.adaptive import EXPLORE_BUDGET, MAX_EXPLORE_EVERY, RECHECK_EVERY, SWITCH_HORIZON
 from longspec.infer.policy.shadow import LookupShadow, ShadowReport
 from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
-BIG = DEFAULT_TREE_WIDTHS
+BIG = DrafterTree(DEFAULT_TREE_WIDTHS)
+CHAIN = DrafterTree((1,))  # the drafter's cheapest round
 
 
 class NodeCosts:
@@ -35,16 +44,16 @@ class NodeCosts:
         self.per_node, self.draft, self.lookup = per_node, draft, lookup
 
     def cost(self, widths, context_len):
-        if isinstance(widths, Lookup):  # a lookup chain or forest: no drafter forward, an n-gram match
+        if widths.drafts_by_lookup:  # a lookup chain or forest: no drafter forward, an n-gram match
             return 1.0 + self.lookup + self.per_node * (widths.nodes - 1)
-        return 1.0 + (self.draft if widths else 0.0) + self.per_node * sum(widths)
+        return 1.0 + (self.draft if widths.speculates else 0.0) + self.per_node * (widths.nodes - 1)
 
 
 def test_low_acceptance_picks_plain_decoding_high_picks_the_big_tree():
     policy = AdaptivePolicy(NodeCosts())
     for _ in range(60):
         policy.observe(BIG, [])  # nothing accepted, even at width 4
-    assert policy.best(4096) == ()
+    assert policy.best(4096) == Plain()
     # Every level accepts, but the target's token is often not the drafter's first choice: the big tree.
     policy = AdaptivePolicy(NodeCosts(per_node=0.005))
     ranks = [[0, 1, 0, 5, 2], [1, 0, 3, 0, 12], [2, 6, 0, 1, 0], [0, 0, 0, 0, 0]]
@@ -55,7 +64,7 @@ def test_low_acceptance_picks_plain_decoding_high_picks_the_big_tree():
     policy = AdaptivePolicy(NodeCosts(per_node=0.005))
     for _ in range(60):
         policy.observe(BIG, [0, 0, 0, 0, 0])
-    assert policy.choose(4096) == (1, 1, 1, 1)
+    assert policy.choose(4096) == DrafterTree((1, 1, 1, 1))
 
 
 def test_policy_switches_when_acceptance_changes_and_explores_back():
@@ -63,7 +72,7 @@ def test_policy_switches_when_acceptance_changes_and_explores_back():
     for _ in range(60):
         policy.observe(BIG, [0, 1, 0, 2, 0])
     speculating = policy.choose(1000)
-    assert len(speculating) >= 3
+    assert speculating.depth >= 3
     # The text changed: nothing accepted any more. Plain rounds age the realised-yield evidence (PLAIN_AGING), so
     # the policy re-tries speculation until the acceptance model itself has learned the change.
     chosen = []
@@ -71,32 +80,32 @@ def test_policy_switches_when_acceptance_changes_and_explores_back():
         widths = policy.choose(1000)
         chosen.append(widths)
         policy.observe(widths, [])
-    assert policy.best(1000) == () and chosen[-100:].count(()) >= 90
+    assert policy.best(1000) == Plain() and chosen[-100:].count(Plain()) >= 90
     # explorations that accept nothing space out: the gap doubles from every 4th plain round up to the cap
     gaps, since = [], 0
     for _ in range(400):
         widths = policy.choose(1000)
         since += 1
-        if widths:
-            assert widths == (1,)  # the cheapest chain explores
+        if widths.speculates:
+            assert widths == CHAIN  # the cheapest chain explores
             gaps.append(since)
             since = 0
         policy.observe(widths, [])
     assert gaps == sorted(gaps) and gaps[-1] == MAX_EXPLORE_EVERY
     for _ in range(300):  # acceptance comes back; the exploring chain sees it and the policy leaves ()
         widths = policy.choose(1000)
-        policy.observe(widths, [0] * len(widths))
-    assert len(policy.choose(1000)) >= 3
+        policy.observe(widths, [0] * widths.depth)
+    assert policy.choose(1000).depth >= 3
 
 
 def test_costs_move_the_choice():
     """Same acceptance; expensive nodes favour a chain, free nodes the big tree."""
     accept = AcceptanceModel(5)
     for _ in range(50):
-        accept.observe(BIG, [0, 3, 1, 9])
+        accept.observe(BIG.widths, [0, 3, 1, 9])
     cheap = AdaptivePolicy(NodeCosts(per_node=0.0), acceptance=accept).choose(2048)
     costly = AdaptivePolicy(NodeCosts(per_node=0.2), acceptance=accept).choose(2048)
-    assert sum(cheap) > sum(costly) and costly != ()
+    assert cheap.nodes > costly.nodes and costly.speculates
 
 
 def test_acceptance_model_censoring_and_rank_buckets():
@@ -144,17 +153,21 @@ def test_a_round_observed_in_pieces_counts_what_it_would_whole():
 
 
 def test_measured_costs_lookup():
-    costs = MeasuredCosts(seconds={(1024, (1,)): 1.0, (4096, (1,)): 2.0})
+    costs = MeasuredCosts(seconds={(1024, CHAIN): 1.0, (4096, CHAIN): 2.0})
     assert context_bucket(10) == 1024 and context_bucket(1025) == 2048 and context_bucket(4096) == 4096
-    assert costs.cost((1,), 3000) == 2.0 and costs.cost((1,), 100_000) == 2.0 and costs.cost((1,), 5) == 1.0
-    assert costs.missing([(1,), (2,)], [1024]) == [1024]
+    assert (
+        costs.cost(CHAIN, 3000) == 2.0 and costs.cost(CHAIN, 100_000) == 2.0 and costs.cost(CHAIN, 5) == 1.0
+    )
+    assert (
+        costs.missing([CHAIN, DrafterTree((2,))], [1024]) == [1024] and costs.missing([CHAIN], [1024]) == []
+    )
 
 
 def test_generation_config_tree_fields():
     assert GenerationConfig().fixed_tree is None and GenerationConfig().trees == AUTO_TREES
-    assert GenerationConfig(tree=[2, 2]).fixed_tree == (2, 2)
-    assert GenerationConfig(tree="auto", tree_widths=[3]).fixed_tree == (3,)  # tree_widths wins
-    assert GenerationConfig().max_round_nodes == 1 + sum(BIG)
+    assert GenerationConfig(tree=[2, 2]).fixed_tree == DrafterTree((2, 2))
+    assert GenerationConfig(tree="auto", tree_widths=[3]).fixed_tree == DrafterTree((3,))  # tree_widths wins
+    assert GenerationConfig().max_round_nodes == BIG.nodes == 1 + sum(DEFAULT_TREE_WIDTHS)
     for bad in (
         {"tree": "big"}, {"tree": [0]}, {"tree": "ar"}, {"tree": "lookup0"}, {"sampling_rule": "greedy"},
         {"auto_lookup": "yes"},
@@ -162,16 +175,19 @@ def test_generation_config_tree_fields():
         with pytest.raises(ValueError):
             GenerationConfig(**bad)
     # one round shape by name, every round: level widths, a lookup chain or forest (runs alone, sizes the slack)
-    assert GenerationConfig(tree="2-2").fixed_tree == (2, 2)
+    assert GenerationConfig(tree="2-2").fixed_tree == DrafterTree((2, 2))
     forest = GenerationConfig(tree="lookup16x4")
     assert forest.fixed_tree == Lookup(16, 4) and forest.candidates == (Lookup(16, 4),) and forest.trees == ()
+    # the field itself keeps level widths as a tuple and a lookup as itself (what results.json records)
+    assert GenerationConfig(tree="2-2").tree == GenerationConfig(tree=DrafterTree((2, 2))).tree == (2, 2)
+    assert forest.tree == Lookup(16, 4)
     assert forest.max_round_nodes == 65
     # lookups join tree="auto"'s candidates unless switched off; a fixed tree runs alone
     assert GenerationConfig().candidates == AUTO_TREES + AUTO_LOOKUPS
     assert GenerationConfig(auto_lookup=False).candidates == AUTO_TREES
     assert (
         GenerationConfig(tree_widths=[2, 2]).candidates
-        == ((2, 2),)
+        == (DrafterTree((2, 2)),)
         == GenerationConfig(tree=[2, 2]).candidates
     )
 
@@ -218,8 +234,8 @@ def test_a_call_reports_what_the_policy_believed_at_its_end():
     config = DrafterConfig.from_target_config(target.config, window=8)
     engine = SpeculativeEngine(target, OracleDrafter(config, [sequence], lambda p: True), costs=NodeCosts())
     stats = engine.generate(prompt, GenerationConfig(max_new_tokens=30)).stats
-    names = {tree_name(t) for t in AUTO_TREES + AUTO_LOOKUPS}
-    forests = {tree_name(t) for t in AUTO_LOOKUPS if t.branches > 1}  # weighed once the text repeats itself
+    names = {t.name for t in AUTO_TREES + AUTO_LOOKUPS}
+    forests = {t.name for t in AUTO_LOOKUPS if t.branches > 1}  # weighed once the text repeats itself
     assert names - forests <= set(stats.policy) <= names
     for view in stats.policy.values():
         assert view["tokens_per_ms"] == pytest.approx(view["expected_tokens"] / view["cost_ms"], rel=1e-3)
@@ -252,6 +268,7 @@ def test_candidates_that_cannot_beat_plain_decoding_are_not_timed_further(monkey
     from longspec.infer.policy import measure as round_costs
 
     seconds = {(): 1.0, (1,): 1.3, (1, 1): 5.0, (1, 1, 1, 1): 20.0, (2, 2, 2): 2.0, (4, 4, 4): 2.5}
+    seconds = {as_shape(w): s for w, s in seconds.items()}
     calls: dict = {}
 
     def fake_time_rounds(engine, widths, *args):
@@ -266,7 +283,10 @@ def test_candidates_that_cannot_beat_plain_decoding_are_not_timed_further(monkey
     # (1, 1): 5.0 > 1.5 x 3 plain rounds, (1, 1, 1, 1): 20.0 > 1.5 x 5: one untimed and two timed blocks each.
     # (2, 2, 2) and (4, 4, 4) contain (1, 1), but 5.0 is within 1.5 x 4 plain rounds: timed in full. The three
     # trees that contain (1, 1, 1, 1) (at most 5 or 6 tokens a round) are never run.
-    assert calls == {(): 5, (1,): 5, (1, 1): 3, (1, 1, 1, 1): 3, (2, 2, 2): 5, (4, 4, 4): 5}
+    assert calls == {
+        as_shape(w): n
+        for w, n in {(): 5, (1,): 5, (1, 1): 3, (1, 1, 1, 1): 3, (2, 2, 2): 5, (4, 4, 4): 5}.items()
+    }
     assert {w for _, w in costs.seconds} == set(AUTO_TREES)
     for widths in AUTO_TREES:
         assert costs.seconds[(1024, widths)] == seconds.get(widths, 20.0)
@@ -296,7 +316,7 @@ def test_steps_dropped_by_a_bigger_cache_are_built_again_before_a_call_decodes()
     assert set(engine.target_step.steps) == rebuilt  # the call built nothing
 
 
-@pytest.mark.parametrize("shape", [(2, 3), Lookup(4)], ids=["tree", "lookup"])
+@pytest.mark.parametrize("shape", [DrafterTree((2, 3)), Lookup(4)], ids=["tree", "lookup"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_round_copies_to_the_host_once(monkeypatch, temperature, shape):
     """The static-shape round (draft or device lookup, verify, device-side acceptance, commit) reads no device
@@ -447,7 +467,7 @@ def test_the_round_after_plain_rounds_is_charged_for_the_ring_catch_up(monkeypat
 
     class EveryFourth:  # a chain of one at every 4th context length, else plain rounds
         def cost(self, widths, context_len):
-            return 1.0 if widths == ((1,) if context_len % 4 == 0 else ()) else 1000.0
+            return 1.0 if widths == (CHAIN if context_len % 4 == 0 else Plain()) else 1000.0
 
     target = make_tiny_target("llama")
     engine = SpeculativeEngine(target, random_drafter(target), costs=EveryFourth())
@@ -479,7 +499,7 @@ def test_the_round_after_plain_rounds_is_charged_for_the_ring_catch_up(monkeypat
     engine.generate(prompt, config)
     charged = [(w, switched) for w, seconds, switched in observed if seconds >= 0.2]
     assert (
-        slow and len(charged) == len(slow) and all(w for w, _ in charged)
+        slow and len(charged) == len(slow) and all(w.speculates for w, _ in charged)
     )  # speculating rounds, one per catch-up
     # ... and exactly those are reported as switches: the policy learns the catch-up apart (next test)
     assert [w for w, _, switched in observed if switched] == [w for w, _ in charged]
@@ -491,22 +511,22 @@ def test_a_switch_to_the_drafter_is_charged_once_not_to_the_tree():
     drafter rounds) it priced the chain above its steady rounds. Here the drafter's chain of one accepts 60% of
     its drafts (1.6 tokens for 1.3 plain steps: 1.23x), a switch costs 0.5 of a step more, and a text the
     drafter cannot predict comes first: the policy explores out of plain rounds, then keeps the chain."""
-    costs = MeasuredCosts(seconds={(1024, ()): 1.0, (1024, (1,)): 1.3})
+    costs = MeasuredCosts(seconds={(1024, Plain()): 1.0, (1024, CHAIN): 1.3})
     rng = random.Random(0)
     accepts = [i >= 30 and rng.random() < 0.6 for i in range(600)]
-    policy = AdaptivePolicy(costs, [(), (1,)])
+    policy = AdaptivePolicy(costs, [Plain(), CHAIN])
     ring_behind, spent, tokens, switches = False, 0.0, 0, 0
     for i in range(600):
         widths = policy.choose(1000)
-        switched = bool(widths) and ring_behind
-        ring_behind, switches = not widths, switches + switched
-        ranks = [0] if widths and accepts[i] else []
+        switched = widths.speculates and ring_behind
+        ring_behind, switches = not widths.speculates, switches + switched
+        ranks = [0] if widths.speculates and accepts[i] else []
         seconds = costs.cost(widths, 1000) + (0.5 if switched else 0.0)
         policy.observe(widths, ranks, 1000)
         policy.observe_time(widths, 1000, seconds, switched=switched)
         spent, tokens = spent + seconds, tokens + 1 + len(ranks)
     assert switches >= 2
-    assert policy.costs.costs(1000)[(1,)] == pytest.approx(1.3)  # the tree's steady cost, not the switch
+    assert policy.costs.costs(1000)[CHAIN] == pytest.approx(1.3)  # the tree's steady cost, not the switch
     assert policy.switch_s == pytest.approx(0.5)
     assert tokens / spent > 1.15  # of plain decoding (the chain every round: 1.23)
 
@@ -515,13 +535,13 @@ def test_while_the_ring_is_behind_a_drafter_tree_pays_a_share_of_the_switch():
     """After a plain round a drafter tree is priced with 1 / SWITCH_HORIZON of the learned catch-up (a switch
     pays when its next rounds' gain covers it: no flapping between two near-equal rates), after a drafter round
     at its steady cost; lookups never catch the ring up."""
-    costs = MeasuredCosts(seconds={(1024, ()): 1.0, (1024, (1,)): 1.3, (1024, Lookup(2)): 1.2})
-    policy = AdaptivePolicy(costs, [(), (1,), Lookup(2)], explore_every=0)
-    policy.observe_time((1,), 1000, 1.3 + 0.8, switched=True)
+    costs = MeasuredCosts(seconds={(1024, Plain()): 1.0, (1024, CHAIN): 1.3, (1024, Lookup(2)): 1.2})
+    policy = AdaptivePolicy(costs, [Plain(), CHAIN, Lookup(2)], explore_every=0)
+    policy.observe_time(CHAIN, 1000, 1.3 + 0.8, switched=True)
     assert policy.switch_s == pytest.approx(0.8)
     for _ in range(30):
-        policy.observe((1,), [], 1000)  # the drafter's chain accepts nothing: plain rounds
-    assert policy.choose(1000) == ()  # the ring is behind now
+        policy.observe(CHAIN, [], 1000)  # the drafter's chain accepts nothing: plain rounds
+    assert policy.choose(1000) == Plain()  # the ring is behind now
     behind = policy.snapshot(1000)
     assert behind["1"]["cost_ms"] == pytest.approx((1.3 + 0.8 / SWITCH_HORIZON) * 1e3)
     assert behind["lookup2"]["cost_ms"] == pytest.approx(1.2e3)
@@ -530,22 +550,25 @@ def test_while_the_ring_is_behind_a_drafter_tree_pays_a_share_of_the_switch():
 
 
 def test_measured_costs_are_monotone_and_learned_times_calibrate_the_rest():
-    costs = MeasuredCosts(seconds={(1024, ()): 3.0, (1024, (1,)): 2.5, (1024, (1, 1)): 2.8, (1024, BIG): 4.0})
+    chain2 = DrafterTree((1, 1))
+    costs = MeasuredCosts(
+        seconds={(1024, Plain()): 3.0, (1024, CHAIN): 2.5, (1024, chain2): 2.8, (1024, BIG): 4.0}
+    )
     # a chain never costs less than no speculation, whatever the (noisy) measurement said
-    assert costs.cost((1,), 1000) == 3.0 and costs.cost((1, 1), 1000) == 3.0 and costs.cost(BIG, 1000) == 4.0
-    trees = ((), (1,), (1, 1), BIG)
+    assert costs.cost(CHAIN, 1000) == 3.0 and costs.cost(chain2, 1000) == 3.0 and costs.cost(BIG, 1000) == 4.0
+    trees = (Plain(), CHAIN, chain2, BIG)
     policy = AdaptivePolicy(costs, trees)
     for _ in range(30):
-        policy.observe_time((), 1000, 1.0)  # plain rounds really take 1.0: a third of the table's figure
+        policy.observe_time(Plain(), 1000, 1.0)  # plain rounds really take 1.0: a third of the table's figure
     learned = policy.costs.costs(1000)
-    assert learned[()] == pytest.approx(1.0)
+    assert learned[Plain()] == pytest.approx(1.0)
     assert learned[BIG] == pytest.approx(4.0 / 3.0)  # unseen trees scaled by the observed / table ratio
-    policy.observe_time((1, 1), 1000, 3.0 * 2.0)  # a second observed tree at twice its table's figure
+    policy.observe_time(chain2, 1000, 3.0 * 2.0)  # a second observed tree at twice its table's figure
     # an unobserved tree: its table figure times the median of the two ratios, their mean (the upper one: 6.0)
-    assert policy.costs.costs(1000)[(1,)] == pytest.approx(3.0 * (1 / 3 + 2.0) / 2)
+    assert policy.costs.costs(1000)[CHAIN] == pytest.approx(3.0 * (1 / 3 + 2.0) / 2)
     frozen = AdaptivePolicy(costs, trees, learn_times=False)
-    frozen.observe_time((), 1000, 1.0)
-    assert frozen.costs.costs(1000)[()] == 3.0
+    frozen.observe_time(Plain(), 1000, 1.0)
+    assert frozen.costs.costs(1000)[Plain()] == 3.0
 
 
 def test_what_a_call_learned_carries_to_the_next():
@@ -567,7 +590,7 @@ def _ranks(rng: random.Random, widths, accept_first: float) -> list[int]:
     """A round's accepted ranks when each level's target token is the drafter's first choice with probability
     `accept_first`, else ranks 1..3 with 0.1, else outside every tree (independent levels)."""
     ranks = []
-    for width in widths:
+    for width in widths.model_widths:
         u = rng.random()
         rank = 0 if u < accept_first else rng.randint(1, 3) if u < accept_first + 0.1 else 99
         if rank >= width:
@@ -595,7 +618,7 @@ def test_a_tree_that_stops_paying_is_dropped_within_rounds():
     for _ in range(100):
         widths = policy.choose(4096)
         policy.observe(widths, _ranks(rng, widths, 0.9), 4096)
-    assert policy.choose(4096) != ()
+    assert policy.choose(4096) != Plain()
     chosen = []
     for _ in range(60):
         widths = policy.choose(4096)
@@ -603,7 +626,7 @@ def test_a_tree_that_stops_paying_is_dropped_within_rounds():
         policy.observe(widths, _ranks(rng, widths, 0.2), 4096)
     # plain within ~30 rounds; after that mostly plain, but for explorations and the re-tries of a realised yield
     # that plain rounds age back toward the acceptance model's slower estimate (PLAIN_AGING)
-    assert () in chosen[:30] and sum(w == () for w in chosen[30:]) >= 0.7 * len(chosen[30:]), chosen
+    assert Plain() in chosen[:30] and sum(w == Plain() for w in chosen[30:]) >= 0.7 * len(chosen[30:]), chosen
 
 
 def test_an_exploration_that_does_not_change_the_decision_backs_off():
@@ -614,15 +637,15 @@ def test_an_exploration_that_does_not_change_the_decision_backs_off():
     for _ in range(600):
         widths = policy.choose(1000)
         since += 1
-        if widths:
+        if widths.speculates:
             gaps.append(since)
             since = 0
         policy.observe(widths, _ranks(rng, widths, 0.5), 1000)  # half the explorations accept a draft
     # backed off to the cap, or here to the budget's floor above it: an exploring chain costs 4.02 plain steps,
     # so one in (4.02 - 1) / (EXPLORE_BUDGET x 1) = 151 rounds keeps explorations within the budget
-    floor = math.ceil((NodeCosts(draft=3.0).cost((1,), 1000) - 1.0) / EXPLORE_BUDGET)
+    floor = math.ceil((NodeCosts(draft=3.0).cost(CHAIN, 1000) - 1.0) / EXPLORE_BUDGET)
     assert floor > MAX_EXPLORE_EVERY
-    assert policy.best(1000) == () and gaps[-3:] == [floor] * 3
+    assert policy.best(1000) == Plain() and gaps[-3:] == [floor] * 3
 
 
 def test_explorations_cost_at_most_their_budget_where_a_chain_round_is_dear(monkeypatch):
@@ -638,7 +661,7 @@ def test_explorations_cost_at_most_their_budget_where_a_chain_round_is_dear(monk
             self.chain = chain
 
         def cost(self, widths, context_len):
-            return 1.0 if not widths else self.chain + 0.1 * (sum(widths) - 1)
+            return 1.0 if not widths.speculates else self.chain + 0.1 * (widths.nodes - 2)
 
     def overhead(chain: float) -> float:
         policy, extra, plain = AdaptivePolicy(Table(chain), learn_times=False), 0.0, 0.0
@@ -674,7 +697,7 @@ def test_a_new_call_on_a_text_the_drafter_cannot_predict_drops_the_tree_within_r
             policy.start()
         for i in range(40):
             widths = policy.choose(4096)
-            if widths == ():
+            if widths == Plain():
                 return i
             policy.observe(widths, _ranks(rng, widths, accept_first), 4096)
         return None
@@ -694,11 +717,12 @@ def _bursty_rate(
 
     monkeypatch.setattr(policy_module, "PLAIN_AGING", aging)
     costs = {(): 1.0, (1,): 1.35, (1, 1): 1.53, (1, 1, 1, 1): 1.87, (2, 2, 2): 1.83, (4, 4, 4): 1.86,
-             (4, 8, 8, 8): 2.1, (4, 16, 16, 16): 2.19, BIG: 2.48}  # fmt: skip
+             (4, 8, 8, 8): 2.1, (4, 16, 16, 16): 2.19, DEFAULT_TREE_WIDTHS: 2.48}  # fmt: skip
+    costs = {as_shape(w): c for w, c in costs.items()}
 
     class Table:
         def cost(self, widths, context_len):
-            return costs[tuple(widths)]
+            return costs[widths]
 
     rng, state = random.Random(0), False
     policy = AdaptivePolicy(Table())
@@ -714,7 +738,7 @@ def _bursty_rate(
                 state = state if rng.random() < 0.9 else not state
             emitted += 1 + len(ranks)
             tokens, cost = tokens + 1 + len(ranks), cost + costs[widths]
-            speculating, rounds = speculating + bool(widths), rounds + 1
+            speculating, rounds = speculating + widths.speculates, rounds + 1
     return tokens / cost, speculating / rounds
 
 
@@ -759,30 +783,30 @@ def test_a_stale_plain_time_does_not_hold_the_policy_on_a_useless_chain():
     plain decoding. Before, monotone raised the chain to the stale plain price, and with any acceptance estimate
     above zero the chain won every round without plain ever being timed again (the CPU quickstart: 81 such
     rounds in one sample)."""
-    table = MeasuredCosts(seconds={(1024, ()): 1.0, (1024, (1,)): 1.7})
-    times = RoundTimes(table, ((), (1,)))
+    table = MeasuredCosts(seconds={(1024, Plain()): 1.0, (1024, CHAIN): 1.7})
+    times = RoundTimes(table, (Plain(), CHAIN))
     for _ in range(20):
-        times.observe((), 1000, 3.0)  # contention
+        times.observe(Plain(), 1000, 3.0)  # contention
     for _ in range(3):
-        times.observe((1,), 1000, 1.7)  # contention gone
+        times.observe(CHAIN, 1000, 1.7)  # contention gone
     learned = times.costs(1000)
-    assert learned[()] == pytest.approx(1.0) and learned[(1,)] == pytest.approx(1.7)
+    assert learned[Plain()] == pytest.approx(1.0) and learned[CHAIN] == pytest.approx(1.7)
     # without the newer chain observations nothing bounds the plain time: it stays as observed
-    assert RoundTimes(table, ((), (1,))).costs(1000) == {(): 1.0, (1,): 1.7}
+    assert RoundTimes(table, (Plain(), CHAIN)).costs(1000) == {Plain(): 1.0, CHAIN: 1.7}
     # the other way round (contention starts while plain runs): the newer plain time raises the chain's older one
     # by the same ratio, so the chain does not look as cheap as a plain round
-    times = RoundTimes(table, ((), (1,)))
-    times.observe((1,), 1000, 1.7)
+    times = RoundTimes(table, (Plain(), CHAIN))
+    times.observe(CHAIN, 1000, 1.7)
     for _ in range(20):
-        times.observe((), 1000, 3.0)
+        times.observe(Plain(), 1000, 3.0)
     learned = times.costs(1000)
-    assert learned[()] == pytest.approx(3.0) and learned[(1,)] == pytest.approx(5.1)
+    assert learned[Plain()] == pytest.approx(3.0) and learned[CHAIN] == pytest.approx(5.1)
     # what the policy then does with a drafter that accepts nothing: plain, not the chain
-    policy = AdaptivePolicy(table, ((), (1,)), explore_every=10**6)
+    policy = AdaptivePolicy(table, (Plain(), CHAIN), explore_every=10**6)
     policy.costs = times
     for _ in range(5):
-        policy.observe((1,), [], 1000)  # the chain's draft rejected
-    assert policy.choose(1000) == ()
+        policy.observe(CHAIN, [], 1000)  # the chain's draft rejected
+    assert policy.choose(1000) == Plain()
 
 
 def _lookup_ranks(rng: random.Random, lookup: Lookup, hit: float) -> list[int]:
@@ -806,7 +830,7 @@ def _simulate(policy, rng, rounds: int, drafter: float, lookup: float) -> list:
     for _ in range(rounds):
         widths = policy.choose(4096)
         chosen.append(widths)
-        if isinstance(widths, Lookup):
+        if widths.drafts_by_lookup:
             ranks = _lookup_ranks(rng, widths, lookup)
         else:
             ranks = _ranks(rng, widths, drafter)
@@ -817,7 +841,7 @@ def _simulate(policy, rng, rounds: int, drafter: float, lookup: float) -> list:
 
 @pytest.mark.parametrize(
     "drafter, lookup, family",
-    [(0.05, 0.9, Lookup), (0.9, 0.05, tuple), (0.05, 0.0, None)],
+    [(0.05, 0.9, Lookup), (0.9, 0.05, DrafterTree), (0.05, 0.0, None)],
     ids=["lookups-hit", "drafter-better", "neither"],
 )
 def test_the_policy_takes_lookups_where_they_hit_trees_where_the_drafter_is_better_else_plain(
@@ -833,14 +857,14 @@ def test_the_policy_takes_lookups_where_they_hit_trees_where_the_drafter_is_bett
     policy = AdaptivePolicy(costs, AUTO_TREES + AUTO_LOOKUPS)
     chosen = _simulate(policy, random.Random(0), 300, drafter, lookup)[-100:]
     if family is None:
-        assert chosen.count(()) >= 90, chosen
+        assert chosen.count(Plain()) >= 90, chosen
     elif family is Lookup:
         assert (
             sum(isinstance(c, Lookup) for c in chosen) >= 95
             and chosen.count(Lookup(8)) + chosen.count(Lookup(16)) >= 50
         )
     else:
-        assert sum(isinstance(c, tuple) and len(c) >= 3 for c in chosen) >= 95
+        assert sum(isinstance(c, DrafterTree) and c.depth >= 3 for c in chosen) >= 95
 
 
 def test_explorations_run_the_drafter_and_lookups_come_back_through_the_shadow():
@@ -850,14 +874,14 @@ def test_explorations_run_the_drafter_and_lookups_come_back_through_the_shadow()
     the policy back to lookups. Without a drafter tree among the candidates the shortest lookup explores."""
     rng = random.Random(1)
     policy = AdaptivePolicy(NodeCosts(), AUTO_TREES + AUTO_LOOKUPS, explore_every=4)
-    assert policy._explore == (1,)
-    assert AdaptivePolicy(NodeCosts(), ((),) + AUTO_LOOKUPS)._explore == Lookup(2)
+    assert policy._explore == CHAIN
+    assert AdaptivePolicy(NodeCosts(), (Plain(),) + AUTO_LOOKUPS)._explore == Lookup(2)
     _simulate(policy, rng, 200, drafter=0.0, lookup=0.9)  # lookups learned to hit, the drafter never
     _simulate(policy, rng, 500, drafter=0.0, lookup=0.0)  # new content: nothing hits
-    assert policy.best(4096) == ()
+    assert policy.best(4096) == Plain()
     chosen = _simulate(policy, rng, 400, drafter=0.0, lookup=0.0)
-    explorations = [c for c in chosen if c != ()]
-    assert explorations and set(explorations) == {(1,)}
+    explorations = [c for c in chosen if c != Plain()]
+    assert explorations and set(explorations) == {CHAIN}
     assert len(explorations) <= 400 / MAX_EXPLORE_EVERY + 3  # backed off
     chosen = _simulate(policy, rng, 300, drafter=0.0, lookup=0.9)  # the text repeats again
     assert sum(isinstance(c, Lookup) for c in chosen[-100:]) >= 90
@@ -867,13 +891,16 @@ def test_lookup_costs_are_monotone_within_their_family_and_learned_like_the_tree
     """A shorter lookup chain never costs more than a longer one, nor less than a plain step; lookup chains and
     drafter trees do not bound each other (different work). Learned times calibrate unseen lookups too."""
     costs = MeasuredCosts(
-        seconds={(1024, ()): 1.0, (1024, (1,)): 1.6, (1024, Lookup(2)): 1.3, (1024, Lookup(4)): 1.2,
+        seconds={(1024, Plain()): 1.0, (1024, CHAIN): 1.6, (1024, Lookup(2)): 1.3, (1024, Lookup(4)): 1.2,
                  (1024, Lookup(8)): 1.4}
     )  # fmt: skip
     assert costs.cost(Lookup(4), 1000) == 1.3 and costs.cost(Lookup(8), 1000) == 1.4
-    assert costs.cost(Lookup(2), 1000) == 1.3 and costs.cost((1,), 1000) == 1.6
-    assert costs.to_dict()["1024:lookup8"] == 1.4
-    policy = AdaptivePolicy(costs, ((), (1,), Lookup(2), Lookup(4), Lookup(8)))
+    assert costs.cost(Lookup(2), 1000) == 1.3 and costs.cost(CHAIN, 1000) == 1.6
+    # named by bucket, in sort order: the drafter's shapes by widths, then the lookups by (length, branches)
+    assert list(costs.to_dict().items()) == [
+        ("1024:ar", 1.0), ("1024:1", 1.6), ("1024:lookup2", 1.3), ("1024:lookup4", 1.2), ("1024:lookup8", 1.4)
+    ]  # fmt: skip
+    policy = AdaptivePolicy(costs, (Plain(), CHAIN, Lookup(2), Lookup(4), Lookup(8)))
     for _ in range(30):
         policy.observe_time(Lookup(2), 1000, 2.6)  # lookup rounds really take twice the table's figure
     learned = policy.costs.costs(1000)
@@ -890,7 +917,7 @@ def test_shadow_lookups_move_a_plain_streak_to_lookups_without_an_exploration():
     for _ in range(100):  # nothing hits: plain
         widths = policy.choose(4096)
         policy.observe(widths, [], 4096)
-    assert policy.best(4096) == ()
+    assert policy.best(4096) == Plain()
     streak, chosen = policy._plain_streak, []
     for _ in range(2 * 8):  # the output loops: every root's lookup would have accepted its 8 drafts
         widths = policy.choose(4096)
@@ -935,7 +962,7 @@ def test_a_shadow_heard_in_pieces_teaches_what_one_whole_report_would():
             assert pieces.lookup_acceptance.hits == whole.lookup_acceptance.hits
             assert pieces.lookup_acceptance.trials == whole.lookup_acceptance.trials
             for policy in (whole, pieces):
-                policy.observe((), [], 4096)  # a plain round between two streams ages the calibration
+                policy.observe(Plain(), [], 4096)  # a plain round between two streams ages the calibration
     for field in ("realised", "predicted"):
         assert getattr(pieces.lookup_calibration, field) == pytest.approx(
             getattr(whole.lookup_calibration, field)
@@ -1003,7 +1030,7 @@ def test_a_quote_decoded_plain_moves_the_policy_to_lookups_while_it_goes_on(seed
     for early in (True, False):
         rounds, speed = _quoting_summary(early, seed)
         assert all(
-            widths == () for _, offset, widths in rounds if offset == 0
+            widths == Plain() for _, offset, widths in rounds if offset == 0
         )  # each quote meets a plain streak
         firsts = {}  # quote -> the offset of the first lookup round's root inside it
         for quote, offset, widths in rounds:
@@ -1079,7 +1106,7 @@ def test_an_accept_in_a_plain_streak_is_decided_on_at_the_next_round(monkeypatch
         policy.observe(widths, [], 4096)
         if policy._plain_streak > 4 * RECHECK_EVERY and policy._plain_streak % RECHECK_EVERY == 1:
             break
-    assert widths == () and policy._plain_streak % RECHECK_EVERY == 1
+    assert widths == Plain() and policy._plain_streak % RECHECK_EVERY == 1
     for _ in range(3):
         policy.observe_shadow(ShadowReport((8,)))
     assert isinstance(policy.best(4096), Lookup)
@@ -1087,13 +1114,16 @@ def test_an_accept_in_a_plain_streak_is_decided_on_at_the_next_round(monkeypatch
     if decide_again:
         assert isinstance(chosen[0], Lookup)
     else:
-        assert chosen[: RECHECK_EVERY - 2] == [()] * (RECHECK_EVERY - 2) and isinstance(chosen[-1], Lookup)
+        assert chosen[: RECHECK_EVERY - 2] == [Plain()] * (RECHECK_EVERY - 2) and isinstance(
+            chosen[-1], Lookup
+        )
 
 
 # ms per round, SmolLM2 at 4K, T=1, graphs: the round costs the GPU e2e measured at `3ba8683` (benchmark-log.md)
-T1_COSTS_4K = {(): 1.197, (1,): 1.786, (1, 1): 2.065, (1, 1, 1, 1): 2.527, (2, 2, 2): 2.628, (4, 4, 4): 3.066,
-               (4, 8, 8, 8): 3.246, (4, 16, 16, 16): 3.465, BIG: 3.840, Lookup(2): 1.380, Lookup(4): 1.380,
-               Lookup(8): 1.391, Lookup(16): 1.414}  # fmt: skip
+T1_COSTS_4K = {as_shape(w): ms for w, ms in {
+    (): 1.197, (1,): 1.786, (1, 1): 2.065, (1, 1, 1, 1): 2.527, (2, 2, 2): 2.628, (4, 4, 4): 3.066,
+    (4, 8, 8, 8): 3.246, (4, 16, 16, 16): 3.465, BIG: 3.840, Lookup(2): 1.380, Lookup(4): 1.380,
+    Lookup(8): 1.391, Lookup(16): 1.414}.items()}  # fmt: skip
 T1_CANDIDATES = tuple(T1_COSTS_4K)  # the candidates that table measured (before lookup forests)
 
 
@@ -1111,7 +1141,7 @@ def test_explorations_relearn_the_drafter_where_a_lookup_round_is_cheaper():
     for seed in range(8):
         policy = AdaptivePolicy(costs, T1_CANDIDATES)
         for _ in range(10):
-            policy.observe((1, 1), [], 4096)
+            policy.observe(DrafterTree((1, 1)), [], 4096)
         rng, chosen = random.Random(seed), []
         for _ in range(800):
             widths = policy.choose(4096)
@@ -1122,7 +1152,7 @@ def test_explorations_relearn_the_drafter_where_a_lookup_round_is_cheaper():
                 ranks = _ranks(rng, widths, 0.65)
                 policy.observe_shadow(ShadowReport((1 if rng.random() < 0.1 else 0,)))
             policy.observe(widths, ranks, 4096)
-        late += sum(1 for c in chosen[-300:] if isinstance(c, tuple) and c)
+        late += sum(1 for c in chosen[-300:] if isinstance(c, DrafterTree))
     assert late >= 0.5 * 8 * 300, late
 
 
@@ -1150,7 +1180,7 @@ def _rare_one_token_lookups(monkeypatch, lookup_priors: bool) -> tuple[float, fl
             policy.observe(widths, ranks, 4096)
             tokens, seconds, rounds = tokens + 1 + len(ranks), seconds + costs.cost(widths, 4096), rounds + 1
     monkeypatch.undo()
-    return lookups / rounds, tokens / seconds * costs.cost((), 4096)
+    return lookups / rounds, tokens / seconds * costs.cost(Plain(), 4096)
 
 
 def test_one_lookup_hit_does_not_start_a_burst_of_lookup_rounds(monkeypatch):
@@ -1189,17 +1219,17 @@ def test_one_slow_round_does_not_price_a_tree_out_but_a_real_rise_is_learned():
     """Host noise only adds time: a round 20x its tree's mean moves the learned cost by at most OUTLIER_FACTOR x
     one observation's weight, so the policy keeps choosing the tree; a cost that really doubles is still learned
     within a few tens of rounds."""
-    table = MeasuredCosts(seconds={(1024, ()): 1.0, (1024, (1,)): 1.2})
-    times = RoundTimes(table, ((), (1,)))
+    table = MeasuredCosts(seconds={(1024, Plain()): 1.0, (1024, CHAIN): 1.2})
+    times = RoundTimes(table, (Plain(), CHAIN))
     for _ in range(5):
-        times.observe((1,), 1000, 1.2)
-    times.observe((1,), 1000, 24.0)  # one preempted round
-    assert times.costs(1000)[(1,)] == pytest.approx(0.9 * 1.2 + 0.1 * 2.4)  # 1.32, not 3.48
-    policy = AdaptivePolicy(table, ((), (1,)), explore_every=10**6)
+        times.observe(CHAIN, 1000, 1.2)
+    times.observe(CHAIN, 1000, 24.0)  # one preempted round
+    assert times.costs(1000)[CHAIN] == pytest.approx(0.9 * 1.2 + 0.1 * 2.4)  # 1.32, not 3.48
+    policy = AdaptivePolicy(table, (Plain(), CHAIN), explore_every=10**6)
     policy.costs = times
     for _ in range(5):
-        policy.observe((1,), [0], 1000)  # the chain's draft accepted
-    assert policy.choose(1000) == (1,)
+        policy.observe(CHAIN, [0], 1000)  # the chain's draft accepted
+    assert policy.choose(1000) == CHAIN
     for _ in range(40):  # the chain's cost really doubles
-        times.observe((1,), 1000, 2.4)
-    assert times.costs(1000)[(1,)] == pytest.approx(2.4, rel=0.02)
+        times.observe(CHAIN, 1000, 2.4)
+    assert times.costs(1000)[CHAIN] == pytest.approx(2.4, rel=0.02)

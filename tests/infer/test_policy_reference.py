@@ -13,7 +13,7 @@ import statistics
 
 import pytest
 
-from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES, Lookup, contains, is_drafter_tree, tree_name
+from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES
 from longspec.infer.policy import AcceptanceModel, AdaptivePolicy, MeasuredCosts, context_bucket
 from longspec.infer.policy.acceptance import RANK_EDGES
 from longspec.infer.policy.adaptive import LOOKUP_PRIOR_FIRST, SWITCH_HORIZON
@@ -98,7 +98,7 @@ class ReferenceAcceptance:
 
 
 def reference_monotone(costs):
-    return {t: max(costs[s] for s in costs if contains(s, t)) for t in costs}
+    return {t: max(costs[s] for s in costs if t.contains(s)) for t in costs}
 
 
 class ReferenceTable:
@@ -152,7 +152,7 @@ class ReferenceTimes:
         bounded = dict(seen)
         for big in seen:
             for small in self.trees:
-                if small == big or not contains(small, big) or small not in seen:
+                if small == big or not big.contains(small) or small not in seen:
                     continue
                 if table[small] <= 0 or table[big] <= 0:
                     continue
@@ -172,7 +172,7 @@ class ReferencePolicy(AdaptivePolicy):
     (the exploration, calibration, switch and shadow logic is the policy's own)."""
 
     def __init__(self, costs, trees=CANDIDATES, *, learn_times=True):
-        drafter_depth = max(len(t) for t in trees if not isinstance(t, Lookup))
+        drafter_depth = max(t.depth for t in trees if not t.drafts_by_lookup)
         super().__init__(costs, trees, acceptance=ReferenceAcceptance(drafter_depth), learn_times=learn_times)
         self.lookup_acceptance = ReferenceAcceptance(
             max(t.length for t in self.lookups), prior_first=LOOKUP_PRIOR_FIRST
@@ -184,20 +184,20 @@ class ReferencePolicy(AdaptivePolicy):
         if not (self._ring_behind and self.switch_s > 0):
             return costs
         extra = self.switch_s / SWITCH_HORIZON
-        return {t: cost + extra if is_drafter_tree(t) else cost for t, cost in costs.items()}
+        return {t: cost + extra if t.drafts_with_drafter else cost for t, cost in costs.items()}
 
     def rates(self, context_len):
         costs = self._reference_costs(context_len)
         return {
             t: self.expected_tokens(t) / costs[t]
             for t in self.trees
-            if self._repeating or not (isinstance(t, Lookup) and t.branches > 1)
+            if self._repeating or not (t.drafts_by_lookup and t.branches > 1)
         }
 
     def snapshot(self, context_len):
         costs, rates = self._reference_costs(context_len), self.rates(context_len)
         return {
-            tree_name(t): {
+            t.name: {
                 "expected_tokens": self.expected_tokens(t),
                 "cost_ms": costs[t] * 1e3,
                 "tokens_per_ms": rate / 1e3,
@@ -217,10 +217,10 @@ def table_seconds(buckets, seed=0):
     for bucket in buckets:
         plain = 1.15e-3 * (1.0 + 0.02 * math.log2(bucket / 1024))
         for c in CANDIDATES:
-            if isinstance(c, Lookup):
+            if c.drafts_by_lookup:
                 factor = 1.15 + 0.004 * (c.nodes - 1)
             else:
-                factor = 1.3 + 0.004 * sum(c) if c else 1.0
+                factor = 1.3 + 0.004 * (c.nodes - 1) if c.speculates else 1.0
             seconds[(bucket, c)] = plain * factor * rng.uniform(0.9, 1.1)
     return seconds
 
@@ -231,9 +231,9 @@ class ContextCosts:
 
     def cost(self, widths, context_len):
         wobble = 1.0 + 0.05 * math.sin(context_len / 7.0)
-        if isinstance(widths, Lookup):
+        if widths.drafts_by_lookup:
             return wobble * (1.1 + 0.01 * widths.nodes)
-        return wobble * (1.0 + (0.3 if widths else 0.0) + 0.005 * sum(widths))
+        return wobble * (1.0 + (0.3 if widths.speculates else 0.0) + 0.005 * (widths.nodes - 1))
 
 
 # (drafter skill, chance a root's lookup matches): drafter good, nothing, quoting, both, some
@@ -283,7 +283,7 @@ def drive(fast, reference, seed, rounds, grow=None):
                 policy.costs.base.seconds.update(grow[1])
         chosen = fast.choose(context)
         assert reference.choose(context) == chosen, i
-        kinds.add("lookup" if isinstance(chosen, Lookup) else "drafter" if chosen else "plain")
+        kinds.add("lookup" if chosen.drafts_by_lookup else "drafter" if chosen.speculates else "plain")
         assert_close(fast.rates(context), reference.rates(context))
         assert_close(fast.costs.costs(context), reference.costs.costs(context))
         if i % 10 == 0:
@@ -293,10 +293,10 @@ def drive(fast, reference, seed, rounds, grow=None):
             )
         # the round's outcome, heard by both
         matched = lookup_match(rng, repeat)
-        if isinstance(chosen, Lookup):
+        if chosen.drafts_by_lookup:
             ranks, reports = chosen.ranks(matched), []
         else:
-            ranks = drafter_ranks(rng, chosen, skill) if chosen else []
+            ranks = drafter_ranks(rng, chosen.model_widths, skill) if chosen.speculates else []
             reports, later = later, []
             if max(matched, default=0) >= 4 and rng.random() < 0.5:  # heard in pieces: open, then the close
                 half = max(matched) // 2
@@ -304,8 +304,8 @@ def drive(fast, reference, seed, rounds, grow=None):
                 later = [ShadowReport(matched, half, True)]
             else:
                 reports.append(ShadowReport(matched))
-        switched = is_drafter_tree(chosen) and ring_behind
-        ring_behind = not is_drafter_tree(chosen)
+        switched = chosen.drafts_with_drafter and ring_behind
+        ring_behind = not chosen.drafts_with_drafter
         seconds = 1e-3 * rng.uniform(1.0, 1.6) + (0.3e-3 if switched else 0.0)
         for policy in (fast, reference):
             if not first:

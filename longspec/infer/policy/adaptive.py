@@ -14,15 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from longspec.infer.candidates import (
-    AUTO_TREES,
-    Candidate,
-    as_candidate,
-    is_drafter_tree,
-    is_lookup,
-    model_widths,
-    tree_name,
-)
+from longspec.infer.candidates import AUTO_TREES, Plain, RoundShape, as_shape
 from longspec.infer.policy.acceptance import AcceptanceModel, YieldCalibration
 from longspec.infer.policy.costs import CostModel, RoundTimes, context_bucket
 from longspec.infer.policy.shadow import ShadowReport
@@ -52,17 +44,17 @@ LOOKUP_CALIBRATION_PRIOR = 4.0
 class FixedPolicy:
     """Every round the same candidate, nothing learned: the user's fixed tree, or pld's lookup chain."""
 
-    def __init__(self, widths: Candidate):
-        self.widths = as_candidate(widths)
+    def __init__(self, widths: RoundShape):
+        self.widths = as_shape(widths)
 
-    def choose(self, context_len: int) -> Candidate:
+    def choose(self, context_len: int) -> RoundShape:
         return self.widths
 
-    def observe(self, widths: Candidate, ranks: Sequence[int], context_len: int | None = None) -> None:
+    def observe(self, widths: RoundShape, ranks: Sequence[int], context_len: int | None = None) -> None:
         pass
 
     def observe_time(
-        self, widths: Candidate, context_len: int, seconds: float, *, switched: bool = False
+        self, widths: RoundShape, context_len: int, seconds: float, *, switched: bool = False
     ) -> None:
         pass
 
@@ -74,35 +66,35 @@ class AdaptivePolicy:
     def __init__(
         self,
         costs: CostModel,
-        trees: Sequence[Candidate] = AUTO_TREES,
+        trees: Sequence[RoundShape] = AUTO_TREES,
         *,
         explore_every: int = 16,
         acceptance: AcceptanceModel | None = None,
         learn_times: bool = True,
     ):
-        self.trees = tuple(dict.fromkeys(as_candidate(t) for t in trees))
+        self.trees = tuple(dict.fromkeys(as_shape(t) for t in trees))
         if not self.trees:
             raise ValueError("the adaptive policy needs at least one candidate tree")
         # learn_times=False: `costs` is authoritative (an injected model), observed round times are ignored.
         self.costs = RoundTimes(costs, self.trees, decay=0.9 if learn_times else 1.0)
         self.learn_times = learn_times
         self.explore_every = explore_every
-        drafter_trees = [t for t in self.trees if not is_lookup(t)]
-        lookups = [t for t in self.trees if is_lookup(t)]
+        drafter_trees = [t for t in self.trees if t.drafts_with_drafter]
+        lookups = [t for t in self.trees if t.drafts_by_lookup]
         self.lookups = tuple(lookups)
         # The candidates by family, as (index in `trees`, level widths its model sees), for `_rates` (every
         # round); the lookup forests apart from the chains (candidates once the text repeats, `rates`).
-        self._plain = [i for i, t in enumerate(self.trees) if not t]
-        self._drafters = [(i, t) for i, t in enumerate(self.trees) if is_drafter_tree(t)]
+        self._plain = [i for i, t in enumerate(self.trees) if not t.speculates]
+        self._drafters = [(i, t.model_widths) for i, t in enumerate(self.trees) if t.drafts_with_drafter]
         self._chains = [
-            (i, model_widths(t)) for i, t in enumerate(self.trees) if is_lookup(t) and t.branches == 1
+            (i, t.model_widths) for i, t in enumerate(self.trees) if t.drafts_by_lookup and t.branches == 1
         ]
         self._forests = [
-            (i, model_widths(t)) for i, t in enumerate(self.trees) if is_lookup(t) and t.branches > 1
+            (i, t.model_widths) for i, t in enumerate(self.trees) if t.drafts_by_lookup and t.branches > 1
         ]
         # the candidate the shadow's reports are learned as (`observe_shadow`)
         self._widest = max(lookups, key=lambda t: (t.branches, t.length), default=None)
-        self.acceptance = acceptance or AcceptanceModel(max((len(t) for t in drafter_trees), default=1) or 1)
+        self.acceptance = acceptance or AcceptanceModel(max((t.depth for t in drafter_trees), default=1))
         self.calibration = YieldCalibration()
         # Lookup chains have a model and a calibration of their own (their acceptance is the text's
         # repetitiveness, not the drafter's skill); a chain's rank is always 0, no match is a miss at depth 1.
@@ -112,11 +104,10 @@ class AdaptivePolicy:
         self.lookup_calibration = YieldCalibration(prior_drafts=LOOKUP_CALIBRATION_PRIOR)
         # The round that explores out of a plain streak (`choose`): the drafter's cheapest; the lookups' estimate
         # is kept by the shadow reports (`observe_shadow`), unless there is no drafter tree to explore.
-        speculating = [t for t in drafter_trees if t]
-        self._explore: Candidate | None = (
-            min(speculating, key=lambda t: (sum(t), len(t)))
-            if speculating
-            else min(lookups, key=lambda t: t.length, default=None)
+        self._explore: RoundShape | None = (
+            min(drafter_trees, key=lambda t: (t.nodes, t.depth))
+            if drafter_trees
+            else min(lookups, key=lambda t: t.depth, default=None)
         )
         self._plain_streak = 0
         self._interval = explore_every  # grows while explorations fail (`observe`)
@@ -146,23 +137,23 @@ class AdaptivePolicy:
             None,
         )
 
-    def expected_tokens(self, widths: Candidate) -> float:
+    def expected_tokens(self, widths: RoundShape) -> float:
         """The acceptance model's expected tokens for a candidate (its family's model), calibrated by its
         family's realised yield."""
-        if not widths:
+        if not widths.speculates:
             return 1.0
         model, calibration, widths = self._family(widths)
         return 1.0 + (model.expected_tokens(widths) - 1.0) * calibration.ratio
 
-    def _family(self, candidate: Candidate) -> tuple[AcceptanceModel, YieldCalibration, tuple[int, ...]]:
-        """A speculating candidate's acceptance model and yield calibration (the drafter's, or the lookup
-        chains'), and its level widths as that model sees them."""
-        if is_lookup(candidate):
-            return self.lookup_acceptance, self.lookup_calibration, model_widths(candidate)
-        return self.acceptance, self.calibration, candidate
+    def _family(self, candidate: RoundShape) -> tuple[AcceptanceModel, YieldCalibration, tuple[int, ...]]:
+        """A speculating candidate's acceptance model and yield calibration (the lookup chains', or the
+        drafter's), and its level widths as that model sees them."""
+        if candidate.drafts_by_lookup:
+            return self.lookup_acceptance, self.lookup_calibration, candidate.model_widths
+        return self.acceptance, self.calibration, candidate.model_widths
 
     def _learn(
-        self, candidate: Candidate, ranks: Sequence[int], *, start: int = 0, open: bool = False
+        self, candidate: RoundShape, ranks: Sequence[int], *, start: int = 0, open: bool = False
     ) -> None:
         """A speculating round's outcome into its family's calibration (realised vs predicted drafts) and model;
         `start`, `open`: a piece of a round heard in pieces (`AcceptanceModel.observe`), whose first piece
@@ -173,9 +164,9 @@ class AdaptivePolicy:
         else:
             calibration.add(len(ranks))
         model.observe(widths, ranks, start=start, open=open)
-        self._repeating |= is_lookup(candidate) and bool(ranks)
+        self._repeating |= candidate.drafts_by_lookup and bool(ranks)
 
-    def rates(self, context_len: int) -> dict[Candidate, float]:
+    def rates(self, context_len: int) -> dict[RoundShape, float]:
         """Expected tokens per second of every candidate at this context length; a lookup forest (branches > 1)
         only once this call's text has repeated itself (a lookup hit, `_learn`): a forest's extra branches pay only
         on a text that repeats, and a call's first rounds are chosen from estimates carried over from other texts."""
@@ -213,8 +204,8 @@ class AdaptivePolicy:
         return costs
 
     def snapshot(self, context_len: int) -> dict[str, dict[str, float]]:
-        """What the policy believes at `context_len`, per candidate by name (`tree_name`): expected tokens per
-        round (calibrated), cost per round in ms (the measured table refined by observed round times, plus the
+        """What the policy believes at `context_len`, per candidate by name (`RoundShape.name`): expected tokens
+        per round (calibrated), cost per round in ms (the measured table refined by observed round times, plus the
         switch's share while the ring is behind) and their
         ratio in tokens per ms: why it ran what it ran (a call's stats carry it: GenerationStats.policy)."""
         costs, rates = (
@@ -222,7 +213,7 @@ class AdaptivePolicy:
             self.rates(context_len),
         )
         return {
-            tree_name(t): {
+            t.name: {
                 "expected_tokens": self.expected_tokens(t),
                 "cost_ms": costs[t] * 1e3,
                 "tokens_per_ms": rate / 1e3,
@@ -230,7 +221,7 @@ class AdaptivePolicy:
             for t, rate in rates.items()
         }
 
-    def best(self, context_len: int) -> Candidate:
+    def best(self, context_len: int) -> RoundShape | None:
         """The candidate with the most expected tokens per second (first of equals: the cheaper end)."""
         best, top = None, 0.0
         for t, rate in zip(self.trees, self._rates(context_len), strict=True):
@@ -238,16 +229,17 @@ class AdaptivePolicy:
                 best, top = t, rate
         return best
 
-    def choose(self, context_len: int) -> Candidate:
+    def choose(self, context_len: int) -> RoundShape | None:
         """`best`, except where it is no speculation: every `_interval`-th consecutive such round (at least the
         budget's floor, `_floor`) explores, with the drafter's cheapest round (`_explore`). In a plain streak the
         decision is re-checked every RECHECK_EVERY rounds or when the context bucket changes."""
         bucket = context_bucket(context_len)
         if self._decision is None or self._decision[0] != bucket or self._plain_streak % RECHECK_EVERY == 0:
             best = self.best(context_len)
-            self._decision = (bucket, best, self._floor(context_len) if not best else 0)  # floor: plain only
+            floor = 0 if _speculates(best) else self._floor(context_len)  # a plain streak's only
+            self._decision = (bucket, best, floor)
         _, best, floor = self._decision
-        if best:
+        if _speculates(best):
             self._plain_streak = 0
         else:
             self._plain_streak += 1
@@ -258,7 +250,7 @@ class AdaptivePolicy:
             ):
                 self._exploring = True
                 best = self._explore
-        self._ring_behind = not is_drafter_tree(best)
+        self._ring_behind = best is None or not best.drafts_with_drafter
         return best
 
     def _floor(self, context_len: int) -> int:
@@ -266,20 +258,20 @@ class AdaptivePolicy:
         at the exploring round's cost (decided with `best`, every RECHECK_EVERY rounds of a plain streak: the
         learned times change every round)."""
         costs = self.costs.costs(context_len)
-        plain = costs[()] if () in costs else min(costs.values())
+        plain = costs[Plain()] if Plain() in costs else min(costs.values())
         explore = plain if self._explore is None else costs[self._explore]
-        if is_drafter_tree(self._explore):
+        if self._explore is not None and self._explore.drafts_with_drafter:
             explore += self.switch_s  # out of a plain streak it catches the ring up
         if plain <= 0:
             return 1
         return max(1, math.ceil((explore - plain) / (EXPLORE_BUDGET * plain)))
 
-    def observe(self, widths: Candidate, ranks: Sequence[int], context_len: int | None = None) -> None:
+    def observe(self, widths: RoundShape, ranks: Sequence[int], context_len: int | None = None) -> None:
         """A round's outcome: ranks of its accepted nodes (see AcceptanceModel.observe; a lookup chain's are all
         0). `context_len` (the round's) lets an exploration judge whether it changed the decision; without it,
         any accept counts. An accept reaching a plain streak (the speculating round before it, heard a round
         late) makes the streak decide again at its next round (`_hit`)."""
-        if widths:
+        if widths.speculates:
             self._learn(widths, ranks)
             if ranks:
                 self._hit()
@@ -290,7 +282,7 @@ class AdaptivePolicy:
             self._exploring = False
             self._plain_streak = 0
             self._decision = None
-            pays = bool(ranks) if context_len is None else bool(self.best(context_len))
+            pays = bool(ranks) if context_len is None else _speculates(self.best(context_len))
             self._interval = self.explore_every if pays else min(2 * self._interval, MAX_EXPLORE_EVERY)
 
     def observe_shadow(self, report: ShadowReport) -> None:
@@ -316,11 +308,11 @@ class AdaptivePolicy:
         """An observed accept: a plain streak's cached decision is dropped, so its next round decides again
         instead of its next re-check (RECHECK_EVERY): an accept is what raises an estimate (a miss only lowers
         one), so the rounds after a text starts repeating itself are not left to plain decoding."""
-        if self._decision is not None and not self._decision[1]:
+        if self._decision is not None and not _speculates(self._decision[1]):
             self._decision = None
 
     def observe_time(
-        self, widths: Candidate, context_len: int, seconds: float, *, switched: bool = False
+        self, widths: RoundShape, context_len: int, seconds: float, *, switched: bool = False
     ) -> None:
         """The wall time of a round just run (its whole cost: it ended with its host copy). `switched`: the ring
         caught up before it (a drafter round after plain or lookup rounds): what it took beyond the round's steady
@@ -328,10 +320,15 @@ class AdaptivePolicy:
         if not self.learn_times:
             return
         if switched:
-            extra = max(0.0, seconds - self.costs.costs(context_len)[as_candidate(widths)])
+            extra = max(0.0, seconds - self.costs.costs(context_len)[as_shape(widths)])
             self._switches += 1
             # a decayed mean (decay 0.9, as the rounds' times), the first observation taken whole
             weight = max(0.1, 1.0 / self._switches)
             self.switch_s += weight * (extra - self.switch_s)
             return
         self.costs.observe(widths, context_len, seconds)
+
+
+def _speculates(candidate: RoundShape | None) -> bool:
+    """Whether a chosen candidate drafts anything (None: every candidate was left out, as a plain step)."""
+    return candidate is not None and candidate.speculates

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from longspec.atomic import write_json_atomic
-from longspec.infer.candidates import parse_candidate
+from longspec.infer.candidates import parse
 from longspec.infer.policy.costs import MeasuredCosts
 
 __all__ = ["CACHE_ENV", "cache_dir", "cache_path", "load_costs", "save_costs"]
@@ -89,7 +89,7 @@ def load_costs(path: Path) -> MeasuredCosts | None:
         seconds = {}
         for key, value in data["seconds"].items():
             bucket, _, name = key.partition(":")
-            seconds[(int(bucket), parse_candidate(name))] = float(value)
+            seconds[(int(bucket), parse(name))] = float(value)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         warnings.warn(f"ignoring the round-cost cache {path} ({error!r}): measuring again", stacklevel=2)
         return None

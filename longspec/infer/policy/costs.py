@@ -2,7 +2,7 @@
 mode) and the costs learned while decoding on top of it (`RoundTimes`).
 
 Two corrections make the choice robust to timing noise and to what a warm-up cannot see:
-- monotone: a round never costs less than a round it contains (`candidates.contains`), "no speculation"
+- monotone: a round never costs less than a round it contains (`RoundShape.contains`), "no speculation"
   included; a millisecond-scale measurement can invert two close candidates, the round's real work cannot.
 - online: each round's wall time updates a decayed mean per (bucket, candidate); a candidate not run yet is
   priced at its table cost times the median ratio observed / table of those that ran; a newer observation of a
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from longspec.infer.candidates import Candidate, as_candidate, candidate_order, contains, tree_name
+from longspec.infer.candidates import RoundShape, as_shape
 
 __all__ = [
     "MIN_BUCKET",
@@ -44,18 +44,18 @@ def context_bucket(context_len: int) -> int:
 
 
 class CostModel(Protocol):
-    def cost(self, widths: Candidate, context_len: int) -> float: ...
+    def cost(self, widths: RoundShape, context_len: int) -> float: ...
 
 
 class _Containment:
-    """`contains` over a fixed list of distinct candidates, by index, for what the policy recomputes every round:
+    """`RoundShape.contains` over a fixed list of distinct candidates, by index, for what the policy recomputes every round:
     `pairs`, each (big, small) with big containing small (big by big, each's smalls in list order), and what
     `monotone` walks: only the (small, big) pairs where big contains small immediately (`contains` is transitive,
     so raising each candidate to those, in an order where each comes after all it contains, raises it to all)."""
 
-    def __init__(self, trees: Sequence[Candidate]):
+    def __init__(self, trees: Sequence[RoundShape]):
         n = len(trees)
-        below = [[j for j in range(n) if j != i and contains(trees[j], trees[i])] for i in range(n)]
+        below = [[j for j in range(n) if j != i and trees[i].contains(trees[j])] for i in range(n)]
         self.pairs = [(big, small) for big in range(n) for small in below[big]]
         # A candidate contains strictly more than any it contains: by that count, each comes after what it contains.
         order = sorted(range(n), key=lambda i: len(below[i]))
@@ -72,16 +72,16 @@ class _Containment:
 
 @dataclass
 class MeasuredCosts:
-    """seconds[(bucket, widths)] of one round, measured on the device in one decoding mode (acceptance rule,
+    """seconds[(bucket, shape)] of one round, measured on the device in one decoding mode (acceptance rule,
     static shapes, CUDA graphs, batch size: `measure.cost_mode`, the key of `engine.cost_tables`): a round's
     cost depends on it, so each mode has a table of its own."""
 
-    seconds: dict[tuple[int, tuple[int, ...]], float] = field(default_factory=dict)
+    seconds: dict[tuple[int, RoundShape], float] = field(default_factory=dict)
     # monotone table per bucket, rebuilt when `seconds` grows (measure_round_costs only adds buckets)
-    _tables: dict[int, dict[tuple[int, ...], float]] = field(default_factory=dict, repr=False)
+    _tables: dict[int, dict[RoundShape, float]] = field(default_factory=dict, repr=False)
     _size: int = field(default=0, repr=False)
 
-    def cost(self, widths: tuple[int, ...], context_len: int) -> float:
+    def cost(self, widths: RoundShape, context_len: int) -> float:
         bucket = context_bucket(context_len)
         if (bucket, widths) not in self.seconds:
             # Past the measured buckets (a longer call than the warm-up planned for): the nearest one measured.
@@ -96,7 +96,7 @@ class MeasuredCosts:
             )
         return self._tables[bucket][widths]
 
-    def missing(self, trees: Sequence[tuple[int, ...]], buckets: Sequence[int]) -> list[int]:
+    def missing(self, trees: Sequence[RoundShape], buckets: Sequence[int]) -> list[int]:
         return [b for b in buckets if any((b, w) not in self.seconds for w in trees)]
 
     def to_dict(self) -> dict:
@@ -104,10 +104,10 @@ class MeasuredCosts:
 
 
 def named_by_bucket(seconds: dict) -> dict[str, float]:
-    """A per (context bucket, candidate) table keyed "bucket:name" (`tree_name`), buckets ascending and in each
-    the candidates in `candidate_order` (a Lookup does not compare with level widths): for reports and JSON."""
-    items = sorted(seconds.items(), key=lambda item: (item[0][0], *candidate_order(item[0][1])))
-    return {f"{b}:{tree_name(w)}": s for (b, w), s in items}
+    """A per (context bucket, candidate) table keyed "bucket:name" (`RoundShape.name`), buckets ascending and in
+    each the candidates by `RoundShape.sort_key`: for reports and JSON."""
+    items = sorted(seconds.items(), key=lambda item: (item[0][0], *item[0][1].sort_key))
+    return {f"{b}:{w.name}": s for (b, w), s in items}
 
 
 @dataclass
@@ -127,12 +127,10 @@ class RoundTimes:
     per (context bucket, tree); unobserved trees get the table cost times the median observed / table ratio of
     the trees that ran in that bucket; the result is made monotone (see the module docstring)."""
 
-    def __init__(self, base: CostModel, trees: Sequence[tuple[int, ...]], *, decay: float = 0.9):
-        self.base, self.trees, self.decay = base, tuple(dict.fromkeys(trees)), decay
-        self.mean: dict[tuple[int, tuple[int, ...]], float] = {}
-        self.observed_at: dict[
-            tuple[int, tuple[int, ...]], int
-        ] = {}  # the observation count at its last update
+    def __init__(self, base: CostModel, trees: Sequence[RoundShape], *, decay: float = 0.9):
+        self.base, self.trees, self.decay = base, tuple(dict.fromkeys(as_shape(t) for t in trees)), decay
+        self.mean: dict[tuple[int, RoundShape], float] = {}
+        self.observed_at: dict[tuple[int, RoundShape], int] = {}  # the observation count at its last update
         self._observations = 0
         self._index = {t: i for i, t in enumerate(self.trees)}
         self._containment = _Containment(self.trees)
@@ -143,9 +141,9 @@ class RoundTimes:
         self._tables: dict[int, tuple[int, list[float]]] = {}
         self._cache: dict[int, list[float]] = {}
 
-    def observe(self, widths: tuple[int, ...], context_len: int, seconds: float) -> None:
+    def observe(self, widths: RoundShape, context_len: int, seconds: float) -> None:
         bucket = context_bucket(context_len)
-        tree = as_candidate(widths)
+        tree = as_shape(widths)
         key = (bucket, tree)
         old = self.mean.get(key)
         if old is not None:
@@ -168,7 +166,7 @@ class RoundTimes:
             times.pairs = [(b, s) for b, s in self._containment.pairs if b in times.ran and s in times.ran]
         times.means[i], times.when[i] = mean, self._observations
 
-    def costs(self, context_len: int) -> dict[tuple[int, ...], float]:
+    def costs(self, context_len: int) -> dict[RoundShape, float]:
         return dict(zip(self.trees, self.cost_list(context_len), strict=True))
 
     def cost_list(self, context_len: int) -> list[float]:
@@ -224,5 +222,5 @@ class RoundTimes:
             costs[i] = seen[i]
         return self._containment.monotone(costs)
 
-    def cost(self, widths: tuple[int, ...], context_len: int) -> float:
-        return self.costs(context_len)[as_candidate(widths)]
+    def cost(self, widths: RoundShape, context_len: int) -> float:
+        return self.costs(context_len)[as_shape(widths)]

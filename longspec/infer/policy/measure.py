@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from longspec.infer.candidates import candidate_depth, candidate_nodes, contains, is_plain
+from longspec.infer.candidates import RoundShape
 from longspec.infer.config import GenerationConfig
 from longspec.infer.methods import get_method
 from longspec.infer.policy import cost_cache
@@ -93,7 +93,7 @@ def measure_round_costs(
     if not missing and built:
         return costs
     # Room for a block: each round commits at most depth + 1 tokens, the last one's tree is pending on top.
-    room = _BLOCK * (1 + max(candidate_depth(c) for c in candidates)) + config.max_round_nodes
+    room = _BLOCK * (1 + max(c.depth for c in candidates)) + config.max_round_nodes
     engine.reserve(max(context_lens) + room, batch_size)
     generator = torch.Generator(device=engine.device).manual_seed(0)
     root = torch.zeros(batch_size, dtype=torch.long, device=engine.device)
@@ -118,14 +118,14 @@ def measure_round_costs(
             # is known before any candidate is judged against it; the later reps interleaved over the survivors.
             bounds: dict = {}
             plain = None
-            for widths in sorted(candidates, key=candidate_nodes):
+            for widths in sorted(candidates, key=lambda c: c.nodes):
                 bound = _hopeless(widths, bounds, plain)
                 if bound is not None:
                     bounds[widths] = bound
                     continue
                 timed(widths)
                 times[widths] += [timed(widths) for _ in range(min(2, reps))]
-                if is_plain(widths):
+                if not widths.speculates:
                     plain = min(times[widths])
                 elif _rules_out(min(times[widths]), widths, plain):
                     bounds[widths] = min(times[widths])
@@ -153,19 +153,19 @@ _BLOCK = 4  # rounds of one tree run back to back per timing
 _HOPELESS_MARGIN = 1.5
 
 
-def _rules_out(cost: float, candidate, plain: float | None) -> bool:
+def _rules_out(cost: float, candidate: RoundShape, plain: float | None) -> bool:
     """Whether a round cost of `cost` (or more) rules `candidate` out: over _HOPELESS_MARGIN x (depth + 1) plain
     rounds, the most the candidate could emit per round."""
-    return plain is not None and cost > _HOPELESS_MARGIN * (candidate_depth(candidate) + 1) * plain
+    return plain is not None and cost > _HOPELESS_MARGIN * (candidate.depth + 1) * plain
 
 
-def _hopeless(candidate, bounds: dict, plain: float | None) -> float | None:
+def _hopeless(candidate: RoundShape, bounds: dict, plain: float | None) -> float | None:
     """A lower bound of `candidate`'s round cost that already rules it out, or None: the largest cost of a
     ruled-out candidate it contains (it does all of that one's work and more) that rules it out too."""
     costs = [
         cost
         for small, cost in bounds.items()
-        if _rules_out(cost, candidate, plain) and contains(small, candidate)
+        if _rules_out(cost, candidate, plain) and candidate.contains(small)
     ]
     return max(costs) if costs else None
 
