@@ -184,9 +184,11 @@ def run_eval(cfg: EvalConfig, session: EvalSession | None = None) -> dict:
         "data": data_reports,
         "context_len": context_len,  # what the prompts were fitted to (data.context_len, or the target's)
         "methods": {m: {} for m in methods},
-        # the drafter's head: how many ids it drafts over (a draft vocabulary) of the target's
-        "draft_vocab": {"size": engine.drafter.draft_vocab_size, "target_vocab": target.vocab_size},
     }
+    if (
+        engine.drafter is not None
+    ):  # the drafter's head: how many ids it drafts over (a draft vocabulary) of the target's
+        results["draft_vocab"] = {"size": engine.drafter.draft_vocab_size, "target_vocab": target.vocab_size}
 
     # Size the static cache once for the longest prompt, so no sample pays for a reallocation (or, with
     # cuda_graphs, a re-capture) inside its timed decode; then warm every method up untimed.
