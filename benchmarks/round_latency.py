@@ -312,7 +312,9 @@ def bench_context(
             torch.equal(a, b) for a, b in zip(tree.dynamic_part(), static_tree.dynamic_part(), strict=True)
         )
         row["tree_nodes"] = tree.num_nodes
-        row["draft_launches"] = count_launches(lambda: _draft(engine, root, layout, static=True, capture=False), device)
+        row["draft_launches"] = count_launches(
+            lambda: _draft(engine, root, layout, static=True, capture=False), device
+        )
         row["draft_ms"] = timer(lambda: _draft(engine, root, layout))
         if capture:
             _try_graph(

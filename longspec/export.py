@@ -30,7 +30,15 @@ from longspec.drafter import CONFIG_NAME, WEIGHTS_NAME, DrafterConfig
 from longspec.drafter.files import read_draft_vocab
 from longspec.drafter.vocab import DRAFT_VOCAB_NAME
 from longspec.drafter.weights import check_finite
-from longspec.ownership import check_output_dir, is_ours, remove_owned, resolve_output, swap_in, write_marker
+from longspec.ownership import (
+    check_output_dir,
+    is_ours,
+    marker_in_progress,
+    remove_owned,
+    resolve_output,
+    swap_in,
+    write_marker,
+)
 from longspec.train.checkpoint import (
     CHECKSUMS_NAME,
     STATE_NAME,
@@ -146,17 +154,19 @@ def check_out_dir(run_dir: str, out_dir: str, *, overwrite: bool) -> None:
 
 def _remove_stale_temps(out_dir: str) -> None:
     """Temp / old-export dirs next to OUT_DIR left by an export that was killed (its pid no longer runs). Only a
-    directory marked as an export (or still empty) is ours to remove."""
+    directory marked as an export (or still empty, or holding only its marker being written) is ours to remove."""
     prefix = glob.escape(out_dir)
     for path in glob.glob(prefix + ".tmp-*") + glob.glob(prefix + ".old-*"):
         m = re.search(r"\.(?:tmp|old)-(\d+)$", path)
         if not m or os.path.islink(path) or not os.path.isdir(path):
             continue
-        if os.listdir(path) and not is_ours(path, EXPORT_KIND):
-            continue
-        if int(m.group(1)) != os.getpid() and _pid_alive(int(m.group(1))):
+        pid = int(m.group(1))
+        if pid != os.getpid() and _pid_alive(pid):
             continue  # another export into the same OUT_DIR is running
-        remove_owned(path, EXPORT_KIND)
+        if marker_in_progress(path):  # killed while writing its first file, the marker
+            shutil.rmtree(path)
+        elif not os.listdir(path) or is_ours(path, EXPORT_KIND):
+            remove_owned(path, EXPORT_KIND)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -22,6 +22,7 @@ __all__ = [
     "claim_output_dir",
     "claim_output_file",
     "is_ours",
+    "marker_in_progress",
     "read_marker",
     "remove_owned",
     "resolve_output",
@@ -189,7 +190,31 @@ def remove_owned(
         raise NotOursError(f"{label} exists and is not a directory")
     if os.listdir(path) and not is_ours(path, kind):
         raise _not_ours(path, kind, what or "directory")
-    shutil.rmtree(path)
+    _rmtree_marker_last(path)
+
+
+def _rmtree_marker_last(path: str) -> None:
+    """shutil.rmtree, the marker removed last: a removal cut short (a kill) leaves a directory still proven ours,
+    which the next run finishes removing, not an unmarked one that nothing may touch."""
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.name == MARKER_NAME:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.remove(entry.path)
+    marker = os.path.join(path, MARKER_NAME)
+    if os.path.lexists(marker):
+        os.remove(marker)
+    os.rmdir(path)
+
+
+def marker_in_progress(directory: str | os.PathLike) -> bool:
+    """Whether `directory` holds nothing but a marker being written (a write_marker cut short): the state of an
+    output directory created by this project and killed before its marker was in place."""
+    names = os.listdir(directory)
+    return bool(names) and all(name.startswith(MARKER_NAME + ".tmp-") for name in names)
 
 
 def swap_in(tmp: str, out: str, kind: str) -> None:

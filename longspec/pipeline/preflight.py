@@ -103,7 +103,9 @@ def _stand_in(arg: str, made: set[str], file: str, directory: str) -> str:
     if not sep:
         return arg
     if value.startswith("[") and value.endswith("]"):  # a list of paths (drafter.draft_vocab_data=[a,b])
-        items = [_stand_in_path(v, made, file, directory) for v in value[1:-1].split(",")] if value[1:-1] else []
+        items = (
+            [_stand_in_path(v, made, file, directory) for v in value[1:-1].split(",")] if value[1:-1] else []
+        )
         return f"{key}=[{','.join(items)}]"
     return f"{key}={_stand_in_path(value, made, file, directory)}"
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.export import EXPORT_FILES, export_drafter, main
-from longspec.ownership import MARKER_NAME
+from longspec.ownership import MARKER_NAME, is_ours, remove_owned, write_marker
 from longspec.testing import make_tiny_target
 from longspec.train.checkpoint import write_checksums
 
@@ -182,6 +182,60 @@ def test_sigkill_mid_export_leaves_the_old_or_the_new_export(tmp_path):
     leftovers = [p for p in os.listdir(tmp_path) if ".tmp-" in p or ".old-" in p]
     assert not leftovers, [(p, os.listdir(tmp_path / p)) for p in leftovers]
     assert_only_changed(run, run_before)  # the run itself was never written
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (a killed export's)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def test_a_removal_cut_short_leaves_a_directory_still_marked_ours(tmp_path, monkeypatch):
+    """Removing an output takes the marker last: killed midway, what is left is still provably ours, and the next
+    removal finishes it (a marker removed first left an unmarked folder that no later run may touch)."""
+    folder = tmp_path / "export.tmp-1"
+    (folder / "sub").mkdir(parents=True)
+    write_marker(folder, "export")
+    for name in ("a", "b", "sub/c"):
+        (folder / name).write_text(name)
+    real_remove, calls = os.remove, []
+
+    def killed_on_the_second_file(path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the kill
+        real_remove(path)
+
+    monkeypatch.setattr(os, "remove", killed_on_the_second_file)
+    with pytest.raises(KeyboardInterrupt):
+        remove_owned(folder, "export")
+    monkeypatch.setattr(os, "remove", real_remove)
+    assert is_ours(folder, "export")
+    remove_owned(folder, "export")
+    assert not folder.exists()
+
+
+def test_an_export_killed_while_writing_its_marker_is_cleared_by_the_next(tmp_path):
+    """An export killed between creating its temp folder and putting its marker in place leaves the marker's
+    own temp file alone in it: the next export into the same OUT_DIR removes that folder; a folder of a dead
+    pid that holds anything else without a marker is kept."""
+    run = tmp_path / "run"
+    _write_checkpoint(run, 2)
+    out = tmp_path / "export"
+    pid = _dead_pid()
+    killed = tmp_path / f"export.tmp-{pid}"
+    killed.mkdir()
+    (killed / f"{MARKER_NAME}.tmp-{pid}").write_text('{"format": 1, "ki')
+    users = tmp_path / f"export.old-{pid}"
+    users.mkdir()
+    (users / "notes.txt").write_text("the user's\n")
+    export_drafter(str(run), str(out), step=2)
+    assert sorted(os.listdir(out)) == sorted(EXPORT_FILES | {MARKER_NAME})
+    assert not killed.exists()
+    assert (users / "notes.txt").read_text() == "the user's\n"
 
 
 @pytest.mark.parametrize(

@@ -1215,6 +1215,29 @@ def test_a_candidate_costs_its_fastest_timed_rep(monkeypatch):
     assert set(costs.seconds.values()) == {2.0} and len(costs.seconds) == len(AUTO_TREES + AUTO_LOOKUPS)
 
 
+def test_a_first_round_far_above_the_table_is_first_use_work_not_learned():
+    """A table read from disk was measured by another process: a candidate's first round here can carry lazy
+    initialisation, which learned whole would price the candidate out for many rounds. That first round is not learned; the next one is, whatever it costs; a first round within
+    OUTLIER_FACTOR of the table is learned as before."""
+    table = MeasuredCosts(seconds={(1024, Plain()): 1.0, (1024, CHAIN): 1.2})
+    times = RoundTimes(table, (Plain(), CHAIN))
+    times.observe(CHAIN, 1000, 7.0)  # first use
+    assert times.costs(1000)[CHAIN] == pytest.approx(1.2) and (1024, CHAIN) not in times.mean
+    times.observe(CHAIN, 1000, 1.3)
+    assert times.costs(1000)[CHAIN] == pytest.approx(1.3)
+    times.observe(Plain(), 1000, 1.5)  # a first round within the factor: learned whole
+    assert times.costs(1000)[Plain()] == pytest.approx(1.5)
+    slow = RoundTimes(table, (Plain(), CHAIN))
+    slow.observe(CHAIN, 1000, 7.0)
+    slow.observe(CHAIN, 1000, 7.0)  # a machine really this slow: learned from the second round on
+    assert slow.costs(1000)[CHAIN] == pytest.approx(7.0)
+    policy = AdaptivePolicy(table, (Plain(), CHAIN), explore_every=10**6)
+    for _ in range(5):
+        policy.observe(CHAIN, [0], 1000)  # the chain's draft accepted
+    policy.observe_time(CHAIN, 1000, 7.0)  # its first round, lazy init included
+    assert policy.choose(1000) == CHAIN
+
+
 def test_one_slow_round_does_not_price_a_tree_out_but_a_real_rise_is_learned():
     """Host noise only adds time: a round 20x its tree's mean moves the learned cost by at most OUTLIER_FACTOR x
     one observation's weight, so the policy keeps choosing the tree; a cost that really doubles is still learned

@@ -128,7 +128,7 @@ class ReferenceTimes:
     def __init__(self, base, trees, *, decay=0.9):
         self.base, self.trees, self.decay = base, tuple(trees), decay
         self.mean, self.observed_at, self._observations = {}, {}, 0
-        self._cache = {}
+        self._cache, self.first_seen = {}, set()
 
     def observe(self, widths, context_len, seconds):
         bucket = context_bucket(context_len)
@@ -136,6 +136,10 @@ class ReferenceTimes:
         old = self.mean.get(key)
         if old is not None:
             seconds = min(seconds, OUTLIER_FACTOR * old)
+        elif key not in self.first_seen and widths in self.trees:
+            self.first_seen.add(key)
+            if seconds > OUTLIER_FACTOR * self.base.cost(widths, context_len):
+                return
         self.mean[key] = seconds if old is None else self.decay * old + (1.0 - self.decay) * seconds
         self._observations += 1
         self.observed_at[key] = self._observations

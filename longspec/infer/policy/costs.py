@@ -4,7 +4,8 @@ mode) and the costs learned while decoding on top of it (`RoundTimes`).
 Two corrections make the choice robust to timing noise and to what a warm-up cannot see:
 - monotone: a round never costs less than a round it contains (`RoundShape.contains`), "no speculation"
   included; a millisecond-scale measurement can invert two close candidates, the round's real work cannot.
-- online: each round's wall time updates a decayed mean per (bucket, candidate); a candidate not run yet is
+- online: each round's wall time updates a decayed mean per (bucket, candidate) (a first round far above the
+  table is first-use work, not learned); a candidate not run yet is
   priced at its table cost times the median ratio observed / table of those that ran; a newer observation of a
   candidate bounds an older one of a candidate it contains, or that contains it, by the table's ratio of the two
   (a stale mean can be far off).
@@ -132,6 +133,8 @@ class RoundTimes:
         self.mean: dict[tuple[int, RoundShape], float] = {}
         self.observed_at: dict[tuple[int, RoundShape], int] = {}  # the observation count at its last update
         self._observations = 0
+        # (bucket, tree) pairs whose first round came (`observe`)
+        self._first_seen: set[tuple[int, RoundShape]] = set()
         self._index = {t: i for i, t in enumerate(self.trees)}
         self._containment = _Containment(self.trees)
         # Every round's time changes a bucket's costs, and the policy reads them every round: they are recomputed
@@ -146,13 +149,20 @@ class RoundTimes:
         tree = as_shape(widths)
         key = (bucket, tree)
         old = self.mean.get(key)
+        i = self._index.get(tree)
         if old is not None:
             seconds = min(seconds, OUTLIER_FACTOR * old)
+        elif key not in self._first_seen and i is not None:
+            # A candidate's first round in this process may carry first-use work (lazy initialisation, buffers)
+            # that is no part of its cost: a table read from disk was measured by another process, so nothing
+            # here ran the round before. One that far exceeds the table's price is not learned; the next is.
+            self._first_seen.add(key)
+            if seconds > OUTLIER_FACTOR * self._table(context_len, bucket)[i]:
+                return
         self.mean[key] = mean = seconds if old is None else self.decay * old + (1.0 - self.decay) * seconds
         self._observations += 1
         self.observed_at[key] = self._observations
         self._cache.pop(bucket, None)
-        i = self._index.get(tree)
         if i is not None:
             self._note(bucket, i, mean)
 
