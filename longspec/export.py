@@ -32,8 +32,7 @@ from longspec.drafter.vocab import DRAFT_VOCAB_NAME
 from longspec.drafter.weights import check_finite
 from longspec.ownership import (
     check_output_dir,
-    is_ours,
-    marker_in_progress,
+    removable,
     remove_owned,
     resolve_output,
     swap_in,
@@ -163,9 +162,7 @@ def _remove_stale_temps(out_dir: str) -> None:
         pid = int(m.group(1))
         if pid != os.getpid() and _pid_alive(pid):
             continue  # another export into the same OUT_DIR is running
-        if marker_in_progress(path):  # killed while writing its first file, the marker
-            shutil.rmtree(path)
-        elif not os.listdir(path) or is_ours(path, EXPORT_KIND):
+        if removable(path, EXPORT_KIND):
             remove_owned(path, EXPORT_KIND)
 
 

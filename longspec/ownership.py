@@ -22,8 +22,8 @@ __all__ = [
     "claim_output_dir",
     "claim_output_file",
     "is_ours",
-    "marker_in_progress",
     "read_marker",
+    "removable",
     "remove_owned",
     "resolve_output",
     "swap_in",
@@ -188,7 +188,7 @@ def remove_owned(
         )
     if not os.path.isdir(path):
         raise NotOursError(f"{label} exists and is not a directory")
-    if os.listdir(path) and not is_ours(path, kind):
+    if not removable(path, kind):
         raise _not_ours(path, kind, what or "directory")
     _rmtree_marker_last(path)
 
@@ -210,11 +210,13 @@ def _rmtree_marker_last(path: str) -> None:
     os.rmdir(path)
 
 
-def marker_in_progress(directory: str | os.PathLike) -> bool:
-    """Whether `directory` holds nothing but a marker being written (a write_marker cut short): the state of an
-    output directory created by this project and killed before its marker was in place."""
+def removable(directory: str | os.PathLike, kind: str) -> bool:
+    """Whether `directory` is ours to remove as a `kind` output: empty, marked as one, or holding nothing but its
+    marker being written (a write_marker cut short by a kill, in a folder this project had just created)."""
     names = os.listdir(directory)
-    return bool(names) and all(name.startswith(MARKER_NAME + ".tmp-") for name in names)
+    return (
+        not names or is_ours(directory, kind) or all(name.startswith(MARKER_NAME + ".tmp-") for name in names)
+    )
 
 
 def swap_in(tmp: str, out: str, kind: str) -> None:
