@@ -44,14 +44,14 @@ from longspec.target import TargetModel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batch_throughput import data_prompts, load_data_prompts  # noqa: E402
-from shapes import llama31_8b_config, random_target, smollm2_135m_config  # noqa: E402
+from shapes import SHAPES, random_target  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="gpu100m", choices=sorted(MODEL_PRESETS))
     parser.add_argument(
-        "--shape", choices=["8b", "smollm2"], default=None, help="a real model's shape instead of --preset"
+        "--shape", choices=sorted(SHAPES), default=None, help="a real model's shape instead of --preset"
     )
     parser.add_argument("--vocab-size", type=int, default=8192, help="with --preset")
     parser.add_argument(
@@ -111,9 +111,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         config = target.config
     else:
         if args.shape:
-            config = {"8b": llama31_8b_config, "smollm2": smollm2_135m_config}[args.shape](
-                attn_implementation="sdpa"
-            )
+            config = SHAPES[args.shape](attn_implementation="sdpa")
             config.max_position_embeddings = max(config.max_position_embeddings, longest)
         else:
             shape = dict(MODEL_PRESETS[args.preset])

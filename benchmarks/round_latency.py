@@ -54,16 +54,9 @@ from longspec.target import TargetModel
 from longspec.testing import make_tiny_hf_model  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # shapes.py beside it
-from shapes import llama31_8b_config, qwen25_coder_05b_config, random_target, smollm2_135m_config  # noqa: E402
+from shapes import SHAPES, random_target  # noqa: E402
 
 HBM_BYTES_PER_S = 4.3e12
-
-
-SHAPES = {
-    "8b": llama31_8b_config,
-    "smollm2": smollm2_135m_config,
-    "qwen25_coder_05b": qwen25_coder_05b_config,
-}
 
 
 def _verify(engine, tree, **kwargs) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["llama31_8b_config", "qwen25_coder_05b_config", "random_target", "smollm2_135m_config"]
+__all__ = ["SHAPES", "llama31_8b_config", "qwen25_coder_05b_config", "random_target", "smollm2_135m_config"]
 
 
 def llama31_8b_config(attn_implementation: str | None = None):
@@ -83,6 +83,14 @@ def qwen25_coder_05b_config(attn_implementation: str | None = None):
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
     return config
+
+
+# --shape name -> config builder, for every script that takes one
+SHAPES = {
+    "8b": llama31_8b_config,
+    "smollm2": smollm2_135m_config,
+    "qwen25_coder_05b": qwen25_coder_05b_config,
+}
 
 
 def random_target(hf_config, device: torch.device | str, dtype: torch.dtype):
