@@ -89,6 +89,7 @@ def load_drafter(
     *,
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
+    draft_head: bool = True,
 ):
     """Load a saved block onto `target` (a TargetModel), refusing a target it was not trained for.
 
@@ -96,7 +97,9 @@ def load_drafter(
     dtype or its name as for `TargetModel.from_pretrained` ("auto": the saved weights' dtype; None: float32);
     device: the target's (the block runs on the target's embedding and LM head). A directory that is not a
     whole drafter (a config.json that is not a drafter config, damaged weights, a missing id map) is one
-    ValueError naming the file."""
+    ValueError naming the file. draft_head=False: a draft vocabulary's head rows are not copied out of the
+    target's LM head (`Drafter.use_draft_vocab`), for a drafter whose weights only seed training: the trainer
+    reads the rows itself, and under ZeRO-3 the head is a shard with no rows to copy."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -144,5 +147,5 @@ def load_drafter(
     # For inference, like the target: frozen (so the engine can pack its projections) and in eval mode.
     # Training starts from its weights through a fresh module (train.build.init_drafter_weights).
     drafter = drafter.to(device=device, dtype=dtype).requires_grad_(False).eval()
-    drafter.use_draft_vocab(vocab)  # its head rows on the target head's device
+    drafter.use_draft_vocab(vocab, head=draft_head)  # its head rows on the target head's device
     return drafter

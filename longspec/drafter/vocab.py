@@ -88,9 +88,15 @@ class DraftVocab:
     def head(self, lm_head: nn.Module) -> nn.Linear:
         """A frozen nn.Linear of `lm_head`'s rows for these ids, in its weight's dtype and on its device."""
         weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+        if hasattr(weight, "ds_id"):
+            raise ValueError(
+                "the LM head is a ZeRO-3 shard: a draft vocabulary's head rows are copied from a whole head only "
+                "(training reads them itself)"
+            )
         if weight.shape[0] != self.vocab_size:
             raise ValueError(
-                f"a draft vocabulary over {self.vocab_size} ids, but the LM head has {weight.shape[0]}"
+                f"this draft vocabulary ({self.size} ids) maps into a vocabulary of {self.vocab_size} ids, but the "
+                f"LM head has {weight.shape[0]} rows: it was made for another target"
             )
         ids = self.ids.to(weight.device)
         head = nn.Linear(weight.shape[1], self.size, bias=bias is not None, device="meta")

@@ -126,7 +126,8 @@ def build_model(
     source = None
     if cfg.init_from is not None:
         # Validates the target fingerprint (shapes, rope, tokenizer) before anything is trained.
-        source = Drafter.from_pretrained(cfg.init_from, target, tokenizer)
+        # Its weights seed the drafter below; the draft head's rows are not copied (a ZeRO-3 head is a shard).
+        source = Drafter.from_pretrained(cfg.init_from, target, tokenizer, draft_head=False)
         drafter_config = source.config
         assert drafter_config.window == cfg.drafter.window, (
             "TrainConfig resolves drafter.window from init_from"
@@ -162,13 +163,23 @@ def choose_draft_vocab(
             "drop drafter.draft_vocab_size (a loaded drafter keeps its own)",
         )
         return source.draft_vocab
+    check(
+        size is None or size <= vocab_size,
+        f"drafter.draft_vocab_size={size} is larger than the target's vocabulary of {vocab_size} ids: give at most "
+        f"{vocab_size} (or leave it unset to draft over the whole vocabulary)",
+    )
     if source is not None:
         check(
-            size is None or size >= vocab_size,
+            size is None or size == vocab_size,
             f"drafter.draft_vocab_size={size} but the init_from drafter scores the whole vocabulary: train a "
             "drafter over a draft vocabulary from scratch (stage 1)",
         )
-    if size is None or size >= vocab_size:
+    if size is None:
+        return None
+    if size == vocab_size:
+        log.info(
+            "draft vocabulary: drafter.draft_vocab_size=%d is the whole vocabulary; no id map is kept", size
+        )
         return None
     datasets = cfg.drafter.draft_vocab_data or [cfg.data.path]
     counts = token_counts(datasets, vocab_size)

@@ -131,6 +131,7 @@ def runs(tmp_path_factory):
             ),
             # bf16 takes DeepSpeed's other optimizer path under ZeRO-1 (BF16_Optimizer, fp32 grad accumulation):
             # the one GPU runs use.
+            s1("s1_z1_vocab", "drafter.draft_vocab_size=64"),
             s1("s1_z1_bf16", "deepspeed.precision=bf16"),
             s1("s1_z1_bf16_stopped", "deepspeed.precision=bf16", "stop_at_step=3"),
             cfg(
@@ -192,6 +193,7 @@ def runs(tmp_path_factory):
         processes=1,
     )
     export_drafter(str(tmp / "s1_z1"), str(tmp / "s1_export"))
+    export_drafter(str(tmp / "s1_z1_vocab"), str(tmp / "s1_vocab_export"))
     _launch(
         [
             s1("s1_z1_stopped"),  # resume: no stop this time
@@ -199,6 +201,8 @@ def runs(tmp_path_factory):
             s1("s1_z1_bf16_stopped", "deepspeed.precision=bf16"),
             s2z3("s2_z3_stopped"),
             s2z3("s2_z3_chained", f"init_from={tmp / 's1_export'}"),
+            # A draft vocabulary's drafter seeds a ZeRO-3 stage, whose LM head is a shard (no rows to copy).
+            s2z3("s2_z3_vocab_chained", f"init_from={tmp / 's1_vocab_export'}"),
         ],
         tmp,
         "resumed",
@@ -281,3 +285,15 @@ def test_stage_chaining_starts_from_the_exported_drafter(runs):
         (runs / "s2_z3_chained" / "checkpoints" / f"step_{STEPS:08d}" / "trainer_state.json").read_text()
     )
     assert state["init_from"] == str(runs / "s1_export")
+
+
+def test_a_draft_vocabulary_carries_into_a_zero3_stage(runs):
+    chained, scratch = _losses(runs / "s2_z3_vocab_chained"), _losses(runs / "s2_z3")
+    assert len(chained) == STEPS and chained[0] < scratch[0] - 0.05
+    export_drafter(str(runs / "s2_z3_vocab_chained"), str(runs / "s2_vocab_export"))
+    first, second = (
+        json.loads((runs / name / "config.json").read_text())
+        for name in ("s1_vocab_export", "s2_vocab_export")
+    )
+    assert first["draft_vocab_size"] == second["draft_vocab_size"] == 64
+    assert first["draft_vocab_sha256"] == second["draft_vocab_sha256"]

@@ -297,6 +297,10 @@ def test_build_model_chooses_the_draft_vocabulary_from_the_data(tmp_path):
     full = built()
     assert full.draft_vocab is None
     assert built(f"drafter.draft_vocab_size={full.config.vocab_size}").draft_vocab is None
+    with pytest.raises(
+        ValueError, match=f"larger than the target's vocabulary of {full.config.vocab_size} ids"
+    ):
+        built(f"drafter.draft_vocab_size={full.config.vocab_size + 1}")
     drafter = built("drafter.draft_vocab_size=12")
     ids = set(drafter.draft_vocab.ids.tolist())
     assert drafter.config.draft_vocab_size == 12 and set(tokenizer.all_special_ids) <= ids
