@@ -33,7 +33,7 @@ import signal
 import sys
 import time
 
-from longspec.cli import ArgumentParser, UserError, run_cli
+from longspec.cli import USER_ERRORS, ArgumentParser, UserError, one_line, run_cli
 from longspec.lifetime import RunLock
 from longspec.ownership import check_output_dir, claim_output_dir
 from longspec.pipeline.plan import plan
@@ -138,6 +138,12 @@ def _main(argv: list[str]) -> int:
         statuses = {s.name: recorded.get(s.name, {}).get("status", "not run") for s in steps}
     elif args.dry_run:
         run_pipeline(steps, out, dry_run=True, force=args.force, keep_going=args.keep_going)
+        # What a run would refuse before its first step, said after the plan (a plan for a GPU machine is often
+        # printed where its target is not).
+        try:
+            check_plan(preset, steps, locks=False)
+        except USER_ERRORS as e:
+            print(f"\nnote: a run of this plan here would stop before its first step: {one_line(e)}")
         return 0
     else:
         # Every step's config, the target and the run directories' locks, before anything is written: a bad eval

@@ -27,10 +27,11 @@ __all__ = ["check_plan"]
 TRAIN_MODULE = ["-m", "longspec.train"]
 
 
-def check_plan(preset: PipelineConfig, steps: list[Step]) -> None:
-    """Raise a one-line error (UserError / ValueError) for anything that would fail a step of this plan later."""
+def check_plan(preset: PipelineConfig, steps: list[Step], *, locks: bool = True) -> None:
+    """Raise a one-line error (UserError / ValueError) for anything that would fail a step of this plan later.
+    locks=False (a dry run, which writes nothing): the settings only, not the directories live runs hold."""
     check_target(preset)
-    for step in steps:
+    for step in steps if locks else ():
         for lock in step.locks:
             refuse_if_held(lock, "trainer" if os.path.basename(lock) == LOCK_NAME else "data prep")
     check_step_configs(steps)
@@ -51,6 +52,25 @@ def check_target(preset: PipelineConfig) -> None:
         resolve_source(path, gguf)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(f"{field}={getattr(preset, field)!r}: {e}") from None
+    if path is not None:
+        check_draft_vocab_size(preset.draft_vocab_size, path)
+
+
+def check_draft_vocab_size(size: int | None, target_dir: str) -> None:
+    """draft_vocab_size fits the target's vocabulary, as its config.json states it (stage 1 would refuse it after
+    the data preparation). A config that cannot be read is left to the steps' own errors."""
+    import json
+
+    try:
+        with open(os.path.join(target_dir, "config.json")) as f:
+            vocab_size = json.load(f).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return
+    if size is not None and isinstance(vocab_size, int) and size > vocab_size:
+        raise UserError(
+            f"draft_vocab_size={size} is larger than the target's vocabulary of {vocab_size} ids: give at most "
+            f"{vocab_size} (or leave it unset to draft over the whole vocabulary)"
+        )
 
 
 def check_step_configs(steps: list[Step]) -> None:

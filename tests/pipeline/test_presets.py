@@ -25,8 +25,9 @@ def _dry_run(capsys, argv: list[str]) -> tuple[int, str, str]:
 
 
 def _assert_prints_the_plan(out: str, steps) -> None:
-    """The dry run names every step in order, with the exact command it runs."""
-    lines = out.splitlines()[1:]  # after the header (which names the interpreter)
+    """The dry run names every step in order, with the exact command it runs (then, where the machine lacks
+    the plan's target, a note that a run would stop)."""
+    lines = out.split("\n\nnote: ")[0].splitlines()[1:]  # after the header (which names the interpreter)
     assert len(lines) == 2 * len(steps)
     for index, step in enumerate(steps):
         assert lines[2 * index : 2 * index + 2] == [
@@ -195,6 +196,7 @@ def test_smollm2_dry_run(capsys, tmp_path):
     )
     assert status == 0
     _assert_prints_the_plan(out, steps)
+    assert "note: a run of this plan here would stop before its first step: " in out  # no data bundle here
     names = [s.name for s in steps]
     # stage 1-2 data are tokenized (from the GGUF) while the target converts; the corpus comes with --data
     assert names[:3] == ["data_stage1", "data_stage2", "convert_target"] and "corpus" not in names
@@ -325,3 +327,19 @@ def test_an_old_stage_field_in_a_preset_file_names_its_new_path(tmp_path):
     shutil.copy(os.path.join(config_root(), "pipeline", "cpu.yaml"), tmp_path / "pipeline" / "cpu.yaml")
     with pytest.raises(ValueError, match=r"stage1.num_steps is stage1.train.max_steps \(a config file sets"):
         load_preset("mine", config_dir=str(tmp_path))
+
+
+def test_a_draft_vocabulary_larger_than_the_targets_is_refused_before_any_step(capsys, tmp_path):
+    message = (
+        "draft_vocab_size=8193 is larger than the target's vocabulary of 8192 ids: give at most 8192 (or leave it "
+        "unset to draft over the whole vocabulary)"
+    )
+    out = tmp_path / "out"
+    assert main(["--preset", "cpu", "--out", str(out), "draft_vocab_size=8193"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {message}"
+    assert not (out / "logs").exists()  # no step ran
+    # a dry run prints the plan, then what a run would refuse
+    status, printed, _ = _dry_run(capsys, ["--preset", "cpu", "--out", str(out), "draft_vocab_size=8193"])
+    assert status == 0 and printed.rstrip().endswith(f"would stop before its first step: {message}")
+    status, printed, _ = _dry_run(capsys, ["--preset", "cpu", "--out", str(out), "draft_vocab_size=8192"])
+    assert status == 0 and "drafter.draft_vocab_size=8192" in printed and "would stop" not in printed

@@ -25,12 +25,21 @@ def test_run_pipeline_resumes_and_reruns_from_the_first_changed_step(tmp_path, c
     assert "$ python -c" in capsys.readouterr().out  # the command is printed before it runs
     # same plan, outputs present -> nothing runs
     assert run_pipeline(steps, out) == {"first": "skipped", "second": "skipped"}
-    # a changed command reruns that step and every later one (their inputs may have changed)
+    # a changed command reruns that step and every later one (their inputs may have changed); a dry run plans
+    # the same, and both say why each finished step runs again
     steps2 = [_echo_step("first", a, "1b"), _echo_step("second", b, "2")]
+    capsys.readouterr()
+    assert run_pipeline(steps2, out, dry_run=True) == {"first": "planned", "second": "planned"}
+    printed = capsys.readouterr().out
+    assert "first: its settings changed since it ran" in printed
+    assert "second: an earlier step runs again" in printed
+    assert open(a).read() == "1"  # nothing ran
     assert run_pipeline(steps2, out) == {"first": "done", "second": "done"}
+    assert "first: its settings changed since it ran, so it runs again" in capsys.readouterr().out
     # a missing output reruns its step
     os.remove(b)
     assert run_pipeline(steps2, out) == {"first": "skipped", "second": "done"}
+    assert "second: its outputs are missing, so it runs again" in capsys.readouterr().out
     manifest = json.loads((tmp_path / RUN_RECORD_NAME).read_text())
     assert manifest["steps"]["second"]["status"] == "done"
     assert (tmp_path / "logs" / "02_second.log").read_text().startswith("$ ")
