@@ -10,7 +10,8 @@ For each context length and method (vanilla_hf = HF eager, vanilla_fa = HF SDPA 
 StaticCache + torch.compile, ar = our engine, ar_graphs = our engine replaying CUDA graphs, pld = prompt lookup)
 it generates --tokens tokens from a random prompt (or --data's) --repeats times and prints tokens/s of each
 repeat: the first repeat at a new context length shows what shape-dependent set-up (kernel selection, autotuning,
-graph capture) costs, the later ones the steady state the harness should report.
+graph capture) costs, the later ones the steady state the harness should report. Eager methods also print each
+phase's ms per round (draft, verify with acceptance, commit; the median over the repeats).
 With --no-cudnn-sdp the SDPA baseline runs with PyTorch's cuDNN attention backend disabled.
 longspec / longspec_graphs (opt in with --methods) decode with a random drafter (or --drafter) and --tree (auto:
 the adaptive policy, its round costs measured first for the contexts given; or fixed widths like 4,16,16): each
@@ -30,6 +31,7 @@ import argparse
 import functools
 import gzip
 import os
+import statistics
 import sys
 import time
 
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 table = engine.measure_round_costs(
                     config_, [min(args.contexts), max(args.contexts) + args.tokens]
                 )
-            speeds, trees, rounds = [], {}, []
+            speeds, trees, rounds, phases = [], {}, [], []
             for _ in range(args.repeats):
                 result = run_method(base, prompt, config_, target=target, engine=engine)
                 speeds.append(result.stats.tokens_per_s)
@@ -166,7 +168,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 stats = result.stats
                 names = stats.round_trees or [None] * stats.rounds
                 rounds.append([list(r) for r in zip(names, stats.accepted, stats.round_ms, strict=False)])
+                # ms per round of each phase: eager rounds time draft / verify (with acceptance) / commit apart
+                per_round = 1e3 / max(stats.rounds, 1)
+                phases.append(
+                    [stats.draft_s * per_round, stats.verify_s * per_round, stats.overhead_s * per_round]
+                )
             rows.append({"context": context, "method": method, "tokens_per_s": speeds, "rounds": rounds})
+            if not graphs:  # (a graph round is timed whole, as verify_s)
+                rows[-1]["phase_ms_per_round"] = dict(
+                    zip(
+                        ("draft", "verify", "commit"),
+                        (statistics.median(p) for p in zip(*phases, strict=True)),
+                        strict=True,
+                    )
+                )
             if trees:
                 rows[-1]["trees"] = trees
             if table is not None:  # the warm-up's round costs the policy started from, next to `rounds`
@@ -193,9 +208,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         f"cumulative, {f['calls_per_token']:5.2f} calls/token  {f['function']}",
                         flush=True,
                     )
+            phase_note = ""
+            if "phase_ms_per_round" in rows[-1]:
+                phase_note = "  ms per round (median): " + ", ".join(
+                    f"{name} {ms:.2f}" for name, ms in rows[-1]["phase_ms_per_round"].items()
+                )
             print(
                 f"context {context:>6} {method:<11} tok/s per repeat: "
-                + " ".join(f"{s:8.1f}" for s in speeds),
+                + " ".join(f"{s:8.1f}" for s in speeds)
+                + phase_note,
                 flush=True,
             )
     if os.environ.get("OUT"):
