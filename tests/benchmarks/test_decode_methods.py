@@ -109,5 +109,9 @@ def test_a_saved_target_and_drafter_decode_a_data_sources_prompt(decode_methods,
     assert len(used) == 1 and len(used[0][0]) == 48  # one context: the data's prompt end, 48 tokens
     assert [r["method"] for r in rows] == ["ar", "pld", "longspec"]
     assert all(r["tokens_per_s"][0] > 0 for r in rows) and rows[2]["trees"]
+    # eager rounds time their phases: the drafter's chain drafts, a plain step does not
+    phases = {r["method"]: r["phase_ms_per_round"] for r in rows}
+    assert all(set(p) == {"draft", "verify", "commit"} and p["verify"] > 0 for p in phases.values())
+    assert phases["longspec"]["draft"] > phases["ar"]["draft"]
     with pytest.raises(SystemExit):
         decode_methods.main(["--preset", "smoke", "--data", str(data), "--contexts", "48"])
