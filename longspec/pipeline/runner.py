@@ -60,7 +60,7 @@ class RunRecord:
         }
         write_text_atomic(self.path, json.dumps(self.data, indent=1))  # a full disk leaves no temp file
 
-    def rerun_note(self, step: Step, after_rerun: bool) -> str:
+    def rerun_note(self, step: Step, after_rerun: bool, forced: bool = False) -> str:
         """Why a step that finished before runs again (printed after its name), so that a user sees which
         outputs a changed setting replaces before it happens (`--dry-run` prints the same); "" for a first run."""
         record = self.data["steps"].get(step.name)
@@ -68,6 +68,8 @@ class RunRecord:
             return ""
         if record.get("command") != step.command:
             return ": its settings changed since it ran, so it runs again and replaces its outputs"
+        if forced:
+            return ": --force runs it again and replaces its outputs"
         if after_rerun:
             return ": an earlier step runs again, so it runs again and replaces its outputs"
         return ": its outputs are missing, so it runs again"
@@ -215,7 +217,10 @@ def run_pipeline(
             print(f"{header}: done earlier ({run_record.seconds(step.name)} s), skipped")
             statuses[step.name] = "skipped"
             continue
-        print(f"{header}{run_note(step)}{run_record.rerun_note(step, rerun)}\n  $ {step.command}", flush=True)
+        print(
+            f"{header}{run_note(step)}{run_record.rerun_note(step, rerun, force)}\n  $ {step.command}",
+            flush=True,
+        )
         rerun = True  # a dry run plans what the run would do: every later step runs again too
         if dry_run:
             statuses[step.name] = "planned"

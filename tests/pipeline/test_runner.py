@@ -40,6 +40,8 @@ def test_run_pipeline_resumes_and_reruns_from_the_first_changed_step(tmp_path, c
     os.remove(b)
     assert run_pipeline(steps2, out) == {"first": "skipped", "second": "done"}
     assert "second: its outputs are missing, so it runs again" in capsys.readouterr().out
+    assert run_pipeline(steps2, out, dry_run=True, force=True) == {"first": "planned", "second": "planned"}
+    assert "first: --force runs it again" in capsys.readouterr().out
     manifest = json.loads((tmp_path / RUN_RECORD_NAME).read_text())
     assert manifest["steps"]["second"]["status"] == "done"
     assert (tmp_path / "logs" / "02_second.log").read_text().startswith("$ ")
