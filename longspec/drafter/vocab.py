@@ -24,9 +24,19 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["DRAFT_VOCAB_NAME", "DraftVocab", "special_token_ids"]
+__all__ = ["DRAFT_VOCAB_NAME", "DraftVocab", "check_draft_vocab_size", "special_token_ids"]
 
 DRAFT_VOCAB_NAME = "draft_vocab.safetensors"
+
+
+def check_draft_vocab_size(size: int | None, vocab_size: int, field: str = "draft_vocab_size") -> None:
+    """A draft vocabulary of `size` ids fits a target vocabulary of `vocab_size` (None: none asked): else one
+    ValueError naming the setting `field`."""
+    if size is not None and size > vocab_size:
+        raise ValueError(
+            f"{field}={size} is larger than the target's vocabulary of {vocab_size} ids: give at most {vocab_size} "
+            "(or leave it unset to draft over the whole vocabulary)"
+        )
 
 
 def special_token_ids(tokenizer) -> list[int]:

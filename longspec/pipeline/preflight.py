@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Iterable
 
 from longspec.cli import USER_ERRORS, UserError, one_line
+from longspec.drafter.vocab import check_draft_vocab_size
 from longspec.eval.config import load_eval_config, split_config_name
 from longspec.lifetime import LOCK_NAME, refuse_if_held
 from longspec.pipeline.plan import EVAL_MODULE, Step
@@ -53,10 +54,10 @@ def check_target(preset: PipelineConfig) -> None:
     except (FileNotFoundError, ValueError) as e:
         raise UserError(f"{field}={getattr(preset, field)!r}: {e}") from None
     if path is not None:
-        check_draft_vocab_size(preset.draft_vocab_size, path)
+        check_target_vocab(preset.draft_vocab_size, path)
 
 
-def check_draft_vocab_size(size: int | None, target_dir: str) -> None:
+def check_target_vocab(size: int | None, target_dir: str) -> None:
     """draft_vocab_size fits the target's vocabulary, as its config.json states it (stage 1 would refuse it after
     the data preparation). A config that cannot be read is left to the steps' own errors."""
     import json
@@ -66,11 +67,11 @@ def check_draft_vocab_size(size: int | None, target_dir: str) -> None:
             vocab_size = json.load(f).get("vocab_size")
     except (OSError, ValueError, AttributeError):
         return
-    if size is not None and isinstance(vocab_size, int) and size > vocab_size:
-        raise UserError(
-            f"draft_vocab_size={size} is larger than the target's vocabulary of {vocab_size} ids: give at most "
-            f"{vocab_size} (or leave it unset to draft over the whole vocabulary)"
-        )
+    if isinstance(vocab_size, int):
+        try:
+            check_draft_vocab_size(size, vocab_size)
+        except ValueError as e:
+            raise UserError(str(e)) from None
 
 
 def check_step_configs(steps: list[Step]) -> None:

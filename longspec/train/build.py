@@ -16,7 +16,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from longspec.config import TargetConfig, check
 from longspec.data.token_counts import token_counts
 from longspec.drafter import Drafter, DrafterConfig
-from longspec.drafter.vocab import DraftVocab, special_token_ids
+from longspec.drafter.vocab import DraftVocab, check_draft_vocab_size, special_token_ids
 from longspec.target import TargetModel
 from longspec.target_source import load_config, load_tokenizer
 from longspec.train.config import TrainConfig
@@ -163,11 +163,7 @@ def choose_draft_vocab(
             "drop drafter.draft_vocab_size (a loaded drafter keeps its own)",
         )
         return source.draft_vocab
-    check(
-        size is None or size <= vocab_size,
-        f"drafter.draft_vocab_size={size} is larger than the target's vocabulary of {vocab_size} ids: give at most "
-        f"{vocab_size} (or leave it unset to draft over the whole vocabulary)",
-    )
+    check_draft_vocab_size(size, vocab_size, "drafter.draft_vocab_size")
     if source is not None:
         check(
             size is None or size == vocab_size,
