@@ -20,6 +20,7 @@ from longspec.eval.config import load_eval_config, split_config_name
 from longspec.lifetime import LOCK_NAME, refuse_if_held
 from longspec.pipeline.plan import EVAL_MODULE, Step
 from longspec.pipeline.presets import PipelineConfig
+from longspec.target_source import load_config as load_target_config
 from longspec.target_source import resolve_source
 from longspec.train.config import load_config
 
@@ -50,28 +51,24 @@ def check_target(preset: PipelineConfig) -> None:
     else:
         return  # the target group's own model: the composed step configs name it (check_step_configs)
     try:
-        resolve_source(path, gguf)
+        source = resolve_source(path, gguf)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(f"{field}={getattr(preset, field)!r}: {e}") from None
-    if path is not None:
-        check_target_vocab(preset.draft_vocab_size, path)
+    if preset.draft_vocab_size is not None:
+        check_target_vocab(preset.draft_vocab_size, source)
 
 
-def check_target_vocab(size: int | None, target_dir: str) -> None:
-    """draft_vocab_size fits the target's vocabulary, as its config.json states it (stage 1 would refuse it after
-    the data preparation). A config that cannot be read is left to the steps' own errors."""
-    import json
-
+def check_target_vocab(size: int, source) -> None:
+    """draft_vocab_size fits the target's vocabulary, as its config states it (stage 1 would refuse it after the
+    data preparation). A config that cannot be read here is left to the steps' own errors."""
     try:
-        with open(os.path.join(target_dir, "config.json")) as f:
-            vocab_size = json.load(f).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
+        vocab_size = load_target_config(source).vocab_size
+    except (OSError, ValueError, AttributeError, ImportError):
         return
-    if isinstance(vocab_size, int):
-        try:
-            check_draft_vocab_size(size, vocab_size)
-        except ValueError as e:
-            raise UserError(str(e)) from None
+    try:
+        check_draft_vocab_size(size, vocab_size)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def check_step_configs(steps: list[Step]) -> None:
