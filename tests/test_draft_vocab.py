@@ -143,3 +143,15 @@ def test_token_counts_refuse_ids_beyond_the_vocabulary(tmp_path):
     data = _dataset(tmp_path / "a", [[1, 12]])
     with pytest.raises(ValueError, match="token id 12, outside the target's vocabulary of 10"):
         token_counts([data], 10)
+
+
+def test_head_rows_come_from_a_whole_head_of_the_same_vocabulary():
+    vocab = DraftVocab(torch.tensor([1, 3]), 5)
+    lm_head = torch.nn.Linear(4, 5, bias=False)
+    head = vocab.head(lm_head)
+    assert torch.equal(head.weight, lm_head.weight[[1, 3]]) and not head.weight.requires_grad
+    with pytest.raises(ValueError, match=r"maps into a vocabulary of 5 ids, but the LM head has 6 rows"):
+        vocab.head(torch.nn.Linear(4, 6, bias=False))
+    lm_head.weight.ds_id = 0  # how DeepSpeed marks a ZeRO-3 parameter (its tensor then holds no rows)
+    with pytest.raises(ValueError, match="the LM head is a ZeRO-3 shard"):
+        vocab.head(lm_head)
