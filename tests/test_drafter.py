@@ -368,22 +368,33 @@ def test_cache_append_skips_padding_per_row():
     assert cache.keys[1, 0, 2, 0].item() == 10.0
 
 
-def test_cache_visible_mask():
+def _zero_angles(positions):
+    return torch.zeros(*positions.shape, 4), torch.zeros(*positions.shape, 4)
+
+
+def test_draft_nodes_see_the_filled_ring_slots_within_their_window():
+    from longspec.drafter.cache import DraftNodes
+
     cfg = _cfg(window=4)
     cache = DrafterCache(cfg, 1)
     kv = torch.zeros(1, cfg.num_kv_heads, 6, cfg.head_dim)
     cache.append(kv, kv, torch.arange(6))  # ring keeps positions 2..5
-    mask = cache.visible_mask(torch.tensor([[6, 7, 9]]))
-    visible = [sorted(cache.positions[0][mask[0, i]].tolist()) for i in range(3)]
+    nodes = DraftNodes(cache, torch.tensor([[6, 7, 9]]), _zero_angles)
+    visible = [sorted(cache.positions[0][nodes._mask[0, i, :4]].tolist()) for i in range(3)]
     assert visible == [[2, 3, 4, 5], [3, 4, 5], [5]]
+    # root + offsets: the same nodes
+    by_root = DraftNodes(cache, torch.tensor([0, 1, 3]), _zero_angles, root=6)
+    assert torch.equal(by_root.positions, nodes.positions)
+    assert torch.equal(by_root._mask[:, :, :4], nodes._mask[:, :, :4])
     cache.reset()
-    assert not cache.visible_mask(torch.tensor([[6]])).any()
+    assert not DraftNodes(cache, torch.tensor([[6]]), _zero_angles)._mask[:, :, :4].any()
 
 
 def test_draft_nodes_masks_equal_the_window_rule():
     """The ring part of a draft's mask and `_near` (ranges and one comparison each) equal the rule written out:
     filled, causal and `within_window`, for ring rows that wrapped, are partly empty or empty, and node
-    positions of a tree and of a chain (the tree's nodes also before a row's oldest slot)."""
+    positions of a tree and of a chain (the tree's nodes also before a row's oldest slot), given whole or as
+    offsets from each row's root (an int or [B])."""
     from longspec.drafter.cache import DraftNodes
     from longspec.modules.masks import within_window
 
@@ -397,15 +408,18 @@ def test_draft_nodes_masks_equal_the_window_rule():
     assert (cache.positions == -1).any() and cache.num_appended.tolist() == [23, 7, 0]
     tree_depths = torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 4, 12])
     for depths in (tree_depths, torch.arange(12)):  # a tree and a chain, each longer than the window
-        for roots in (torch.tensor([23, 7, 0]), torch.randint(0, 40, (3,), generator=gen)):
-            positions = roots[:, None] + depths  # [B, N]
-            N = positions.shape[1]
-            nodes = DraftNodes(cache, positions, torch.zeros(3, N, 4), torch.zeros(3, N, 4))
+        for roots in (torch.tensor([23, 7, 0]), torch.randint(0, 40, (3,), generator=gen), 9):
+            positions = (roots[:, None] if isinstance(roots, torch.Tensor) else roots) + depths
+            positions = positions.expand(3, -1)  # [B, N]
             q, ring = positions[:, :, None], cache.positions[:, None, :]
             expect = (ring >= 0) & (ring <= q) & within_window(q, ring, window)
-            assert torch.equal(nodes._mask[:, :, :window], expect)
-            assert torch.equal(cache.visible_mask(positions), expect)
-            assert torch.equal(nodes._near, within_window(q, positions[:, None, :], window))
+            for nodes in (
+                DraftNodes(cache, positions, _zero_angles),
+                DraftNodes(cache, depths, _zero_angles, root=roots),
+            ):
+                assert torch.equal(nodes.positions, positions)
+                assert torch.equal(nodes._mask[:, :, :window], expect)
+                assert torch.equal(nodes._near, within_window(q, positions[:, None, :], window))
             assert expect.any() and not expect.all() and not nodes._near.all()
 
 

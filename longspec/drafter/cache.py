@@ -7,12 +7,14 @@ D head dim, S spare slots (scratch for a draft's nodes, after the ring's own).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from longspec.drafter.config import DrafterConfig
+from longspec.kernels.draft_nodes import draft_nodes
 from longspec.modules.constants import arange_once
 from longspec.modules.layer_ops import write_kv
-from longspec.modules.masks import window_start
 
 __all__ = ["DrafterCache", "DraftNodes"]
 
@@ -135,25 +137,6 @@ class DrafterCache:
                 tensor[to].copy_(tensor[src])
         self.use_rows(rows)
 
-    def visible_mask(
-        self,
-        query_positions: torch.Tensor,
-        *,
-        start: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """query_positions [B,Tq] (>= 0, as a draft token's) -> bool [B,Tq,W]: slot visible iff filled and within
-        the query's window (written into `out`, a view, when given: no copy). `start`: `window_start` of the
-        query positions [B,Tq], when the caller has it."""
-        pos = self.positions[:, None, :]  # [B,1,W]
-        q = query_positions.to(pos.device)
-        start = window_start(q, self.window) if start is None else start.to(pos.device)
-        # Filled (>= 0), causal and within the window is one range, [max(start, 0), q] (not empty: q >= 0), which
-        # a clamp and an eq test (4 launches on CUDA with `start` and its clamp, where 3 comparisons, a
-        # subtraction and 2 ands take 6).
-        low = start.clamp(min=0)[:, :, None]  # [B,Tq,1]
-        return torch.eq(torch.clamp(pos, low, q[:, :, None]), pos, out=out)
-
 
 class DraftNodes:
     """What one draft's levels see beside the ring buffer, laid out once per draft so that a level is a few
@@ -169,19 +152,25 @@ class DraftNodes:
     slots (`DrafterCache.with_nodes`), the nodes are written into the ring's own storage after its slots and
     [ring ++ nodes] is a view of it (`in_place`: no copy; the ring's slots and bookkeeping are only read); else
     the ring is copied (and converted) once into fresh storage [B,Hkv,W+N,D] ahead of the node slots. Either way
-    the keys/values hold the same numbers, so a draft is the same bit for bit."""
+    the keys/values hold the same numbers, so a draft is the same bit for bit.
+
+    `positions` [N] or [B,N]: the nodes' positions, or with `root` (an int or [B]: each row's root position) their
+    offsets from it (a tree's node depths). `angles`: positions [B,N] -> their rotary (cos, sin) [B,N,D].
+    `ancestors` [B,N,N] or [N,N]: the whole tree's ancestor mask when it is known up front (a chain's), so the
+    mask's node part is written here too and the levels write nothing (`self_attention` without a node mask)."""
 
     def __init__(
         self,
         cache: DrafterCache,
         positions: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        angles: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
         dtype: torch.dtype | None = None,
+        *,
+        root: int | torch.Tensor | None = None,
+        ancestors: torch.Tensor | None = None,
     ):
         B, Hkv, W, D = cache.keys.shape
-        N = positions.shape[1]  # positions [B, N]
-        self.positions, self.cos, self.sin = positions, cos, sin  # [B, N], [B, N, D], [B, N, D]
+        N = positions.shape[-1]  # positions [N] or [B, N]
         self.ring_slots = W
         dtype = cache.keys.dtype if dtype is None else dtype
         in_place = cache.with_nodes(N) if dtype == cache.keys.dtype else None
@@ -198,16 +187,29 @@ class DraftNodes:
         # Rows padded to 16 bytes: the attention kernels read the mask in place (kernels.mask_layout). Left
         # unset: a level reads its rows' ring part (set here) and node part up to its own (set by the level).
         self._mask = torch.empty(B, N, -(-(W + N) // 16) * 16, dtype=torch.bool, device=positions.device)
-        start = window_start(positions, cache.window)  # [B,N], shared by the ring's mask and `_near`
-        cache.visible_mask(positions, start=start, out=self._mask[:, :, :W])
-        self._near = positions[:, None, :] >= start[:, :, None]  # [B,N,N]: node j within node i's window
+        # The positions [B, N], the ring's mask (with the ancestors, the node part too) and `_near` [B, N, N]
+        # (node j within node i's window): one launch on CUDA (`kernels.draft_nodes`).
+        self.masked_nodes = ancestors is not None
+        self.positions, self._near = draft_nodes(
+            positions,
+            root,
+            cache.positions,
+            cache.window,
+            self._mask[:, :, : W + N if self.masked_nodes else W],
+            ancestors,
+        )
+        self.cos, self.sin = angles(self.positions)  # [B, N, D] each
 
     def self_attention(
-        self, level: slice, node_mask: torch.Tensor
+        self, level: slice, node_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Keys, values [B,Hkv,W+stop,D] and mask [B,P,W+stop] of the nodes in `level` (P of them; stop =
         level.stop): the ring within each node's window, and node j iff node_mask[.., i, j] ([P, stop] or
-        [B, P, stop]: the tree's ancestor mask, self included) and within the window."""
+        [B, P, stop]: the tree's ancestor mask, self included) and within the window. node_mask None: the
+        ancestors given up front decide (`masked_nodes`)."""
         W, stop = self.ring_slots, level.stop
-        torch.logical_and(node_mask, self._near[:, level, :stop], out=self._mask[:, level, W : W + stop])
+        if node_mask is not None:
+            torch.logical_and(node_mask, self._near[:, level, :stop], out=self._mask[:, level, W : W + stop])
+        else:
+            assert self.masked_nodes, "a level without its node mask, and no ancestors were given up front"
         return self._keys[:, :, : W + stop], self._values[:, :, : W + stop], self._mask[:, level, : W + stop]

@@ -272,12 +272,20 @@ class Drafter(nn.Module):
         # Padding's slot is negative: its K/V (RoPE at a negative position, finite) are computed, never written.
         self.self_kv(ids, pos, cache=(cache.keys, cache.values, cache.claim_slots(pos)))
 
-    def draft_nodes(self, cache: DrafterCache, positions: torch.Tensor) -> DraftNodes:
-        """The per-draft layout (`DraftNodes`) of uncommitted tokens at `positions` [B,N] (or [N]) beside the
-        ring `cache`: their rotary angles once, in the drafter's compute dtype."""
+    def draft_nodes(
+        self,
+        cache: DrafterCache,
+        positions: torch.Tensor,
+        root: int | torch.Tensor | None = None,
+        ancestors: torch.Tensor | None = None,
+    ) -> DraftNodes:
+        """The per-draft layout (`DraftNodes`) of uncommitted tokens at `positions` [B,N] (or [N]; with `root`, an
+        int or [B], their offsets from each row's root position) beside the ring `cache`: their positions, masks
+        (with `ancestors`, the whole tree's ancestor mask, the node part too) and rotary angles once, in the
+        drafter's compute dtype."""
         dtype = self.mlp_norm.weight.dtype
-        positions = positions.expand(cache.keys.shape[0], -1)  # [B, N]
-        return DraftNodes(cache, positions, *self.rotary.cos_sin(positions, dtype=dtype), dtype)
+        angles = lambda p: self.rotary.cos_sin(p, dtype=dtype)  # noqa: E731
+        return DraftNodes(cache, positions, angles, dtype, root=root, ancestors=ancestors)
 
     def pack_weights(self) -> bool:
         """Inference only: one projection for the self-attention's q/k/v and one for the MLP's gate/up (the
@@ -330,7 +338,7 @@ class Drafter(nn.Module):
         input_ids: torch.Tensor,
         nodes: DraftNodes,
         level: slice,
-        node_mask: torch.Tensor,
+        node_mask: torch.Tensor | None,
         target_k: torch.Tensor,
         target_v: torch.Tensor,
         cross_len: int | torch.Tensor,
@@ -343,9 +351,10 @@ class Drafter(nn.Module):
         written into `nodes` (slots `level`, by the RoPE step), so later levels reuse them. A query sees the
         ring (as `nodes` lays it out) within its window and node j iff node_mask[.., i, j] (the tree's ancestor
         mask over nodes [0, level.stop), self included; [P, stop] or [B, P, stop]) and within the window
-        (`DraftNodes`). cross_len: the visible target prefix -- an int or [B] (the same for every query: all tree
-        nodes see the committed prefix) or [B,P] (per query, e.g. re-fed accepted tokens). The ring is NOT
-        modified (its slots and bookkeeping: the nodes go to its spare slots, or after a copy of it).
+        (`DraftNodes`; None: the node part `nodes` wrote up front, a chain's). cross_len: the visible target
+        prefix -- an int or [B] (the same for every query: all tree nodes see the committed prefix) or [B,P] (per
+        query, e.g. re-fed accepted tokens). The ring is NOT modified (its slots and bookkeeping: the nodes go to
+        its spare slots, or after a copy of it).
 
         The residual stream is carried as (delta, residual) so that each add is fused into the next norm, as
         the target's packed layers do (`modules.layer_ops`; one launch per step on CUDA)."""

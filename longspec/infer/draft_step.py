@@ -174,13 +174,17 @@ class DraftStep:
             tree.draft_probs = torch.empty(batch, layout.num_parents, self.vocab_size, device=self.device)
         level_q = []  # a chain's: one [B, 1, V] per level, joined at the end
         # Self-attention K/V of every tree node, filled level by level; a node sits at position n + its depth.
-        positions = n[:, None] + tree.depths if isinstance(n, torch.Tensor) else n + tree.depths
-        nodes = drafter.draft_nodes(dcache, positions)
+        # A chain's ancestor mask is a constant: the whole self-attention mask is written up front.
+        nodes = drafter.draft_nodes(
+            dcache, tree.depths, root=n, ancestors=tree.ancestor_mask if chain else None
+        )
         target_k, target_v = target.cache.keys[-1], target.cache.values[-1]  # last layer [B, Hkv, Tmax, D]
         scores = None  # cumulative draft log-prob of each level's paths (None: the root's, 0)
         for level in range(layout.depth):
             sl = layout.level_slice(level)
-            ancestors = tree.ancestor_mask[:, sl, : sl.stop]  # [B, P, nodes so far], self included
+            ancestors = (
+                None if chain else tree.ancestor_mask[:, sl, : sl.stop]
+            )  # [B, P, nodes so far], self incl.
             inputs = level_tokens[level] if chain else tree.tokens[:, sl]
             hidden = drafter.tree_level(inputs, nodes, sl, ancestors, target_k, target_v, n)  # [B, P, Dm]
             logits = drafter.logits(hidden)  # [B, P, Kd]: by draft id (Kd = V without a draft vocabulary)

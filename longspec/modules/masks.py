@@ -10,7 +10,7 @@ import torch
 
 from longspec.kernels.mask_layout import aligned_rows  # the layout the attention kernels read in place
 
-__all__ = ["aligned_rows", "within_window", "window_start", "visibility_mask"]
+__all__ = ["aligned_rows", "within_window", "visibility_mask"]
 
 
 def within_window(query_pos, key_pos, window: int):
@@ -18,13 +18,6 @@ def within_window(query_pos, key_pos, window: int):
     query at position t iff t - j <= window ("the token + `window` previous tokens"). Positions are tensors
     (broadcast against each other) or ints; causality (j <= t) is the caller's separate test."""
     return (query_pos - key_pos) <= window
-
-
-def window_start(query_pos, window: int):
-    """`within_window`'s rule as a bound: the key at position j is within the window of the query at position t
-    iff j >= window_start(t, window) (exact in integers), so a mask built from it takes one comparison per key
-    where `within_window` takes a subtraction and a comparison."""
-    return query_pos - window
 
 
 def visibility_mask(

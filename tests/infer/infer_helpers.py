@@ -59,7 +59,9 @@ class OracleDrafter:
             write_kv(*cache, k, v, skip_negative=True)
         return k, v
 
-    def draft_nodes(self, cache, positions):
+    def draft_nodes(self, cache, positions, root=None, ancestors=None):
+        if root is not None:
+            positions = (root[:, None] if isinstance(root, torch.Tensor) else root) + positions
         return SimpleNamespace(positions=positions.expand(cache.keys.shape[0], -1))
 
     def tree_level(self, input_ids, nodes, level, *args):
