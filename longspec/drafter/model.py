@@ -167,9 +167,10 @@ class Drafter(nn.Module):
         """[..., Dm] -> [..., Kd] through the drafting head (no final norm): indexed by draft id."""
         return head_logits(self._head, hidden.to(self._head.weight.dtype))
 
-    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Draft ids -> the target's token ids (a gather on the device; the identity without a draft vocabulary)."""
-        return draft_ids if self._draft_ids is None else self._draft_ids[draft_ids]
+    @property
+    def draft_ids(self) -> torch.Tensor | None:
+        """The draft vocabulary's ids [Kd] (draft id -> target id) on the drafter's device; None without one."""
+        return self._draft_ids
 
     def target_probs(self, draft_probs: torch.Tensor) -> torch.Tensor:
         """[..., Kd] probabilities over draft ids -> [..., V] over target ids (0 outside the draft vocabulary)."""

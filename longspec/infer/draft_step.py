@@ -189,9 +189,15 @@ class DraftStep:
             hidden = drafter.tree_level(inputs, nodes, sl, ancestors, target_k, target_v, n)  # [B, P, Dm]
             logits = drafter.logits(hidden)  # [B, P, Kd]: by draft id (Kd = V without a draft vocabulary)
             child_slice = layout.level_slice(level + 1)
+            # Tokens come back as target ids (a draft vocabulary's map applied on the device: in the argmax's own
+            # launch in a chain).
             if shaping is None:
                 parent_local, tokens, scores = beam_step(
-                    scores, logits, layout.widths[level], scores=layout.needs_scores(level)
+                    scores,
+                    logits,
+                    layout.widths[level],
+                    scores=layout.needs_scores(level),
+                    ids=drafter.draft_ids,
                 )
                 valid = None
             else:
@@ -203,9 +209,9 @@ class DraftStep:
                 else:
                     tree.draft_probs[:, sl] = drafter.target_probs(q)
                 parent_local, tokens, scores, valid = sample_step(
-                    scores, q, noise[:, sl], layout.widths[level], scores=layout.needs_scores(level)
-                )
-            tokens = drafter.target_ids(tokens)  # draft ids -> target ids, on the device
+                    scores, q, noise[:, sl], layout.widths[level], scores=layout.needs_scores(level),
+                    ids=drafter.draft_ids,
+                )  # fmt: skip
             if chain:  # only its tokens grow (a sampled chain's one draw per level is always valid)
                 level_tokens.append(tokens)
             else:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from longspec.kernels.row_argmax import row_argmax
+from longspec.modules.constants import zeros_once
 
 __all__ = [
     "DraftTree",
@@ -185,7 +186,12 @@ class DraftTree:
 
 
 def beam_step(
-    parent_scores: torch.Tensor | None, draft_logits: torch.Tensor, width: int, *, scores: bool = True
+    parent_scores: torch.Tensor | None,
+    draft_logits: torch.Tensor,
+    width: int,
+    *,
+    scores: bool = True,
+    ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One level of dynamic beam search.
 
@@ -201,17 +207,20 @@ def beam_step(
 
     With one parent the selection is its own top-W and the normalisation does not
     change it: `scores=False` (a level whose scores no later selection reads, `TreeLayout.needs_scores`) returns
-    None for them and skips the log-sum-exp; a width of one is then one argmax. (Each saved op is a kernel launch
-    in a drafting round.)"""
+    None for them and skips the log-sum-exp; a width of one is then one argmax, and its parent_local a shared
+    constant. (Each saved op is a kernel launch in a drafting round.)
+
+    `ids` [V]: the logits' columns are draft ids and the tokens are returned as these ids (a draft vocabulary's
+    map to target ids; in the argmax's own launch where there is one)."""
     num_parents, vocab = draft_logits.shape[-2:]
     if width > num_parents * vocab:
         raise ValueError(f"tree level width {width} exceeds {num_parents} nodes x vocab {vocab}")
     if num_parents == 1 and not scores:  # the parent's own top-W; a [..., 1, V] row
         if width == 1:
-            index = row_argmax(draft_logits)  # [..., 1]
+            tokens = row_argmax(draft_logits, ids)  # [..., 1]
         else:
-            index = draft_logits.topk(width, dim=-1).indices[..., 0, :]  # [..., W]
-        return torch.zeros_like(index), index, None
+            tokens = _mapped(draft_logits.topk(width, dim=-1).indices[..., 0, :], ids)  # [..., W]
+        return zeros_once(width, tokens.device).expand_as(tokens), tokens, None
     logits = draft_logits.float()
     per_parent = min(width, vocab)
     top, index = logits.topk(per_parent, dim=-1)  # [..., P, k]
@@ -219,7 +228,12 @@ def beam_step(
     if parent_scores is not None:  # None: the root's paths, score 0
         candidates = parent_scores[..., None] + candidates
     top_scores, flat = candidates.flatten(-2).topk(width, dim=-1)
-    return flat // per_parent, index.flatten(-2).gather(-1, flat), top_scores
+    return flat // per_parent, _mapped(index.flatten(-2).gather(-1, flat), ids), top_scores
+
+
+def _mapped(tokens: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+    """Draft ids -> the ids `ids` maps them to (unchanged without a map)."""
+    return tokens if ids is None else ids[tokens]
 
 
 # A later child of the same parent is worth this factor less than the previous one when budgets are shared out
@@ -234,6 +248,7 @@ def sample_step(
     width: int,
     *,
     scores: bool = True,
+    ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One level of a SAMPLED tree (T > 0, recursive rejection acceptance), for one tree or a batch of trees.
 
@@ -252,12 +267,15 @@ def sample_step(
 
     `scores=False` (no later level reads this level's path scores, `TreeLayout.needs_scores`) with one parent
     and W = 1 (a chain's level) is one draw, the race's winner: its budget is the one slot, always valid (q has
-    at least one token), so (zeros, tokens, None, None) (valid None: every node valid) in two launches.
+    at least one token), so (zeros, tokens, None, None) (valid None: every node valid) in three launches.
+
+    `ids` [V]: q's columns are draft ids and the tokens are returned as these ids (a draft vocabulary's map to
+    target ids).
     """
     lead, (num_parents, vocab) = draft_probs.shape[:-2], draft_probs.shape[-2:]
     if num_parents == 1 and width == 1 and not scores:
-        tokens = row_argmax(draft_probs / noise)  # [..., 1]
-        return torch.zeros_like(tokens), tokens, None, None
+        tokens = row_argmax(draft_probs / noise, ids)  # [..., 1]
+        return zeros_once(1, tokens.device).expand_as(tokens), tokens, None, None
     if parent_scores is None:
         parent_scores = torch.zeros(*lead, num_parents, device=draft_probs.device)
     parent_scores = parent_scores.reshape(-1, num_parents)  # [B, P] (B = 1 for one tree)
@@ -278,7 +296,7 @@ def sample_step(
     # log q of the chosen tokens (log_q[b, parent_local, tokens]), taken after the gather: W values, not P x V
     chosen_q = draft_probs.flatten(1).gather(1, parent_local * vocab + tokens).float()
     scores = torch.where(valid, parent_scores.gather(1, parent_local) + torch.log(chosen_q), float("-inf"))
-    return tuple(x.reshape(*lead, width) for x in (parent_local, tokens, scores, valid))
+    return tuple(x.reshape(*lead, width) for x in (parent_local, _mapped(tokens, ids), scores, valid))
 
 
 def forest_parts(batch: int, length: int, branches: int, device) -> tuple[torch.Tensor, ...]:

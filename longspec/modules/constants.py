@@ -9,10 +9,16 @@ import functools
 
 import torch
 
-__all__ = ["arange_once"]
+__all__ = ["arange_once", "zeros_once"]
 
 
 @functools.lru_cache(maxsize=256)
 def arange_once(n: int, device: torch.device | str) -> torch.Tensor:
     """arange(n) (int64) on `device`, made on first use and shared after."""
     return torch.arange(n, device=device)
+
+
+@functools.lru_cache(maxsize=256)
+def zeros_once(n: int, device: torch.device | str) -> torch.Tensor:
+    """zeros(n) (int64) on `device`, made on first use and shared after."""
+    return torch.zeros(n, dtype=torch.long, device=device)

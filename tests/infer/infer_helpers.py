@@ -49,7 +49,7 @@ class OracleDrafter:
     _draft_ids = None
     fill_cache = Drafter.fill_cache
     draft_vocab_size = Drafter.draft_vocab_size
-    target_ids = Drafter.target_ids
+    draft_ids = Drafter.draft_ids
     target_probs = Drafter.target_probs
 
     def self_kv(self, input_ids, position_ids, *, cache=None):

@@ -9,7 +9,7 @@ from longspec.drafter import DrafterConfig
 from longspec.drafter.vocab import DraftVocab
 from longspec.infer.candidates import DEFAULT_TREE_WIDTHS
 from longspec.infer.engine import GenerationConfig, SpeculativeEngine, cache_slots
-from longspec.infer.tree import TreeLayout
+from longspec.infer.tree import TreeLayout, beam_step
 from longspec.testing import FAMILY_VARIANTS, make_tiny_target
 
 
@@ -66,9 +66,13 @@ def test_drafts_are_target_ids_of_the_draft_vocabulary(llama):
     drafter.use_draft_vocab(vocab)
     hidden = torch.randn(3, drafter.config.hidden_size)
     full = drafter.lm_head(hidden)
-    assert torch.equal(
-        drafter.target_ids(drafter.logits(hidden).argmax(-1)), vocab.ids[full[:, vocab.ids].argmax(-1)]
-    )
+    want = vocab.ids[full[:, vocab.ids].argmax(-1)]
+    assert torch.equal(drafter.draft_ids[drafter.logits(hidden).argmax(-1)], want)
+    # The draft step's pick, the map applied with the argmax: a chain's level and a tree's level of one parent.
+    logits = drafter.logits(hidden)[:, None, :]  # [3, 1, Kd]
+    assert torch.equal(beam_step(None, logits, 1, scores=False, ids=drafter.draft_ids)[1][:, 0], want)
+    parents, tokens, _ = beam_step(None, logits, 2, scores=True, ids=drafter.draft_ids)
+    assert torch.equal(tokens[:, 0], want) and torch.isin(tokens, vocab.ids).all() and not parents.any()
     probs = torch.softmax(drafter.logits(hidden), -1)
     spread = drafter.target_probs(probs)
     assert spread.shape == full.shape and torch.allclose(spread.sum(-1), torch.ones(3))

@@ -60,3 +60,15 @@ def test_empty_rows_and_the_dispatcher():
         row_argmax_triton(torch.randn(3, 0, device=DEVICE))
     x = torch.randn(2, 3, 77)
     assert torch.equal(row_argmax(x), x.argmax(-1))  # on CPU the reference itself
+
+
+@pytest.mark.parametrize("vocab", [37, CHUNK + 1])
+def test_an_id_map_returns_the_argmax_id(vocab):
+    # A draft vocabulary's map (draft id -> target id, not sorted): the pick's id, with ties still the first index.
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randint(0, 4, (2, 3, vocab), generator=gen).float()
+    ids = torch.randperm(10 * vocab, generator=gen)[:vocab]
+    want = ids[x.argmax(-1)]
+    assert torch.equal(row_argmax_naive(x, ids), want)
+    assert torch.equal(row_argmax_triton(x.to(DEVICE), ids.to(DEVICE)).cpu(), want)
+    assert torch.equal(row_argmax(x, ids), want)

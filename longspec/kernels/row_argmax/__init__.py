@@ -13,14 +13,15 @@ from longspec.kernels.row_argmax.naive import row_argmax_naive
 __all__ = ["row_argmax", "row_argmax_naive", "row_argmax_triton"]
 
 
-def row_argmax(x: torch.Tensor) -> torch.Tensor:
+def row_argmax(x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
     """argmax over the last dim with torch.argmax's result (first index of the maximum; a NaN counts as the
-    maximum): the Triton kernels on CUDA (imported on first use), the reference elsewhere."""
+    maximum), or with `ids` [V] that index's id (a drafter's draft -> target id map, applied in the same launch):
+    the Triton kernels on CUDA (imported on first use), the reference elsewhere."""
     if x.is_cuda and x.dtype.is_floating_point:
         from longspec.kernels.row_argmax.triton import row_argmax_triton
 
-        return row_argmax_triton(x)
-    return row_argmax_naive(x)
+        return row_argmax_triton(x, ids)
+    return row_argmax_naive(x, ids)
 
 
 def __getattr__(name):

@@ -3,7 +3,8 @@
 `torch.argmax` reduces a row in one thread block, so a few vocabulary-wide rows leave the GPU almost idle (a
 row's time is far above what its bytes need). Here each row is cut into CHUNK-wide pieces:
 1. one program per (row, chunk) writes its piece's maximum and the first index that holds it;
-2. one program per row takes the first chunk holding the largest of those maxima, and that chunk's index.
+2. one program per row takes the first chunk holding the largest of those maxima, and that chunk's index (or,
+   with an id map, that index's id).
 Chunks are in column order and each keeps its first index, so the result is the row's first maximum, as
 torch.argmax. NaN is larger than everything (torch's rule): a chunk holding one reports its first NaN, and a
 row its first such chunk. Values are compared in float32 (exact for bf16 / fp16 / fp32 input) or float64.
@@ -49,18 +50,24 @@ def _chunk_max_kernel(X, VALUES, INDEX, V, stride_x, CHUNKS: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _row_pick_kernel(VALUES, INDEX, OUT, CHUNKS: tl.constexpr, CHUNKS_POW2: tl.constexpr):
+def _row_pick_kernel(
+    VALUES, INDEX, IDS, OUT, CHUNKS: tl.constexpr, CHUNKS_POW2: tl.constexpr, HAS_IDS: tl.constexpr
+):
     r = tl.program_id(0).to(tl.int64)
     chunks = tl.arange(0, CHUNKS_POW2)
     ok = chunks < CHUNKS
     top = tl.load(VALUES + r * CHUNKS + chunks, mask=ok, other=float("-inf"))
     _, best = _first_max(top, chunks, ok, CHUNKS_POW2)
-    tl.store(OUT + r, tl.load(INDEX + r * CHUNKS + best).to(tl.int64))
+    index = tl.load(INDEX + r * CHUNKS + best).to(tl.int64)
+    if HAS_IDS:
+        index = tl.load(IDS + index)
+    tl.store(OUT + r, index)
 
 
-def row_argmax_triton(x: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dim of x [..., V] -> [...] int64, in two launches. A 2-d x is read through its row
-    stride (no copy of a [R, V] view); the last dim must be contiguous, else it is copied."""
+def row_argmax_triton(x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """argmax over the last dim of x [..., V] -> [...] int64 (with ids [V] long, contiguous: ids[argmax]), in two
+    launches. A 2-d x is read through its row stride (no copy of a [R, V] view); the last dim must be contiguous,
+    else it is copied."""
     *lead, vocab = x.shape
     if vocab == 0:
         raise ValueError("row_argmax of an empty last dim")
@@ -78,5 +85,10 @@ def row_argmax_triton(x: torch.Tensor) -> torch.Tensor:
     _chunk_max_kernel[(rows, chunks)](
         rows2d, values, index, vocab, rows2d.stride(0), CHUNKS=chunks, BLOCK=CHUNK
     )
-    _row_pick_kernel[(rows,)](values, index, out, CHUNKS=chunks, CHUNKS_POW2=triton.next_power_of_2(chunks))
+    if ids is not None:
+        assert ids.shape == (vocab,) and ids.dtype == torch.long and ids.is_contiguous()
+    _row_pick_kernel[(rows,)](
+        values, index, out if ids is None else ids, out,
+        CHUNKS=chunks, CHUNKS_POW2=triton.next_power_of_2(chunks), HAS_IDS=ids is not None,
+    )  # fmt: skip
     return out.reshape(lead)
