@@ -1,6 +1,6 @@
 """The decode step's projections (few rows x a layer's weight) by weight layout, at a real model's shape.
 
-    PYTHONPATH=. python benchmarks/projection_routes.py                    # CUDA, bf16: 8B and SmolLM2 shapes
+    PYTHONPATH=. python benchmarks/projection_routes.py                    # CUDA, bf16: every real shape below
     PYTHONPATH=. python benchmarks/projection_routes.py --shapes 8b --rows 1 5
     PYTHONPATH=. python benchmarks/projection_routes.py --tiny             # CPU smoke test
 
@@ -48,6 +48,7 @@ SHAPES = {
             "gate_up": (4096, 28672),
             "down": (14336, 4096),
             "lm_head": (4096, 128256),
+            "draft_head_32k": (4096, 32768),
         },
     ),
     "smollm2": (
@@ -58,6 +59,20 @@ SHAPES = {
             "gate_up": (576, 3072),
             "down": (1536, 576),
             "lm_head": (576, 49152),
+            "draft_head_8k": (576, 8192),
+            "draft_head_32k": (576, 32768),
+        },
+    ),
+    "qwen25_coder_05b": (
+        24,
+        {
+            "qkv": (896, 1152),
+            "o": (896, 896),
+            "gate_up": (896, 9728),
+            "down": (4864, 896),
+            "lm_head": (896, 151936),
+            "draft_head_8k": (896, 8192),
+            "draft_head_32k": (896, 32768),
         },
     ),
     "tiny": (2, {"qkv": (64, 96), "down": (128, 64)}),
@@ -121,7 +136,8 @@ def time_projection(
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", nargs="+", default=["8b", "smollm2"], choices=["8b", "smollm2"])
+    real = [name for name in SHAPES if name != "tiny"]
+    parser.add_argument("--shapes", nargs="+", default=real, choices=real)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 5, 69])
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--sweep", action="store_true", help="also the best GEMV configs of a grid")
