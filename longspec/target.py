@@ -251,10 +251,10 @@ class TargetModel(nn.Module):
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         elif position_ids.dim() == 1:
             position_ids = position_ids.expand(B, T)
-        hidden = self.embed_tokens(input_ids)  # [B,T,Dm]
-        cos, sin = self.rotary.cos_sin(position_ids, dtype=hidden.dtype)  # [B,T,D]
+        cos, sin = self.rotary.cos_sin(position_ids, dtype=self.embed_tokens.weight.dtype)  # [B,T,D]
         if self.packed is not None:
-            return self._forward_packed(hidden, cos, sin, attn_fn, kv_cache)
+            return self._forward_packed(input_ids, cos, sin, attn_fn, kv_cache)
+        hidden = self.embed_tokens(input_ids)  # [B,T,Dm]
         last_k = last_v = None
         for idx, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -287,14 +287,20 @@ class TargetModel(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         return attn.qkv_proj(x).split((q_size, kv_size, kv_size), dim=-1)
 
-    def _forward_packed(self, hidden, cos, sin, attn_fn: AttnFn | None, kv_cache) -> TargetOutput:
+    def _forward_packed(self, input_ids, cos, sin, attn_fn: AttnFn | None, kv_cache) -> TargetOutput:
         """`forward` after `pack_weights`: the same layer, computed with packed projections and fused steps. The
-        residual stream is carried as (delta, residual) so each add is fused into the next norm."""
-        B, T, _ = hidden.shape
-        delta, residual = hidden, None
+        residual stream is carried as (delta, residual) so each add is fused into the next norm (the first norm
+        takes the token embeddings' gather)."""
+        B, T = input_ids.shape
+        first_norm = _norm_args(self.layers[0].input_layernorm)
+        x, residual = layer_ops.embed_rms_norm(
+            self.embed_tokens, input_ids, *first_norm, self.embed_tokens.weight.dtype
+        )
+        delta = None  # a layer's output, added to the residual by the next norm
         for idx, (layer, packed) in enumerate(zip(self.layers, self.packed, strict=True)):
             attn = layer.self_attn
-            x, residual = layer_ops.add_rms_norm(delta, residual, *_norm_args(layer.input_layernorm))
+            if idx:
+                x, residual = layer_ops.add_rms_norm(delta, residual, *_norm_args(layer.input_layernorm))
             qkv = layer_ops.linear(x, packed.qkv_weight, packed.qkv_bias)  # [B,T,(H+2Hkv)*D]
             q_norm = k_norm = None
             eps = 1e-6

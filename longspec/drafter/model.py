@@ -32,6 +32,7 @@ from longspec.drafter.vocab import DraftVocab
 from longspec.modules.attention import attention, cache_attention, tree_attention
 from longspec.modules.layer_ops import (
     add_rms_norm,
+    embed_rms_norm,
     head_logits,
     linear,
     linear_silu_mul,
@@ -236,17 +237,18 @@ class Drafter(nn.Module):
         only, so it can be computed once per token (e.g. the last `window` prompt tokens at prefill). cache =
         (k_cache, v_cache [B,Hkv,W,D], slots [B,T]): k and v are also written there, a negative slot writing
         nothing (`layer_ops.qkv_rope`)."""
-        h0 = self.embed(input_ids)
-        cos, sin = self.rotary.cos_sin(position_ids, dtype=h0.dtype)
+        dtype = self.mlp_norm.weight.dtype
+        cos, sin = self.rotary.cos_sin(position_ids, dtype=dtype)
         if not self.packed:
-            k, v = self._self_kv(self.self_attn_norm(h0), cos, sin)
+            k, v = self._self_kv(self.self_attn_norm(self.embed(input_ids)), cos, sin)
             if cache is not None:
                 write_kv(*cache, k, v, skip_negative=True)
             return k, v
         # After `pack_weights`: the fused steps `tree_level` computes a node's K/V with, so the ring holds exactly
         # what the node held while drafting (every ring fill runs it: prefill, catch-up, each round's commit).
         cfg = self.config
-        x, _ = add_rms_norm(h0, None, self.self_attn_norm.weight, self.self_attn_norm.eps)
+        norm = self.self_attn_norm
+        x, _ = embed_rms_norm(self.embed_tokens, input_ids, norm.weight, norm.eps, dtype)
         q_rows = cfg.num_heads * cfg.head_dim
         bias = self.packed_qkv_bias
         kv = linear(x, self.packed_qkv_weight[q_rows:], None if bias is None else bias[q_rows:])
@@ -361,8 +363,8 @@ class Drafter(nn.Module):
         the target's packed layers do (`modules.layer_ops`; one launch per step on CUDA)."""
         cfg = self.config
         cos, sin = nodes.cos[:, level], nodes.sin[:, level]  # [B,P,D]
-        h0 = self.embed(input_ids)
-        x, h = add_rms_norm(h0, None, self.self_attn_norm.weight, self.self_attn_norm.eps)
+        norm = self.self_attn_norm
+        x, h = embed_rms_norm(self.embed_tokens, input_ids, norm.weight, norm.eps, self.mlp_norm.weight.dtype)
         q, _, _ = qkv_rope(
             self._self_qkv(x), cos, sin, cfg.num_heads, cfg.num_kv_heads, **self._norms(self.self_attn),
             cache=(nodes.keys, nodes.values, nodes.slots[:, level]),

@@ -22,6 +22,7 @@ from longspec.modules.cpu_projection import few_rows_linear
 
 __all__ = [
     "add_rms_norm",
+    "embed_rms_norm",
     "linear",
     "linear_silu_mul",
     "head_logits",
@@ -90,6 +91,17 @@ def add_rms_norm(x, residual, weight, eps: float):
     if use_triton(x) and weight.dtype == x.dtype:
         return kernels.add_rms_norm(x, residual, weight, eps)
     return kernels.add_rms_norm_naive(x, residual, weight, eps)
+
+
+def embed_rms_norm(
+    embedding: nn.Module, ids: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype
+):
+    """A forward's start: (rms_norm(h0) * weight, h0) for the token embeddings h0 = embedding(ids) in `dtype`; one
+    launch on CUDA for a plain nn.Embedding of that dtype (the gather fused into the norm)."""
+    plain = type(embedding) is nn.Embedding and embedding.max_norm is None
+    if plain and use_triton(embedding.weight) and embedding.weight.dtype == weight.dtype == dtype:
+        return kernels.embed_rms_norm(ids, embedding.weight, weight, eps)
+    return add_rms_norm(embedding(ids).to(dtype), None, weight, eps)
 
 
 def qkv_rope(

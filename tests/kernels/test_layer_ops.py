@@ -9,6 +9,8 @@ pytest.importorskip("triton")
 from longspec.kernels.layer_ops import (  # noqa: E402
     add_rms_norm,
     add_rms_norm_naive,
+    embed_rms_norm,
+    embed_rms_norm_naive,
     qkv_rope,
     qkv_rope_naive,
     silu_mul,
@@ -60,6 +62,26 @@ def test_rms_norm_without_residual_and_strided_rows():
     y, total = add_rms_norm(x, None, weight, 1e-6)
     assert total is x
     _close(y, add_rms_norm_naive(x, None, weight, 1e-6)[0], torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ids_shape", [(1, 1), (2, 69), (3,)])  # AR step, a tree, 1-d ids
+def test_embed_rms_norm(dtype, ids_shape, monkeypatch):
+    # A forward's first norm over the gathered embeddings: ids repeated, the table's rows read through its
+    # stride (a slice of a wider buffer), both outputs allocated NaN-poisoned.
+    from longspec.kernels.layer_ops import triton as kernels
+
+    empty = torch.empty
+    monkeypatch.setattr(kernels.torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    table = torch.randn(50, 130, dtype=dtype, device=DEVICE)[:, :100] * 3
+    weight = torch.randn(100, dtype=dtype, device=DEVICE)
+    ids = torch.randint(0, 50, ids_shape, device=DEVICE)
+    ids.view(-1)[0] = ids.view(-1)[-1]
+    y, h = embed_rms_norm(ids, table, weight, 1e-5)
+    ref_y, ref_h = embed_rms_norm_naive(ids, table, weight, 1e-5)
+    assert y.shape == h.shape == (*ids_shape, 100)
+    assert torch.equal(h, ref_h)  # a gather, exact
+    _close(y, ref_y, dtype)
 
 
 def _rope_inputs(B, T, H, Hkv, D, dtype, shared_positions):

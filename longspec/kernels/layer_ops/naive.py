@@ -27,6 +27,13 @@ def add_rms_norm_naive(
     return rms_norm_naive(total, weight, eps), total
 
 
+def embed_rms_norm_naive(
+    ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(table[ids]), table[ids]): a forward's first norm, over its token embeddings."""
+    return add_rms_norm_naive(F.embedding(ids, table), None, weight, eps)
+
+
 def qkv_rope_naive(
     qkv: torch.Tensor,
     cos: torch.Tensor,

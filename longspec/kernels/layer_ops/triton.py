@@ -15,20 +15,24 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["add_rms_norm", "qkv_rope", "silu_mul"]
+__all__ = ["add_rms_norm", "embed_rms_norm", "qkv_rope", "silu_mul"]
 
 
 @triton.jit(do_not_specialize=["eps"])
 def _add_rms_norm_kernel(
-    X, R, W, Y, S,
+    X, R, W, Y, S, IDS,
     stride_x, stride_r, stride_y, stride_s,
     N, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
-    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0)
+    if GATHER:  # X is an embedding table: the row's token's entry, also written out (the residual stream)
+        x = tl.load(X + tl.load(IDS + row) * stride_x + cols, mask=ok, other=0.0)
+        tl.store(S + row * stride_s + cols, x, mask=ok)
+    else:
+        x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(R + row * stride_r + cols, mask=ok, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(S.dtype.element_ty)
@@ -75,13 +79,35 @@ def add_rms_norm(
     M = x2.shape[0]
     if M:
         _add_rms_norm_kernel[(M,)](
-            x2, r2, weight, y2, s2,
+            x2, r2, weight, y2, s2, y2,
             x2.stride(0), r2.stride(0), y2.stride(0), s2.stride(0),
             N, float(eps),
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(N),
+            HAS_RESIDUAL=residual is not None, GATHER=False, BLOCK=triton.next_power_of_2(N),
             num_warps=4 if N <= 2048 else 8,
         )  # fmt: skip
     return y, total
+
+
+def embed_rms_norm(
+    ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(table[ids]) * weight, table[ids]) in one pass: ids [...] long, table [V, N] (rows contiguous),
+    weight [N] of the table's dtype -> two [..., N] tensors."""
+    N = table.shape[-1]
+    assert table.dim() == 2 and table.stride(-1) == 1 and ids.dtype == torch.long
+    assert weight.shape == (N,) and weight.dtype == table.dtype and weight.is_contiguous()
+    flat = ids.reshape(-1)
+    flat = flat if flat.is_contiguous() else flat.contiguous()
+    y, h = torch.empty((2, *ids.shape, N), dtype=table.dtype, device=table.device).unbind(0)
+    y2, h2 = y.view(-1, N), h.view(-1, N)
+    if flat.numel():
+        _add_rms_norm_kernel[(flat.numel(),)](
+            table, table, weight, y2, h2, flat,
+            table.stride(0), 0, y2.stride(0), h2.stride(0),
+            N, float(eps),
+            HAS_RESIDUAL=False, GATHER=True, BLOCK=triton.next_power_of_2(N), num_warps=4 if N <= 2048 else 8,
+        )  # fmt: skip
+    return y, h
 
 
 @triton.jit(do_not_specialize=["num_tokens", "eps"])
