@@ -152,3 +152,31 @@ def test_gpu_real_shapes(dtype, num_nodes):
     out_buf, lse_buf = _poisoned(q)
     out, lse = fused_mask_attn(q, k, v, mask, 128**-0.5, out=out_buf, lse=lse_buf)
     assert_attn_close(out, lse, *fused_mask_attn_naive(q, k, v, mask, 128**-0.5), dtype)
+
+
+@pytest.mark.parametrize("Tq", [1, 16])
+def test_ring_sized_keys_take_wider_tiles(Tq):
+    # A drafter's ring (a few hundred keys, head dim 64): the default tile is 128 keys; a ragged last tile, rows
+    # whose ring is partly masked, and the same result as with 64-key tiles.
+    B, H, Hkv, Tk, D = 1, 14, 2, 300, 64
+    q, k, v = _qkv(B, H, Hkv, Tq, Tk, D)
+    mask = torch.rand(B, Tq, Tk, device=DEVICE) < 0.8
+    mask[..., -Tq:] = torch.ones(Tq, Tq, dtype=torch.bool, device=DEVICE).tril()
+    out, lse = fused_mask_attn(q, k, v, mask, 0.125, out=_poisoned(q)[0], lse=_poisoned(q)[1])
+    assert_attn_close(out, lse, *fused_mask_attn_naive(q, k, v, mask, 0.125), torch.float32)
+    narrow = fused_mask_attn(q, k, v, mask, 0.125, block_n=64)
+    assert_attn_close(out, lse, *narrow, torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_ring_shapes(dtype):
+    # The drafter's self-attention over a 512-slot ring at the Qwen2.5-Coder-0.5B shape: a chain's query and a
+    # 16-node tree level, with 128-key tiles.
+    for Tq in (1, 16):
+        q, k, v = _qkv(1, 14, 2, Tq, 512 + Tq, 64, dtype, "cuda")
+        mask = torch.rand(1, Tq, 512 + Tq, device="cuda") < 0.9
+        mask[..., -Tq:] = torch.ones(Tq, Tq, dtype=torch.bool, device="cuda").tril()
+        out_buf, lse_buf = _poisoned(q)
+        out, lse = fused_mask_attn(q, k, v, mask, 0.125, out=out_buf, lse=lse_buf)
+        assert_attn_close(out, lse, *fused_mask_attn_naive(q, k, v, mask, 0.125), dtype)
