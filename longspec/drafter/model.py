@@ -389,7 +389,7 @@ class Drafter(nn.Module):
         x, h = add_rms_norm(
             project(self.cross_attn.o_proj, _merge_heads(out)), h, self.mlp_norm.weight, self.mlp_norm.eps
         )
-        return h + project(self.mlp.down_proj, self._gate_up_act(x))  # h3 = h2 + MLP(RMSNorm_c(h2))
+        return project(self.mlp.down_proj, self._gate_up_act(x), h)  # h3 = h2 + MLP(RMSNorm_c(h2))
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
     def save_pretrained(self, out_dir: str | os.PathLike) -> None:

@@ -50,11 +50,19 @@ def _gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return rows == 1 or (rows == gemv.MAX_ROWS and small)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T (+ bias)."""
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T (+ bias); with `residual`, residual + that (in the GEMV's epilogue where the
+    GEMV runs: one launch fewer)."""
     if _gemv(x, weight):
-        return gemv.gemv(x, weight, bias)
-    return _blas(x, weight, bias)
+        return gemv.gemv(x, weight, bias, residual=residual)
+    out = _blas(x, weight, bias)
+    return out if residual is None else residual + out
 
 
 def _blas(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -78,12 +86,14 @@ def head_logits(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return head(x)
 
 
-def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`module(x)` through `linear` where the module is a plain nn.Linear (its forward hooks are not run: the
-    inference forwards call this); any other module (a quantised or adapted linear) runs itself."""
+def project(module: nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """`module(x)` (residual + it, with `residual`) through `linear` where the module is a plain nn.Linear (its
+    forward hooks are not run: the inference forwards call this); any other module (a quantised or adapted
+    linear) runs itself."""
     if type(module) is nn.Linear:
-        return linear(x, module.weight, module.bias)
-    return module(x)
+        return linear(x, module.weight, module.bias, residual=residual)
+    out = module(x)
+    return out if residual is None else residual + out
 
 
 def add_rms_norm(x, residual, weight, eps: float):

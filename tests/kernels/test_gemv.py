@@ -57,6 +57,23 @@ def test_gemv_silu_mul_matches_the_mlp_arithmetic(dtype, rows, with_bias):
     _close(got, gemv_silu_mul_naive(x, gate_up, bias), dtype, roundings=3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_gemv_adds_a_residual_to_the_rounded_projection(dtype, rows):
+    # The drafter's last step, h + down(x): the residual read through its row stride (a poisoned wider buffer).
+    # The epilogue's add is exactly a caller's add of the kernel's own projection (in bf16 on CUDA only: the
+    # interpreter rounds to bf16 by truncation, torch's add to nearest).
+    gen = torch.Generator().manual_seed(20 + rows)
+    x = _poisoned_view(rows, 300, 20, dtype, gen)
+    weight = _poisoned_view(70, 300, 36, dtype, gen, scale=300**-0.5)
+    residual = _poisoned_view(rows, 70, 9, dtype, gen, scale=4.0)
+    got = gemv(x, weight, residual=residual, config=CONFIG)
+    want = gemv_naive(x, weight, residual=residual)
+    _close(got, want, dtype, roundings=2)
+    if dtype == torch.float32 or DEVICE == "cuda":
+        assert torch.equal(got, residual + gemv(x, weight, config=CONFIG))
+
+
 def test_default_config_leading_dims_and_too_many_rows():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 1, 576, generator=gen).to(DEVICE)  # K past one 512-wide tile

@@ -17,9 +17,10 @@ def routes(monkeypatch):
     calls = []
     monkeypatch.setattr(layer_ops, "use_triton", lambda x: True)
 
-    def fake_gemv(x, w, b=None):
+    def fake_gemv(x, w, b=None, *, residual=None):
         calls.append(("gemv", x.numel() // x.shape[-1]))
-        return F.linear(x, w, b)
+        out = F.linear(x, w, b)
+        return out if residual is None else residual + out
 
     def fake_gemv_silu_mul(x, w, b=None):
         calls.append(("gemv_silu_mul", x.numel() // x.shape[-1]))
@@ -69,3 +70,15 @@ def test_fused_mlp_half_and_plain_linear_modules(routes):
     adapted = Adapted(16, 8, dtype=torch.bfloat16)
     torch.testing.assert_close(layer_ops.project(adapted, x), adapted(x))
     assert routes == [("gemv_silu_mul", 1), ("gemv", 1)]
+
+
+def test_a_residual_rides_the_route(routes):
+    # project(module, x, residual): residual + module(x), inside the GEMV where it runs, after cuBLAS elsewhere.
+    down = torch.nn.Linear(16, 8, bias=False).to(torch.bfloat16)
+    residual = torch.randn(1, 8, dtype=torch.bfloat16)
+    for x in (torch.randn(1, 16, dtype=torch.bfloat16), torch.randn(3, 16, dtype=torch.bfloat16)):
+        res = residual.expand(x.shape[0], 8)
+        torch.testing.assert_close(
+            layer_ops.project(down, x, res), res + F.linear(x, down.weight), rtol=0, atol=0
+        )
+    assert routes == [("gemv", 1)]  # three rows went to cuBLAS, its add after

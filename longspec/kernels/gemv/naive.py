@@ -9,12 +9,20 @@ from longspec.kernels.layer_ops.naive import silu_mul_naive
 __all__ = ["gemv_naive", "gemv_silu_mul_naive"]
 
 
-def gemv_naive(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T (+ bias [N]), summed in float32 and rounded once to x's dtype."""
+def gemv_naive(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T (+ bias [N]), summed in float32 and rounded once to x's dtype; with `residual`
+    [..., N], residual + that rounded projection (an add in x's dtype)."""
     out = x.float() @ weight.float().T
     if bias is not None:
         out = out + bias.float()
-    return out.to(x.dtype)
+    out = out.to(x.dtype)
+    return out if residual is None else residual + out
 
 
 def gemv_silu_mul_naive(

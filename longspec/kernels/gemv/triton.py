@@ -16,9 +16,13 @@ __all__ = ["default_config", "gemv", "gemv_silu_mul"]
 
 
 @triton.jit
-def _epilogue(acc, up, B, n, n_ok, F, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, dtype: tl.constexpr):
+def _epilogue(
+    acc, up, B, R, n, n_ok, F,
+    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, HAS_RESIDUAL: tl.constexpr, dtype: tl.constexpr,
+):  # fmt: skip
     # The projection rounded to the model's dtype (bias added to the float32 sum first, as a GEMM's epilogue),
-    # then, fused, F.silu rounded and the product rounded: HF's MLP arithmetic.
+    # then, fused, F.silu rounded and the product rounded: HF's MLP arithmetic; or the residual added to the
+    # rounded projection and rounded again, as a separate add would.
     if HAS_BIAS:
         acc += tl.load(B + n, mask=n_ok, other=0.0).to(tl.float32)
     y = acc.to(dtype)
@@ -28,14 +32,16 @@ def _epilogue(acc, up, B, n, n_ok, F, HAS_BIAS: tl.constexpr, SILU_MUL: tl.const
         g = y.to(tl.float32)
         act = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
         y = (act * up.to(dtype).to(tl.float32)).to(dtype)
+    if HAS_RESIDUAL:
+        y = (y.to(tl.float32) + tl.load(R + n, mask=n_ok, other=0.0).to(tl.float32)).to(dtype)
     return y
 
 
 @triton.jit
 def _gemv_kernel(
-    X, W, B, Y,
-    N, K, stride_xm, stride_wn, stride_ym,
-    TWO_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+    X, W, B, R, Y,
+    N, K, stride_xm, stride_wn, stride_rm, stride_ym,
+    TWO_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # CUDA-core products, summed along K in registers, one [BLOCK_N] accumulator per row (and per half, fused).
@@ -67,9 +73,11 @@ def _gemv_kernel(
             if TWO_ROWS:
                 up1 += tl.sum(u * x1[None, :], axis=1)
     dtype = Y.dtype.element_ty
-    tl.store(Y + n, _epilogue(acc0, up0, B, n, n_ok, N, HAS_BIAS, SILU_MUL, dtype), mask=n_ok)
+    y0 = _epilogue(acc0, up0, B, R, n, n_ok, N, HAS_BIAS, SILU_MUL, HAS_RESIDUAL, dtype)
+    tl.store(Y + n, y0, mask=n_ok)
     if TWO_ROWS:
-        tl.store(Y + stride_ym + n, _epilogue(acc1, up1, B, n, n_ok, N, HAS_BIAS, SILU_MUL, dtype), mask=n_ok)
+        y1 = _epilogue(acc1, up1, B, R + stride_rm, n, n_ok, N, HAS_BIAS, SILU_MUL, HAS_RESIDUAL, dtype)
+        tl.store(Y + stride_ym + n, y1, mask=n_ok)
 
 
 def default_config(k: int, silu_mul: bool = False, rows: int = 1) -> dict[str, int]:
@@ -86,35 +94,49 @@ def default_config(k: int, silu_mul: bool = False, rows: int = 1) -> dict[str, i
     return dict(BLOCK_N=4, BLOCK_K=min(512, triton.next_power_of_2(k)), num_warps=4, num_stages=4)
 
 
-def _launch(x, weight, bias, n_out, silu_mul, config):
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] as [M, D] with contiguous rows (a view where it can be)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _launch(x, weight, bias, n_out, silu_mul, config, residual=None):
     K = x.shape[-1]
     assert weight.shape[1] == K and weight.stride(-1) == 1 and weight.dtype == x.dtype
     assert bias is None or (bias.shape == (weight.shape[0],) and bias.is_contiguous())
-    rows = x.reshape(-1, K)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = _rows(x)
     M = rows.shape[0]
     if M > MAX_ROWS:
         raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {M}")
     out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
+    if residual is not None:
+        assert residual.shape == out.shape and residual.dtype == x.dtype
+        residual = _rows(residual)
     cfg = default_config(K, silu_mul, M)
     cfg.update(config or {})
     block_n = cfg.pop("BLOCK_N")
     if M:
         _gemv_kernel[(triton.cdiv(n_out, block_n),)](
-            rows, weight, bias if bias is not None else weight, out,
-            n_out, K, rows.stride(0), weight.stride(0), n_out,
-            TWO_ROWS=M == 2, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, **cfg,
+            rows, weight, bias if bias is not None else weight, residual if residual is not None else out, out,
+            n_out, K, rows.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, n_out,
+            TWO_ROWS=M == 2, HAS_BIAS=bias is not None, SILU_MUL=silu_mul, HAS_RESIDUAL=residual is not None,
+            BLOCK_N=block_n, **cfg,
         )  # fmt: skip
     return out
 
 
 def gemv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: dict | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    residual: torch.Tensor | None = None,
+    config: dict | None = None,
 ) -> torch.Tensor:
-    """x [..., K] (at most MAX_ROWS rows) @ weight [N, K]^T (+ bias [N]) -> [..., N] in x's dtype. config:
+    """x [..., K] (at most MAX_ROWS rows) @ weight [N, K]^T (+ bias [N]) -> [..., N] in x's dtype; with
+    `residual` [..., N], residual + that (the projection rounded first, as a separate add sees it). config:
     overrides of `default_config` (BLOCK_N, BLOCK_K, num_warps, num_stages)."""
-    return _launch(x, weight, bias, weight.shape[0], False, config)
+    return _launch(x, weight, bias, weight.shape[0], False, config, residual)
 
 
 def gemv_silu_mul(
