@@ -182,9 +182,8 @@ class DraftStep:
         scores = None  # cumulative draft log-prob of each level's paths (None: the root's, 0)
         for level in range(layout.depth):
             sl = layout.level_slice(level)
-            ancestors = (
-                None if chain else tree.ancestor_mask[:, sl, : sl.stop]
-            )  # [B, P, nodes so far], self incl.
+            # [B, P, nodes so far], self included (a chain's went in up front)
+            ancestors = None if chain else tree.ancestor_mask[:, sl, : sl.stop]
             inputs = level_tokens[level] if chain else tree.tokens[:, sl]
             hidden = drafter.tree_level(inputs, nodes, sl, ancestors, target_k, target_v, n)  # [B, P, Dm]
             logits = drafter.logits(hidden)  # [B, P, Kd]: by draft id (Kd = V without a draft vocabulary)
