@@ -25,7 +25,7 @@ from longspec.atomic import write_json_atomic
 from longspec.provenance import run_info
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # split_kv_sweep.py beside it
-from split_kv_sweep import _graph_timer  # noqa: E402
+from split_kv_sweep import _graph_timer, sweep_setup  # noqa: E402
 
 # name: (batch, query heads, kv heads, head dim, queries, keys). A ring of 512 slots (the default window) plus the
 # draft's nodes so far; the verify's tree part is the round's nodes against themselves.
@@ -92,17 +92,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--tiny", action="store_true", help="tiny cases on the CPU, Triton's interpreter")
     parser.add_argument("--json", default="mask_attn_sweep.json", help="output path when $OUT is not set")
     args = parser.parse_args(argv)
-    if args.tiny:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernel module is first imported
-        device, dtype, cases = torch.device("cpu"), torch.float32, TINY
-    else:
-        if not torch.cuda.is_available():
-            raise SystemExit("mask_attn_sweep needs a CUDA GPU (or --tiny for the CPU smoke test)")
-        device, dtype, cases = torch.device("cuda"), torch.bfloat16, CASES
-    names = args.cases or list(cases)
-    unknown = [n for n in names if n not in cases]
-    if unknown:
-        parser.error(f"unknown cases {unknown}; known: {list(cases)}")
+    device, dtype, cases, names = sweep_setup(parser, args, "mask_attn_sweep", CASES, TINY)
     grid = list(itertools.product(args.block_n, args.num_warps))
     rows = []
     for name in names:

@@ -76,6 +76,23 @@ def _graph_timer(fn, iters: int):
     return statistics.median(times)
 
 
+def sweep_setup(parser, args, script: str, cases: dict, tiny: dict):
+    """(device, dtype, cases, the case names to run) of a kernel sweep's command line: bf16 cases on CUDA, or with
+    --tiny the tiny ones in float32 on Triton's CPU interpreter; an unknown --cases name is a usage error."""
+    if args.tiny:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernel module is first imported
+        device, dtype, cases = torch.device("cpu"), torch.float32, tiny
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit(f"{script} needs a CUDA GPU (or --tiny for the CPU smoke test)")
+        device, dtype = torch.device("cuda"), torch.bfloat16
+    names = args.cases or list(cases)
+    unknown = [n for n in names if n not in cases]
+    if unknown:
+        parser.error(f"unknown cases {unknown}; known: {list(cases)}")
+    return device, dtype, cases, names
+
+
 def sweep_case(name: str, shape: tuple, splits: list[int], iters: int, device, dtype) -> dict:
     from longspec.kernels.split_kv_attn.triton import default_config, split_kv_attn
 
@@ -129,17 +146,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--tiny", action="store_true", help="tiny cases on the CPU, Triton's interpreter")
     parser.add_argument("--json", default="split_kv_sweep.json", help="output path when $OUT is not set")
     args = parser.parse_args(argv)
-    if args.tiny:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernel module is first imported
-        device, dtype, cases = torch.device("cpu"), torch.float32, TINY
-    else:
-        if not torch.cuda.is_available():
-            raise SystemExit("split_kv_sweep needs a CUDA GPU (or --tiny for the CPU smoke test)")
-        device, dtype, cases = torch.device("cuda"), torch.bfloat16, CASES
-    names = args.cases or list(cases)
-    unknown = [n for n in names if n not in cases]
-    if unknown:
-        parser.error(f"unknown cases {unknown}; known: {list(cases)}")
+    device, dtype, cases, names = sweep_setup(parser, args, "split_kv_sweep", CASES, TINY)
     rows = []
     for name in names:
         row = sweep_case(name, cases[name], args.splits, args.iters, device, dtype)
