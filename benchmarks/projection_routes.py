@@ -11,7 +11,9 @@ picks stream the weight well below the bytes rate or add a split-K reduce launch
 - `gemv` (CUDA, 1-2 rows): `kernels.gemv`, what the target runs there in 16-bit dtypes. With --sweep, also the
   best of a grid of its (BLOCK_N, BLOCK_K, num_warps), recorded with its config. For the gate/up
   projection also the MLP's first half both ways: `linear + silu_mul` (cuBLAS, then the fused element-wise
-  kernel) against `gemv_silu_mul` (one launch).
+  kernel) against `gemv_silu_mul` (one launch). For an LM head also the greedy pick both ways: `linear + argmax`
+  (cuBLAS, then `kernels.row_argmax`) against `head_argmax` (one launch, the logits never written; with --sweep
+  the best of its grid too).
 Per projection, one call per layer over that many layers' own weights (so nothing is served from L2 that a
 real step would read from HBM), captured in one CUDA graph and timed by CUDA events (median of --iters replays);
 µs per call against the bytes floor (the weight read once at 4.3 TB/s). The routes' outputs are checked against
@@ -86,10 +88,16 @@ ROUTES = {
 GEMV_SWEEP = [
     {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w} for bn in (2, 4, 8) for bk in (256, 512) for w in (4, 8)
 ]
+PICK_SWEEP = [
+    {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w}
+    for bn in (4, 8, 16, 32)
+    for bk in (128, 256, 512)
+    for w in (4, 8)
+]
 
 
 def time_projection(
-    layers: int, k: int, n: int, rows: int, iters: int, device, dtype, sweep=False, gate_up=False
+    layers: int, k: int, n: int, rows: int, iters: int, device, dtype, sweep=False, gate_up=False, head=False
 ) -> dict:
     gen = torch.Generator(device=device).manual_seed(0)
     # One weight per layer, at most ~4 GiB in all (the LM head is one weight, not per layer: a few copies are
@@ -131,6 +139,19 @@ def time_projection(
                     ),
                     key=lambda t: t[0],
                 )
+        if head:  # the greedy pick: F.linear + row_argmax vs head_argmax, checked to agree first
+            from longspec.kernels.head_argmax import head_argmax_triton
+            from longspec.kernels.row_argmax import row_argmax
+
+            row["pick_matches"] = bool(torch.equal(head_argmax_triton(x, weights[0]), row_argmax(reference)))
+            row["linear_argmax_us"] = timed(lambda w, wt: row_argmax(F.linear(x, w))) * 1e3 / layers
+            row["head_argmax_us"] = timed(lambda w, wt: head_argmax_triton(x, w)) * 1e3 / layers
+            if sweep:
+                row["pick_sweep_best_us"], row["pick_sweep_best_config"] = min(
+                    ((timed(lambda w, wt, c=c: head_argmax_triton(x, w, config=c)) * 1e3 / layers, c)
+                     for c in PICK_SWEEP),
+                    key=lambda t: t[0],
+                )  # fmt: skip
     return row
 
 
@@ -139,6 +160,9 @@ def main(argv=None) -> list[dict]:
     real = [name for name in SHAPES if name != "tiny"]
     parser.add_argument("--shapes", nargs="+", default=real, choices=real)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 5, 69])
+    parser.add_argument(
+        "--projections", nargs="+", default=None, help="only these projections (e.g. lm_head draft_head_32k)"
+    )
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--sweep", action="store_true", help="also the best GEMV configs of a grid")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape on the CPU, float32")
@@ -160,13 +184,24 @@ def main(argv=None) -> list[dict]:
     for shape in shapes:
         layers, projections = SHAPES[shape]
         for name, (k, n) in projections.items():
+            if args.projections and name not in args.projections:
+                continue
             for rows in args.rows:
                 row = {
                     "shape": shape,
                     "projection": name,
                     **time_projection(
-                        layers, k, n, rows, args.iters, device, dtype, args.sweep, gate_up=name == "gate_up"
-                    ),
+                        layers,
+                        k,
+                        n,
+                        rows,
+                        args.iters,
+                        device,
+                        dtype,
+                        args.sweep,
+                        gate_up=name == "gate_up",
+                        head="head" in name,
+                    ),  # fmt: skip
                 }
                 rows_out.append(row)
                 times = " | ".join(f"{row[f'{r}_us']:.2f}" for r in ROUTES)
@@ -178,6 +213,13 @@ def main(argv=None) -> list[dict]:
                 if "gemv_silu_mul_us" in row:
                     extra += (f"; as gate/up: linear + silu_mul {row['linear_silu_mul_us']:.2f} µs,"
                               f" gemv_silu_mul {row['gemv_silu_mul_us']:.2f} µs")  # fmt: skip
+                if "head_argmax_us" in row:
+                    extra += (f"; greedy pick: linear + argmax {row['linear_argmax_us']:.2f} µs, head_argmax "
+                              f"{row['head_argmax_us']:.2f} µs (same pick: {row['pick_matches']})")  # fmt: skip
+                if "pick_sweep_best_us" in row:
+                    extra += (
+                        f" (sweep best {row['pick_sweep_best_us']:.2f} µs {row['pick_sweep_best_config']})"
+                    )
                 if "silu_sweep_best_us" in row:
                     extra += (
                         f" (sweep best {row['silu_sweep_best_us']:.2f} µs {row['silu_sweep_best_config']})"

@@ -219,9 +219,10 @@ class Timer:
         return statistics.median(times)
 
 
-def count_launches(fn, device: torch.device) -> int:
-    """Work items one call of fn() puts on the device: kernels, copies and memsets on a GPU (what a CUDA graph
-    replays as nodes, one launch each when eager); on the CPU, the top-level ATen ops it dispatches."""
+def device_launches(fn, device: torch.device) -> list[tuple[str, float]]:
+    """The work items one call of fn() puts on the device, in order, as (name, µs): kernels, copies and memsets on
+    a GPU (what a CUDA graph replays as nodes, one launch each when eager), timed by the profiler; on the CPU, the
+    top-level ATen ops it dispatches (their CPU time)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -232,8 +233,22 @@ def count_launches(fn, device: torch.device) -> int:
             torch.cuda.synchronize(device)
     events = prof.events()
     if device.type == "cuda":
-        return sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-    return sum(1 for e in events if e.cpu_parent is None and e.name.startswith("aten::"))
+        ours = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    else:
+        ours = [e for e in events if e.cpu_parent is None and e.name.startswith("aten::")]
+    ours.sort(key=lambda e: e.time_range.start)
+    return [(e.name, e.time_range.elapsed_us()) for e in ours]
+
+
+def count_launches(fn, device: torch.device) -> int:
+    """How many work items one call of fn() puts on the device (`device_launches`)."""
+    return len(device_launches(fn, device))
+
+
+def kernel_summary(launches: list[tuple[str, float]], width: int = 70) -> str:
+    """`device_launches` as lines "µs  name", in launch order, with the total."""
+    lines = [f"{us:8.1f}  {name[:width]}" for name, us in launches]
+    return "\n".join(lines + [f"{sum(us for _, us in launches):8.1f}  total of {len(launches)} launches"])
 
 
 def _try_graph(row: dict, key: str, measure) -> None:
@@ -305,9 +320,9 @@ def bench_context(
             torch.equal(a, b) for a, b in zip(tree.dynamic_part(), static_tree.dynamic_part(), strict=True)
         )
         row["tree_nodes"] = tree.num_nodes
-        row["draft_launches"] = count_launches(
-            lambda: _draft(engine, root, layout, static=True, capture=False), device
-        )
+        launches = device_launches(lambda: _draft(engine, root, layout, static=True, capture=False), device)
+        row["draft_launches"] = len(launches)
+        row["draft_kernels"] = [[name, us] for name, us in launches]
         row["draft_ms"] = timer(lambda: _draft(engine, root, layout))
         if capture:
             _try_graph(
@@ -428,6 +443,11 @@ def main(argv: list[str] | None = None) -> dict:
         "catch-up step",
     )
     parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="print the draft step's launches in order, each with its profiled time (always in the JSON)",
+    )
+    parser.add_argument(
         "--no-hf-compile",
         action="store_true",
         help="skip the HF static cache + torch.compile step (its compilation takes minutes on a GPU)",
@@ -500,6 +520,10 @@ def main(argv: list[str] | None = None) -> dict:
         checks = {k: r[k] for k in r if k.endswith(("_diff", "_matches_eager"))}
         print(f"checks at {r['context']}: " + ", ".join(f"{k}={v}" for k, v in checks.items()))
     print(table(rows))
+    if args.kernels:
+        for r in rows:
+            print(f"the draft step's launches at {r['context']} (eager, profiler µs):")
+            print(kernel_summary(r["draft_kernels"]))
     for mode, costs in round_costs.items():
         print(f"whole round, ms ({mode}): " + ", ".join(f"{k} {v:.2f}" for k, v in costs.items()))
     if catch_up_ms is not None:

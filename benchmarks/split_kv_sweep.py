@@ -1,14 +1,17 @@
-"""Split count of the split-KV attention kernel (`longspec.kernels.split_kv_attn`) in the decode cases that run it
-with few query rows: an AR step, a chain verify, a batch of them, at the 8B and SmolLM2 shapes.
+"""Split count (and tiles) of the split-KV attention kernel (`longspec.kernels.split_kv_attn`) in the decode cases
+that run it with few query rows: an AR step, a chain verify, a batch of them, at the 8B, SmolLM2 and
+Qwen2.5-Coder-0.5B shapes.
 
     PYTHONPATH=. python benchmarks/split_kv_sweep.py                     # CUDA, bf16: every case below
     PYTHONPATH=. python benchmarks/split_kv_sweep.py --cases 8b_ar_b1    # some of them
+    PYTHONPATH=. python benchmarks/split_kv_sweep.py --cases qwen05b_ar_b1_32k --tiles 64x64 16x128
     PYTHONPATH=. python benchmarks/split_kv_sweep.py --tiny              # CPU smoke test (Triton's interpreter)
 
 Per case, one call per layer over that many layers' own random caches (a model's step reads every layer's cache
 once, so nothing is served from L2 that a real step would read from HBM), captured in one CUDA graph and timed by
-CUDA events (median of --iters replays): the kernel's default split count (`default_config`) and each of --splits,
-with the output checked against the default's (max abs difference). The bytes floor is the caches' K/V read once
+CUDA events (median of --iters replays): the kernel's default configuration (`default_config`) and each of
+--splits, in the default's tiles or in each of --tiles (BLOCK_M x BLOCK_N: query rows x keys per tile), with the
+output checked against the default's (max abs difference). The bytes floor is the caches' K/V read once
 at 4.3 TB/s. Prints a line per case and writes $OUT/split_kv_sweep.json (or --json).
 """
 
@@ -42,6 +45,10 @@ CASES = {
     "smollm2_chain5_b1_4k": (30, 1, 9, 3, 64, 5, 4096),
     "smollm2_chain17_b1_8k": (30, 1, 9, 3, 64, 17, 8192),
     "smollm2_ar_b16_4k": (30, 16, 9, 3, 64, 1, 4096),
+    "qwen05b_ar_b1_8k": (24, 1, 14, 2, 64, 1, 8192),
+    "qwen05b_ar_b1_32k": (24, 1, 14, 2, 64, 1, 32768),
+    "qwen05b_chain2_b1_32k": (24, 1, 14, 2, 64, 2, 32768),
+    "qwen05b_chain5_b1_32k": (24, 1, 14, 2, 64, 5, 32768),
 }
 TINY = {"tiny_ar_b2": (2, 2, 4, 2, 16, 1, 256), "tiny_chain3_b1": (2, 1, 4, 2, 16, 3, 256)}
 
@@ -93,7 +100,15 @@ def sweep_setup(parser, args, script: str, cases: dict, tiny: dict):
     return device, dtype, cases, names
 
 
-def sweep_case(name: str, shape: tuple, splits: list[int], iters: int, device, dtype) -> dict:
+def parse_tiles(text: str) -> tuple[int, int]:
+    """ "16x128" -> (BLOCK_M, BLOCK_N) = (16, 128)."""
+    block_m, block_n = (int(v) for v in text.lower().split("x"))
+    return block_m, block_n
+
+
+def sweep_case(
+    name: str, shape: tuple, splits: list[int], iters: int, device, dtype, tiles: list[tuple[int, int]] = ()
+) -> dict:
     from longspec.kernels.split_kv_attn.triton import default_config, split_kv_attn
 
     layers, B, H, Hkv, D, Tq, context = shape
@@ -123,16 +138,22 @@ def sweep_case(name: str, shape: tuple, splits: list[int], iters: int, device, d
         "floor_ms": layers * 2 * B * Hkv * context * D * dtype.itemsize / HBM_BYTES_PER_S * 1e3,
         "default_splits": default["num_splits"],
         "default_ms": _graph_timer(lambda: run(None), iters),
+        "default_tiles": f"{default['BLOCK_M']}x{default['BLOCK_N']}",
         "ms_by_splits": {},
         "max_abs_diff": 0.0,
     }
-    for num_splits in splits:
-        if num_splits > max(1, slots // 128):  # at least 2 tiles of 64 keys per split, as the default keeps
-            continue
-        config = {"num_splits": num_splits}
-        diff = float((run(config)[0].float() - reference).abs().max())
-        row["max_abs_diff"] = max(row["max_abs_diff"], diff)
-        row["ms_by_splits"][num_splits] = _graph_timer(lambda config=config: run(config), iters)
+    # Keys "S" (the default's tiles) or "S@MxN"; at least 2 key tiles per split, as the default keeps.
+    for label, tile in [("", {})] + [(f"@{m}x{n}", {"BLOCK_M": m, "BLOCK_N": n}) for m, n in tiles]:
+        block_n = tile.get("BLOCK_N", default["BLOCK_N"])
+        for num_splits in splits:
+            if num_splits > max(1, slots // (2 * block_n)):
+                continue
+            config = {"num_splits": num_splits, **tile}
+            diff = float((run(config)[0].float() - reference).abs().max())
+            row["max_abs_diff"] = max(row["max_abs_diff"], diff)
+            row["ms_by_splits"][f"{num_splits}{label}"] = _graph_timer(
+                lambda config=config: run(config), iters
+            )
     best = min(row["ms_by_splits"], key=row["ms_by_splits"].get)
     row["best_splits"], row["best_ms"] = best, row["ms_by_splits"][best]
     return row
@@ -142,6 +163,13 @@ def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", nargs="+", default=None, help=f"some of: {' '.join(CASES)}")
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96])
+    parser.add_argument(
+        "--tiles",
+        nargs="*",
+        default=[],
+        type=parse_tiles,
+        help="also sweep the splits in these tiles, BLOCK_MxBLOCK_N (query rows x keys), e.g. 16x64 16x128",
+    )
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--tiny", action="store_true", help="tiny cases on the CPU, Triton's interpreter")
     parser.add_argument("--json", default="split_kv_sweep.json", help="output path when $OUT is not set")
@@ -149,10 +177,11 @@ def main(argv=None) -> list[dict]:
     device, dtype, cases, names = sweep_setup(parser, args, "split_kv_sweep", CASES, TINY)
     rows = []
     for name in names:
-        row = sweep_case(name, cases[name], args.splits, args.iters, device, dtype)
+        row = sweep_case(name, cases[name], args.splits, args.iters, device, dtype, args.tiles)
         by_splits = " ".join(f"{s}:{ms:.3f}" for s, ms in row["ms_by_splits"].items())
         print(
-            f"{name}: floor {row['floor_ms']:.3f} ms, default ({row['default_splits']} splits) "
+            f"{name}: floor {row['floor_ms']:.3f} ms, default ({row['default_splits']} splits, "
+            f"{row['default_tiles']}) "
             f"{row['default_ms']:.3f} ms, best ({row['best_splits']}) {row['best_ms']:.3f} ms | {by_splits}",
             flush=True,
         )

@@ -34,6 +34,7 @@ from longspec.modules.layer_ops import (
     add_rms_norm,
     embed_rms_norm,
     head_logits,
+    head_pick,
     linear,
     linear_silu_mul,
     project,
@@ -167,6 +168,12 @@ class Drafter(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., Dm] -> [..., Kd] through the drafting head (no final norm): indexed by draft id."""
         return head_logits(self._head, hidden.to(self._head.weight.dtype))
+
+    def pick(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., Dm] -> [...]: the target id of each row's largest draft logit (the first, among ties): a greedy
+        chain's level, in one launch on the GPU where it can (`modules.layer_ops.head_pick`), the logits never
+        written."""
+        return head_pick(self._head, hidden.to(self._head.weight.dtype), self._draft_ids)
 
     @property
     def draft_ids(self) -> torch.Tensor | None:

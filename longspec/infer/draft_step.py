@@ -186,11 +186,12 @@ class DraftStep:
             ancestors = None if chain else tree.ancestor_mask[:, sl, : sl.stop]
             inputs = level_tokens[level] if chain else tree.tokens[:, sl]
             hidden = drafter.tree_level(inputs, nodes, sl, ancestors, target_k, target_v, n)  # [B, P, Dm]
-            logits = drafter.logits(hidden)  # [B, P, Kd]: by draft id (Kd = V without a draft vocabulary)
-            child_slice = layout.level_slice(level + 1)
-            # Tokens come back as target ids (a draft vocabulary's map applied on the device: in the argmax's own
+            # Tokens come back as target ids (a draft vocabulary's map applied on the device, in the pick's own
             # launch in a chain).
-            if shaping is None:
+            if shaping is None and chain:  # the head's argmax, its logits never written where it can
+                tokens = drafter.pick(hidden)  # [B, 1]
+            elif shaping is None:
+                logits = drafter.logits(hidden)  # [B, P, Kd]: by draft id (Kd = V without a draft vocabulary)
                 parent_local, tokens, scores = beam_step(
                     scores,
                     logits,
@@ -200,6 +201,7 @@ class DraftStep:
                 )
                 valid = None
             else:
+                logits = drafter.logits(hidden)
                 temperature, top_k, top_p = shaping
                 q = target_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
                 # Acceptance reads q by target id; 0 outside a draft vocabulary (those ids are never drafted).
@@ -214,6 +216,7 @@ class DraftStep:
             if chain:  # only its tokens grow (a sampled chain's one draw per level is always valid)
                 level_tokens.append(tokens)
             else:
+                child_slice = layout.level_slice(level + 1)
                 if valid is not None:  # (None: all valid)
                     tree.valid[:, child_slice] = valid
                 tree.set_level(child_slice, parent_local + sl.start, tokens)

@@ -1,6 +1,6 @@
 """The decoder layer's fused element-wise steps (residual add + RMSNorm, q/k norm + RoPE from the packed QKV
 projection, SiLU(gate) * up), each one Triton launch on CUDA and the plain-PyTorch reference elsewhere, and its
-projections (`linear`, `linear_silu_mul`, `head_logits`): on CUDA in 16-bit dtypes, for the one or two rows of an AR
+projections (`linear`, `linear_silu_mul`, `head_logits`, and the greedy `head_pick`): on CUDA in 16-bit dtypes, for the one or two rows of an AR
 step or a chain of one, a Triton GEMV (`kernels.gemv`, the MLP's SiLU x up fused into its gate/up projection); on
 the CPU, for up to 16 rows, the faster of two BLAS calls measured per shape (`modules.cpu_projection`); F.linear
 otherwise.
@@ -17,7 +17,9 @@ from torch import nn
 
 from longspec.kernels import HAS_TRITON, gemv
 from longspec.kernels import layer_ops as kernels
+from longspec.kernels.head_argmax import head_argmax
 from longspec.kernels.layer_ops import write_kv  # the unpacked layer's cache write: one scatter per tensor
+from longspec.kernels.row_argmax import row_argmax
 from longspec.modules.cpu_projection import few_rows_linear
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "linear",
     "linear_silu_mul",
     "head_logits",
+    "head_pick",
     "project",
     "qkv_rope",
     "silu_mul",
@@ -84,6 +87,23 @@ def head_logits(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if type(head) is nn.Linear:
         return _blas(x, head.weight, head.bias)
     return head(x)
+
+
+def head_pick(head: nn.Module, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The greedy pick from the LM head: the first index of the largest of head(x)'s logits per row (its id in
+    `ids` [V], a draft vocabulary's map, with one). On CUDA in 16-bit dtypes, for a plain nn.Linear and one or two
+    rows, one launch that never writes the logits (`kernels.head_argmax`); else `head_logits`, then `row_argmax`."""
+    if type(head) is nn.Linear:
+        weight = head.weight
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if (
+            use_triton(x)
+            and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype
+            and rows <= 2
+        ):
+            return head_argmax(x, weight, head.bias, ids)
+    return row_argmax(head_logits(head, x), ids)
 
 
 def project(module: nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:

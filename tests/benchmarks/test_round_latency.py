@@ -11,7 +11,9 @@ def round_latency(load_benchmark):
 
 def test_tiny_mode_writes_a_complete_table(round_latency, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OUT", str(tmp_path))
-    round_latency.main(["--tiny", "--contexts", "40", "--iters", "1", "--warmup", "1", "--round-costs"])
+    round_latency.main(
+        ["--tiny", "--contexts", "40", "--iters", "1", "--warmup", "1", "--round-costs", "--kernels"]
+    )
     result = json.loads((tmp_path / "round_latency.json").read_text())
     (row,) = result["rows"]
     assert row["context"] == 40 and row["tree_nodes"] == 69
@@ -28,6 +30,9 @@ def test_tiny_mode_writes_a_complete_table(round_latency, tmp_path, monkeypatch,
     assert row["round_ms"] == pytest.approx(row["draft_ms"] + row["verify_ms"] + row["accept_ms"])
     assert row["ar_static_vs_eager_max_abs_diff"] < 1e-4  # the graph's path computes the same logits
     assert row["draft_static_matches_eager"]
+    # the draft step's launches in order (on the CPU: its top-level ATen ops), each with a time
+    assert len(row["draft_kernels"]) == row["draft_launches"] > 0
+    assert all(name.startswith("aten::") and us >= 0 for name, us in row["draft_kernels"])
     # the whole round as generate runs it, every tree="auto" candidate, greedy and sampling
     costs = result["round_costs_ms"]
     assert set(costs) == {"T=0", "T=1"} and all(
@@ -35,6 +40,7 @@ def test_tiny_mode_writes_a_complete_table(round_latency, tmp_path, monkeypatch,
     )  # 9 trees, 4 lookup chains, 2 lookup forests
     assert result["catch_up_ms"] > 0  # the drafter ring's catch-up, timed on its own
     out = capsys.readouterr().out
+    assert f"total of {row['draft_launches']} launches" in out
     assert "| context |" in out and "whole round, ms (T=1): 1024:ar" in out and "catch-up" in out
 
 

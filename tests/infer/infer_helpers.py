@@ -6,6 +6,7 @@ import torch
 
 from longspec.drafter import Drafter, DrafterConfig
 from longspec.infer.candidates import AUTO_LOOKUPS, AUTO_TREES
+from longspec.kernels.row_argmax import row_argmax
 from longspec.modules.layer_ops import write_kv
 
 WINDOW = 8  # drafter window, far below the prompt lengths the tests use
@@ -80,6 +81,10 @@ class OracleDrafter:
             token = self.sequences[row][pos + 1]
             out[tuple(index) + (token,)] = 10.0 if self.favour(pos + 1) else float("-inf")
         return out
+
+    def pick(self, hidden):
+        """As `Drafter.pick`: the target id of the largest logit (a greedy chain's level)."""
+        return row_argmax(self.logits(hidden), self._draft_ids)
 
 
 class CyclingCosts:

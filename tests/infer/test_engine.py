@@ -68,8 +68,10 @@ def test_drafts_are_target_ids_of_the_draft_vocabulary(llama):
     full = drafter.lm_head(hidden)
     want = vocab.ids[full[:, vocab.ids].argmax(-1)]
     assert torch.equal(drafter.draft_ids[drafter.logits(hidden).argmax(-1)], want)
-    # The draft step's pick, the map applied with the argmax: a chain's level and a tree's level of one parent.
+    # The draft step's pick, the map applied with the argmax: a chain's level (the drafter's own pick, and the
+    # beam step of width one) and a tree's level of one parent.
     logits = drafter.logits(hidden)[:, None, :]  # [3, 1, Kd]
+    assert torch.equal(drafter.pick(hidden[:, None, :])[:, 0], want)
     assert torch.equal(beam_step(None, logits, 1, scores=False, ids=drafter.draft_ids)[1][:, 0], want)
     parents, tokens, _ = beam_step(None, logits, 2, scores=True, ids=drafter.draft_ids)
     assert torch.equal(tokens[:, 0], want) and torch.isin(tokens, vocab.ids).all() and not parents.any()

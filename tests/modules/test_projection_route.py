@@ -82,3 +82,29 @@ def test_a_residual_rides_the_route(routes):
             layer_ops.project(down, x, res), res + F.linear(x, down.weight), rtol=0, atol=0
         )
     assert routes == [("gemv", 1)]  # three rows went to cuBLAS, its add after
+
+
+def test_the_greedy_pick_is_one_launch_for_one_or_two_rows_of_a_plain_head(routes, monkeypatch):
+    # head_pick: the fused head + argmax (kernels.head_argmax, stubbed here by its reference) for 1-2 rows of a
+    # 16-bit nn.Linear; every other call the head's logits, then row_argmax. Both give the same ids.
+    from longspec.kernels.head_argmax import head_argmax_naive
+
+    def fake_head_argmax(x, w, b=None, ids=None):
+        routes.append(("head_argmax", x.numel() // x.shape[-1]))
+        return head_argmax_naive(x, w, b, ids)
+
+    monkeypatch.setattr(layer_ops, "head_argmax", fake_head_argmax)
+    gen = torch.Generator().manual_seed(0)
+    head = nn.Linear(16, 50, bias=False, dtype=torch.bfloat16)
+    ids = torch.randperm(500, generator=gen)[:50]
+    for rows in (1, 2, 3):
+        x = torch.randn(rows, 1, 16, generator=gen).bfloat16()
+        want = ids[layer_ops.head_logits(head, x).argmax(-1)]
+        assert torch.equal(layer_ops.head_pick(head, x, ids), want)
+    x = torch.randn(1, 16, generator=gen)
+    head32 = nn.Linear(16, 50, bias=False)
+    assert torch.equal(layer_ops.head_pick(head32, x), head32(x).argmax(-1))  # float32: the logits route
+    assert torch.equal(
+        layer_ops.head_pick(nn.Sequential(head32), x), head32(x).argmax(-1)
+    )  # not a plain head
+    assert [r for r in routes if r[0] == "head_argmax"] == [("head_argmax", 1), ("head_argmax", 2)]

@@ -18,13 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["row_argmax_triton"]
+__all__ = ["first_max", "row_argmax_triton"]
 
 CHUNK = 2048
 
 
 @triton.jit
-def _first_max(values, index, ok, BIG: tl.constexpr):
+def first_max(values, index, ok, BIG: tl.constexpr):
     """(max, first index of it) of `values` at `index` (lanes with ok False ignored), NaN the largest."""
     nan = (values != values) & ok
     has_nan = tl.max(nan.to(tl.int32), axis=0) > 0
@@ -44,7 +44,7 @@ def _chunk_max_kernel(X, VALUES, INDEX, V, stride_x, CHUNKS: tl.constexpr, BLOCK
     x = tl.load(X + r * stride_x + cols, mask=ok, other=float("-inf"))
     if x.dtype != tl.float64:
         x = x.to(tl.float32)
-    top, first = _first_max(x, cols, ok, 2147483647)
+    top, first = first_max(x, cols, ok, 2147483647)
     tl.store(VALUES + r * CHUNKS + c, top)
     tl.store(INDEX + r * CHUNKS + c, first)
 
@@ -57,7 +57,7 @@ def _row_pick_kernel(
     chunks = tl.arange(0, CHUNKS_POW2)
     ok = chunks < CHUNKS
     top = tl.load(VALUES + r * CHUNKS + chunks, mask=ok, other=float("-inf"))
-    _, best = _first_max(top, chunks, ok, CHUNKS_POW2)
+    _, best = first_max(top, chunks, ok, CHUNKS_POW2)
     index = tl.load(INDEX + r * CHUNKS + best).to(tl.int64)
     if HAS_IDS:
         index = tl.load(IDS + index)
