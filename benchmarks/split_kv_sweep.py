@@ -107,7 +107,14 @@ def parse_tiles(text: str) -> tuple[int, int]:
 
 
 def sweep_case(
-    name: str, shape: tuple, splits: list[int], iters: int, device, dtype, tiles: list[tuple[int, int]] = ()
+    name: str,
+    shape: tuple,
+    splits: list[int],
+    iters: int,
+    device,
+    dtype,
+    tiles: list[tuple[int, int]] = (),
+    reduce_blocks: list[int] = (),
 ) -> dict:
     from longspec.kernels.split_kv_attn.triton import default_config, split_kv_attn
 
@@ -142,8 +149,11 @@ def sweep_case(
         "ms_by_splits": {},
         "max_abs_diff": 0.0,
     }
-    # Keys "S" (the default's tiles) or "S@MxN"; at least 2 key tiles per split, as the default keeps.
-    for label, tile in [("", {})] + [(f"@{m}x{n}", {"BLOCK_M": m, "BLOCK_N": n}) for m, n in tiles]:
+    # Keys "S" (the default's tiles), "S@MxN" or "S/rR" (the reduce merging R splits per load); at least 2 key
+    # tiles per split, as the default keeps.
+    variants = [("", {})] + [(f"@{m}x{n}", {"BLOCK_M": m, "BLOCK_N": n}) for m, n in tiles]
+    variants += [(f"/r{r}", {"REDUCE_BLOCK_S": r}) for r in reduce_blocks]
+    for label, tile in variants:
         block_n = tile.get("BLOCK_N", default["BLOCK_N"])
         for num_splits in splits:
             if num_splits > max(1, slots // (2 * block_n)):
@@ -170,6 +180,13 @@ def main(argv=None) -> list[dict]:
         type=parse_tiles,
         help="also sweep the splits in these tiles, BLOCK_MxBLOCK_N (query rows x keys), e.g. 16x64 16x128",
     )
+    parser.add_argument(
+        "--reduce-blocks",
+        nargs="*",
+        default=[],
+        type=int,
+        help="also sweep the splits with the reduce merging this many splits per load (default tiles)",
+    )
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--tiny", action="store_true", help="tiny cases on the CPU, Triton's interpreter")
     parser.add_argument("--json", default="split_kv_sweep.json", help="output path when $OUT is not set")
@@ -177,7 +194,9 @@ def main(argv=None) -> list[dict]:
     device, dtype, cases, names = sweep_setup(parser, args, "split_kv_sweep", CASES, TINY)
     rows = []
     for name in names:
-        row = sweep_case(name, cases[name], args.splits, args.iters, device, dtype, args.tiles)
+        row = sweep_case(
+            name, cases[name], args.splits, args.iters, device, dtype, args.tiles, args.reduce_blocks
+        )
         by_splits = " ".join(f"{s}:{ms:.3f}" for s, ms in row["ms_by_splits"].items())
         print(
             f"{name}: floor {row['floor_ms']:.3f} ms, default ({row['default_splits']} splits, "

@@ -259,7 +259,7 @@ def split_kv_attn(
       itself. branches=1 is the plain chain (the same compiled kernel as without it).
     merge_with: optional (out [B,H,Tq,D], lse [B,H,Tq]) of attention over other keys, merged in the reduce.
     out/lse: optional output buffers. config: overrides of `default_config` (BLOCK_M, BLOCK_N, num_warps,
-      num_stages, num_splits).
+      num_stages, num_splits) and of the splits the reduce merges per load (REDUCE_BLOCK_S).
     Returns (out [B,H,Tq,D] in q.dtype, by default laid out [B,Tq,H,D] (`heads_last_like`), lse [B,H,Tq]
     float32) over the union of all key sets."""
     B, H, Tq, D = q.shape
@@ -288,6 +288,7 @@ def split_kv_attn(
     cfg.update(config or {})
     num_splits = cfg.pop("num_splits")
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
+    reduce_block_s = cfg.pop("REDUCE_BLOCK_S", REDUCE_BLOCK_S)
     block_d = max(16, triton.next_power_of_2(D))
 
     o_part = torch.empty((B * Hkv, num_splits, num_rows, D), dtype=torch.float32, device=q.device)
@@ -323,6 +324,6 @@ def split_kv_attn(
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
         Hkv, Tq, group, num_rows, num_splits,
-        HAS_EXTRA=merge_with is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=REDUCE_BLOCK_S, num_warps=2,
+        HAS_EXTRA=merge_with is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=reduce_block_s, num_warps=2,
     )  # fmt: skip
     return out, lse
