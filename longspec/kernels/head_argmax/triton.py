@@ -106,16 +106,15 @@ def default_config(k: int) -> dict[str, int]:
     )
 
 
-# One counter per (device, stream): a launch leaves it at 0; launches on one stream never overlap.
-_COUNTERS: dict[tuple, torch.Tensor] = {}
+# One counter per device, made at its first launch (a CUDA graph's warm-up runs eagerly before its capture) and
+# left at 0 by every launch. Launches on one device must not overlap: the engine runs its steps on one stream.
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def _counter(device: torch.device) -> torch.Tensor:
-    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
-    key = (device, stream)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
 
 
 def head_argmax_triton(
