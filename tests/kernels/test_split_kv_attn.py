@@ -55,7 +55,7 @@ def _poisoned(q):
             2600,
             16,
             2500,
-            37,
+            70,
         ),  # an AR step: the reduce loads splits in two chunks, the last ones empty
     ],
 )
@@ -259,7 +259,8 @@ def test_split_count_one_wave_for_few_rows_four_for_a_tree(monkeypatch):
     assert plan(3, 48, 4096) == 6  # SmolLM2 at batch 16
     assert plan(296, 8, 32768) == 13  # a 74-node tree: 5 row blocks, ~4 waves
     assert plan(3, 3, 4096) == 32  # SmolLM2's AR step at 4K: capped at 4096 / 128 splits
-    assert plan(3, 3, 8192 + 128) == 32  # and at 8K at the reduce's 32 parts per load (one wave would be 44)
+    assert plan(3, 3, 8192 + 128) == 44  # and at 8K one wave
+    assert plan(7, 2, 32768 + 128) == 64  # Qwen2.5-Coder-0.5B's AR step: at the reduce's 64 parts per load (66)
     assert plan(4, 8, 100) == 1
 
 

@@ -22,7 +22,7 @@ from longspec.kernels.row_argmax.triton import first_max
 
 __all__ = ["default_config", "head_argmax_triton"]
 
-_BIG = 2147483647  # no index yet
+_BIG = tl.constexpr(2147483647)  # no index yet
 
 
 @triton.jit
