@@ -98,11 +98,12 @@ def _head_argmax_kernel(
 
 
 def default_config(k: int) -> dict[str, int]:
-    """BLOCK_N, BLOCK_K, num_warps, num_stages for a head of input width k: a few thousand programs over a
-    vocabulary (each a partial to merge), K in wide tiles (`benchmarks/projection_routes.py --sweep`); BLOCK_P,
-    the partials the last program merges per load."""
+    """BLOCK_N, BLOCK_K, num_warps, num_stages for a head of input width k: 32 head rows per program (a thousand
+    partials to merge at 32K ids) in 128-wide K tiles over 8 warps, the best or near it of
+    `benchmarks/projection_routes.py --sweep` at the SmolLM2, Qwen2.5-Coder-0.5B and 8B heads; BLOCK_P, the
+    partials the last program merges per load."""
     return dict(
-        BLOCK_N=16, BLOCK_K=min(256, triton.next_power_of_2(k)), num_warps=4, num_stages=4, BLOCK_P=1024
+        BLOCK_N=32, BLOCK_K=min(128, triton.next_power_of_2(k)), num_warps=8, num_stages=4, BLOCK_P=1024
     )
 
 
