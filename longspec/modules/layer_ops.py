@@ -1,9 +1,9 @@
 """The decoder layer's fused element-wise steps (residual add + RMSNorm, q/k norm + RoPE from the packed QKV
 projection, SiLU(gate) * up), each one Triton launch on CUDA and the plain-PyTorch reference elsewhere, and its
-projections (`linear`, `linear_silu_mul`, `head_logits`, and the greedy `head_pick`): on CUDA in 16-bit dtypes, for the one or two rows of an AR
-step or a chain of one, a Triton GEMV (`kernels.gemv`, the MLP's SiLU x up fused into its gate/up projection); on
-the CPU, for up to 16 rows, the faster of two BLAS calls measured per shape (`modules.cpu_projection`); F.linear
-otherwise.
+projections (`linear`, `linear_silu_mul`, `head_logits`, the greedy `head_pick`): on CUDA in 16-bit dtypes, for the
+one or two rows of an AR step or a chain of one, a Triton GEMV (`kernels.gemv`, the MLP's SiLU x up fused into its
+gate/up projection; `kernels.head_argmax` for the pick); on the CPU, for up to 16 rows, the faster of two BLAS calls
+measured per shape (`modules.cpu_projection`); F.linear otherwise.
 
 The references (`longspec.kernels.layer_ops.naive`) use the HF modules' arithmetic, so off CUDA the packed
 target forward computes what the unpacked one does; the Triton kernels are checked against them.
@@ -96,12 +96,8 @@ def head_pick(head: nn.Module, x: torch.Tensor, ids: torch.Tensor | None = None)
     if type(head) is nn.Linear:
         weight = head.weight
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if (
-            use_triton(x)
-            and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype == x.dtype
-            and rows <= 2
-        ):
+        half = x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+        if use_triton(x) and half and rows <= gemv.MAX_ROWS:
             return head_argmax(x, weight, head.bias, ids)
     return row_argmax(head_logits(head, x), ids)
 

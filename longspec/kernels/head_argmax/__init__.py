@@ -1,9 +1,9 @@
 """The greedy pick straight from an LM head: argmax over x @ W^T for a row or two, with an id map applied, in one
 launch, the logits never written.
 
-Why: a greedy chain's draft level needs only the argmax of its head's logits. As a GEMM, then an argmax (two
-launches over the device), then the draft -> target id map, it is three to four launches and a [rows, N] write
-and read for one token id; on a GPU each launch costs microseconds of a draft step of ~25 launches.
+Why: a greedy chain's draft level needs only the argmax of its head's logits. As a GEMM, then an argmax over the
+device (`kernels.row_argmax`, two launches, the id map inside), it is three launches and a [rows, N] write and
+read for one token id, and on a GPU each launch costs microseconds of a draft step that is launch-bound.
 `naive.py` is the reference (the projection rounded to the model's dtype, then torch.argmax's first maximum).
 `triton.py` streams the head once: each program's rows end in a partial (max, first index), and the last program
 to finish merges the partials."""
