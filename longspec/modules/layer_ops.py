@@ -43,12 +43,19 @@ def use_triton(x: torch.Tensor) -> bool:
     return HAS_TRITON and x.is_cuda and not torch.is_grad_enabled()
 
 
+def _few_rows(x: torch.Tensor, weight: torch.Tensor) -> int | None:
+    """x's row count where a few-row Triton kernel may take x @ weight^T (CUDA inference, a 16-bit model), else
+    None. float32 stays on cuBLAS: the dtype of exact comparisons, where one route for every row count is wanted."""
+    if not (use_triton(x) and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype):
+        return None
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
 def _gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     # Few rows of a 16-bit model: there cuBLAS streams some weights below the bytes rate (`kernels.gemv`).
-    # float32 stays on cuBLAS: the dtype of exact comparisons, where one route for every row count is wanted.
-    if not (use_triton(x) and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype):
+    rows = _few_rows(x, weight)
+    if rows is None:
         return False
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     small = weight.numel() * weight.element_size() <= gemv.TWO_ROW_MAX_BYTES
     return rows == 1 or (rows == gemv.MAX_ROWS and small)
 
@@ -94,11 +101,9 @@ def head_pick(head: nn.Module, x: torch.Tensor, ids: torch.Tensor | None = None)
     `ids` [V], a draft vocabulary's map, with one). On CUDA in 16-bit dtypes, for a plain nn.Linear and one or two
     rows, one launch that never writes the logits (`kernels.head_argmax`); else `head_logits`, then `row_argmax`."""
     if type(head) is nn.Linear:
-        weight = head.weight
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        half = x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-        if use_triton(x) and half and rows <= gemv.MAX_ROWS:
-            return head_argmax(x, weight, head.bias, ids)
+        rows = _few_rows(x, head.weight)
+        if rows is not None and rows <= gemv.MAX_ROWS:
+            return head_argmax(x, head.weight, head.bias, ids)
     return row_argmax(head_logits(head, x), ids)
 
 

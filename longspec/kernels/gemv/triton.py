@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from longspec.kernels.gemv.rows import MAX_ROWS
+from longspec.kernels.gemv.rows import MAX_ROWS, as_rows
 
 __all__ = ["default_config", "gemv", "gemv_silu_mul"]
 
@@ -94,24 +94,18 @@ def default_config(k: int, silu_mul: bool = False, rows: int = 1) -> dict[str, i
     return dict(BLOCK_N=4, BLOCK_K=min(512, triton.next_power_of_2(k)), num_warps=4, num_stages=4)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x [..., D] as [M, D] with contiguous rows (a view where it can be)."""
-    rows = x.reshape(-1, x.shape[-1])
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
-
-
 def _launch(x, weight, bias, n_out, silu_mul, config, residual=None):
     K = x.shape[-1]
     assert weight.shape[1] == K and weight.stride(-1) == 1 and weight.dtype == x.dtype
     assert bias is None or (bias.shape == (weight.shape[0],) and bias.is_contiguous())
-    rows = _rows(x)
+    rows = as_rows(x)
     M = rows.shape[0]
     if M > MAX_ROWS:
         raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {M}")
     out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
     if residual is not None:
         assert residual.shape == out.shape and residual.dtype == x.dtype
-        residual = _rows(residual)
+        residual = as_rows(residual)
     cfg = default_config(K, silu_mul, M)
     cfg.update(config or {})
     block_n = cfg.pop("BLOCK_N")

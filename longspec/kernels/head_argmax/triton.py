@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from longspec.kernels.gemv.rows import as_rows
 from longspec.kernels.row_argmax.triton import first_max
 
 __all__ = ["default_config", "head_argmax_triton"]
@@ -135,9 +136,7 @@ def head_argmax_triton(
     assert ids is None or (ids.shape == (N,) and ids.dtype == torch.long and ids.is_contiguous())
     if N == 0:
         raise ValueError("head_argmax over an empty head")
-    rows = x.reshape(-1, K)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = as_rows(x)
     M = rows.shape[0]
     if M > 2:
         raise ValueError(f"head_argmax takes at most 2 rows, got {M}")

@@ -192,7 +192,7 @@ def _split_kv_reduce_kernel(
 
 
 # Splits the reduce merges per load (fixed, so the kernel compiles once whatever the split count): 64 covers one
-# wave of splits at two kv heads (Qwen2.5's 0.5B-7B shapes).
+# wave of splits at two kv heads (Qwen2.5-0.5B to 3B).
 REDUCE_BLOCK_S = 64
 
 
@@ -217,9 +217,9 @@ def default_config(
       the reduce's input (splits x rows partials). `benchmarks/split_kv_sweep.py` finds one wave fastest for the
       8B shape's AR step, two for a chain of two row blocks and for a batch, at 8K and 32K alike.
     - never more than REDUCE_BLOCK_S splits, the reduce's parts per load: past it the reduce makes a second pass
-      of dependent loads, which costs more than the extra splits gain. With 64 per load (32 before), the sweep
-      found the AR step at two kv heads (the Qwen2.5-Coder-0.5B shape) fastest at 64 splits, one wave, and
-      SmolLM2's (3 kv heads, one wave 44 splits) no slower than at the old cap.
+      of dependent loads, which costs more than the extra splits gain. The sweep finds the AR step at two kv
+      heads (the Qwen2.5-Coder-0.5B shape) fastest at 64 splits, one wave, and SmolLM2's (3 kv heads, one wave
+      44 splits) no slower there than at 32.
     """
     block_m, block_n, num_warps, num_stages = 64, 64, 4, 3
     if head_dim > 128:
