@@ -10,7 +10,8 @@ For each context length and method (vanilla_hf = HF eager, vanilla_fa = HF SDPA 
 StaticCache + torch.compile, ar = our engine, ar_graphs = our engine replaying CUDA graphs, pld = prompt lookup)
 it generates --tokens tokens from a random prompt (or --data's) --repeats times and prints tokens/s of each
 repeat: the first repeat at a new context length shows what shape-dependent set-up (kernel selection, autotuning,
-graph capture) costs, the later ones the steady state the harness should report. Eager methods also print each
+graph capture) costs, the later ones the steady state the harness should report. The repeats go round-robin
+over the methods, so that a shared machine's drift between them hits every method alike. Eager methods also print each
 phase's ms per round (draft, verify with acceptance, commit; the median over the repeats).
 With --no-cudnn-sdp the SDPA baseline runs with PyTorch's cuDNN attention backend disabled.
 longspec / longspec_graphs (opt in with --methods) decode with a random drafter (or --drafter) and --tree (auto:
@@ -19,7 +20,9 @@ row then also records which trees ran.
 --profile adds one run per method under torch.profiler (device kernels, wall vs device-busy time), --host-profile
 one under cProfile (the host's Python time per token, by function).
 --target DIR (a converted checkpoint or, with --gguf-file, a GGUF) decodes with the real target's weights, and
---drafter DIR with a trained drafter exported for it; --data SOURCE takes each context's prompt from an evaluation
+--drafter DIR with a trained drafter exported for it (several, `--drafter K8K=DIR_A K32K=DIR_B`: each longspec
+method runs once per drafter, as rows `longspec@K8K`, ..., on the same target and prompts: e.g. draft
+vocabulary sizes compared round for round); --data SOURCE takes each context's prompt from an evaluation
 data source (the end of its first prompt at least that long, as batch_throughput.py does) instead of random tokens:
 the round-by-round costs of a real pair on real text, where a random prompt and drafter only show plain rounds.
 Writes JSON to $OUT/decode_methods.json when OUT is set.
@@ -61,7 +64,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--gguf-file", default=None, help="with --target: the GGUF file in it")
     parser.add_argument(
-        "--drafter", default=None, help="a trained drafter's export directory (longspec methods)"
+        "--drafter",
+        nargs="+",
+        default=None,
+        metavar="[LABEL=]DIR",
+        help="a trained drafter's export directory (longspec methods); several: each longspec method runs once "
+        "per drafter (rows `longspec@LABEL`), all on the same target and prompts, interleaved",
     )
     parser.add_argument(
         "--data", default=None, help="prompts from this evaluation data source (needs --target)"
@@ -121,7 +129,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             config = LlamaConfig(vocab_size=args.vocab_size, attn_implementation="sdpa", **shape)
         target = random_target(config, device, dtype)
     tree = tuple(int(w) for w in args.tree.split(",")) if "," in args.tree else args.tree
-    drafter = None
+    drafters = {None: None}  # label -> drafter (None: no longspec method)
     if any(m.startswith("longspec") for m in args.methods):
         from longspec.drafter import Drafter, DrafterConfig
 
@@ -129,15 +137,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
             from longspec.target_source import load_tokenizer
 
             tokenizer = load_tokenizer(args.target, args.gguf_file) if args.target else None
-            drafter = Drafter.from_pretrained(args.drafter, target, tokenizer, dtype=dtype, device=device)
+            labelled = drafter_labels(args.drafter)
+            drafters = {
+                label: Drafter.from_pretrained(path, target, tokenizer, dtype=dtype, device=device)
+                for label, path in labelled.items()
+            }
+            if len(drafters) == 1:
+                drafters = {None: next(iter(drafters.values()))}
         else:
             drafter_config = DrafterConfig.from_target_config(target.config, window=args.window)
             drafter = Drafter(drafter_config, target.embed_tokens, target.lm_head)
-            drafter = drafter.to(device=device, dtype=dtype).requires_grad_(False)
-    engine = SpeculativeEngine(target, drafter)
-    engine.reserve_for([max(args.contexts)], GenerationConfig(max_new_tokens=args.tokens))
+            drafters = {None: drafter.to(device=device, dtype=dtype).requires_grad_(False)}
+    # One engine per drafter, all on the one target (each its own cache); target-only methods run on the first.
+    engines = {label: SpeculativeEngine(target, drafter) for label, drafter in drafters.items()}
+    for engine in engines.values():
+        engine.reserve_for([max(args.contexts)], GenerationConfig(max_new_tokens=args.tokens))
     generator = torch.Generator().manual_seed(0)
     documents = load_data_prompts(args.data, args.target, args.gguf_file) if args.data else None
+    # What runs: (row name, method, drafter label: None for a target-only method), longspec once per drafter.
+    runs = []
+    for method in args.methods:
+        if method.endswith("_graphs") and not cuda:
+            continue
+        labels = list(engines) if method.startswith("longspec") else [None]
+        runs += [(method if label is None else f"{method}@{label}", method, label) for label in labels]
 
     rows = []
     for context in args.contexts:
@@ -145,51 +168,40 @@ def main(argv: list[str] | None = None) -> list[dict]:
             prompt = data_prompts(documents, context, 1)[0]
         else:
             prompt = torch.randint(0, config.vocab_size, (context,), generator=generator).tolist()
-        for method in args.methods:
-            graphs = method.endswith("_graphs")
-            if graphs and not cuda:
-                continue
+        # Set-up first (each run's config; tree=auto's round costs, untimed like the eval's warm-up), then the
+        # repeats round-robin over the runs: a shared machine's drift hits every method alike, and each
+        # method's first repeat still shows its own set-up cost (compilation, capture).
+        setups = []
+        for name, method, label in runs:
             config_ = GenerationConfig(
-                max_new_tokens=args.tokens, cuda_graphs=graphs, tree=tree, temperature=args.temperature
+                max_new_tokens=args.tokens,
+                cuda_graphs=method.endswith("_graphs"),
+                tree=tree,
+                temperature=args.temperature,
             )
-            base = method.removesuffix("_graphs")
+            engine = engines[label] if label in engines else next(iter(engines.values()))
             table = None
-            if base == "longspec" and config_.fixed_tree is None:  # untimed, like the eval's warm-up
+            if method.startswith("longspec") and config_.fixed_tree is None:
                 table = engine.measure_round_costs(
                     config_, [min(args.contexts), max(args.contexts) + args.tokens]
                 )
-            speeds, trees, rounds, phases = [], {}, [], []
-            for _ in range(args.repeats):
-                result = run_method(base, prompt, config_, target=target, engine=engine)
-                speeds.append(result.stats.tokens_per_s)
-                for name, count in result.stats.trees.items():
-                    trees[name] = trees.get(name, 0) + count
-                # per repeat, round by round: tree, accepted drafts, wall ms (GenerationStats.round_ms)
-                stats = result.stats
-                names = stats.round_trees or [None] * stats.rounds
-                rounds.append([list(r) for r in zip(names, stats.accepted, stats.round_ms, strict=False)])
-                # ms per round of each phase: eager rounds time draft / verify (with acceptance) / commit apart
-                per_round = 1e3 / max(stats.rounds, 1)
-                phases.append(
-                    [stats.draft_s * per_round, stats.verify_s * per_round, stats.overhead_s * per_round]
+            run = functools.partial(
+                run_method, method.removesuffix("_graphs"), prompt, config_, target=target, engine=engine
+            )
+            setups.append((name, method, label, run, table))
+        timed = {name: [] for name, *_ in setups}
+        for _ in range(args.repeats):
+            for name, _, _, run, _ in setups:
+                timed[name].append(run().stats)
+        for name, method, label, run, table in setups:
+            rows.append(
+                measured_row(
+                    context, name, label, timed[name], graphs=method.endswith("_graphs"), table=table
                 )
-            rows.append({"context": context, "method": method, "tokens_per_s": speeds, "rounds": rounds})
-            if not graphs:  # (a graph round is timed whole, as verify_s)
-                rows[-1]["phase_ms_per_round"] = dict(
-                    zip(
-                        ("draft", "verify", "commit"),
-                        (statistics.median(p) for p in zip(*phases, strict=True)),
-                        strict=True,
-                    )
-                )
-            if trees:
-                rows[-1]["trees"] = trees
-            if table is not None:  # the warm-up's round costs the policy started from, next to `rounds`
-                rows[-1]["round_costs_s"] = table.to_dict()
+            )
             if args.profile:
                 out = os.environ.get("OUT")
-                trace = os.path.join(out, f"trace_{method}_{context}.json") if out else None
-                run = functools.partial(run_method, base, prompt, config_, target=target, engine=engine)
+                trace = os.path.join(out, f"trace_{name}_{context}.json") if out else None
                 rows[-1]["profile"] = profile = profile_once(run, device, trace)
                 summary = {k: round(v, 4) for k, v in profile.items() if not k.startswith("top_")}
                 print(f"  profile: {summary}", flush=True)
@@ -200,7 +212,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         flush=True,
                     )
             if args.host_profile:
-                run = functools.partial(run_method, base, prompt, config_, target=target, engine=engine)
                 rows[-1]["host_profile"] = functions = host_profile_once(run)
                 for f in functions:
                     print(
@@ -211,11 +222,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             phase_note = ""
             if "phase_ms_per_round" in rows[-1]:
                 phase_note = "  ms per round (median): " + ", ".join(
-                    f"{name} {ms:.2f}" for name, ms in rows[-1]["phase_ms_per_round"].items()
+                    f"{phase} {ms:.2f}" for phase, ms in rows[-1]["phase_ms_per_round"].items()
                 )
             print(
-                f"context {context:>6} {method:<11} tok/s per repeat: "
-                + " ".join(f"{s:8.1f}" for s in speeds)
+                f"context {context:>6} {name:<11} tok/s per repeat: "
+                + " ".join(f"{s:8.1f}" for s in rows[-1]["tokens_per_s"])
                 + phase_note,
                 flush=True,
             )
@@ -225,6 +236,54 @@ def main(argv: list[str] | None = None) -> list[dict]:
             {**run_info(device=device, argv=argv), "args": vars(args), "rows": rows},
         )
     return rows
+
+
+def drafter_labels(specs: list[str]) -> dict[str, str]:
+    """--drafter's `[LABEL=]DIR` arguments -> {label: directory}; a bare DIR is labelled by its folder's name."""
+    labelled = {}
+    for spec in specs:
+        label, sep, path = spec.partition("=")
+        if not sep:
+            label, path = os.path.basename(os.path.normpath(spec)), spec
+        if not label or label in labelled:
+            raise SystemExit(f"--drafter {spec!r}: give each drafter its own label (LABEL=DIR)")
+        labelled[label] = path
+    return labelled
+
+
+def measured_row(context: int, name: str, label, stats: list, *, graphs: bool, table=None) -> dict:
+    """One run's row from its repeats' `GenerationStats`: tokens/s per repeat, the rounds of each repeat (tree,
+    accepted drafts, wall ms), which trees ran, the median ms per round of each phase (eager rounds time draft /
+    verify with acceptance / commit apart; a graph round is timed whole) and, for tree=auto, the round costs the
+    policy started from."""
+    row = {"context": context, "method": name, "tokens_per_s": [s.tokens_per_s for s in stats]}
+    if label is not None:
+        row["drafter"] = label
+    row["rounds"] = [
+        [list(r) for r in zip(s.round_trees or [None] * s.rounds, s.accepted, s.round_ms, strict=False)]
+        for s in stats
+    ]
+    if not graphs:
+        per_round = [1e3 / max(s.rounds, 1) for s in stats]
+        phases = [
+            [s.draft_s * k, s.verify_s * k, s.overhead_s * k] for s, k in zip(stats, per_round, strict=True)
+        ]
+        row["phase_ms_per_round"] = dict(
+            zip(
+                ("draft", "verify", "commit"),
+                (statistics.median(p) for p in zip(*phases, strict=True)),
+                strict=True,
+            )
+        )
+    trees: dict[str, int] = {}
+    for s in stats:
+        for tree_name, count in s.trees.items():
+            trees[tree_name] = trees.get(tree_name, 0) + count
+    if trees:
+        row["trees"] = trees
+    if table is not None:
+        row["round_costs_s"] = table.to_dict()
+    return row
 
 
 def profile_once(run, device: torch.device, trace: str | None = None) -> dict:

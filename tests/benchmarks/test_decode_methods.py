@@ -115,3 +115,38 @@ def test_a_saved_target_and_drafter_decode_a_data_sources_prompt(decode_methods,
     assert phases["longspec"]["draft"] > phases["ar"]["draft"]
     with pytest.raises(SystemExit):
         decode_methods.main(["--preset", "smoke", "--data", str(data), "--contexts", "48"])
+
+
+def test_several_drafters_run_round_robin_on_one_target(decode_methods, tmp_path, monkeypatch):
+    """--drafter A=DIR B=DIR: each longspec method once per drafter (rows `longspec@A`, `longspec@B`, labelled),
+    the target-only methods once and unlabelled; the repeats go round-robin over the rows; two drafters under
+    one label are refused."""
+    from longspec.drafter import Drafter, DrafterConfig
+    from longspec.target import TargetModel
+    from longspec.testing import build_byte_tokenizer, save_tiny_target
+
+    target_dir = save_tiny_target("llama", tmp_path / "target")
+    target = TargetModel.from_pretrained(target_dir)
+    for name, window in (("a", 16), ("b", 8)):
+        config = DrafterConfig.from_target_config(
+            target.config, window=window, tokenizer=build_byte_tokenizer()
+        )
+        Drafter(config, target.embed_tokens, target.lm_head).save_pretrained(tmp_path / name)
+    order = []
+    real = decode_methods.run_method
+    monkeypatch.setattr(
+        decode_methods, "run_method", lambda method, *a, engine, **k: order.append((method, id(engine)))
+        or real(method, *a, engine=engine, **k),
+    )  # fmt: skip
+    rows = decode_methods.main(["--target", target_dir, "--drafter", f"A={tmp_path / 'a'}", str(tmp_path / "b"),
+                                "--contexts", "32", "--tokens", "4", "--repeats", "2", "--methods", "ar",
+                                "longspec", "--tree", "1"])  # fmt: skip
+    assert [r["method"] for r in rows] == ["ar", "longspec@A", "longspec@b"]
+    assert "drafter" not in rows[0] and [r["drafter"] for r in rows[1:]] == ["A", "b"]
+    assert all(len(r["tokens_per_s"]) == 2 and set(r["trees"]) == {"1"} for r in rows[1:])
+    # round-robin: ar, A, b, ar, A, b; the two drafters on their own engines
+    assert [m for m, _ in order] == ["ar", "longspec", "longspec"] * 2
+    assert order[1][1] != order[2][1] and order[1][1] == order[4][1]
+    with pytest.raises(SystemExit, match="its own label"):
+        decode_methods.main(["--target", target_dir, "--drafter", str(tmp_path / "a"), f"a={tmp_path / 'b'}",
+                             "--contexts", "32", "--tokens", "4", "--methods", "longspec"])  # fmt: skip
