@@ -368,8 +368,10 @@ def test_cache_append_skips_padding_per_row():
     assert cache.keys[1, 0, 2, 0].item() == 10.0
 
 
-def _zero_angles(positions):
-    return torch.zeros(*positions.shape, 4), torch.zeros(*positions.shape, 4)
+def _rotary():
+    from longspec.modules.rope import RotaryEmbedding
+
+    return RotaryEmbedding(1.0 / 10000.0 ** (torch.arange(0, 4, 2, dtype=torch.float) / 4))
 
 
 def test_draft_nodes_see_the_filled_ring_slots_within_their_window():
@@ -379,15 +381,17 @@ def test_draft_nodes_see_the_filled_ring_slots_within_their_window():
     cache = DrafterCache(cfg, 1)
     kv = torch.zeros(1, cfg.num_kv_heads, 6, cfg.head_dim)
     cache.append(kv, kv, torch.arange(6))  # ring keeps positions 2..5
-    nodes = DraftNodes(cache, torch.tensor([[6, 7, 9]]), _zero_angles)
+    nodes = DraftNodes(cache, torch.tensor([[6, 7, 9]]), _rotary())
     visible = [sorted(cache.positions[0][nodes._mask[0, i, :4]].tolist()) for i in range(3)]
     assert visible == [[2, 3, 4, 5], [3, 4, 5], [5]]
     # root + offsets: the same nodes
-    by_root = DraftNodes(cache, torch.tensor([0, 1, 3]), _zero_angles, root=6)
+    by_root = DraftNodes(cache, torch.tensor([0, 1, 3]), _rotary(), root=6)
     assert torch.equal(by_root.positions, nodes.positions)
+    want_cos, want_sin = _rotary().cos_sin(nodes.positions, dtype=cache.keys.dtype)  # the nodes' angles
+    assert torch.equal(by_root.cos, want_cos) and torch.equal(by_root.sin, want_sin)
     assert torch.equal(by_root._mask[:, :, :4], nodes._mask[:, :, :4])
     cache.reset()
-    assert not DraftNodes(cache, torch.tensor([[6]]), _zero_angles)._mask[:, :, :4].any()
+    assert not DraftNodes(cache, torch.tensor([[6]]), _rotary())._mask[:, :, :4].any()
 
 
 def test_draft_nodes_masks_equal_the_window_rule():
@@ -414,8 +418,8 @@ def test_draft_nodes_masks_equal_the_window_rule():
             q, ring = positions[:, :, None], cache.positions[:, None, :]
             expect = (ring >= 0) & (ring <= q) & within_window(q, ring, window)
             for nodes in (
-                DraftNodes(cache, positions, _zero_angles),
-                DraftNodes(cache, depths, _zero_angles, root=roots),
+                DraftNodes(cache, positions, _rotary()),
+                DraftNodes(cache, depths, _rotary(), root=roots),
             ):
                 assert torch.equal(nodes.positions, positions)
                 assert torch.equal(nodes._mask[:, :, :window], expect)

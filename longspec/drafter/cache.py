@@ -7,14 +7,13 @@ D head dim, S spare slots (scratch for a draft's nodes, after the ring's own).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from longspec.drafter.config import DrafterConfig
 from longspec.kernels.draft_nodes import draft_nodes
 from longspec.modules.constants import arange_once
 from longspec.modules.layer_ops import write_kv
+from longspec.modules.rope import RotaryEmbedding
 
 __all__ = ["DrafterCache", "DraftNodes"]
 
@@ -155,7 +154,8 @@ class DraftNodes:
     the keys/values hold the same numbers, so a draft is the same bit for bit.
 
     `positions` [N] or [B,N]: the nodes' positions, or with `root` (an int or [B]: each row's root position) their
-    offsets from it (a tree's node depths). `angles`: positions [B,N] -> their rotary (cos, sin) [B,N,D].
+    offsets from it (a tree's node depths). `rotary`: the drafter's `RotaryEmbedding`; the angles come out of the
+    layout's own launch where its frequencies are fixed (`fixed_frequencies`), else from `rotary.cos_sin`.
     `ancestors` [B,N,N] or [N,N]: the whole tree's ancestor mask when it is known up front (a chain's), so the
     mask's node part is written here too and the levels write nothing (`self_attention` without a node mask)."""
 
@@ -163,7 +163,7 @@ class DraftNodes:
         self,
         cache: DrafterCache,
         positions: torch.Tensor,
-        angles: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        rotary: RotaryEmbedding,
         dtype: torch.dtype | None = None,
         *,
         root: int | torch.Tensor | None = None,
@@ -187,18 +187,21 @@ class DraftNodes:
         # Rows padded to 16 bytes: the attention kernels read the mask in place (kernels.mask_layout). Left
         # unset: a level reads its rows' ring part (set here) and node part up to its own (set by the level).
         self._mask = torch.empty(B, N, -(-(W + N) // 16) * 16, dtype=torch.bool, device=positions.device)
-        # The positions [B, N], the ring's mask (with the ancestors, the node part too) and `_near` [B, N, N]
-        # (node j within node i's window): one launch on CUDA (`kernels.draft_nodes`).
+        # The positions [B, N], the ring's mask (with the ancestors, the node part too), `_near` [B, N, N] (node j
+        # within node i's window) and the rotary cos / sin [B, N, D]: one launch on CUDA (`kernels.draft_nodes`).
         self.masked_nodes = ancestors is not None
-        self.positions, self._near = draft_nodes(
+        inv_freq = rotary.fixed_frequencies()
+        rope = None if inv_freq is None else (inv_freq.to(positions.device), rotary.attention_scaling, dtype)
+        self.positions, self._near, angles = draft_nodes(
             positions,
             root,
             cache.positions,
             cache.window,
             self._mask[:, :, : W + N if self.masked_nodes else W],
             ancestors,
+            rope=rope,
         )
-        self.cos, self.sin = angles(self.positions)  # [B, N, D] each
+        self.cos, self.sin = rotary.cos_sin(self.positions, dtype=dtype) if angles is None else angles
 
     def self_attention(
         self, level: slice, node_mask: torch.Tensor | None

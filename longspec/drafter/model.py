@@ -293,9 +293,9 @@ class Drafter(nn.Module):
         int or [B], their offsets from each row's root position) beside the ring `cache`: their positions, masks
         (with `ancestors`, the whole tree's ancestor mask, the node part too) and rotary angles once, in the
         drafter's compute dtype."""
-        dtype = self.mlp_norm.weight.dtype
-        angles = lambda p: self.rotary.cos_sin(p, dtype=dtype)  # noqa: E731
-        return DraftNodes(cache, positions, angles, dtype, root=root, ancestors=ancestors)
+        return DraftNodes(
+            cache, positions, self.rotary, self.mlp_norm.weight.dtype, root=root, ancestors=ancestors
+        )
 
     def pack_weights(self) -> bool:
         """Inference only: one projection for the self-attention's q/k/v and one for the MLP's gate/up (the

@@ -194,6 +194,14 @@ class RotaryEmbedding(nn.Module):
         """The rotated dims of each head (the head dim unless the rope is partial)."""
         return 2 * self.inv_freq.numel()
 
+    def fixed_frequencies(self) -> torch.Tensor | None:
+        """inv_freq [R] when the next forward's frequencies do not depend on its positions (every rope type but
+        longrope under HF's per-forward rule): what a kernel that computes the angles of positions it makes itself
+        takes (`kernels.draft_nodes`), with `attention_scaling`. None: only `cos_sin` applies the rule."""
+        if self.long_inv_freq is not None and self.long is None:
+            return None
+        return self.inv_freq
+
     def cos_sin(
         self, position_ids: torch.Tensor, dtype: torch.dtype | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

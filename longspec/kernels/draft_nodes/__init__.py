@@ -1,8 +1,10 @@
-"""A draft's node layout in one launch: the nodes' positions (the root's position + each node's depth) and their
+"""A draft's node layout in one launch: the nodes' positions (the root's position + each node's depth), their
 self-attention masks beside the drafter's ring buffer (which filled ring slots each node's window reaches, and
-which nodes lie within each node's window; for a chain, whose ancestors are known up front, its whole mask).
-`naive.py` is the reference (six or seven small PyTorch launches on CUDA in every draft, inside a launch-bound
-draft step); `triton.py` is one program per node."""
+which nodes lie within each node's window; for a chain, whose ancestors are known up front, its whole mask) and,
+when asked, their rotary angles. `naive.py` is the reference (seven or eight small PyTorch launches on CUDA in
+every draft, inside a launch-bound draft step); `triton.py` is one program per node, whose angles are
+`kernels.rope_angles`' own arithmetic (one jitted function), so a draft's nodes rotate exactly as every other
+token does."""
 
 from __future__ import annotations
 
@@ -20,13 +22,15 @@ def draft_nodes(
     window: int,
     mask: torch.Tensor,
     ancestors: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    *,
+    rope: tuple[torch.Tensor, float, torch.dtype] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """`naive.draft_nodes_naive`: the Triton kernel on CUDA outside autograd (imported on first use), the reference
     elsewhere."""
     fn = draft_nodes_naive
     if offsets.is_cuda and not torch.is_grad_enabled():
         from longspec.kernels.draft_nodes.triton import draft_nodes_triton as fn
-    return fn(offsets, root, ring_positions, window, mask, ancestors)
+    return fn(offsets, root, ring_positions, window, mask, ancestors, rope=rope)
 
 
 def __getattr__(name):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from longspec.kernels.rope_angles.naive import rope_angles_naive
+
 __all__ = ["draft_nodes_naive"]
 
 
@@ -17,8 +19,10 @@ def draft_nodes_naive(
     window: int,
     mask: torch.Tensor,
     ancestors: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The nodes' positions and their self-attention masks beside the ring:
+    *,
+    rope: tuple[torch.Tensor, float, torch.dtype] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """The nodes' positions, their self-attention masks beside the ring and (with `rope`) their rotary angles:
     - positions [B, N] = root + offsets: offsets [N] or [B, N] long (a tree's node depths, or the positions
       themselves with root None), root an int or [B] (each row's root position);
     - the ring part of `mask` [B, N, W (+ N)] (written in place, any strides: a view of the caller's padded mask):
@@ -27,8 +31,11 @@ def draft_nodes_naive(
       q, the one range a clamp and a test give);
     - near [B, N, N]: node j lies within node i's window, p_j >= p_i - window;
     - with `ancestors` [B, N, N] or [N, N] bool (the whole tree's ancestor mask, when it is known up front: a
-      chain's), also the node part mask[..., W:] = ancestors & near.
-    Returns (positions, near). Positions are >= 0 (a draft's nodes come after the committed tokens)."""
+      chain's), also the node part mask[..., W:] = ancestors & near;
+    - with `rope` = (inv_freq [R] float32, attention_scaling, dtype): the positions' rotary (cos, sin) [B, N, 2R]
+      in dtype (`kernels.rope_angles`).
+    Returns (positions, near, (cos, sin) or None). Positions are >= 0 (a draft's nodes come after the committed
+    tokens)."""
     B, W = ring_positions.shape
     positions = (
         offsets if root is None else (root[:, None] if isinstance(root, torch.Tensor) else root) + offsets
@@ -41,4 +48,5 @@ def draft_nodes_naive(
     near = positions[:, None, :] >= start[:, :, None]  # [B, N, N]
     if ancestors is not None:
         torch.logical_and(ancestors, near, out=mask[:, :, W:])
-    return positions, near
+    angles = None if rope is None else rope_angles_naive(positions, *rope)
+    return positions, near, angles

@@ -18,11 +18,25 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["rope_angles"]
+__all__ = ["rope_angles", "rope_cos_sin"]
 
 # Elements of the [BLOCK_M, R] angle tile per program (BLOCK_M = TILE // R rows): a decode step's few positions
 # are one program, a long prompt's are spread over the device; fixed, so no position count compiles a variant.
 TILE = 2048
+
+
+@triton.jit
+def rope_cos_sin(pos, inv_freq, scaling, SCALED: tl.constexpr):
+    """Positions [M] (integers) and inv_freq [R] float32 -> cos, sin [M, R] float32: the reference's operations in
+    its order (the position to float32, one product, cos and sin, the attention scaling). Every kernel that
+    computes rotary angles calls this one."""
+    angle = pos.to(tl.float32)[:, None] * inv_freq[None, :]
+    cos = tl.cos(angle)
+    sin = tl.sin(angle)
+    if SCALED:
+        cos = cos * scaling
+        sin = sin * scaling
+    return cos, sin
 
 
 @triton.jit(do_not_specialize=["num_positions", "num_cols", "scaling"])
@@ -38,12 +52,7 @@ def _rope_angles_kernel(
     # Positions read through their strides: a batch expanded from one row (stride 0) is not copied first.
     pos = tl.load(POS + (m // num_cols) * stride_row + (m % num_cols) * stride_col, mask=m_ok, other=0)
     inv_freq = tl.load(INV_FREQ + r, mask=r_ok, other=0.0)
-    angle = pos.to(tl.float32)[:, None] * inv_freq[None, :]
-    cos = tl.cos(angle)
-    sin = tl.sin(angle)
-    if SCALED:
-        cos = cos * scaling
-        sin = sin * scaling
+    cos, sin = rope_cos_sin(pos, inv_freq, scaling, SCALED)
     cos = cos.to(COS.dtype.element_ty)
     sin = sin.to(SIN.dtype.element_ty)
     ok = m_ok[:, None] & r_ok[None, :]
