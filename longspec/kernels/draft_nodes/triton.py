@@ -40,18 +40,18 @@ def _draft_nodes_kernel(
     p = root + tl.load(OFFSETS + b * stride_ob + i * stride_on)
     tl.store(POSITIONS + b * N + i, p)
     if HAS_ANGLES:  # this node's cos / sin row: [R] angles, written to both halves
+        # (Names of their own: the ring loop below carries `ok`, whose type a name shared here would fix.)
         r = tl.arange(0, BLOCK_R)
-        r_ok = r < HALF
-        inv_freq = tl.load(INV_FREQ + r, mask=r_ok, other=0.0)
+        r_ok = (r < HALF)[None, :]
+        inv_freq = tl.load(INV_FREQ + r, mask=r < HALF, other=0.0)
         cos, sin = rope_cos_sin(tl.full([1], 0, tl.int64) + p, inv_freq, scaling, SCALED)  # [1, BLOCK_R]
-        dst = (b * N + i) * (2 * HALF) + r[None, :]
-        ok = r_ok[None, :]
+        angle_row = (b * N + i) * (2 * HALF) + r[None, :]
         cos = cos.to(COS.dtype.element_ty)
         sin = sin.to(SIN.dtype.element_ty)
-        tl.store(COS + dst, cos, mask=ok)
-        tl.store(COS + dst + HALF, cos, mask=ok)
-        tl.store(SIN + dst, sin, mask=ok)
-        tl.store(SIN + dst + HALF, sin, mask=ok)
+        tl.store(COS + angle_row, cos, mask=r_ok)
+        tl.store(COS + angle_row + HALF, cos, mask=r_ok)
+        tl.store(SIN + angle_row, sin, mask=r_ok)
+        tl.store(SIN + angle_row + HALF, sin, mask=r_ok)
     start = p - window
     low = tl.maximum(start, 0)
     row = MASK + b * stride_mb + i * stride_mn
