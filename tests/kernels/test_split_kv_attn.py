@@ -260,7 +260,8 @@ def test_split_count_one_wave_for_few_rows_four_for_a_tree(monkeypatch):
     assert plan(296, 8, 32768) == 13  # a 74-node tree: 5 row blocks, ~4 waves
     assert plan(3, 3, 4096) == 32  # SmolLM2's AR step at 4K: capped at 4096 / 128 splits
     assert plan(3, 3, 8192 + 128) == 44  # and at 8K one wave
-    assert plan(7, 2, 32768 + 128) == 64  # Qwen2.5-Coder-0.5B's AR step: at the reduce's 64 parts per load (66)
+    # Qwen2.5-Coder-0.5B's AR step: one wave (66) capped at the reduce's 64 parts per load
+    assert plan(7, 2, 32768 + 128) == 64
     assert plan(4, 8, 100) == 1
 
 
