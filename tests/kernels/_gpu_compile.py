@@ -20,7 +20,8 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
-TARGET = GPUTarget("cuda", 90, 32)  # Hopper (H100 / H200), warp size 32
+# Hopper (H100 / H200) unless LONGSPEC_GPU_COMPILE_ARCH names another compute capability (80: A100).
+TARGET = GPUTarget("cuda", int(os.environ.get("LONGSPEC_GPU_COMPILE_ARCH", "90")), 32)
 _RECORD: dict[str, dict] = {}
 
 

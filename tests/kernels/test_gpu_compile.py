@@ -1,7 +1,11 @@
 """Every Triton kernel compiles for the GPU (sm_90), checked on a machine without one: the kernel tests run again in
 a process where Triton compiles instead of interpreting, each launch compiling its kernel for the launch's
 arguments and running nothing (`_gpu_compile`). Every kernel of `longspec/kernels` must be launched there, and
-none may fail to compile."""
+none may fail to compile. Another target by hand, e.g. the A100's:
+
+    TRITON_INTERPRET=0 LONGSPEC_GPU_COMPILE_ARCH=80 LONGSPEC_GPU_COMPILE_REPORT=r.json PYTHONPATH=tests/kernels \
+        python -m pytest -q -n0 -p _gpu_compile -o addopts= --deselect tests/kernels/test_gpu_compile.py tests/kernels
+"""
 
 import ast
 import json
