@@ -394,6 +394,28 @@ def test_draft_nodes_see_the_filled_ring_slots_within_their_window():
     assert not DraftNodes(cache, torch.tensor([[6]]), _rotary())._mask[:, :, :4].any()
 
 
+def test_draft_nodes_angles_follow_a_longrope_rule():
+    """A longrope rotary under HF's per-forward rule has no fixed frequencies: the nodes' angles come from
+    `cos_sin`, which picks the set by the nodes' positions (the long one past the original context); fixed to one
+    set (`set_long`), they are that set's."""
+    from longspec.drafter.cache import DraftNodes
+    from longspec.modules.rope import RotaryEmbedding
+
+    short = 1.0 / 10000.0 ** (torch.arange(0, 4, 2, dtype=torch.float) / 4)
+    rotary = RotaryEmbedding(short, long_inv_freq=short / 4, original_positions=8)
+    cache = DrafterCache(_cfg(window=4), 1)
+    assert rotary.fixed_frequencies() is None
+    for positions, freq in ((torch.tensor([[2, 3]]), short), (torch.tensor([[9, 10]]), short / 4)):
+        nodes = DraftNodes(cache, positions, rotary)
+        angles = positions[..., None].float() * freq
+        assert torch.allclose(nodes.cos, torch.cat([angles, angles], -1).cos())
+    rotary.set_long(False)
+    assert torch.equal(rotary.fixed_frequencies(), short)
+    nodes = DraftNodes(cache, torch.tensor([[9, 10]]), rotary)  # past the original context, yet the short set
+    angles = torch.tensor([[9.0], [10.0]])[None] * short
+    assert torch.allclose(nodes.cos, torch.cat([angles, angles], -1).cos())
+
+
 def test_draft_nodes_masks_equal_the_window_rule():
     """The ring part of a draft's mask and `_near` (ranges and one comparison each) equal the rule written out:
     filled, causal and `within_window`, for ring rows that wrapped, are partly empty or empty, and node

@@ -211,7 +211,7 @@ class RotaryEmbedding(nn.Module):
         (`kernels.rope_angles`: one Triton launch on CUDA, the PyTorch reference elsewhere)."""
         if position_ids.dim() == 1:
             position_ids = position_ids[None]
-        if self.long_inv_freq is not None and self.long is None:  # HF's rule for this forward (host sync)
+        if self.fixed_frequencies() is None:  # HF's longrope rule for this forward (host sync)
             reaches = int(position_ids.max()) + 1 > self.original_positions
             self.inv_freq.copy_(self.long_inv_freq if reaches else self.short_inv_freq)
         dtype = torch.float32 if dtype is None else dtype

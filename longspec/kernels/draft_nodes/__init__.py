@@ -1,7 +1,7 @@
 """A draft's node layout in one launch: the nodes' positions (the root's position + each node's depth), their
 self-attention masks beside the drafter's ring buffer (which filled ring slots each node's window reaches, and
 which nodes lie within each node's window; for a chain, whose ancestors are known up front, its whole mask) and,
-when asked, their rotary angles. `naive.py` is the reference (a dozen small PyTorch launches on CUDA in every
+when asked, their rotary angles. `naive.py` is the reference (many small PyTorch launches on CUDA in every
 draft, inside a launch-bound draft step); `triton.py` is one program per node, whose angles are
 `kernels.rope_angles`' own arithmetic (one jitted function), so a draft's nodes rotate exactly as every other
 token does."""
